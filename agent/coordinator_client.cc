@@ -1,0 +1,41 @@
+#include "agent/coordinator_client.h"
+
+#include "common/grpc_status.h"
+#include "grpcpp/client_context.h"
+
+namespace tessera {
+namespace {
+
+template <typename Response, typename Call>
+absl::StatusOr<Response> Unary(absl::Duration timeout, Call call) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  Response response;
+  grpc::Status status = call(&context, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+}  // namespace
+
+GrpcCoordinatorClient::GrpcCoordinatorClient(std::shared_ptr<grpc::Channel> channel,
+                                             absl::Duration rpc_timeout)
+    : stub_(v1::Coordinator::NewStub(std::move(channel))), rpc_timeout_(rpc_timeout) {}
+
+absl::StatusOr<v1::RegisterAgentResponse> GrpcCoordinatorClient::Register(
+    const v1::RegisterAgentRequest& request) {
+  return Unary<v1::RegisterAgentResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::RegisterAgentResponse* response) {
+        return stub_->RegisterAgent(ctx, request, response);
+      });
+}
+
+absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(
+    const v1::HeartbeatRequest& request) {
+  return Unary<v1::HeartbeatResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::HeartbeatResponse* response) {
+        return stub_->Heartbeat(ctx, request, response);
+      });
+}
+
+}  // namespace tessera

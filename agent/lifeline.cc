@@ -1,0 +1,138 @@
+#include "agent/lifeline.h"
+
+#include "common/log.h"
+#include "common/status.h"
+
+namespace tessera {
+
+Lifeline::Lifeline(CoordinatorClient* client, v1::RegisterAgentRequest registration,
+                   LifelineOptions options)
+    : client_(client), registration_(std::move(registration)), options_(options) {}
+
+Lifeline::~Lifeline() { Stop(); }
+
+void Lifeline::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Lifeline::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  if (thread_.joinable()) thread_.join();
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kSuperseded) state_ = State::kStopped;
+}
+
+bool Lifeline::WaitFor(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  mu_.AwaitWithTimeout(absl::Condition(&stop_), delay);
+  return !stop_;
+}
+
+void Lifeline::SetState(State state) {
+  absl::MutexLock lock(&mu_);
+  state_ = state;
+}
+
+bool Lifeline::WaitRegistered(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ != State::kConnecting;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return state_ == State::kRegistered;
+}
+
+Lifeline::State Lifeline::WaitTerminal(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return state_ == State::kSuperseded || state_ == State::kStopped;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&done), timeout);
+  return state_;
+}
+
+Lifeline::State Lifeline::state() const {
+  absl::MutexLock lock(&mu_);
+  return state_;
+}
+
+uint64_t Lifeline::heartbeats_ok() const {
+  absl::MutexLock lock(&mu_);
+  return heartbeats_ok_;
+}
+
+uint64_t Lifeline::registrations() const {
+  absl::MutexLock lock(&mu_);
+  return registrations_;
+}
+
+void Lifeline::SetPinnedBytes(uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  pinned_bytes_ = bytes;
+}
+
+void Lifeline::Run() {
+  Backoff backoff(options_.backoff);
+  const uint32_t rank = registration_.coord().rank();
+  while (true) {
+    // CONNECTING: register until it works.
+    absl::StatusOr<v1::RegisterAgentResponse> registered = client_->Register(registration_);
+    if (!registered.ok()) {
+      if (registered.status().code() == absl::StatusCode::kInvalidArgument) {
+        LogError("registration rejected: ", registered.status().message());
+      }
+      if (!WaitFor(backoff.Next())) return;
+      continue;
+    }
+    backoff.Reset();
+    {
+      absl::MutexLock lock(&mu_);
+      ++registrations_;
+      state_ = State::kRegistered;
+    }
+    LogInfo("registered with coordinator (lease ", registered->lease_ms(), " ms, heartbeat ",
+            registered->heartbeat_interval_ms(), " ms)");
+    const absl::Duration interval =
+        registered->heartbeat_interval_ms() > 0
+            ? absl::Milliseconds(registered->heartbeat_interval_ms())
+            : options_.default_heartbeat_interval;
+
+    // REGISTERED: heartbeat until it fails.
+    bool first_beat = true;
+    while (WaitFor(interval)) {
+      v1::HeartbeatRequest request;
+      request.set_job_id(registration_.job_id());
+      request.set_rank(rank);
+      request.set_incarnation(registration_.incarnation());
+      {
+        absl::MutexLock lock(&mu_);
+        request.set_pinned_bytes(pinned_bytes_);
+      }
+      absl::StatusOr<v1::HeartbeatResponse> beat = client_->Heartbeat(request);
+      if (beat.ok()) {
+        if (first_beat) LogInfo("lease renewed by the first heartbeat");
+        first_beat = false;
+        absl::MutexLock lock(&mu_);
+        ++heartbeats_ok_;
+        continue;
+      }
+      if (GetErrorCode(beat.status()) == v1::ERROR_CODE_STALE_INCARNATION) {
+        LogError("superseded by a newer agent process for rank ", rank, "; stopping");
+        SetState(State::kSuperseded);
+        return;
+      }
+      LogWarning("heartbeat failed (", beat.status().ToString(), "); re-registering");
+      SetState(State::kConnecting);
+      break;
+    }
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+  }
+}
+
+}  // namespace tessera

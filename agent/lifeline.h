@@ -1,0 +1,89 @@
+// Lifeline: keeps one agent registered with the coordinator and its lease renewed.
+//
+//              register ok                       heartbeat NotFound / Unavailable
+//   CONNECTING ───────────► REGISTERED ──────────────────────────────► CONNECTING
+//     │  ▲ register fails:     │  heartbeat ok: stay
+//     └──┘ backoff + jitter    │
+//                              └── STALE_INCARNATION ──► SUPERSEDED (terminal: a newer process
+//                                                        of this rank took over)
+//   any state ── Stop() ──► STOPPED (terminal)
+//
+// Runs on its own thread. Waits use absl::Mutex conditions with timeouts, so Stop() returns
+// promptly and nothing polls with sleep.
+//
+// Thread-safety: all public methods are safe for concurrent use.
+#ifndef TESSERA_AGENT_LIFELINE_H_
+#define TESSERA_AGENT_LIFELINE_H_
+
+#include <cstdint>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/backoff.h"
+#include "agent/coordinator_client.h"
+
+namespace tessera {
+
+struct LifelineOptions {
+  BackoffOptions backoff;  // between failed registrations
+  // Heartbeat interval used until the coordinator names one. Default: 1 s.
+  absl::Duration default_heartbeat_interval = absl::Seconds(1);
+};
+
+class Lifeline {
+ public:
+  enum class State { kConnecting, kRegistered, kSuperseded, kStopped };
+
+  // `client` must outlive this object.
+  Lifeline(CoordinatorClient* client, v1::RegisterAgentRequest registration,
+           LifelineOptions options = {});
+  ~Lifeline();  // Stop()s.
+
+  Lifeline(const Lifeline&) = delete;
+  Lifeline& operator=(const Lifeline&) = delete;
+
+  // Starts the thread. Call once.
+  void Start() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Stops the thread and waits for it. Idempotent.
+  void Stop() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until REGISTERED (true), or a terminal state or `timeout` (false).
+  bool WaitRegistered(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Blocks until a terminal state (SUPERSEDED or STOPPED) or `timeout`; returns the state.
+  State WaitTerminal(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
+  State state() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t heartbeats_ok() const ABSL_LOCKS_EXCLUDED(mu_);
+  uint64_t registrations() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reported in heartbeats.
+  void SetPinnedBytes(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Run();
+  // Waits `delay` or until Stop(); returns false if stopping.
+  bool WaitFor(absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
+  void SetState(State state) ABSL_LOCKS_EXCLUDED(mu_);
+
+  CoordinatorClient* const client_;
+  const v1::RegisterAgentRequest registration_;
+  const LifelineOptions options_;
+
+  mutable absl::Mutex mu_;
+  State state_ ABSL_GUARDED_BY(mu_) = State::kConnecting;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t heartbeats_ok_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::thread thread_;  // last: joins before the fields above go away
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_LIFELINE_H_

@@ -1,0 +1,170 @@
+#include "agent/lifeline.h"
+
+#include <deque>
+
+#include "absl/synchronization/mutex.h"
+#include "common/status.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+// Answers from scripted queues; when a queue is empty it answers OK. Counts calls.
+class FakeCoordinator : public CoordinatorClient {
+ public:
+  absl::StatusOr<v1::RegisterAgentResponse> Register(
+      const v1::RegisterAgentRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    ++registers_;
+    last_incarnation_ = request.incarnation();
+    if (!register_errors_.empty()) {
+      absl::Status s = register_errors_.front();
+      register_errors_.pop_front();
+      return s;
+    }
+    v1::RegisterAgentResponse response;
+    response.set_lease_ms(100);
+    response.set_heartbeat_interval_ms(1);
+    return response;
+  }
+
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    ++heartbeats_;
+    last_pinned_ = request.pinned_bytes();
+    if (!heartbeat_errors_.empty()) {
+      absl::Status s = heartbeat_errors_.front();
+      heartbeat_errors_.pop_front();
+      return s;
+    }
+    return v1::HeartbeatResponse();
+  }
+
+  void FailRegisters(int n, absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    for (int i = 0; i < n; ++i) register_errors_.push_back(s);
+  }
+  void FailHeartbeats(absl::Status s) {
+    absl::MutexLock lock(&mu_);
+    heartbeat_errors_.push_back(s);
+  }
+  // Blocks until at least `n` heartbeats were received.
+  void AwaitHeartbeats(int n) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeats_ >= n; };
+    mu_.Await(absl::Condition(&enough));
+  }
+  int registers() {
+    absl::MutexLock lock(&mu_);
+    return registers_;
+  }
+  uint64_t last_pinned() {
+    absl::MutexLock lock(&mu_);
+    return last_pinned_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  int registers_ ABSL_GUARDED_BY(mu_) = 0;
+  int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_pinned_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<absl::Status> register_errors_ ABSL_GUARDED_BY(mu_);
+  std::deque<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);
+};
+
+v1::RegisterAgentRequest Registration() {
+  v1::RegisterAgentRequest r;
+  r.set_job_id("job");
+  r.mutable_coord()->set_rank(0);
+  r.set_incarnation(42);
+  return r;
+}
+
+LifelineOptions FastOptions() {
+  LifelineOptions options;
+  options.backoff.initial = absl::Milliseconds(1);
+  options.backoff.max = absl::Milliseconds(4);
+  return options;
+}
+
+TEST(LifelineTest, Registers_ThenHeartbeats) {
+  FakeCoordinator fake;
+  Lifeline lifeline(&fake, Registration(), FastOptions());
+  lifeline.Start();
+  ASSERT_TRUE(lifeline.WaitRegistered(absl::Seconds(30)));
+  fake.AwaitHeartbeats(3);
+  EXPECT_GE(lifeline.heartbeats_ok(), 2u);
+  lifeline.Stop();
+  EXPECT_EQ(lifeline.state(), Lifeline::State::kStopped);
+}
+
+TEST(LifelineTest, CoordinatorUnavailable_RetriesWithBackoffUntilRegistered) {
+  FakeCoordinator fake;
+  fake.FailRegisters(5, absl::UnavailableError("connection refused"));
+  Lifeline lifeline(&fake, Registration(), FastOptions());
+  lifeline.Start();
+  ASSERT_TRUE(lifeline.WaitRegistered(absl::Seconds(30)));
+  EXPECT_EQ(fake.registers(), 6);
+}
+
+TEST(LifelineTest, HeartbeatNotFound_Reregisters) {
+  FakeCoordinator fake;
+  fake.FailHeartbeats(absl::NotFoundError("coordinator restarted"));
+  Lifeline lifeline(&fake, Registration(), FastOptions());
+  lifeline.Start();
+  fake.AwaitHeartbeats(3);
+  EXPECT_EQ(lifeline.registrations(), 2u);
+}
+
+TEST(LifelineTest, StaleIncarnation_Superseded) {
+  FakeCoordinator fake;
+  fake.FailHeartbeats(MakeError(absl::StatusCode::kFailedPrecondition,
+                                v1::ERROR_CODE_STALE_INCARNATION, "newer agent"));
+  Lifeline lifeline(&fake, Registration(), FastOptions());
+  lifeline.Start();
+  EXPECT_EQ(lifeline.WaitTerminal(absl::Seconds(30)), Lifeline::State::kSuperseded);
+  lifeline.Stop();
+  EXPECT_EQ(lifeline.state(), Lifeline::State::kSuperseded);
+}
+
+TEST(LifelineTest, Stop_WhileBackingOff_ReturnsPromptly) {
+  FakeCoordinator fake;
+  fake.FailRegisters(1000, absl::UnavailableError("down"));
+  LifelineOptions options;
+  options.backoff.initial = absl::Hours(1);  // Stop() must not wait for this.
+  Lifeline lifeline(&fake, Registration(), options);
+  lifeline.Start();
+  EXPECT_FALSE(lifeline.WaitRegistered(absl::Milliseconds(20)));
+  lifeline.Stop();
+  EXPECT_EQ(lifeline.state(), Lifeline::State::kStopped);
+}
+
+TEST(LifelineTest, PinnedBytes_ReportedInHeartbeats) {
+  FakeCoordinator fake;
+  Lifeline lifeline(&fake, Registration(), FastOptions());
+  lifeline.SetPinnedBytes(1 << 20);
+  lifeline.Start();
+  fake.AwaitHeartbeats(2);
+  EXPECT_EQ(fake.last_pinned(), 1u << 20);
+}
+
+TEST(BackoffTest, GrowsToMaxWithJitterAndResets) {
+  BackoffOptions options;
+  options.initial = absl::Milliseconds(100);
+  options.max = absl::Milliseconds(400);
+  options.jitter = 0.5;
+  Backoff backoff(options);
+  absl::Duration expected_ceiling[] = {absl::Milliseconds(100), absl::Milliseconds(200),
+                                       absl::Milliseconds(400), absl::Milliseconds(400)};
+  for (absl::Duration ceiling : expected_ceiling) {
+    absl::Duration d = backoff.Next();
+    EXPECT_LE(d, ceiling);
+    EXPECT_GE(d, ceiling / 2);
+  }
+  backoff.Reset();
+  EXPECT_LE(backoff.Next(), absl::Milliseconds(100));
+}
+
+}  // namespace
+}  // namespace tessera

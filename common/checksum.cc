@@ -1,0 +1,38 @@
+#include "common/checksum.h"
+
+#include <algorithm>
+
+#define XXH_INLINE_ALL
+#include "xxhash.h"
+
+namespace tessera {
+
+uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits(data, size); }
+
+std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t block_size) {
+  std::vector<uint64_t> sums;
+  if (block_size == 0) return sums;
+  sums.reserve((size + block_size - 1) / block_size);
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t off = 0; off < size; off += block_size) {
+    sums.push_back(XXH3_64bits(p + off, std::min<size_t>(block_size, size - off)));
+  }
+  return sums;
+}
+
+struct StreamingHasher::State {
+  XXH3_state_t xxh;
+};
+
+StreamingHasher::StreamingHasher() : state_(std::make_unique<State>()) { Reset(); }
+StreamingHasher::~StreamingHasher() = default;
+
+void StreamingHasher::Update(const void* data, size_t size) {
+  XXH3_64bits_update(&state_->xxh, data, size);
+}
+
+uint64_t StreamingHasher::Digest() const { return XXH3_64bits_digest(&state_->xxh); }
+
+void StreamingHasher::Reset() { XXH3_64bits_reset(&state_->xxh); }
+
+}  // namespace tessera

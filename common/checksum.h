@@ -1,0 +1,45 @@
+// XXH3-64 checksums (libxxhash): whole buffers, fixed-size blocks, and a streaming hasher.
+//
+// Chunks are checksummed per block (kDefaultBlockSize) so a reader that needs only part of a
+// chunk verifies only the blocks it reads.
+//
+// Thread-safety: the free functions are pure; a StreamingHasher is not thread-safe.
+#ifndef TESSERA_COMMON_CHECKSUM_H_
+#define TESSERA_COMMON_CHECKSUM_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace tessera {
+
+inline constexpr uint32_t kDefaultBlockSize = 4u << 20;  // 4 MiB
+
+// XXH3-64 of data[0, size).
+uint64_t Xxh3(const void* data, size_t size);
+
+// XXH3-64 of each consecutive `block_size` bytes of data[0, size); the last block may be
+// short. Zero bytes give no blocks. `block_size` must be > 0.
+std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t block_size);
+
+// Incremental XXH3-64: Update() any split of the bytes gives the same Digest() as Xxh3().
+class StreamingHasher {
+ public:
+  StreamingHasher();
+  ~StreamingHasher();
+  StreamingHasher(const StreamingHasher&) = delete;
+  StreamingHasher& operator=(const StreamingHasher&) = delete;
+
+  void Update(const void* data, size_t size);
+  uint64_t Digest() const;
+  void Reset();
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_CHECKSUM_H_

@@ -1,0 +1,40 @@
+// Identifiers and names: agent incarnations, session ids, checkpoint directory names.
+//
+// Thread-safety: free functions; the random source is thread-safe.
+#ifndef TESSERA_COMMON_IDS_H_
+#define TESSERA_COMMON_IDS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/strings/string_view.h"
+
+namespace tessera {
+
+// A random non-zero 64-bit value, picked once per process start.
+uint64_t NewIncarnation();
+
+// "s<step>-<16 hex digits>": unique per attempt, readable in logs.
+std::string NewSessionId(int64_t step);
+
+// "step-000001000" (9 digits, zero-padded; more digits when the step needs them).
+std::string StepDirName(int64_t step);
+
+// "step-000001000.tmp-<session_id>": where a session writes before it commits.
+std::string TmpDirName(int64_t step, absl::string_view session_id);
+
+// The step of a committed directory name ("step-000001000" -> 1000); nullopt for anything
+// else, including temporary directories and non-canonical spellings ("step-1000").
+std::optional<int64_t> ParseStepDirName(absl::string_view name);
+
+// True for names made by TmpDirName.
+bool IsTmpDirName(absl::string_view name);
+
+// Job ids name directories under the storage root, so they are restricted:
+// 1..128 characters of [A-Za-z0-9._-], not starting with '.'.
+bool IsValidJobId(absl::string_view job_id);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_IDS_H_

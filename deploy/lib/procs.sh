@@ -1,0 +1,38 @@
+# Process helpers shared by deploy/quickstart.sh and the end-to-end tests (source it).
+# Every wait is bounded; nothing here waits forever.
+
+# wait_for_line FILE REGEX TIMEOUT_S: waits until FILE has a line matching REGEX.
+wait_for_line() {
+  local file=$1 regex=$2 timeout=$3 waited=0
+  while ! grep -Eq -- "$regex" "$file" 2>/dev/null; do
+    if [ "$waited" -ge $((timeout * 10)) ]; then
+      echo "timed out after ${timeout}s waiting for /$regex/ in $file" >&2
+      return 1
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}
+
+# count_lines FILE REGEX: number of lines of FILE matching REGEX.
+count_lines() { grep -Ec -- "$2" "$1" 2>/dev/null || true; }
+
+# bound_port LOG: the port a coordinator started with --listen=HOST:0 reported.
+bound_port() { sed -nE 's/.*listening on .* \(port ([0-9]+)\).*/\1/p' "$1" | tail -n 1; }
+
+# stop_process PID TIMEOUT_S: SIGTERM, wait up to TIMEOUT_S, then SIGKILL. Returns the exit
+# status, or 124 if it had to be killed.
+stop_process() {
+  local pid=$1 timeout=$2 waited=0
+  kill -TERM "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return $?; }
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ "$waited" -ge $((timeout * 10)) ]; then
+      kill -KILL "$pid" 2>/dev/null
+      wait "$pid" 2>/dev/null
+      return 124
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+  wait "$pid" 2>/dev/null
+}

@@ -1,0 +1,163 @@
+#include "server/agent_registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/status.h"
+
+namespace tessera {
+namespace {
+
+absl::Status LayoutMismatch(absl::string_view message) {
+  return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_LAYOUT_MISMATCH, message);
+}
+
+}  // namespace
+
+AgentRegistry::AgentRegistry(const Clock* clock, AgentRegistryOptions options)
+    : clock_(clock), options_(options) {}
+
+absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
+    const v1::RegisterAgentRequest& request) {
+  if (!IsValidJobId(request.job_id())) {
+    return LayoutMismatch(absl::StrCat("invalid job id \"", request.job_id(),
+                                       "\" (1..128 of [A-Za-z0-9._-], not starting with '.')"));
+  }
+  if (request.incarnation() == 0) {
+    return absl::InvalidArgumentError("incarnation must be non-zero");
+  }
+  absl::StatusOr<MeshLayout> layout = MeshLayout::FromProto(request.layout());
+  if (!layout.ok()) return LayoutMismatch(layout.status().message());
+  const uint32_t rank = request.coord().rank();
+  if (rank >= layout->world_size()) {
+    return LayoutMismatch(absl::StrCat("rank ", rank, " is outside the mesh of ",
+                                       layout->world_size(), " ranks"));
+  }
+  if (!request.coord().index().empty()) {
+    std::vector<uint32_t> index(request.coord().index().begin(), request.coord().index().end());
+    absl::StatusOr<uint32_t> from_coords = layout->Rank(index);
+    if (!from_coords.ok()) return LayoutMismatch(from_coords.status().message());
+    if (*from_coords != rank) {
+      return LayoutMismatch(absl::StrCat("rank ", rank, " has the coordinates of rank ",
+                                         *from_coords, " (", layout->CoordString(*from_coords),
+                                         ")"));
+    }
+  }
+
+  absl::MutexLock lock(&mu_);
+  auto [it, inserted] = jobs_.try_emplace(request.job_id(), Job{*layout, {}});
+  Job& job = it->second;
+  if (!inserted && !job.layout.SameMesh(request.layout())) {
+    return LayoutMismatch(absl::StrCat("job \"", request.job_id(), "\" has layout ",
+                                       LayoutSpec(job.layout.proto()), " but rank ", rank,
+                                       " registered with ", LayoutSpec(request.layout())));
+  }
+  Registered result;
+  Agent& agent = job.agents[rank];
+  if (agent.registration.incarnation() != 0 &&
+      agent.registration.incarnation() != request.incarnation()) {
+    result.replaced_incarnation = agent.registration.incarnation();
+  }
+  agent.registration = request;
+  agent.registration.mutable_coord()->clear_index();
+  for (uint32_t c : job.layout.Coords(rank)) agent.registration.mutable_coord()->add_index(c);
+  agent.last_heartbeat = clock_->Now();
+  return result;
+}
+
+absl::StatusOr<AgentRegistry::Agent*> AgentRegistry::FindLocked(const std::string& job_id,
+                                                                uint32_t rank,
+                                                                uint64_t incarnation) const {
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown job \"", job_id, "\""));
+  }
+  auto agent = job->second.agents.find(rank);
+  if (agent == job->second.agents.end()) {
+    return absl::NotFoundError(absl::StrCat("rank ", rank, " of job \"", job_id,
+                                            "\" is not registered"));
+  }
+  if (agent->second.registration.incarnation() != incarnation) {
+    return MakeError(absl::StatusCode::kFailedPrecondition, v1::ERROR_CODE_STALE_INCARNATION,
+                     absl::StrCat("rank ", rank, " of job \"", job_id,
+                                  "\" sent a message from a previous incarnation"));
+  }
+  return &agent->second;
+}
+
+absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
+                                      uint64_t incarnation, uint64_t pinned_bytes) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
+  agent->last_heartbeat = clock_->Now();
+  agent->pinned_bytes = pinned_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status AgentRegistry::CheckIncarnation(const std::string& job_id, uint32_t rank,
+                                             uint64_t incarnation) const {
+  absl::MutexLock lock(&mu_);
+  return FindLocked(job_id, rank, incarnation).status();
+}
+
+std::vector<uint32_t> AgentRegistry::ExpiredRanks(const std::string& job_id) const {
+  std::vector<uint32_t> expired;
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return expired;
+  for (const auto& [rank, agent] : job->second.agents) {
+    if (now - agent.last_heartbeat > options_.lease) expired.push_back(rank);
+  }
+  return expired;
+}
+
+std::optional<MeshLayout> AgentRegistry::JobLayout(const std::string& job_id) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return std::nullopt;
+  return job->second.layout;
+}
+
+std::optional<v1::RegisterAgentRequest> AgentRegistry::Get(const std::string& job_id,
+                                                           uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return std::nullopt;
+  auto agent = job->second.agents.find(rank);
+  if (agent == job->second.agents.end()) return std::nullopt;
+  return agent->second.registration;
+}
+
+std::vector<std::string> AgentRegistry::Jobs() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::string> jobs;
+  for (const auto& [id, job] : jobs_) jobs.push_back(id);
+  return jobs;
+}
+
+absl::StatusOr<std::vector<v1::AgentInfo>> AgentRegistry::ListAgents(
+    const std::string& job_id) const {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("unknown job \"", job_id, "\""));
+  }
+  std::vector<v1::AgentInfo> agents;
+  for (const auto& [rank, agent] : job->second.agents) {
+    v1::AgentInfo info;
+    *info.mutable_coord() = agent.registration.coord();
+    info.set_coords(job->second.layout.CoordString(rank));
+    info.set_node_id(agent.registration.node_id());
+    info.set_peer_address(agent.registration.peer_address());
+    info.set_incarnation(agent.registration.incarnation());
+    info.set_alive(now - agent.last_heartbeat <= options_.lease);
+    info.set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - agent.last_heartbeat));
+    info.set_pinned_bytes(agent.pinned_bytes);
+    info.set_has_gpu(agent.registration.has_gpu());
+    agents.push_back(std::move(info));
+  }
+  return agents;
+}
+
+}  // namespace tessera

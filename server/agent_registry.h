@@ -1,0 +1,109 @@
+// AgentRegistry: which agents serve which job, their leases and incarnations.
+//
+// An agent is (job_id, rank). It registers with a random `incarnation` picked at process start
+// and renews its lease by heartbeat. A registration with a new incarnation replaces the old
+// one (the process restarted); any later message from the old incarnation is rejected with
+// STALE_INCARNATION, so a frozen-then-resumed agent can never act for its previous life.
+// An agent whose last heartbeat is older than the lease is expired (reported by
+// ExpiredRanks(); the session layer turns that into AGENT_LOST).
+//
+// The first registration of a job fixes its layout; every later one must match.
+//
+// Thread-safety: all methods are safe for concurrent use. Time comes from the injected Clock.
+#ifndef TESSERA_SERVER_AGENT_REGISTRY_H_
+#define TESSERA_SERVER_AGENT_REGISTRY_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/clock.h"
+#include "common/layout.h"
+#include "tessera/v1/admin.pb.h"
+#include "tessera/v1/coordinator.pb.h"
+
+namespace tessera {
+
+struct AgentRegistryOptions {
+  // An agent is expired when its last heartbeat is older than this. Default: 10 s.
+  absl::Duration lease = absl::Seconds(10);
+  // How often agents are told to heartbeat. Default: 2 s (a fifth of the lease).
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+};
+
+class AgentRegistry {
+ public:
+  struct Registered {
+    // Incarnation this registration replaced, if the agent restarted.
+    std::optional<uint64_t> replaced_incarnation;
+  };
+
+  AgentRegistry(const Clock* clock, AgentRegistryOptions options);
+
+  // Registers or re-registers an agent and starts its lease.
+  // Errors: InvalidArgument + LAYOUT_MISMATCH if the job id is invalid, the layout is malformed,
+  // the coordinates are outside the mesh or disagree with `coord.rank`, or the layout differs
+  // from the job's; InvalidArgument if the incarnation is 0.
+  absl::StatusOr<Registered> Register(const v1::RegisterAgentRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Renews the lease. Errors: NotFound if (job, rank) is not registered;
+  // FailedPrecondition + STALE_INCARNATION if `incarnation` is not the registered one.
+  absl::Status Heartbeat(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                         uint64_t pinned_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // OK if `incarnation` is the registered one for (job, rank). Errors as Heartbeat.
+  absl::Status CheckIncarnation(const std::string& job_id, uint32_t rank,
+                                uint64_t incarnation) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Ranks of `job_id` whose lease has expired, ascending.
+  std::vector<uint32_t> ExpiredRanks(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The job's mesh, if any agent of it has registered.
+  std::optional<MeshLayout> JobLayout(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The registration of (job, rank), if any.
+  std::optional<v1::RegisterAgentRequest> Get(const std::string& job_id, uint32_t rank) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  std::vector<std::string> Jobs() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Agents of a job, by rank. Errors: NotFound for an unknown job.
+  absl::StatusOr<std::vector<v1::AgentInfo>> ListAgents(const std::string& job_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  const AgentRegistryOptions& options() const { return options_; }
+
+ private:
+  struct Agent {
+    v1::RegisterAgentRequest registration;
+    absl::Time last_heartbeat;
+    uint64_t pinned_bytes = 0;
+  };
+  struct Job {
+    MeshLayout layout;
+    absl::btree_map<uint32_t, Agent> agents;
+  };
+
+  // Errors as CheckIncarnation.
+  absl::StatusOr<Agent*> FindLocked(const std::string& job_id, uint32_t rank,
+                                    uint64_t incarnation) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock* const clock_;
+  const AgentRegistryOptions options_;
+  mutable absl::Mutex mu_;
+  // Mutable so that const lookups can share FindLocked with Heartbeat.
+  mutable absl::btree_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_AGENT_REGISTRY_H_

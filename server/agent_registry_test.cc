@@ -1,0 +1,129 @@
+#include "server/agent_registry.h"
+
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::IsEmpty;
+
+v1::RegisterAgentRequest Registration(uint32_t rank, uint64_t incarnation,
+                                      const std::string& job = "job") {
+  v1::RegisterAgentRequest r;
+  r.set_job_id(job);
+  r.mutable_coord()->set_rank(rank);
+  r.set_incarnation(incarnation);
+  r.set_node_id("node0");
+  for (auto [name, degree] : {std::pair{"pp", 2}, {"tp", 2}, {"dp", 2}}) {
+    v1::MeshDim* dim = r.mutable_layout()->add_dims();
+    dim->set_name(name);
+    dim->set_degree(degree);
+  }
+  return r;
+}
+
+class AgentRegistryTest : public ::testing::Test {
+ protected:
+  FakeClock clock_;
+  AgentRegistry registry_{&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)}};
+};
+
+TEST_F(AgentRegistryTest, Register_NewAgent_IsAliveWithCoords) {
+  ASSERT_TRUE(registry_.Register(Registration(5, 11)).ok());
+  absl::StatusOr<std::vector<v1::AgentInfo>> agents = registry_.ListAgents("job");
+  ASSERT_TRUE(agents.ok());
+  ASSERT_EQ(agents->size(), 1u);
+  EXPECT_EQ((*agents)[0].coords(), "pp=1,tp=0,dp=1");
+  EXPECT_TRUE((*agents)[0].alive());
+  EXPECT_THAT((*agents)[0].coord().index(), ElementsAre(1, 0, 1));
+}
+
+TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
+  clock_.Advance(absl::Seconds(8));
+  EXPECT_THAT(registry_.ExpiredRanks("job"), ElementsAre(1));
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_THAT(registry_.ExpiredRanks("job"), ElementsAre(0, 1));
+}
+
+TEST_F(AgentRegistryTest, Reregister_NewIncarnation_OldOneIsStale) {
+  ASSERT_TRUE(registry_.Register(Registration(3, 100)).ok());
+  absl::StatusOr<AgentRegistry::Registered> again = registry_.Register(Registration(3, 200));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again->replaced_incarnation.has_value());
+  EXPECT_EQ(*again->replaced_incarnation, 100u);
+
+  absl::Status stale = registry_.Heartbeat("job", 3, 100, 0);
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(GetErrorCode(stale), v1::ERROR_CODE_STALE_INCARNATION);
+  EXPECT_TRUE(registry_.Heartbeat("job", 3, 200, 0).ok());
+}
+
+TEST_F(AgentRegistryTest, Reregister_SameIncarnation_ReplacesNothing) {
+  ASSERT_TRUE(registry_.Register(Registration(3, 100)).ok());
+  absl::StatusOr<AgentRegistry::Registered> again = registry_.Register(Registration(3, 100));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->replaced_incarnation.has_value());
+}
+
+TEST_F(AgentRegistryTest, Register_LayoutDiffersFromJob_LayoutMismatch) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  v1::RegisterAgentRequest other = Registration(1, 2);
+  other.mutable_layout()->mutable_dims(2)->set_degree(4);
+  absl::StatusOr<AgentRegistry::Registered> result = registry_.Register(other);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_LAYOUT_MISMATCH);
+  EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr("pp=2,tp=2,dp=2"));
+}
+
+TEST_F(AgentRegistryTest, Register_RankOutsideMesh_LayoutMismatch) {
+  EXPECT_EQ(GetErrorCode(registry_.Register(Registration(8, 1)).status()),
+            v1::ERROR_CODE_LAYOUT_MISMATCH);
+}
+
+TEST_F(AgentRegistryTest, Register_CoordsDisagreeWithRank_LayoutMismatch) {
+  v1::RegisterAgentRequest r = Registration(1, 1);
+  for (uint32_t c : {1, 1, 1}) r.mutable_coord()->add_index(c);  // that is rank 7
+  absl::Status status = registry_.Register(r).status();
+  EXPECT_EQ(GetErrorCode(status), v1::ERROR_CODE_LAYOUT_MISMATCH);
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("rank 7"));
+}
+
+TEST_F(AgentRegistryTest, Register_BadJobIdOrZeroIncarnation_Rejected) {
+  EXPECT_EQ(registry_.Register(Registration(0, 1, "../etc")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_.Register(Registration(0, 0)).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(registry_.Jobs(), IsEmpty());
+}
+
+TEST_F(AgentRegistryTest, Heartbeat_Unknown_NotFound) {
+  EXPECT_EQ(registry_.Heartbeat("nope", 0, 1, 0).code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  EXPECT_EQ(registry_.Heartbeat("job", 1, 1, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.ListAgents("nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(AgentRegistryTest, Heartbeat_RecordsPinnedBytes) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 4096).ok());
+  EXPECT_EQ(registry_.ListAgents("job")->at(0).pinned_bytes(), 4096u);
+}
+
+TEST_F(AgentRegistryTest, Jobs_AreSeparate) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1, "a")).ok());
+  ASSERT_TRUE(registry_.Register(Registration(0, 2, "b")).ok());
+  EXPECT_THAT(registry_.Jobs(), ElementsAre("a", "b"));
+  EXPECT_TRUE(registry_.CheckIncarnation("a", 0, 1).ok());
+  EXPECT_EQ(GetErrorCode(registry_.CheckIncarnation("a", 0, 2)),
+            v1::ERROR_CODE_STALE_INCARNATION);
+}
+
+}  // namespace
+}  // namespace tessera

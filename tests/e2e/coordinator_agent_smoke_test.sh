@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# End-to-end: real tessera-coordinator and tessera-agent processes on loopback.
+# Asserts: the agent registers and heartbeats; after the coordinator is killed with -9 and
+# restarted on the same port the agent registers again by itself; SIGTERM stops both with
+# exit status 0 within a bound.
+set -uo pipefail
+source deploy/lib/procs.sh
+
+coordinator=server/tessera-coordinator
+agent=agent/tessera-agent
+dir=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "FAIL: $*"; echo "--- coordinator log"; cat "$dir"/coord*.log; echo "--- agent log"; cat "$dir/agent.log"; exit 1; }
+
+"$coordinator" --listen=127.0.0.1:0 --lease_ms=2000 --heartbeat_interval_ms=100 \
+  2>"$dir/coord1.log" &
+cpid=$!
+wait_for_line "$dir/coord1.log" "listening on" 20 || fail "coordinator did not start"
+port=$(bound_port "$dir/coord1.log")
+[ -n "$port" ] || fail "no port in the coordinator log"
+
+"$agent" --coordinator="127.0.0.1:$port" --job=smoke --rank=1 --layout=tp=2,dp=2 \
+  2>"$dir/agent.log" &
+apid=$!
+wait_for_line "$dir/coord1.log" "registered agent job=smoke rank=1" 20 || fail "no registration"
+wait_for_line "$dir/agent.log" "lease renewed" 20 || fail "agent did not heartbeat"
+
+# Coordinator crash and restart on the same port: the agent must come back on its own.
+kill -KILL "$cpid"; wait "$cpid" 2>/dev/null
+"$coordinator" --listen="127.0.0.1:$port" --lease_ms=2000 --heartbeat_interval_ms=100 \
+  2>"$dir/coord2.log" &
+cpid=$!
+wait_for_line "$dir/coord2.log" "registered agent job=smoke rank=1" 30 ||
+  fail "agent did not re-register after the coordinator restarted"
+wait_for_line "$dir/agent.log" "lease renewed.*" 20 || fail "no heartbeat after restart"
+until [ "$(count_lines "$dir/agent.log" "lease renewed")" -ge 2 ]; do
+  sleep 0.1; kill -0 "$apid" 2>/dev/null || fail "agent died"
+  [ $SECONDS -lt 120 ] || fail "no heartbeat after the restart"
+done
+
+stop_process "$apid" 10; arc=$?
+[ "$arc" -eq 0 ] || fail "agent exited with $arc on SIGTERM"
+grep -Eq "stopping after [1-9][0-9]* heartbeats" "$dir/agent.log" || fail "no heartbeats counted"
+stop_process "$cpid" 10; crc=$?
+[ "$crc" -eq 0 ] || fail "coordinator exited with $crc on SIGTERM"
+grep -q "stopped" "$dir/coord2.log" || fail "coordinator did not log a clean stop"
+echo "PASS: register, heartbeat, reconnect after coordinator restart, clean SIGTERM"

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Counts test cases from Bazel's test.xml reports and prints 'N passed, N failed, N skipped'.
+
+Each Bazel test writes bazel-testlogs/<package>/<target>/test.xml: GoogleTest's own report (one
+<testcase> per TEST) or, for other test kinds, Bazel's one-case report. Only the targets named
+on the command line are read, so reports of deleted tests never count. A target with no usable
+report (did not build, crashed, timed out) counts as one failure.
+"""
+import argparse
+import os
+import sys
+import xml.etree.ElementTree as ET
+
+
+def count_report(path):
+    """Returns (passed, failed, skipped, names of failed cases) for one test.xml."""
+    passed = failed = skipped = 0
+    names = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        name = "%s.%s" % (case.get("classname", ""), case.get("name", ""))
+        if case.find("failure") is not None or case.find("error") is not None:
+            failed += 1
+            names.append(name)
+        elif (case.find("skipped") is not None or case.get("status") == "notrun"
+              or case.get("result") == "skipped"):
+            skipped += 1
+        else:
+            passed += 1
+    return passed, failed, skipped, names
+
+
+def target_dir(testlogs, label):
+    package, _, name = label.lstrip("/").partition(":")
+    return os.path.join(testlogs, package, name)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--testlogs", required=True, help="output of `bazel info bazel-testlogs`")
+    ap.add_argument("--targets", nargs="*", default=[], help="test labels that were run")
+    ap.add_argument("--skipped-targets", nargs="*", default=[],
+                    help="test labels not run here (e.g. gpu-tagged without a GPU)")
+    ap.add_argument("--bazel-status", type=int, default=0,
+                    help="exit status of `bazel test` (0 ok, 3 tests failed, else broken)")
+    args = ap.parse_args()
+
+    passed = failed = skipped = 0
+    failures = []
+    for label in args.targets:
+        d = target_dir(args.testlogs, label)
+        xml_path = os.path.join(d, "test.xml")
+        try:
+            p, f, s, names = count_report(xml_path)
+        except (OSError, ET.ParseError):
+            p, f, s, names = 0, 1, 0, [label + " (no test report: build failure or crash)"]
+        if f == 0 and p + s == 0:
+            f, names = 1, [label + " (ran no test case)"]
+        # A crash after all cases passed leaves a clean XML; Bazel's status file knows better.
+        if f == 0 and os.path.exists(os.path.join(d, "test.log")):
+            with open(os.path.join(d, "test.log"), errors="replace") as fh:
+                tail = fh.read()[-2000:]
+            if "exited with error code" in tail or "Terminated" in tail:
+                f, names = 1, [label + " (process failed after its test cases)"]
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        failures += names
+
+    if args.bazel_status not in (0, 3) and not failures:
+        # A build that failed can leave an earlier run's reports behind; never call it a pass.
+        failed += 1
+        failures.append("bazel test exited with status %d" % args.bazel_status)
+    if args.skipped_targets:
+        print("skipped (need a GPU): " + " ".join(args.skipped_targets))
+        skipped += len(args.skipped_targets)
+    for name in failures:
+        print("FAILED: " + name)
+    print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
