@@ -1,21 +1,39 @@
 // tessera-agent: runs beside one trainer rank. Flags are defined here only (STYLE.md 11).
 // SIGTERM or SIGINT stops it cleanly (exit 0); if a newer agent process of the same rank
 // registers, this one exits 3.
+//
+// Wiring: Lifeline (register + heartbeat) → CommandStream (coordinator commands) →
+// SaveExecutor (staging, peer exchange, writes) ← TrainerService (unix socket, the trainer);
+// Loader serves loads; GrpcPeerTransport serves and sends DP slices.
+#include <signal.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/command_stream.h"
 #include "agent/coordinator_client.h"
+#include "agent/cuda_host.h"
 #include "agent/lifeline.h"
+#include "agent/loader.h"
+#include "agent/peer/grpc_peer_transport.h"
+#include "agent/save_executor.h"
+#include "agent/staging_pool.h"
+#include "agent/storage.h"
+#include "agent/trainer_service.h"
 #include "common/ids.h"
 #include "common/layout.h"
 #include "common/log.h"
 #include "common/program.h"
 #include "common/signals.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of tessera-coordinator");
@@ -23,10 +41,27 @@ ABSL_FLAG(std::string, job, "", "job id (1..128 of [A-Za-z0-9._-]); required");
 ABSL_FLAG(int32_t, rank, -1, "this trainer rank (0 .. world size - 1); required");
 ABSL_FLAG(std::string, layout, "",
           "the job's device mesh, outermost dim first, e.g. pp=2,tp=2,dp=2; required");
+ABSL_FLAG(std::string, socket, "",
+          "unix socket the trainer connects to (default: /tmp/tessera/<job>/agent-<rank>.sock)");
+ABSL_FLAG(std::string, peer_listen, "0.0.0.0:0",
+          "host:port for DP-gather transfers from other agents (port 0: a free one)");
+ABSL_FLAG(std::string, peer_host, "",
+          "host name or address other agents use to reach this one (default: hostname)");
 ABSL_FLAG(std::string, node_id, "",
           "identity of this host; ranks on one node share its RAM budget (default: hostname)");
 ABSL_FLAG(int64_t, host_ram_budget_mb, 0,
-          "MiB of host RAM this node's agents may pin for staging (0: no limit declared)");
+          "MiB of host RAM this node's agents may pin for staging, all together (0: none "
+          "declared)");
+ABSL_FLAG(int64_t, staging_budget_mb, 0,
+          "MiB this agent may map for staging (0: half of physical memory)");
+ABSL_FLAG(bool, storage_root_mounted, true,
+          "this host can write the coordinator's storage root (needed to persist shards)");
+ABSL_FLAG(std::string, crash_on, "",
+          "fault injection for tests: SIGKILL this agent when it receives this command "
+          "(pin, copy, gather, persist, commit)");
+ABSL_FLAG(std::string, tls_ca, "", "PEM CA to verify the coordinator (enables TLS)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM key of --tls_cert");
 
 namespace {
 
@@ -39,6 +74,46 @@ std::string Hostname() {
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tessera-agent: %s\n", message.c_str());
   return 2;
+}
+
+// Peer addresses per session, filled from GATHER commands, read by the peer transport.
+class AddressBook {
+ public:
+  void Set(const std::string& session, const std::map<uint32_t, std::string>& addresses) {
+    absl::MutexLock lock(&mu_);
+    sessions_[session] = addresses;
+    if (sessions_.size() > 8) sessions_.erase(sessions_.begin());
+  }
+  absl::StatusOr<std::string> Resolve(const std::string& session, uint32_t rank) {
+    absl::MutexLock lock(&mu_);
+    auto s = sessions_.find(session);
+    if (s != sessions_.end()) {
+      auto a = s->second.find(rank);
+      if (a != s->second.end() && !a->second.empty()) return a->second;
+    }
+    return absl::UnavailableError(absl::StrCat("no address known for rank ", rank));
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, std::map<uint32_t, std::string>> sessions_ ABSL_GUARDED_BY(mu_);
+};
+
+std::string CommandName(const tessera::v1::Command& c) {
+  switch (c.body_case()) {
+    case tessera::v1::Command::kPin:
+      return "pin";
+    case tessera::v1::Command::kCopy:
+      return "copy";
+    case tessera::v1::Command::kGather:
+      return "gather";
+    case tessera::v1::Command::kPersist:
+      return "persist";
+    case tessera::v1::Command::kCommit:
+      return "commit";
+    default:
+      return "";
+  }
 }
 
 }  // namespace
@@ -60,28 +135,135 @@ int main(int argc, char** argv) {
   if (rank < 0 || static_cast<uint32_t>(rank) >= mesh->world_size()) {
     return Fail(absl::StrCat("--rank must be in [0, ", mesh->world_size(), ")"));
   }
+  const auto urank = static_cast<uint32_t>(rank);
   tessera::InitLog(absl::StrCat("agent[", rank, "]"));
+  const uint64_t incarnation = tessera::NewIncarnation();
+  const bool gpu = tessera::GpuAvailable();
+
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      tessera::MakeChannelCredentials({absl::GetFlag(FLAGS_tls_cert),
+                                       absl::GetFlag(FLAGS_tls_key),
+                                       absl::GetFlag(FLAGS_tls_ca)});
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+  grpc::ChannelArguments channel_args;
+  channel_args.SetMaxReceiveMessageSize(256 << 20);
+  channel_args.SetMaxSendMessageSize(256 << 20);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      absl::GetFlag(FLAGS_coordinator), *credentials, channel_args);
+  tessera::GrpcCoordinatorClient coordinator(channel);
+
+  // Staging: one pool for saves, one for loads (each Acquire replaces its pool's regions).
+  if (absl::StatusOr<int> stale = tessera::StagingPool::RemoveStaleRegions(job, urank, incarnation);
+      stale.ok() && *stale > 0) {
+    tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
+  }
+  tessera::StagingPoolOptions pool_options;
+  pool_options.job_id = job;
+  pool_options.rank = urank;
+  pool_options.incarnation = incarnation;
+  pool_options.budget_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_staging_budget_mb)) << 20;
+  pool_options.pin = gpu;
+  absl::StatusOr<std::unique_ptr<tessera::StagingPool>> save_pool =
+      tessera::StagingPool::Create(pool_options);
+  if (!save_pool.ok()) return Fail(save_pool.status().ToString());
+  pool_options.job_id = job + ".load";
+  absl::StatusOr<std::unique_ptr<tessera::StagingPool>> load_pool =
+      tessera::StagingPool::Create(pool_options);
+  if (!load_pool.ok()) return Fail(load_pool.status().ToString());
+
+  tessera::PosixStorage storage;
+  AddressBook addresses;
+  tessera::GrpcPeerTransportOptions peer_options;
+  peer_options.rank = urank;
+  peer_options.listen_address = absl::GetFlag(FLAGS_peer_listen);
+  peer_options.resolve_peer = [&addresses](const std::string& session, uint32_t r) {
+    return addresses.Resolve(session, r);
+  };
+  absl::StatusOr<std::unique_ptr<tessera::GrpcPeerTransport>> peers =
+      tessera::GrpcPeerTransport::Create(peer_options);
+  if (!peers.ok()) return Fail(absl::StrCat("peer transport: ", peers.status().ToString()));
+  const std::string peer_host =
+      absl::GetFlag(FLAGS_peer_host).empty() ? Hostname() : absl::GetFlag(FLAGS_peer_host);
+
+  tessera::SaveExecutorOptions executor_options;
+  executor_options.job_id = job;
+  executor_options.rank = urank;
+  executor_options.incarnation = incarnation;
+  executor_options.on_peer_addresses = [&addresses](const std::string& session,
+                                                    const std::map<uint32_t, std::string>& a) {
+    addresses.Set(session, a);
+  };
+  tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
+                                 executor_options);
+  tessera::Loader loader(&storage, load_pool->get(), urank);
 
   tessera::v1::RegisterAgentRequest registration;
   registration.set_job_id(job);
-  registration.mutable_coord()->set_rank(static_cast<uint32_t>(rank));
-  for (uint32_t c : mesh->Coords(rank)) registration.mutable_coord()->add_index(c);
+  registration.mutable_coord()->set_rank(urank);
+  for (uint32_t c : mesh->Coords(urank)) registration.mutable_coord()->add_index(c);
   *registration.mutable_layout() = *layout;
-  registration.set_incarnation(tessera::NewIncarnation());
+  registration.set_incarnation(incarnation);
   const std::string node = absl::GetFlag(FLAGS_node_id);
   registration.set_node_id(node.empty() ? Hostname() : node);
   registration.set_node_host_ram_budget(
       static_cast<uint64_t>(absl::GetFlag(FLAGS_host_ram_budget_mb)) << 20);
+  registration.set_peer_address(absl::StrCat(peer_host, ":", (*peers)->port()));
+  registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
+  registration.set_has_gpu(gpu);
 
-  tessera::GrpcCoordinatorClient client(grpc::CreateChannel(
-      absl::GetFlag(FLAGS_coordinator), grpc::InsecureChannelCredentials()));
-  tessera::Lifeline lifeline(&client, registration);
-  tessera::LogInfo("starting for job ", job, " at ", mesh->CoordString(rank), ", coordinator ",
-                   absl::GetFlag(FLAGS_coordinator));
+  tessera::LifelineOptions lifeline_options;
+  lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
+    loader.SetJobDir(absl::StrCat(response.storage_root(), "/", job));
+    executor.OnRegistered(response.coordinator_incarnation());
+  };
+  tessera::Lifeline lifeline(&coordinator, registration, lifeline_options);
+
+  tessera::v1::CommandsRequest commands;
+  commands.set_job_id(job);
+  commands.set_rank(urank);
+  commands.set_incarnation(incarnation);
+  const std::string crash_on = absl::GetFlag(FLAGS_crash_on);
+  tessera::CommandStream stream(
+      coordinator.stub(), &lifeline, commands,
+      [&executor, &crash_on](const tessera::v1::Command& c) {
+        if (!crash_on.empty() && CommandName(c) == crash_on) {
+          tessera::LogError("fault injection: crashing on ", crash_on);
+          raise(SIGKILL);
+        }
+        executor.OnCommand(c);
+      });
+
+  // The trainer's endpoint.
+  std::string socket = absl::GetFlag(FLAGS_socket);
+  if (socket.empty()) socket = absl::StrCat("/tmp/tessera/", job, "/agent-", rank, ".sock");
+  constexpr size_t kMaxUnixPath = sizeof(sockaddr_un::sun_path) - 1;
+  if (socket.size() > kMaxUnixPath) {
+    return Fail(absl::StrCat("--socket path is ", socket.size(), " bytes; unix sockets allow ",
+                             kMaxUnixPath, ": choose a shorter path"));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(socket).parent_path(), ec);
+  std::filesystem::remove(socket, ec);
+  tessera::v1::AgentIdentity identity;
+  identity.set_job_id(job);
+  *identity.mutable_coord() = registration.coord();
+  *identity.mutable_layout() = *layout;
+  identity.set_has_gpu(gpu);
+  identity.set_coordinator(absl::GetFlag(FLAGS_coordinator));
+  tessera::TrainerService trainer(&executor, &loader, identity);
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(256 << 20);
+  builder.RegisterService(&trainer);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return Fail(absl::StrCat("cannot listen on unix:", socket));
+
+  tessera::LogInfo("starting for job ", job, " at ", mesh->CoordString(urank), ", coordinator ",
+                   absl::GetFlag(FLAGS_coordinator), ", trainer socket ", socket, ", peers on ",
+                   registration.peer_address(), gpu ? ", GPU" : ", no GPU");
   lifeline.Start();
+  stream.Start();
 
-  // The main thread waits for a termination signal; a dedicated thread watches for the
-  // lifeline being superseded so that case also ends the process.
   std::thread watcher([&lifeline] {
     if (lifeline.WaitTerminal(absl::InfiniteDuration()) ==
         tessera::Lifeline::State::kSuperseded) {
@@ -92,8 +274,13 @@ int main(int argc, char** argv) {
   int signal_number = tessera::WaitForTerminationSignal();
   tessera::LogInfo("received signal ", signal_number, "; stopping after ",
                    lifeline.heartbeats_ok(), " heartbeats");
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server->Wait();
+  stream.Stop();
+  executor.Shutdown();
   lifeline.Stop();
   watcher.join();
+  std::filesystem::remove(socket, ec);
   tessera::LogInfo("stopped");
   return 0;
 }

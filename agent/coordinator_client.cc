@@ -38,4 +38,28 @@ absl::StatusOr<v1::HeartbeatResponse> GrpcCoordinatorClient::Heartbeat(
       });
 }
 
+absl::StatusOr<v1::SubmitLocalPlanResponse> GrpcCoordinatorClient::SubmitLocalPlan(
+    const v1::SubmitLocalPlanRequest& request) {
+  return Unary<v1::SubmitLocalPlanResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::SubmitLocalPlanResponse* response) {
+        return stub_->SubmitLocalPlan(ctx, request, response);
+      });
+}
+
+absl::StatusOr<v1::ReportPhaseResponse> GrpcCoordinatorClient::ReportPhase(
+    const v1::ReportPhaseRequest& request) {
+  return Unary<v1::ReportPhaseResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::ReportPhaseResponse* response) {
+        return stub_->ReportPhase(ctx, request, response);
+      });
+}
+
+absl::StatusOr<v1::ReportChunksResponse> GrpcCoordinatorClient::ReportChunks(
+    const v1::ReportChunksRequest& request) {
+  return Unary<v1::ReportChunksResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::ReportChunksResponse* response) {
+        return stub_->ReportChunks(ctx, request, response);
+      });
+}
+
 }  // namespace tessera

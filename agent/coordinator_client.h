@@ -26,6 +26,18 @@ class CoordinatorClient {
   // Errors: as Coordinator.Heartbeat; Unavailable / DeadlineExceeded if unreachable.
   virtual absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request) = 0;
+
+  // Errors: as Coordinator.SubmitLocalPlan; Unavailable / DeadlineExceeded if unreachable.
+  virtual absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(
+      const v1::SubmitLocalPlanRequest& request) = 0;
+
+  // Errors: as Coordinator.ReportPhase; Unavailable / DeadlineExceeded if unreachable.
+  virtual absl::StatusOr<v1::ReportPhaseResponse> ReportPhase(
+      const v1::ReportPhaseRequest& request) = 0;
+
+  // Errors: as Coordinator.ReportChunks; Unavailable / DeadlineExceeded if unreachable.
+  virtual absl::StatusOr<v1::ReportChunksResponse> ReportChunks(
+      const v1::ReportChunksRequest& request) = 0;
 };
 
 class GrpcCoordinatorClient : public CoordinatorClient {
@@ -37,6 +49,14 @@ class GrpcCoordinatorClient : public CoordinatorClient {
   absl::StatusOr<v1::RegisterAgentResponse> Register(
       const v1::RegisterAgentRequest& request) override;
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request) override;
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(
+      const v1::SubmitLocalPlanRequest& request) override;
+  absl::StatusOr<v1::ReportPhaseResponse> ReportPhase(
+      const v1::ReportPhaseRequest& request) override;
+  absl::StatusOr<v1::ReportChunksResponse> ReportChunks(
+      const v1::ReportChunksRequest& request) override;
+
+  v1::Coordinator::Stub* stub() { return stub_.get(); }
 
  private:
   std::unique_ptr<v1::Coordinator::Stub> stub_;

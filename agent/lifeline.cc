@@ -95,6 +95,7 @@ void Lifeline::Run() {
     }
     LogInfo("registered with coordinator (lease ", registered->lease_ms(), " ms, heartbeat ",
             registered->heartbeat_interval_ms(), " ms)");
+    if (options_.on_registered) options_.on_registered(*registered);
     const absl::Duration interval =
         registered->heartbeat_interval_ms() > 0
             ? absl::Milliseconds(registered->heartbeat_interval_ms())

@@ -31,6 +31,9 @@ struct LifelineOptions {
   BackoffOptions backoff;  // between failed registrations
   // Heartbeat interval used until the coordinator names one. Default: 1 s.
   absl::Duration default_heartbeat_interval = absl::Seconds(1);
+  // Called on the lifeline's thread after every successful registration (the first, and
+  // each one after a coordinator restart or a lost lease), with no lock held. Default: none.
+  std::function<void(const v1::RegisterAgentResponse&)> on_registered;
 };
 
 class Lifeline {

@@ -40,6 +40,18 @@ class FakeCoordinator : public CoordinatorClient {
     return v1::HeartbeatResponse();
   }
 
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(
+      const v1::SubmitLocalPlanRequest&) override {
+    return absl::UnimplementedError("not used by the lifeline");
+  }
+  absl::StatusOr<v1::ReportPhaseResponse> ReportPhase(const v1::ReportPhaseRequest&) override {
+    return absl::UnimplementedError("not used by the lifeline");
+  }
+  absl::StatusOr<v1::ReportChunksResponse> ReportChunks(
+      const v1::ReportChunksRequest&) override {
+    return absl::UnimplementedError("not used by the lifeline");
+  }
+
   void FailRegisters(int n, absl::Status s) {
     absl::MutexLock lock(&mu_);
     for (int i = 0; i < n; ++i) register_errors_.push_back(s);

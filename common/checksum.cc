@@ -20,6 +20,11 @@ std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t blo
   return sums;
 }
 
+uint64_t ChunkDigest(const std::vector<uint64_t>& block_xxh3) {
+  static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "digest assumes little-endian");
+  return XXH3_64bits(block_xxh3.data(), block_xxh3.size() * sizeof(uint64_t));
+}
+
 struct StreamingHasher::State {
   XXH3_state_t xxh;
 };

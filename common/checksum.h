@@ -23,6 +23,11 @@ uint64_t Xxh3(const void* data, size_t size);
 // short. Zero bytes give no blocks. `block_size` must be > 0.
 std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t block_size);
 
+// The digest replicas are compared by: XXH3-64 of the chunk's block checksums (little-endian
+// uint64 each) as BlockChecksums computes them. A writer gets it from the checksums it reports;
+// a replica from the same computation over its staged bytes.
+uint64_t ChunkDigest(const std::vector<uint64_t>& block_xxh3);
+
 // Incremental XXH3-64: Update() any split of the bytes gives the same Digest() as Xxh3().
 class StreamingHasher {
  public:

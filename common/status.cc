@@ -32,6 +32,37 @@ v1::ErrorCode GetErrorCode(const absl::Status& status) {
   return detail.has_value() ? detail->code() : v1::ERROR_CODE_UNSPECIFIED;
 }
 
+absl::StatusCode CanonicalCode(v1::ErrorCode reason) {
+  switch (reason) {
+    case v1::ERROR_CODE_MALFORMED_SHARD:
+    case v1::ERROR_CODE_SHAPE_MISMATCH:
+    case v1::ERROR_CODE_DUPLICATE_FQN:
+    case v1::ERROR_CODE_OVERLAPPING_SHARDS:
+    case v1::ERROR_CODE_INCOMPLETE_COVERAGE:
+    case v1::ERROR_CODE_OPTIMIZER_STATE_MISMATCH:
+    case v1::ERROR_CODE_REPLICATION_MISMATCH:
+    case v1::ERROR_CODE_LAYOUT_MISMATCH:
+    case v1::ERROR_CODE_PLAN_TOO_LARGE:
+      return absl::StatusCode::kInvalidArgument;
+    case v1::ERROR_CODE_CHECKSUM_MISMATCH:
+      return absl::StatusCode::kDataLoss;
+    case v1::ERROR_CODE_CHECKPOINT_NOT_FOUND:
+      return absl::StatusCode::kNotFound;
+    case v1::ERROR_CODE_STEP_EXISTS:
+    case v1::ERROR_CODE_SESSION_IN_PROGRESS:
+    case v1::ERROR_CODE_STALE_INCARNATION:
+      return absl::StatusCode::kFailedPrecondition;
+    case v1::ERROR_CODE_ADMISSION_DENIED:
+      return absl::StatusCode::kResourceExhausted;
+    default:
+      return absl::StatusCode::kAborted;
+  }
+}
+
+absl::Status ErrorFromDetail(const v1::ErrorDetail& detail) {
+  return MakeError(CanonicalCode(detail.code()), detail);
+}
+
 std::string ErrorCodeName(v1::ErrorCode code) {
   const std::string& full = v1::ErrorCode_Name(code);
   constexpr absl::string_view kPrefix = "ERROR_CODE_";

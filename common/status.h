@@ -35,6 +35,15 @@ std::optional<v1::ErrorDetail> GetErrorDetail(const absl::Status& status);
 // The ErrorCode of `status`, or ERROR_CODE_UNSPECIFIED if it carries no payload.
 v1::ErrorCode GetErrorCode(const absl::Status& status);
 
+// The status code an error of `reason` carries (STYLE.md 3: who retries): planning errors are
+// InvalidArgument, execution errors Aborted, CHECKSUM_MISMATCH DataLoss,
+// CHECKPOINT_NOT_FOUND NotFound, STEP_EXISTS / SESSION_IN_PROGRESS / STALE_INCARNATION
+// FailedPrecondition, ADMISSION_DENIED ResourceExhausted.
+absl::StatusCode CanonicalCode(v1::ErrorCode reason);
+
+// MakeError(CanonicalCode(detail.code()), detail).
+absl::Status ErrorFromDetail(const v1::ErrorDetail& detail);
+
 // "DUPLICATE_FQN" for ERROR_CODE_DUPLICATE_FQN.
 std::string ErrorCodeName(v1::ErrorCode code);
 

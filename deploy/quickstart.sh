@@ -1,52 +1,97 @@
 #!/usr/bin/env bash
-# Tessera quick start: installs what is missing, builds, and runs a coordinator with an agent
-# on loopback, showing that they talk. Stops everything it started; exits 0 only if all held.
+# Tessera quick start: the main job, end to end, on loopback.
 #
 #   ./deploy/quickstart.sh
 #
+# 1. installs what is missing (deploy/install-deps.sh) and builds;
+# 2. starts a coordinator (RocksDB and checkpoints under $TESSERA_DEMO_DIR) and 8 agents;
+# 3. runs 8 trainer processes as PP2 x TP2 x DP2 of a llama-like model (about 1 GiB with AdamW
+#    state, optimizer state sliced across DP like a distributed optimizer) saving 3 checkpoints;
+# 4. shows `tessera status` and `tessera checkpoints`, runs `tessera verify`;
+# 5. reloads the latest checkpoint on a different layout (PP1 x TP2 x DP4) and checks every byte;
+# 6. prints a summary and stops everything it started. Exits 0 only if all of that held.
+#
 # Environment:
-#   TESSERA_DEMO_DIR   where logs (and later RocksDB and checkpoints) go (default ./tessera-demo)
-#   TESSERA_DEMO_PORT  coordinator port (default: a free one)
+#   TESSERA_DEMO_DIR        work directory (default ./tessera-demo); its run/ is replaced
+#   TESSERA_DEMO_MB         model size with optimizer state in MiB (default 1024)
+#   TESSERA_DEMO_OPTIMIZER  distributed | replicated (default distributed)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/lib/procs.sh
+source deploy/lib/cluster.sh
 
 ./deploy/install-deps.sh
 echo "== building (bazel build //...)"
-bazel build //... 2>&1 | tail -n 2
-bin=$(bazel info bazel-bin 2>/dev/null)
+bazel build //... 2>&1 | tail -n 1
+BIN=$(bazel info bazel-bin 2>/dev/null)
+TESSERA="$BIN/client/cli/tessera"
 
-demo=${TESSERA_DEMO_DIR:-./tessera-demo}
-mkdir -p "$demo/logs"
-pids=()
-cleanup() { for p in "${pids[@]}"; do stop_process "$p" 10 || true; done; }
-trap cleanup EXIT
-
-echo "== starting tessera-coordinator"
-"$bin/server/tessera-coordinator" --listen="127.0.0.1:${TESSERA_DEMO_PORT:-0}" \
-  --lease_ms=3000 --heartbeat_interval_ms=500 2>"$demo/logs/coordinator.log" &
-pids+=($!)
-wait_for_line "$demo/logs/coordinator.log" "listening on" 30
-port=$(bound_port "$demo/logs/coordinator.log")
-echo "   listening on 127.0.0.1:$port"
-
-echo "== starting tessera-agent (job demo, rank 0 of pp=1,tp=1,dp=1)"
-"$bin/agent/tessera-agent" --coordinator="127.0.0.1:$port" --job=demo --rank=0 \
-  --layout=pp=1,tp=1,dp=1 2>"$demo/logs/agent-0.log" &
-pids+=($!)
-wait_for_line "$demo/logs/coordinator.log" "registered agent job=demo rank=0" 30
-wait_for_line "$demo/logs/agent-0.log" "lease renewed" 30
-grep -h "registered\|lease renewed" "$demo/logs/coordinator.log" "$demo/logs/agent-0.log" |
-  sed 's/^/   /'
-
-echo "== stopping (SIGTERM)"
-status=0
-stop_process "${pids[1]}" 10 || status=$?
-stop_process "${pids[0]}" 10 || status=$?
-pids=()
-if [ "$status" -ne 0 ]; then
-  echo "quickstart: a process did not stop cleanly (status $status); logs in $demo/logs" >&2
+DIR="${TESSERA_DEMO_DIR:-./tessera-demo}/run"
+rm -rf "$DIR"
+mkdir -p "$DIR/logs"
+DIR=$(cd "$DIR" && pwd)
+MB=${TESSERA_DEMO_MB:-1024}
+OPTIMIZER=${TESSERA_DEMO_OPTIMIZER:-distributed}
+LEASE_MS=2000
+trap stop_all EXIT
+fail() {
+  echo "quickstart: FAILED: $*" >&2
+  echo "logs are in $DIR/logs" >&2
   exit 1
-fi
-echo "== done: coordinator and agent registered, heartbeated and stopped cleanly."
-echo "   logs: $demo/logs"
+}
+
+echo "== starting tessera-coordinator and 8 agents (PP2 x TP2 x DP2)"
+start_coordinator --keep_last=3 || fail "the coordinator did not start"
+export TESSERA_COORDINATOR="127.0.0.1:$COORD_PORT"
+start_agents demo pp=2,tp=2,dp=2 || fail "the agents did not register"
+echo "   coordinator on $TESSERA_COORDINATOR; checkpoints under $DIR/ckpt"
+
+echo "== training: 8 trainers save steps 100, 200, 300 (about $MB MiB each, $OPTIMIZER optimizer)"
+run_trainers demo pp=2,tp=2,dp=2 --mode=save --steps=100,200,300 --total_mb="$MB" \
+  --optimizer="$OPTIMIZER" || fail "a trainer failed (see $DIR/logs/trainer-demo-*.out)"
+sed 's/^/   /' "$DIR/logs/trainer-demo-0.out"
+
+echo "== tessera status demo"
+"$TESSERA" status demo | sed 's/^/   /' || fail "tessera status"
+echo "== tessera checkpoints demo"
+"$TESSERA" checkpoints demo | sed 's/^/   /' || fail "tessera checkpoints"
+latest="$DIR/ckpt/demo/step-000000300"
+echo "== tessera verify $latest"
+"$TESSERA" verify "$latest" | sed 's/^/   /' || fail "tessera verify found problems"
+"$TESSERA" status demo --json >"$DIR/status.json" || fail "tessera status --json"
+stop_agents || fail "an agent did not stop cleanly"
+
+echo "== resuming on a different layout: 8 agents as PP1 x TP2 x DP4 load step 300"
+sleep $((LEASE_MS / 1000 + 1))  # the old layout's agents must be gone before the mesh changes
+start_agents demo pp=1,tp=2,dp=4 || fail "the agents (PP1 x TP2 x DP4) did not register"
+run_trainers demo pp=1,tp=2,dp=4 --mode=load --load_step=-1 --total_mb="$MB" \
+  --optimizer="$OPTIMIZER" || fail "loading on PP1 x TP2 x DP4 failed (see $DIR/logs)"
+sed 's/^/   /' "$DIR/logs/trainer-demo-0.out"
+stop_agents || fail "an agent did not stop cleanly"
+stop_coordinator || fail "the coordinator did not stop cleanly"
+
+echo "== summary"
+/usr/bin/python3 - "$DIR" <<'PY'
+import glob, json, re, sys
+d = sys.argv[1]
+stalls = {}
+for path in glob.glob(d + "/logs/trainer-demo-*.out"):
+    for line in open(path):
+        m = re.search(r"step (\d+) staged: ([\d.]+) ms trainer stall for ([\d.]+) MiB", line)
+        if m:
+            stalls.setdefault(int(m.group(1)), []).append((float(m.group(2)), float(m.group(3))))
+for step in sorted(stalls):
+    values = [s for s, _ in stalls[step]]
+    mib = sum(m for _, m in stalls[step])
+    print("   step %d: trainer stall %.0f ms max, %.0f ms mean over %d ranks (%.0f MiB staged)"
+          % (step, max(values), sum(values) / len(values), len(values), mib))
+status = json.load(open(d + "/status.json"))
+phases = {p["state"]: int(p.get("durationMs", 0)) for p in status.get("phases", [])}
+persist_ms = phases.get("SESSION_STATE_PERSISTING", 0) + phases.get("SESSION_STATE_COMMITTING", 0)
+total = int(status.get("bytesTotal", 0))
+if persist_ms > 0:
+    print("   step %s: %.0f MiB persisted and committed in %.2f s (%.0f MiB/s)"
+          % (status.get("step"), total / 2**20, persist_ms / 1000, total / 2**20 / (persist_ms / 1000)))
+print("   checkpoints: " + d + "/ckpt/demo (verified, reloaded byte for byte on PP1 x TP2 x DP4)")
+PY
+echo "== done"

@@ -47,6 +47,18 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   auto [it, inserted] = jobs_.try_emplace(request.job_id(), Job{*layout, {}});
   Job& job = it->second;
   if (!inserted && !job.layout.SameMesh(request.layout())) {
+    // A job may resume on another layout once every agent of the old one is gone.
+    const absl::Time now = clock_->Now();
+    bool any_alive = false;
+    for (const auto& [r, agent] : job.agents) {
+      any_alive = any_alive || now - agent.last_heartbeat <= options_.lease;
+    }
+    if (!any_alive) {
+      job.layout = *layout;
+      job.agents.clear();
+    }
+  }
+  if (!inserted && !job.layout.SameMesh(request.layout())) {
     return LayoutMismatch(absl::StrCat("job \"", request.job_id(), "\" has layout ",
                                        LayoutSpec(job.layout.proto()), " but rank ", rank,
                                        " registered with ", LayoutSpec(request.layout())));

@@ -7,7 +7,9 @@
 // An agent whose last heartbeat is older than the lease is expired (reported by
 // ExpiredRanks(); the session layer turns that into AGENT_LOST).
 //
-// The first registration of a job fixes its layout; every later one must match.
+// The first registration of a job fixes its layout; every later one must match while any agent
+// of that layout is alive. Once all of them are expired, a registration with another layout
+// replaces the job's layout (a job resuming on a different mesh).
 //
 // Thread-safety: all methods are safe for concurrent use. Time comes from the injected Clock.
 #ifndef TESSERA_SERVER_AGENT_REGISTRY_H_
@@ -50,7 +52,8 @@ class AgentRegistry {
   // Registers or re-registers an agent and starts its lease.
   // Errors: InvalidArgument + LAYOUT_MISMATCH if the job id is invalid, the layout is malformed,
   // the coordinates are outside the mesh or disagree with `coord.rank`, or the layout differs
-  // from the job's; InvalidArgument if the incarnation is 0.
+  // from the job's while an agent of the job's layout is alive; InvalidArgument if the
+  // incarnation is 0.
   absl::StatusOr<Registered> Register(const v1::RegisterAgentRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -82,6 +82,16 @@ TEST_F(AgentRegistryTest, Register_LayoutDiffersFromJob_LayoutMismatch) {
   EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr("pp=2,tp=2,dp=2"));
 }
 
+TEST_F(AgentRegistryTest, Register_NewLayoutAfterOldAgentsExpired_Accepted) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  v1::RegisterAgentRequest resumed = Registration(1, 2);
+  resumed.mutable_layout()->mutable_dims(2)->set_degree(4);
+  clock_.Advance(absl::Seconds(11));  // the old layout's only agent is gone
+  ASSERT_TRUE(registry_.Register(resumed).ok());
+  EXPECT_EQ(registry_.JobLayout("job")->world_size(), 16u);
+  EXPECT_EQ(registry_.ListAgents("job")->size(), 1u);
+}
+
 TEST_F(AgentRegistryTest, Register_RankOutsideMesh_LayoutMismatch) {
   EXPECT_EQ(GetErrorCode(registry_.Register(Registration(8, 1)).status()),
             v1::ERROR_CODE_LAYOUT_MISMATCH);

@@ -1,74 +1,174 @@
 // tessera-coordinator: the central service of a Tessera deployment. Flags are defined here
 // only (STYLE.md 11). SIGTERM or SIGINT shuts it down cleanly: in-flight RPCs get a grace
-// period, then the process exits 0.
-#include <csignal>
+// period, the state store is closed, and the process exits 0. A restart on the same --db_path
+// resumes unfinished sessions (SessionManager::Recover).
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "agent/storage.h"
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/program.h"
 #include "common/signals.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
+#include "server/admin_service.h"
 #include "server/agent_registry.h"
+#include "server/command_streams.h"
 #include "server/coordinator_service.h"
+#include "server/peer_id_broker.h"
+#include "server/session_manager.h"
+#include "server/storage_committer.h"
+#include "server/store/rocksdb_state_store.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
-          "host:port the Coordinator gRPC service listens on (agents connect here)");
+          "host:port the Coordinator and Admin gRPC services listen on; port 0 picks a free "
+          "port (logged)");
+ABSL_FLAG(std::string, db_path, "", "RocksDB directory for the coordinator's state; required");
+ABSL_FLAG(std::string, storage_root, "",
+          "checkpoint root: checkpoints go to <root>/<job>/step-N; required");
+ABSL_FLAG(bool, coordinator_commits, true,
+          "the coordinator can write under --storage_root and commits checkpoints itself; "
+          "false: a committer agent does it");
 ABSL_FLAG(int32_t, lease_ms, 10000,
           "an agent whose last heartbeat is older than this is lost (AGENT_LOST)");
 ABSL_FLAG(int32_t, heartbeat_interval_ms, 2000, "how often agents are told to heartbeat");
+ABSL_FLAG(int32_t, planning_timeout_s, 120, "deadline for every rank's plan to arrive");
+ABSL_FLAG(int32_t, pinning_timeout_s, 120, "deadline for agents to pin staging");
+ABSL_FLAG(int32_t, copying_timeout_s, 600, "deadline for trainers to copy into staging");
+ABSL_FLAG(int32_t, persisting_timeout_s, 1800, "deadline for gather + writes");
+ABSL_FLAG(int32_t, committing_timeout_s, 120, "deadline for the commit");
+ABSL_FLAG(int32_t, max_concurrent_writers, 64, "most agents writing at once to the storage");
+ABSL_FLAG(int32_t, keep_last, 0,
+          "committed checkpoints kept per job; older ones are deleted after each commit "
+          "(0 keeps all)");
+ABSL_FLAG(std::string, admin_token, "",
+          "if set, Admin calls must send 'authorization: Bearer <token>' (default from "
+          "$TESSERA_ADMIN_TOKEN)");
+ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS)");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, tls_client_ca, "",
+          "PEM CA that client certificates must chain to (enables mutual TLS)");
 ABSL_FLAG(int32_t, shutdown_grace_ms, 2000,
           "on SIGTERM, how long in-flight RPCs may take before they are cancelled");
 
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tessera-coordinator: %s\n", message.c_str());
+  return 2;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   tessera::InitProgram(
-      "collects every rank's plan, validates the global plan and drives "
-      "each checkpoint save to commit.\n\nUsage: tessera-coordinator --listen=HOST:PORT "
-      "[--lease_ms=N] [--heartbeat_interval_ms=N]",
+      "collects every rank's plan, validates the global plan and drives each checkpoint save "
+      "to commit.\n\nUsage: tessera-coordinator --listen=HOST:PORT --db_path=DIR "
+      "--storage_root=DIR [flags]",
       argc, argv);
   tessera::InitLog("coordinator");
   tessera::BlockTerminationSignals();
 
-  if (absl::GetFlag(FLAGS_lease_ms) <= 0 || absl::GetFlag(FLAGS_heartbeat_interval_ms) <= 0 ||
-      absl::GetFlag(FLAGS_heartbeat_interval_ms) >= absl::GetFlag(FLAGS_lease_ms)) {
-    std::fprintf(stderr,
-                 "tessera-coordinator: --heartbeat_interval_ms must be positive and below "
-                 "--lease_ms\n");
-    return 2;
+  const int32_t lease_ms = absl::GetFlag(FLAGS_lease_ms);
+  const int32_t heartbeat_ms = absl::GetFlag(FLAGS_heartbeat_interval_ms);
+  if (lease_ms <= 0 || heartbeat_ms <= 0 || heartbeat_ms >= lease_ms) {
+    return Fail("--heartbeat_interval_ms must be positive and below --lease_ms");
   }
-  tessera::AgentRegistryOptions registry_options;
-  registry_options.lease = absl::Milliseconds(absl::GetFlag(FLAGS_lease_ms));
-  registry_options.heartbeat_interval =
-      absl::Milliseconds(absl::GetFlag(FLAGS_heartbeat_interval_ms));
-  tessera::AgentRegistry registry(tessera::RealClock::Get(), registry_options);
+  if (absl::GetFlag(FLAGS_db_path).empty()) return Fail("--db_path is required");
+  if (absl::GetFlag(FLAGS_storage_root).empty()) return Fail("--storage_root is required");
+  std::string token = absl::GetFlag(FLAGS_admin_token);
+  if (token.empty() && std::getenv("TESSERA_ADMIN_TOKEN") != nullptr) {
+    token = std::getenv("TESSERA_ADMIN_TOKEN");
+  }
 
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      tessera::MakeServerCredentials({absl::GetFlag(FLAGS_tls_cert),
+                                      absl::GetFlag(FLAGS_tls_key),
+                                      absl::GetFlag(FLAGS_tls_client_ca)});
+  if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
+
+  tessera::RocksDbStoreOptions store_options;
+  store_options.path = absl::GetFlag(FLAGS_db_path);
+  absl::StatusOr<std::unique_ptr<tessera::RocksDbStateStore>> store =
+      tessera::RocksDbStateStore::Open(store_options);
+  if (!store.ok()) return Fail(store.status().ToString());
+
+  const tessera::Clock* clock = tessera::RealClock::Get();
+  tessera::AgentRegistryOptions registry_options;
+  registry_options.lease = absl::Milliseconds(lease_ms);
+  registry_options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  tessera::AgentRegistry registry(clock, registry_options);
+
+  tessera::PosixStorage storage;
+  tessera::StorageCommitter committer(&storage);
+  tessera::CommandStreams streams;
+  tessera::SessionManagerOptions session_options;
+  session_options.storage_root = absl::GetFlag(FLAGS_storage_root);
+  session_options.coordinator_commits = absl::GetFlag(FLAGS_coordinator_commits);
+  session_options.planning_timeout = absl::Seconds(absl::GetFlag(FLAGS_planning_timeout_s));
+  session_options.pinning_timeout = absl::Seconds(absl::GetFlag(FLAGS_pinning_timeout_s));
+  session_options.copying_timeout = absl::Seconds(absl::GetFlag(FLAGS_copying_timeout_s));
+  session_options.persisting_timeout = absl::Seconds(absl::GetFlag(FLAGS_persisting_timeout_s));
+  session_options.committing_timeout = absl::Seconds(absl::GetFlag(FLAGS_committing_timeout_s));
+  session_options.max_concurrent_writers =
+      static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_max_concurrent_writers)));
+  session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));
+  tessera::SessionManager sessions(store->get(), &registry, &streams, &committer, clock,
+                                   session_options);
+  if (absl::Status recovered = sessions.Recover(); !recovered.ok()) {
+    return Fail(absl::StrCat("cannot recover state from ", store_options.path, ": ",
+                             recovered.ToString()));
+  }
+
+  tessera::PeerIdBroker broker;
   tessera::CoordinatorServiceOptions service_options;
   service_options.coordinator_incarnation = tessera::NewIncarnation();
-  tessera::CoordinatorService service(&registry, service_options);
+  service_options.storage_root = session_options.storage_root;
+  tessera::CoordinatorService coordinator(&registry, &sessions, &streams, &broker, clock,
+                                          service_options);
+  tessera::AdminService admin(&registry, &sessions, token);
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int bound_port = 0;
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
-  builder.RegisterService(&service);
+  builder.AddListeningPort(listen, *credentials, &bound_port);
+  builder.SetMaxReceiveMessageSize(256 << 20);  // large local plans
+  builder.RegisterService(&coordinator);
+  builder.RegisterService(&admin);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr || bound_port == 0) {
-    std::fprintf(stderr, "tessera-coordinator: cannot listen on %s\n", listen.c_str());
-    return 1;
-  }
-  tessera::LogInfo("listening on ", listen, " (port ", bound_port, ")");
+  if (server == nullptr || bound_port == 0) return Fail(absl::StrCat("cannot listen on ", listen));
+  tessera::LogInfo("listening on ", listen, " (port ", bound_port, "); state in ",
+                   store_options.path, "; checkpoints under ", session_options.storage_root,
+                   token.empty() ? "" : "; admin token required");
+
+  // Time-driven work: session deadlines, leases, commits; expired peer-id waits.
+  std::thread ticker([&sessions] { sessions.RunUntilStopped(absl::Milliseconds(200)); });
+  absl::Notification stop_broker;
+  std::thread broker_expiry([&] {
+    while (!stop_broker.WaitForNotificationWithTimeout(absl::Seconds(1))) {
+      broker.Expire(clock->Now());
+    }
+  });
 
   int signal_number = tessera::WaitForTerminationSignal();
   tessera::LogInfo("received signal ", signal_number, "; shutting down");
+  streams.CloseAll();
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->Wait();
+  sessions.Stop();
+  ticker.join();
+  stop_broker.Notify();
+  broker_expiry.join();
   tessera::LogInfo("stopped");
   return 0;
 }

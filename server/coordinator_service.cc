@@ -1,5 +1,7 @@
 #include "server/coordinator_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/grpc_status.h"
@@ -15,11 +17,21 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
   return reactor;
 }
 
+absl::Status NoSessions() {
+  return absl::UnimplementedError("this coordinator runs without a session manager");
+}
+
 }  // namespace
 
-CoordinatorService::CoordinatorService(AgentRegistry* registry,
-                                       CoordinatorServiceOptions options)
-    : registry_(registry), options_(std::move(options)) {}
+CoordinatorService::CoordinatorService(AgentRegistry* registry, SessionManager* sessions,
+                                       CommandStreams* streams, PeerIdBroker* broker,
+                                       const Clock* clock, CoordinatorServiceOptions options)
+    : registry_(registry),
+      sessions_(sessions),
+      streams_(streams),
+      broker_(broker),
+      clock_(clock),
+      options_(std::move(options)) {}
 
 grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
     grpc::CallbackServerContext* context, const v1::RegisterAgentRequest* request,
@@ -35,6 +47,10 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
           registered->replaced_incarnation.has_value()
               ? absl::StrCat(" (replaces ", absl::Hex(*registered->replaced_incarnation), ")")
               : "");
+  if (sessions_ != nullptr) {
+    sessions_->OnAgentRegistered(request->job_id(), request->coord().rank(),
+                                 registered->replaced_incarnation);
+  }
   const AgentRegistryOptions& reg = registry_->options();
   response->set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(reg.lease)));
   response->set_heartbeat_interval_ms(
@@ -55,6 +71,73 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
     response->set_coordinator_incarnation(options_.coordinator_incarnation);
   }
   return Finish(context, status);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::SubmitLocalPlan(
+    grpc::CallbackServerContext* context, const v1::SubmitLocalPlanRequest* request,
+    v1::SubmitLocalPlanResponse* response) {
+  if (sessions_ == nullptr) return Finish(context, NoSessions());
+  absl::StatusOr<std::string> session = sessions_->SubmitLocalPlan(*request);
+  if (session.ok()) response->set_session_id(*session);
+  return Finish(context, session.status());
+}
+
+grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
+    grpc::CallbackServerContext* context, const v1::CommandsRequest* request) {
+  absl::Status status =
+      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
+  if (status.ok() && (sessions_ == nullptr || streams_ == nullptr)) status = NoSessions();
+  if (!status.ok()) {
+    // A reactor that finishes at once.
+    class Refused : public grpc::ServerWriteReactor<v1::Command> {
+     public:
+      explicit Refused(grpc::Status s) { Finish(std::move(s)); }
+      void OnDone() override { delete this; }
+    };
+    return new Refused(ToGrpcStatus(status));
+  }
+  return streams_->Open(request->job_id(), request->rank(),
+                        sessions_->CurrentCommand(request->job_id(), request->rank()));
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportPhase(grpc::CallbackServerContext* context,
+                                                          const v1::ReportPhaseRequest* request,
+                                                          v1::ReportPhaseResponse* response) {
+  if (sessions_ == nullptr) return Finish(context, NoSessions());
+  absl::StatusOr<v1::SessionState> state = sessions_->ReportPhase(*request);
+  if (state.ok()) response->set_state(*state);
+  return Finish(context, state.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ReportChunks(
+    grpc::CallbackServerContext* context, const v1::ReportChunksRequest* request,
+    v1::ReportChunksResponse* response) {
+  if (sessions_ == nullptr) return Finish(context, NoSessions());
+  absl::StatusOr<v1::SessionState> state = sessions_->ReportChunks(*request);
+  if (state.ok()) response->set_state(*state);
+  return Finish(context, state.status());
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::ExchangePeerId(
+    grpc::CallbackServerContext* context, const v1::ExchangePeerIdRequest* request,
+    v1::ExchangePeerIdResponse* response) {
+  absl::Status status =
+      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
+  if (status.ok() && broker_ == nullptr) status = NoSessions();
+  if (status.ok() && !request->unique_id().empty()) {
+    status = broker_->Post(request->session_id(), request->group(), request->unique_id(),
+                           clock_->Now());
+  }
+  if (!status.ok()) return Finish(context, status);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Time deadline = clock_->Now() + options_.peer_id_timeout;
+  deadline = std::min(deadline, absl::FromChrono(context->deadline()));
+  broker_->Wait(request->session_id(), request->group(), deadline,
+                [reactor, response](absl::StatusOr<std::string> id) {
+                  if (id.ok()) response->set_unique_id(*id);
+                  reactor->Finish(ToGrpcStatus(id.status()));
+                });
+  return reactor;
 }
 
 }  // namespace tessera

@@ -1,20 +1,24 @@
 // gRPC adapter for the Coordinator service (proto/tessera/v1/coordinator.proto): a thin layer
-// that validates transport-level input, calls the core libraries and maps absl::Status to
-// grpc::Status with the ErrorDetail payload (common/grpc_status.h).
+// that calls the core objects (AgentRegistry, SessionManager, PeerIdBroker) and maps
+// absl::Status to grpc::Status with the ErrorDetail payload (common/grpc_status.h).
 //
-// Implemented now: RegisterAgent, Heartbeat (over AgentRegistry). The save-session RPCs
-// (SubmitLocalPlan, Commands, ReportPhase, ReportChunks, ExchangePeerId) answer UNIMPLEMENTED
-// until the session state machine is wired in.
+// Uses the callback API. Unary handlers finish inline: they only record, persist (one synced
+// RocksDB write at most) and queue commands. Nothing waits for another rank on an RPC thread:
+// the Commands stream is a reactor fed by CommandStreams, and ExchangePeerId finishes from the
+// broker's callback (STYLE.md 8).
 //
-// Uses the callback API; no handler blocks a reactor thread (STYLE.md 8).
-// Thread-safety: safe for concurrent RPCs; state lives in the thread-safe core objects.
+// Thread-safety: safe for concurrent RPCs; all state lives in the thread-safe core objects.
 #ifndef TESSERA_SERVER_COORDINATOR_SERVICE_H_
 #define TESSERA_SERVER_COORDINATOR_SERVICE_H_
 
 #include <cstdint>
 #include <string>
 
+#include "common/clock.h"
 #include "server/agent_registry.h"
+#include "server/command_streams.h"
+#include "server/peer_id_broker.h"
+#include "server/session_manager.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
 
 namespace tessera {
@@ -22,25 +26,46 @@ namespace tessera {
 struct CoordinatorServiceOptions {
   // Returned to agents; changes on every coordinator start so agents notice restarts.
   uint64_t coordinator_incarnation = 0;
-  // Where checkpoints live (<root>/<job>/step-N); empty if this coordinator has no storage.
+  // Where checkpoints live (<root>/<job>/step-N), told to agents at registration.
   std::string storage_root;
+  // Longest an ExchangePeerId call waits for its leader. Default: 60 s.
+  absl::Duration peer_id_timeout = absl::Seconds(60);
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {
  public:
-  // `registry` must outlive the service.
-  CoordinatorService(AgentRegistry* registry, CoordinatorServiceOptions options);
+  // Every pointer must outlive the service. `sessions` and `streams` may be null in tests
+  // that exercise registration only; the session RPCs then answer UNIMPLEMENTED.
+  CoordinatorService(AgentRegistry* registry, SessionManager* sessions, CommandStreams* streams,
+                     PeerIdBroker* broker, const Clock* clock, CoordinatorServiceOptions options);
 
   grpc::ServerUnaryReactor* RegisterAgent(grpc::CallbackServerContext* context,
                                           const v1::RegisterAgentRequest* request,
                                           v1::RegisterAgentResponse* response) override;
-
   grpc::ServerUnaryReactor* Heartbeat(grpc::CallbackServerContext* context,
                                       const v1::HeartbeatRequest* request,
                                       v1::HeartbeatResponse* response) override;
+  grpc::ServerUnaryReactor* SubmitLocalPlan(grpc::CallbackServerContext* context,
+                                            const v1::SubmitLocalPlanRequest* request,
+                                            v1::SubmitLocalPlanResponse* response) override;
+  grpc::ServerWriteReactor<v1::Command>* Commands(grpc::CallbackServerContext* context,
+                                                  const v1::CommandsRequest* request) override;
+  grpc::ServerUnaryReactor* ReportPhase(grpc::CallbackServerContext* context,
+                                        const v1::ReportPhaseRequest* request,
+                                        v1::ReportPhaseResponse* response) override;
+  grpc::ServerUnaryReactor* ReportChunks(grpc::CallbackServerContext* context,
+                                         const v1::ReportChunksRequest* request,
+                                         v1::ReportChunksResponse* response) override;
+  grpc::ServerUnaryReactor* ExchangePeerId(grpc::CallbackServerContext* context,
+                                           const v1::ExchangePeerIdRequest* request,
+                                           v1::ExchangePeerIdResponse* response) override;
 
  private:
   AgentRegistry* const registry_;
+  SessionManager* const sessions_;
+  CommandStreams* const streams_;
+  PeerIdBroker* const broker_;
+  const Clock* const clock_;
   const CoordinatorServiceOptions options_;
 };
 

@@ -29,7 +29,8 @@ class CoordinatorServiceTest : public ::testing::Test {
     CoordinatorServiceOptions options;
     options.coordinator_incarnation = 77;
     options.storage_root = "/ckpt";
-    service_ = std::make_unique<CoordinatorService>(&registry_, options);
+    service_ = std::make_unique<CoordinatorService>(&registry_, nullptr, nullptr, nullptr,
+                                                    &clock_, options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -37,8 +38,9 @@ class CoordinatorServiceTest : public ::testing::Test {
     server_ = builder.BuildAndStart();
     ASSERT_NE(server_, nullptr);
     ASSERT_GT(port, 0);
-    client_ = std::make_unique<GrpcCoordinatorClient>(grpc::CreateChannel(
-        "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
+                                   grpc::InsecureChannelCredentials());
+    client_ = std::make_unique<GrpcCoordinatorClient>(channel_);
   }
   void TearDown() override { server_->Shutdown(); }
 
@@ -46,6 +48,7 @@ class CoordinatorServiceTest : public ::testing::Test {
   AgentRegistry registry_{&clock_, AgentRegistryOptions{absl::Seconds(6), absl::Seconds(1)}};
   std::unique_ptr<CoordinatorService> service_;
   std::unique_ptr<grpc::Server> server_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<GrpcCoordinatorClient> client_;
 };
 
@@ -89,6 +92,18 @@ TEST_F(CoordinatorServiceTest, Register_BadLayout_InvalidArgumentWithCode) {
   absl::Status status = client_->Register(r).status();
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(GetErrorCode(status), v1::ERROR_CODE_LAYOUT_MISMATCH);
+}
+
+TEST_F(CoordinatorServiceTest, SessionRpcs_WithoutSessionManager_Unimplemented) {
+  ASSERT_TRUE(client_->Register(Registration(0, 1)).ok());
+  auto stub = v1::Coordinator::NewStub(channel_);
+  grpc::ClientContext context;
+  v1::SubmitLocalPlanRequest request;
+  request.set_job_id("job");
+  request.set_incarnation(1);
+  v1::SubmitLocalPlanResponse response;
+  EXPECT_EQ(stub->SubmitLocalPlan(&context, request, &response).error_code(),
+            grpc::StatusCode::UNIMPLEMENTED);
 }
 
 TEST_F(CoordinatorServiceTest, Heartbeat_Unregistered_NotFound) {

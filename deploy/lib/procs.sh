@@ -14,8 +14,12 @@ wait_for_line() {
   done
 }
 
-# count_lines FILE REGEX: number of lines of FILE matching REGEX.
-count_lines() { grep -Ec -- "$2" "$1" 2>/dev/null || true; }
+# count_lines FILE REGEX: number of lines of FILE matching REGEX (0 if FILE does not exist).
+count_lines() {
+  local n
+  n=$(grep -Ec -- "$2" "$1" 2>/dev/null)
+  echo "${n:-0}"
+}
 
 # bound_port LOG: the port a coordinator started with --listen=HOST:0 reported.
 bound_port() { sed -nE 's/.*listening on .* \(port ([0-9]+)\).*/\1/p' "$1" | tail -n 1; }

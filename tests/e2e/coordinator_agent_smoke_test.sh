@@ -9,25 +9,27 @@ source deploy/lib/procs.sh
 coordinator=server/tessera-coordinator
 agent=agent/tessera-agent
 dir=${TEST_TMPDIR:-$(mktemp -d)}
+sock=$(mktemp -d /tmp/tessera-sock.XXXXXX)  # unix socket paths are limited to 107 bytes
+trap 'rm -rf "$sock"' EXIT
 fail() { echo "FAIL: $*"; echo "--- coordinator log"; cat "$dir"/coord*.log; echo "--- agent log"; cat "$dir/agent.log"; exit 1; }
 
-"$coordinator" --listen=127.0.0.1:0 --lease_ms=2000 --heartbeat_interval_ms=100 \
-  2>"$dir/coord1.log" &
+"$coordinator" --listen=127.0.0.1:0 --db_path="$dir/db" --storage_root="$dir/ckpt" \
+  --lease_ms=2000 --heartbeat_interval_ms=100 2>"$dir/coord1.log" &
 cpid=$!
 wait_for_line "$dir/coord1.log" "listening on" 20 || fail "coordinator did not start"
 port=$(bound_port "$dir/coord1.log")
 [ -n "$port" ] || fail "no port in the coordinator log"
 
 "$agent" --coordinator="127.0.0.1:$port" --job=smoke --rank=1 --layout=tp=2,dp=2 \
-  2>"$dir/agent.log" &
+  --socket="$sock/agent.sock" --peer_listen=127.0.0.1:0 2>"$dir/agent.log" &
 apid=$!
 wait_for_line "$dir/coord1.log" "registered agent job=smoke rank=1" 20 || fail "no registration"
 wait_for_line "$dir/agent.log" "lease renewed" 20 || fail "agent did not heartbeat"
 
 # Coordinator crash and restart on the same port: the agent must come back on its own.
 kill -KILL "$cpid"; wait "$cpid" 2>/dev/null
-"$coordinator" --listen="127.0.0.1:$port" --lease_ms=2000 --heartbeat_interval_ms=100 \
-  2>"$dir/coord2.log" &
+"$coordinator" --listen="127.0.0.1:$port" --db_path="$dir/db" --storage_root="$dir/ckpt" \
+  --lease_ms=2000 --heartbeat_interval_ms=100 2>"$dir/coord2.log" &
 cpid=$!
 wait_for_line "$dir/coord2.log" "registered agent job=smoke rank=1" 30 ||
   fail "agent did not re-register after the coordinator restarted"

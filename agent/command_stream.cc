@@ -1,0 +1,67 @@
+#include "agent/command_stream.h"
+
+#include "common/log.h"
+
+namespace tessera {
+
+CommandStream::CommandStream(v1::Coordinator::Stub* stub, Lifeline* lifeline,
+                             v1::CommandsRequest request, OnCommand on_command,
+                             BackoffOptions backoff)
+    : stub_(stub),
+      lifeline_(lifeline),
+      request_(std::move(request)),
+      on_command_(std::move(on_command)),
+      backoff_(backoff) {}
+
+CommandStream::~CommandStream() { Stop(); }
+
+void CommandStream::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void CommandStream::Stop() {
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+    if (context_ != nullptr) context_->TryCancel();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void CommandStream::Run() {
+  Backoff backoff(backoff_);
+  while (true) {
+    // Wait until registered (or stopping), in short slices so Stop() is prompt.
+    while (!lifeline_->WaitRegistered(absl::Milliseconds(200))) {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    grpc::ClientContext context;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      context_ = &context;
+    }
+    std::unique_ptr<grpc::ClientReader<v1::Command>> reader =
+        stub_->Commands(&context, request_);
+    v1::Command command;
+    bool got_any = false;
+    while (reader->Read(&command)) {
+      got_any = true;
+      on_command_(command);
+    }
+    grpc::Status status = reader->Finish();
+    if (got_any) backoff.Reset();  // it worked for a while: start the backoff over
+    absl::Duration delay = backoff.Next();
+    {
+      absl::MutexLock lock(&mu_);
+      context_ = nullptr;
+      if (stop_) return;
+      mu_.AwaitWithTimeout(absl::Condition(&stop_), delay);
+      if (stop_) return;
+    }
+    LogWarning("command stream ended (", status.error_message(), "); reopening");
+  }
+}
+
+}  // namespace tessera

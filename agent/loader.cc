@@ -1,0 +1,99 @@
+#include "agent/loader.h"
+
+#include "absl/strings/str_cat.h"
+#include "common/box.h"
+#include "common/ids.h"
+#include "common/status.h"
+#include "common/tensor_key.h"
+#include "format/checkpoint_reader.h"
+#include "format/commit.h"
+
+namespace tessera {
+namespace {
+
+uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
+}  // namespace
+
+Loader::Loader(Storage* storage, StagingPool* staging, uint32_t rank)
+    : storage_(storage), staging_(staging), rank_(rank) {}
+
+void Loader::SetJobDir(std::string job_dir) {
+  absl::MutexLock lock(&mu_);
+  job_dir_ = std::move(job_dir);
+}
+
+absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
+  absl::MutexLock lock(&mu_);
+  if (job_dir_.empty()) {
+    return absl::FailedPreconditionError("the agent is not registered with a coordinator yet");
+  }
+  int64_t step = request.step();
+  if (step < 0) {
+    absl::StatusOr<int64_t> latest = LatestStep(*storage_, job_dir_);
+    if (!latest.ok()) return latest.status();
+    if (*latest < 0) {
+      return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_CHECKPOINT_NOT_FOUND,
+                       absl::StrCat("no committed checkpoint in ", job_dir_));
+    }
+    step = *latest;
+  }
+  const std::string dir = absl::StrCat(job_dir_, "/", StepDirName(step));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(storage_, dir);
+  if (!reader.ok()) return reader.status();
+
+  // Staging: one slot per shard, each 4 KiB-aligned.
+  std::vector<std::pair<uint64_t, uint64_t>> slots;
+  uint64_t total = 0;
+  for (const v1::ShardDesc& shard : request.shards()) {
+    slots.emplace_back(total, shard.nbytes());
+    total += AlignUp(shard.nbytes());
+  }
+  if (!current_load_.empty()) staging_->ReleaseAll();
+  current_load_.clear();
+  absl::StatusOr<std::vector<StagingSlot>> region = staging_->Acquire({std::max<uint64_t>(total, 4096)});
+  if (!region.ok()) return region.status();
+  auto* base = static_cast<unsigned char*>((*region)[0].data);
+
+  std::vector<ReadRequest> reads;
+  reads.reserve(request.shards_size());
+  for (int i = 0; i < request.shards_size(); ++i) {
+    const v1::ShardDesc& shard = request.shards(i);
+    ReadRequest read;
+    read.key = TensorKeyOf(shard, rank_);
+    read.dtype = shard.dtype();
+    read.global_shape.assign(shard.global_shape().begin(), shard.global_shape().end());
+    read.box = shard.has_box() ? BoxFromProto(shard.box()) : FullBox(read.global_shape);
+    if (shard.has_flat_range()) read.flat_range = shard.flat_range();
+    read.dest = base + slots[i].first;
+    read.dest_size = slots[i].second;
+    reads.push_back(std::move(read));
+  }
+  absl::StatusOr<std::vector<ReadResult>> results = (*reader)->Read(reads);
+  if (!results.ok()) {
+    staging_->ReleaseAll();
+    return results.status();
+  }
+  v1::LoadResponse response;
+  response.set_load_id(absl::StrCat("load-", rank_, "-", ++loads_));
+  response.set_step(step);
+  response.set_shm_name((*region)[0].name);
+  response.set_shm_size((*region)[0].capacity);
+  for (int i = 0; i < request.shards_size(); ++i) {
+    v1::StagingSlot* slot = response.add_slots();
+    slot->set_offset(slots[i].first);
+    slot->set_nbytes(slots[i].second);
+    if ((*results)[i].state_absent) response.add_absent(static_cast<uint32_t>(i));
+  }
+  current_load_ = response.load_id();
+  return response;
+}
+
+void Loader::Release(const std::string& load_id) {
+  absl::MutexLock lock(&mu_);
+  if (load_id.empty() || load_id != current_load_) return;
+  staging_->ReleaseAll();
+  current_load_.clear();
+}
+
+}  // namespace tessera

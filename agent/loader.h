@@ -1,0 +1,52 @@
+// Loader: serves the trainer's Load. Resolves the step (-1: the newest committed one), reads
+// every requested piece with resharding (format/checkpoint_reader.h: only the byte runs it
+// needs, checksums verified) into a staging region the trainer maps, and keeps the region
+// until ReleaseLoad. One load is staged at a time: a new Load releases the previous one.
+//
+// Thread-safety: all methods are safe for concurrent use (loads are serialized).
+#ifndef TESSERA_AGENT_LOADER_H_
+#define TESSERA_AGENT_LOADER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/staging_pool.h"
+#include "agent/storage.h"
+#include "tessera/v1/agent.pb.h"
+
+namespace tessera {
+
+class Loader {
+ public:
+  // `storage` and `staging` must outlive the loader; `staging` serves loads only.
+  Loader(Storage* storage, StagingPool* staging, uint32_t rank);
+
+  // Where the job's checkpoints are (<storage_root>/<job>); known after registration.
+  void SetJobDir(std::string job_dir) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Reads the requested shards. Blocks for the reads.
+  // Errors: FailedPrecondition before SetJobDir; NotFound + CHECKPOINT_NOT_FOUND if the step
+  // (or any checkpoint, for -1) is not committed; InvalidArgument if a shard is malformed, a
+  // key is missing or its dtype/shape differs (SHAPE_MISMATCH); DataLoss + CHECKSUM_MISMATCH
+  // naming tensor, chunk, file and block; ResourceExhausted if staging does not fit.
+  absl::StatusOr<v1::LoadResponse> Load(const v1::LoadRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Releases the staging of `load_id`. Idempotent; unknown ids are ignored.
+  void Release(const std::string& load_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  Storage* const storage_;
+  StagingPool* const staging_;
+  const uint32_t rank_;
+  absl::Mutex mu_;
+  std::string job_dir_ ABSL_GUARDED_BY(mu_);
+  std::string current_load_ ABSL_GUARDED_BY(mu_);
+  uint64_t loads_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_LOADER_H_

@@ -1,0 +1,107 @@
+#include "agent/peer/slice_chunk_codec.h"
+
+#include <climits>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+
+namespace tessera {
+namespace {
+
+using google::protobuf::internal::WireFormatLite;
+using google::protobuf::io::CodedInputStream;
+using google::protobuf::io::CodedOutputStream;
+using google::protobuf::io::StringOutputStream;
+
+constexpr int kDataField = v1::SliceChunk::kDataFieldNumber;
+
+absl::Status Place(const PlaceData& place, const v1::SliceChunk& header, uint64_t data_len,
+                   DataPlacement* placement) {
+  *placement = place(header, data_len);
+  if (placement->consume &&
+      (placement->skip > data_len || placement->write > data_len - placement->skip)) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk placement (skip ", placement->skip,
+                                                   ", write ", placement->write,
+                                                   ") exceeds its ", data_len, " data bytes"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string EncodeSliceChunkPrefix(const v1::SliceChunk& header, uint64_t data_len) {
+  std::string out = header.SerializeAsString();
+  {
+    StringOutputStream stream(&out);
+    CodedOutputStream coded(&stream);
+    coded.WriteTag(
+        WireFormatLite::MakeTag(kDataField, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded.WriteVarint64(data_len);
+  }
+  return out;
+}
+
+absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
+                              uint64_t total_size, const PlaceData& place) {
+  if (total_size > INT_MAX) {
+    return absl::InvalidArgumentError(absl::StrCat("slice chunk of ", total_size, " bytes"));
+  }
+  CodedInputStream in(input);
+  in.SetTotalBytesLimit(INT_MAX);
+  std::string header_bytes;  // the header fields, re-emitted as they are parsed
+  std::string buffered;      // `data`, if it was not the last field
+  int64_t direct_len = -1;   // `data`'s length, if it is the last field (left unread in `in`)
+  {
+    StringOutputStream header_stream(&header_bytes);
+    CodedOutputStream header_out(&header_stream);
+    while (const uint32_t tag = in.ReadTag()) {
+      if (WireFormatLite::GetTagFieldNumber(tag) != kDataField) {
+        if (!WireFormatLite::SkipField(&in, tag, &header_out)) {
+          return absl::InvalidArgumentError("malformed slice chunk header");
+        }
+        continue;
+      }
+      if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        return absl::InvalidArgumentError("slice chunk data has the wrong wire type");
+      }
+      uint32_t len = 0;
+      if (!in.ReadVarint32(&len) || len > INT_MAX) {
+        return absl::InvalidArgumentError("malformed slice chunk data length");
+      }
+      if (static_cast<uint64_t>(in.CurrentPosition()) + len == total_size) {
+        direct_len = len;
+        break;
+      }
+      buffered.resize(len);
+      if (len > 0 && !in.ReadRaw(&buffered[0], static_cast<int>(len))) {
+        return absl::InvalidArgumentError("truncated slice chunk data");
+      }
+    }
+  }  // header_out is flushed into header_bytes here
+  if (direct_len < 0 && static_cast<uint64_t>(in.CurrentPosition()) != total_size) {
+    return absl::InvalidArgumentError("malformed slice chunk");
+  }
+  v1::SliceChunk header;
+  if (!header.ParseFromString(header_bytes)) {
+    return absl::InvalidArgumentError("malformed slice chunk header");
+  }
+  const uint64_t data_len = direct_len >= 0 ? static_cast<uint64_t>(direct_len) : buffered.size();
+  DataPlacement placement;
+  RETURN_IF_ERROR(Place(place, header, data_len, &placement));
+  if (!placement.consume || placement.write == 0) return absl::OkStatus();
+  if (direct_len < 0) {
+    std::memcpy(placement.dest, buffered.data() + placement.skip, placement.write);
+    return absl::OkStatus();
+  }
+  if (!in.Skip(static_cast<int>(placement.skip)) ||
+      !in.ReadRaw(placement.dest, static_cast<int>(placement.write))) {
+    return absl::InvalidArgumentError("truncated slice chunk data");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace tessera

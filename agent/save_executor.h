@@ -1,0 +1,202 @@
+// SaveExecutor: this rank's part of every save session — it answers the trainer and follows
+// the coordinator's commands. Core logic: no gRPC; the coordinator, staging, storage and peers
+// are interfaces (STYLE.md 7).
+//
+// One session on the agent:
+//
+//   BeginSave ──► SUBMITTED ─PIN─► PINNED ─COPY─► COPYING ─Staged()─► STAGED ─GATHER─► GATHERED
+//                                                   (BeginSave returns)          │
+//      ┌─────────────────────────────────────────────────────────────────────────┘
+//      └─PERSIST─► PERSISTED [─COMMIT─► COMMIT_WRITTEN] ─COMMITTED─► COMMITTED
+//   any ─ABORT (or a local failure reported to the coordinator)─► ABORTED
+//
+//   PIN      lay out staging for the assignment (agent/staging_layout.h), acquire and zero the
+//            padding, report PINNED.
+//   COPY     hand the trainer its slots (BeginSave completes); the trainer copies and calls
+//            Staged(), which reports STAGED.
+//   GATHER   exchange DP optimizer slices with peers (PeerTransport), hash replicas, report
+//            the hashes, then GATHERED.
+//   PERSIST  write the data file straight from staging (ShardWriter), report its chunks, then
+//            PERSISTED. Any I/O error is reported as IO_ERROR with the path, which aborts.
+//   COMMIT   (committer agents only) commit the directory (format/commit.h), COMMIT_WRITTEN.
+//   COMMITTED / ABORT  release staging, wake WaitCommitted callers.
+//
+// Every report of the current session is remembered; after a coordinator restart
+// (OnRegistered with a new coordinator incarnation) they are re-sent, and a plan still waiting
+// for its verdict is re-submitted, so the coordinator can resume (SessionManager::Recover).
+//
+// Blocking work (RPCs, peer exchange, writes) runs on one worker thread, in order; commands
+// and trainer calls only enqueue. ABORT also cancels an exchange in progress at once.
+//
+// Thread-safety: all public methods are safe for concurrent use; callbacks run on the worker
+// thread with no lock held.
+#ifndef TESSERA_AGENT_SAVE_EXECUTOR_H_
+#define TESSERA_AGENT_SAVE_EXECUTOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "agent/coordinator_client.h"
+#include "agent/peer/peer_transport.h"
+#include "agent/shard_writer.h"
+#include "agent/staging_layout.h"
+#include "agent/staging_pool.h"
+#include "agent/storage.h"
+#include "tessera/v1/agent.pb.h"
+#include "tessera/v1/coordinator.pb.h"
+
+namespace tessera {
+
+struct SaveExecutorOptions {
+  std::string job_id;
+  uint32_t rank = 0;
+  uint64_t incarnation = 0;
+  // Longest a DP exchange may take before this rank reports TIMEOUT. Default: 10 min.
+  absl::Duration gather_timeout = absl::Minutes(10);
+  // Chunks per ReportChunks call. Default: 1024.
+  size_t report_batch = 1024;
+  // Finished sessions remembered for WaitCommitted. Default: 16.
+  size_t remember_sessions = 16;
+  ShardWriterOptions writer;
+  // Told the peers' addresses of a session before its DP exchange (GatherCommand), so the
+  // transport's resolver can find them. Default: none.
+  std::function<void(const std::string& session_id, const std::map<uint32_t, std::string>&)>
+      on_peer_addresses;
+};
+
+class SaveExecutor {
+ public:
+  using BeginSaveDone = std::function<void(absl::StatusOr<v1::BeginSaveResponse>)>;
+  using StatusDone = std::function<void(absl::Status)>;
+  using CommitDone = std::function<void(absl::StatusOr<std::string> checkpoint_dir)>;
+
+  // Every pointer must outlive the executor. Starts the worker thread.
+  SaveExecutor(CoordinatorClient* coordinator, StagingPool* staging, Storage* storage,
+               PeerTransport* peers, SaveExecutorOptions options);
+  ~SaveExecutor();  // Shutdown()s.
+
+  // Trainer: start a save. `done` gets the staging slots once every rank pinned (COPY), or
+  // the error: the planner's (InvalidArgument + DUPLICATE_FQN ...) before any copy,
+  // FailedPrecondition (STEP_EXISTS, SESSION_IN_PROGRESS), Aborted (AGENT_LOST, TIMEOUT ...),
+  // Unavailable if the coordinator cannot be reached.
+  void BeginSave(v1::BeginSaveRequest request, BeginSaveDone done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Trainer: finished copying into `session_id`'s slots. `done` once STAGED is reported.
+  // Errors: NotFound for an unknown session; Aborted if it aborted; what ReportPhase returns.
+  void Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Trainer: the save of `step` is over. `done` gets the checkpoint directory when it is
+  // COMMITTED, the abort error when ABORTED, DeadlineExceeded at `deadline`, NotFound if no
+  // session of that step is known. Called at once if the outcome is already known.
+  void WaitCommitted(int64_t step, absl::Time deadline, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Trainer went away while a save was open (its BeginSave or Staged call was cancelled):
+  // reports the failure so the session aborts at once instead of at its timeout.
+  void TrainerLost(const std::string& session_id) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Coordinator: a command from the Commands stream.
+  void OnCommand(const v1::Command& command) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Coordinator: the agent (re)registered. If the coordinator's incarnation changed, the
+  // current session's reports are re-sent.
+  void OnRegistered(uint64_t coordinator_incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Fails pending trainer calls with Unavailable and stops the worker. Idempotent.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Where the latest committed checkpoint of each step finished saving, for tests.
+  uint64_t sessions_committed() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  enum class Phase {
+    kSubmitted,
+    kPinned,
+    kCopying,
+    kStaged,
+    kGathered,
+    kPersisted,
+    kCommitWritten,
+    kCommitted,
+    kAborted
+  };
+  struct Session {
+    std::string id;
+    int64_t step = 0;
+    Phase phase = Phase::kSubmitted;
+    v1::BeginSaveRequest request;
+    std::optional<StagingLayout> layout;
+    StagingSlot slot;
+    bool has_slot = false;
+    BeginSaveDone begin_done;  // until COPY or the end
+    std::vector<std::pair<absl::Time, CommitDone>> waiters;
+    absl::Status outcome;      // set when COMMITTED (OK) or ABORTED
+    std::string checkpoint_dir;
+    // Everything reported, for re-sending after a coordinator restart.
+    std::vector<v1::ReportPhaseRequest> phase_reports;
+    std::vector<v1::ReportChunksRequest> chunk_reports;
+    std::string tmp_dir;
+    uint64_t last_seq = 0;
+    bool plan_cached = false;
+  };
+  using Task = std::function<void()>;
+
+  void Post(Task task) ABSL_LOCKS_EXCLUDED(mu_);
+  void RunWorker();
+
+  // Worker-thread steps.
+  void DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done);
+  void DoPin(const std::string& session_id, const v1::PinCommand& pin);
+  void DoCopy(const std::string& session_id);
+  void DoStaged(const std::string& session_id, uint64_t stall_ns, StatusDone done);
+  void DoGather(const std::string& session_id, const v1::GatherCommand& gather);
+  void DoPersist(const std::string& session_id, const std::string& tmp_dir);
+  void DoCommit(const std::string& session_id, const v1::CommitCommand& commit);
+  void DoEnd(const std::string& session_id, absl::Status outcome, std::string checkpoint_dir);
+  void DoResend();
+
+  // Reports a phase (remembering it); on an RPC error returns it. With `error` set the
+  // session aborts on the coordinator.
+  absl::Status ReportPhase(const std::string& session_id, v1::AgentPhase phase,
+                           const v1::ErrorDetail* error, uint64_t pinned_bytes = 0,
+                           uint64_t stall_ns = 0) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status ReportChunks(const std::string& session_id, v1::ReportChunksRequest request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Reports a local failure: the session aborts on the coordinator.
+  void Fail(const std::string& session_id, v1::ErrorCode code, const absl::Status& cause)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  Session* FindLocked(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ForgetOldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CoordinatorClient* const coordinator_;
+  StagingPool* const staging_;
+  Storage* const storage_;
+  PeerTransport* const peers_;
+  const SaveExecutorOptions options_;
+
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> finished_ ABSL_GUARDED_BY(mu_);  // oldest first
+  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t coordinator_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;
+
+  std::thread worker_;  // last: started when everything above exists
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_SAVE_EXECUTOR_H_

@@ -1,0 +1,93 @@
+// ShardWriter: writes a rank's data file straight from staging and describes its chunks for
+// the manifest.
+//
+// WriteFile() writes layout.header, then the data section from the staging buffer in large
+// sequential writes (O_DIRECT where the storage supports it: the header is copied to an
+// aligned buffer, staging is page-aligned, and the layout makes every offset and the file
+// size multiples of 4 KiB), fsyncs the file and its directory, and returns one ChunkEntry per
+// layout item. Block checksums (XXH3 per block_size bytes) are computed from the staging
+// bytes on a second thread while the main thread writes, so hashing is hidden behind I/O.
+//
+// Failure is never silent: any error returns a Status and no entries, and the partial file is
+// removed (best effort) so it cannot be mistaken for a written one; every I/O error carries
+// ErrorDetail IO_ERROR with the file's path (see agent/storage.h for the errno mapping, e.g.
+// ENOSPC -> ResourceExhausted).
+//
+// Thread-safety: stateless; WriteFile may run concurrently for different files, on one
+// Storage. The staging buffer must not change while it is being written.
+#ifndef TESSERA_AGENT_SHARD_WRITER_H_
+#define TESSERA_AGENT_SHARD_WRITER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "agent/data_file.h"
+#include "agent/storage.h"
+#include "common/checksum.h"
+#include "tessera/v1/manifest.pb.h"
+
+namespace tessera {
+
+struct ShardWriterOptions {
+  // Bytes per write call; rounded up to a multiple of 4 KiB. Default: 8 MiB.
+  size_t write_size = 8u << 20;
+
+  // Checksum block size recorded in each ChunkEntry. Default: kDefaultBlockSize (4 MiB).
+  uint32_t block_size = kDefaultBlockSize;
+
+  // Compute checksums on a second thread while writing. Default: true.
+  bool overlap_checksums = true;
+
+  // fsync the file and its directory before returning. Default: true (only benchmarks that
+  // measure raw write speed turn it off).
+  bool sync = true;
+
+  // Recorded as ChunkEntry.writer_rank. Default: 0.
+  uint32_t writer_rank = 0;
+};
+
+// What WriteFile wrote.
+struct WrittenFile {
+  std::string path;                    // dir/file_name
+  uint64_t bytes = 0;                  // file size
+  std::vector<v1::ChunkEntry> chunks;  // one per layout item, in layout order
+};
+
+// One file for WriteFiles.
+struct FileWrite {
+  std::string dir;
+  std::string file_name;
+  const FileLayout* layout = nullptr;
+  const void* staging = nullptr;  // layout->data_size bytes
+};
+
+class ShardWriter {
+ public:
+  // Writes `layout` with the data section taken from `staging` (layout.data_size bytes, laid
+  // out as the data section, padding zeroed: ZeroPadding) to dir/file_name, replacing any
+  // file of that name. `dir` must exist.
+  // Errors: InvalidArgument if `file_name` is empty, ".", "..", or contains '/' or NUL, or
+  // the options are invalid; FailedPrecondition if staging's padding is not zero (the file
+  // would hold garbage a reader cannot verify); I/O errors from `storage` with IO_ERROR and
+  // the path (ResourceExhausted for ENOSPC, FailedPrecondition for a read-only file system,
+  // DataLoss for EIO, ...).
+  static absl::StatusOr<WrittenFile> WriteFile(Storage& storage, const std::string& dir,
+                                               const std::string& file_name,
+                                               const FileLayout& layout, const void* staging,
+                                               const ShardWriterOptions& options = {});
+
+  // Writes several files, at most `parallelism` at a time (>= 1), each as WriteFile.
+  // Returns one result per input, in order; one file failing does not stop the others.
+  static std::vector<absl::StatusOr<WrittenFile>> WriteFiles(
+      Storage& storage, absl::Span<const FileWrite> files, int parallelism,
+      const ShardWriterOptions& options = {});
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_SHARD_WRITER_H_

@@ -1,0 +1,262 @@
+#include "agent/staging_pool.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "agent/cuda_host.h"
+#include "agent/storage.h"
+#include "common/status.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+namespace {
+
+constexpr size_t kMaxJobChars = 64;
+
+std::string SanitizeJob(absl::string_view job_id) {
+  std::string out;
+  for (char c : job_id.substr(0, kMaxJobChars)) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    out.push_back(ok ? c : '_');
+  }
+  return out;
+}
+
+// "tessera-<job>-r<rank>-" (no leading '/'): the prefix of every region of (job, rank).
+std::string NamePrefix(absl::string_view job_id, uint32_t rank) {
+  return absl::StrCat("tessera-", SanitizeJob(job_id), "-r", rank, "-");
+}
+
+uint64_t PageSize() {
+  const long page = sysconf(_SC_PAGESIZE);
+  return page > 0 ? static_cast<uint64_t>(page) : 4096;
+}
+
+uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
+
+}  // namespace
+
+// One shared-memory object, mapped and optionally pinned. Unpins, unmaps and unlinks on
+// destruction.
+class StagingPool::Region {
+ public:
+  Region(std::string name, void* data, uint64_t capacity)
+      : name_(std::move(name)), data_(data), capacity_(capacity) {}
+
+  ~Region() {
+    if (pinned_) (void)UnregisterHost(data_);
+    munmap(data_, capacity_);
+    shm_unlink(name_.c_str());
+  }
+
+  const std::string& name() const { return name_; }
+  void* data() const { return data_; }
+  uint64_t capacity() const { return capacity_; }
+  bool pinned() const { return pinned_; }
+  void set_pinned() { pinned_ = true; }
+
+ private:
+  const std::string name_;
+  void* const data_;
+  const uint64_t capacity_;
+  bool pinned_ = false;
+};
+
+absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(StagingPoolOptions options) {
+  uint64_t budget = options.budget_bytes;
+  if (budget == 0) {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    budget = pages > 0 ? static_cast<uint64_t>(pages) * PageSize() / 2 : (1ull << 30);
+  }
+  if (budget < PageSize()) {
+    return absl::InvalidArgumentError(absl::StrCat("staging budget of ", budget,
+                                                   " bytes is smaller than one page"));
+  }
+  return std::unique_ptr<StagingPool>(new StagingPool(std::move(options), budget));
+}
+
+StagingPool::StagingPool(StagingPoolOptions options, uint64_t budget_bytes)
+    : options_(std::move(options)), budget_bytes_(budget_bytes), page_size_(PageSize()) {}
+
+StagingPool::~StagingPool() { ReleaseAll(); }
+
+std::string StagingPool::RegionName(uint64_t n) const {
+  return absl::StrCat("/", NamePrefix(options_.job_id, options_.rank),
+                      absl::StrFormat("%016x", options_.incarnation), "-", n);
+}
+
+absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLocked(
+    uint64_t capacity) {
+  const std::string name = RegionName(next_region_++);
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
+  // On any failure below the object must not outlive this call.
+  auto fail = [&](int err, absl::string_view op) {
+    close(fd);
+    shm_unlink(name.c_str());
+    return ErrnoToStatus(err, op, name, absl::StrCat("(", capacity, " bytes)"));
+  };
+  if (ftruncate(fd, static_cast<off_t>(capacity)) != 0) return fail(errno, "ftruncate");
+  if (options_.reserve) {
+    const int err = posix_fallocate(fd, 0, static_cast<off_t>(capacity));
+    if (err != 0) return fail(err, "posix_fallocate");
+  }
+  void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  if (data == MAP_FAILED) return fail(errno, "mmap");
+  close(fd);  // the mapping keeps the object alive
+  auto region = std::make_unique<Region>(name, data, capacity);
+  if (options_.pin && GpuAvailable()) {
+    absl::Status pinned = RegisterHost(data, capacity);
+    if (!pinned.ok()) {
+      return absl::Status(pinned.code(),
+                          absl::StrCat("pinning staging region ", name, ": ", pinned.message()));
+    }
+    region->set_pinned();
+  }
+  return region;
+}
+
+absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<uint64_t>& sizes) {
+  absl::MutexLock lock(&mu_);
+  // Admission first, so a refused save leaves the pool as it was.
+  std::vector<uint64_t> capacities(sizes.size());
+  uint64_t total = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    const uint64_t needed = std::max<uint64_t>(RoundUp(sizes[i], page_size_), page_size_);
+    if (needed < sizes[i]) {  // overflow
+      return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                       absl::StrCat("staging slot ", i, " of ", sizes[i], " bytes is too large"));
+    }
+    const bool reuse = i < regions_.size() && regions_[i] != nullptr &&
+                       regions_[i]->capacity() >= sizes[i];
+    capacities[i] = reuse ? regions_[i]->capacity() : needed;
+    total += capacities[i];
+    if (total < capacities[i] || total > budget_bytes_) {
+      return MakeError(
+          absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+          absl::StrCat("staging of ", sizes.size(), " slots needs more than ", budget_bytes_,
+                       " bytes, the host-RAM budget of rank ", options_.rank,
+                       " (exceeded at slot ", i, ")"));
+    }
+  }
+
+  regions_.resize(sizes.size());  // releases regions beyond the request
+  std::vector<StagingSlot> slots(sizes.size());
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (regions_[i] == nullptr || regions_[i]->capacity() < sizes[i]) {
+      // Free the old region before creating its replacement so the two never both count.
+      regions_[i].reset();
+      ASSIGN_OR_RETURN(regions_[i], CreateRegionLocked(capacities[i]));
+    }
+    const Region& region = *regions_[i];
+    slots[i] = StagingSlot{region.name(), region.data(), sizes[i], region.capacity(),
+                           region.pinned()};
+  }
+  return slots;
+}
+
+void StagingPool::ReleaseAll() {
+  absl::MutexLock lock(&mu_);
+  regions_.clear();
+}
+
+uint64_t StagingPool::mapped_bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& region : regions_) {
+    if (region != nullptr) total += region->capacity();
+  }
+  return total;
+}
+
+uint64_t StagingPool::regions_created() const {
+  absl::MutexLock lock(&mu_);
+  return next_region_;
+}
+
+absl::StatusOr<int> StagingPool::RemoveStaleRegions(absl::string_view job_id, uint32_t rank,
+                                                    uint64_t keep_incarnation) {
+  const std::string prefix = NamePrefix(job_id, rank);
+  const std::string keep = absl::StrCat(prefix, absl::StrFormat("%016x", keep_incarnation), "-");
+  // glibc implements shm_open on /dev/shm; listing it is the only way to enumerate objects.
+  DIR* dir = opendir("/dev/shm");
+  if (dir == nullptr) {
+    return absl::InternalError(absl::StrCat("opendir /dev/shm: ", strerror(errno)));
+  }
+  int removed = 0;
+  while (struct dirent* entry = readdir(dir)) {
+    const absl::string_view name = entry->d_name;
+    if (!absl::StartsWith(name, prefix) || absl::StartsWith(name, keep)) continue;
+    // The rest must be "<16 hex>-<n>", so a job named like another's prefix is never touched.
+    const absl::string_view rest = name.substr(prefix.size());
+    if (rest.size() < 18 || rest[16] != '-') continue;
+    bool well_formed = true;
+    for (size_t i = 0; i < rest.size() && well_formed; ++i) {
+      const char c = rest[i];
+      well_formed = i == 16 || (c >= '0' && c <= '9') || (i < 16 && c >= 'a' && c <= 'f');
+    }
+    if (!well_formed) continue;
+    if (shm_unlink(absl::StrCat("/", name).c_str()) == 0) ++removed;
+  }
+  closedir(dir);
+  return removed;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<MappedStaging>> MappedStaging::Map(const std::string& name,
+                                                                   uint64_t size, bool pin) {
+  if (name.empty() || name[0] != '/') {
+    return absl::InvalidArgumentError(
+        absl::StrCat("staging region name \"", name, "\" must start with '/'"));
+  }
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoToStatus(err, "fstat", name);
+  }
+  const uint64_t region_size = static_cast<uint64_t>(st.st_size);
+  if (region_size < size || region_size == 0) {
+    close(fd);
+    return absl::FailedPreconditionError(absl::StrCat("staging region ", name, " holds ",
+                                                      region_size, " bytes, ", size,
+                                                      " are needed"));
+  }
+  const uint64_t map_size = size == 0 ? region_size : size;
+  void* data = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  const int err = errno;
+  close(fd);
+  if (data == MAP_FAILED) return ErrnoToStatus(err, "mmap", name);
+  bool pinned = false;
+  if (pin && GpuAvailable()) {
+    absl::Status status = RegisterHost(data, map_size);
+    if (!status.ok()) {
+      munmap(data, map_size);
+      return status;
+    }
+    pinned = true;
+  }
+  return std::unique_ptr<MappedStaging>(new MappedStaging(name, data, map_size, pinned));
+}
+
+MappedStaging::~MappedStaging() {
+  if (pinned_) (void)UnregisterHost(data_);
+  munmap(data_, size_);
+}
+
+}  // namespace tessera

@@ -1,0 +1,176 @@
+// StagingPool: the agent's host-memory staging regions, shared with its trainer.
+//
+// A region is a POSIX shared-memory object ("/tessera-<job>-r<rank>-<incarnation hex>-<n>",
+// shm_open + ftruncate + mmap) that the agent creates, owns and unlinks; the trainer maps the
+// same object by name (MapStaging) and copies its tensors into it, and the agent writes data
+// files straight from it. Memory is page-aligned (mmap), so a region can be the source of
+// O_DIRECT writes and, when a GPU is present at run time, is page-locked (cudaHostRegister)
+// for full-bandwidth device copies and NCCL.
+//
+// Lifecycle: the pool is created at agent start and lives as long as the agent. Each save
+// calls Acquire() with the sizes it needs; regions are reused across saves and only grow (a
+// region too small for a save is replaced by a larger one under a new name, so a trainer
+// never sees a stale mapping change size under it). Everything the pool holds is bounded by
+// a host-RAM budget. Destruction unpins, unmaps and unlinks every region; mappings the
+// trainer still holds stay valid until it unmaps them (POSIX shm semantics).
+//
+// Thread-safety: StagingPool is thread-safe. The StagingSlot pointers returned by Acquire()
+// stay valid until the next Acquire(), ReleaseAll() or the pool's destruction; the caller
+// must not call those while slots are in use. MappedStaging is not thread-safe to destroy
+// while its memory is in use.
+#ifndef TESSERA_AGENT_STAGING_POOL_H_
+#define TESSERA_AGENT_STAGING_POOL_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+
+namespace tessera {
+
+struct StagingPoolOptions {
+  // Job id, part of region names (characters outside [A-Za-z0-9._-] become '_', at most
+  // 64 kept). Default: "".
+  std::string job_id;
+
+  // The agent's rank, part of region names. Default: 0.
+  uint32_t rank = 0;
+
+  // The agent's incarnation, part of region names so a restarted agent never collides with
+  // (or maps) its previous life's regions. Default: 0.
+  uint64_t incarnation = 0;
+
+  // Most bytes the pool may hold mapped at once (the sum of region capacities). The
+  // coordinator admits pinning per node; this is the agent's own hard stop.
+  // Default: 0, meaning half of the host's physical memory.
+  uint64_t budget_bytes = 0;
+
+  // Page-lock regions (cudaHostRegister) when a GPU is present at run time. A registration
+  // failure is an error rather than a silent fallback: unpinned staging halves D2H bandwidth.
+  // Default: true.
+  bool pin = true;
+
+  // Allocate every region's pages when it is created (posix_fallocate), so a full /dev/shm
+  // is a ResourceExhausted error from Acquire() rather than a SIGBUS in the trainer later.
+  // Default: true.
+  bool reserve = true;
+};
+
+// One staging region as handed to a save.
+struct StagingSlot {
+  std::string name;       // shared-memory name for MapStaging ("/tessera-...")
+  void* data = nullptr;   // page-aligned, `capacity` bytes mapped read-write
+  uint64_t size = 0;      // bytes requested for this save
+  uint64_t capacity = 0;  // bytes mapped: >= size, a whole number of pages, >= 1 page
+  bool pinned = false;    // page-locked for the GPU
+};
+
+class StagingPool {
+ public:
+  // Errors: InvalidArgument if the budget is smaller than one page.
+  static absl::StatusOr<std::unique_ptr<StagingPool>> Create(StagingPoolOptions options);
+
+  ~StagingPool();
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+
+  // Makes slot i a region of at least sizes[i] bytes for every i: an existing region i that
+  // is large enough is reused as is (its contents are whatever the last save left), a smaller
+  // one is replaced by a new region with a new name, and regions beyond sizes.size() are
+  // released. Returns the slots in order.
+  // Errors: ResourceExhausted + ADMISSION_DENIED if the resulting regions would exceed the
+  // budget (the pool is then unchanged); ResourceExhausted + IO_ERROR naming the region if
+  // shared memory cannot be created or reserved (/dev/shm full); errors of RegisterHost when
+  // pinning fails. After a creation error the failed slot holds no region; the next Acquire()
+  // retries it.
+  absl::StatusOr<std::vector<StagingSlot>> Acquire(const std::vector<uint64_t>& sizes);
+
+  // Unpins, unmaps and unlinks every region (e.g. when the agent goes idle). Errors: none
+  // reported; an unpin failure is ignored because the memory is unmapped anyway.
+  void ReleaseAll();
+
+  // Bytes currently mapped (sum of capacities).
+  uint64_t mapped_bytes() const;
+
+  // The effective budget (options.budget_bytes, or its default).
+  uint64_t budget_bytes() const { return budget_bytes_; }
+
+  // Regions created since the pool was made: tells reuse from re-creation.
+  uint64_t regions_created() const;
+
+  // The name region number `n` of this pool gets: "/tessera-<job>-r<rank>-<incarnation as
+  // 16 hex digits>-<n>".
+  std::string RegionName(uint64_t n) const;
+
+  // Unlinks shared-memory objects of (job_id, rank) left by other incarnations (an agent
+  // that crashed cannot unlink its regions). Returns how many were removed. Mappings other
+  // processes still hold stay valid. Errors: Internal if /dev/shm cannot be listed.
+  static absl::StatusOr<int> RemoveStaleRegions(absl::string_view job_id, uint32_t rank,
+                                                uint64_t keep_incarnation);
+
+ private:
+  class Region;
+
+  StagingPool(StagingPoolOptions options, uint64_t budget_bytes);
+
+  absl::StatusOr<std::unique_ptr<Region>> CreateRegionLocked(uint64_t capacity)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const StagingPoolOptions options_;
+  const uint64_t budget_bytes_;
+  const uint64_t page_size_;
+
+  mutable absl::Mutex mu_;
+  // Slot i's region; nullptr after a failed creation.
+  std::vector<std::unique_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A staging region mapped by another process (the trainer) by name. Unmaps (and unpins) on
+// destruction; never unlinks: the agent owns the name.
+class MappedStaging {
+ public:
+  // Maps the existing region `name` read-write; `size` = 0 maps all of it. With `pin` and a
+  // GPU present, the mapping is page-locked in this process too (pinning is per process).
+  // Errors: NotFound (+IO_ERROR) if no region has that name; FailedPrecondition if the region
+  // is smaller than `size`; InvalidArgument if `name` does not start with '/'; errors of
+  // RegisterHost.
+  static absl::StatusOr<std::unique_ptr<MappedStaging>> Map(const std::string& name,
+                                                             uint64_t size, bool pin = false);
+  ~MappedStaging();
+  MappedStaging(const MappedStaging&) = delete;
+  MappedStaging& operator=(const MappedStaging&) = delete;
+
+  void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  const std::string& name() const { return name_; }
+  bool pinned() const { return pinned_; }
+
+ private:
+  MappedStaging(std::string name, void* data, uint64_t size, bool pinned)
+      : name_(std::move(name)), data_(data), size_(size), pinned_(pinned) {}
+
+  const std::string name_;
+  void* const data_;
+  const uint64_t size_;
+  const bool pinned_;
+};
+
+// Shorthand for MappedStaging::Map, for the client side.
+inline absl::StatusOr<std::unique_ptr<MappedStaging>> MapStaging(const std::string& name,
+                                                                 uint64_t size,
+                                                                 bool pin = false) {
+  return MappedStaging::Map(name, size, pin);
+}
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_STAGING_POOL_H_

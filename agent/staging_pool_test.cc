@@ -1,0 +1,288 @@
+#include "agent/staging_pool.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/cuda_host.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::MatchesRegex;
+
+constexpr uint64_t kKiB = 1024;
+constexpr uint64_t kMiB = 1024 * kKiB;
+
+// Job ids unique per test process so parallel test runs never share shm names.
+std::string TestJob(const std::string& suffix) {
+  return "stagingtest" + std::to_string(getpid()) + "-" + suffix;
+}
+
+std::unique_ptr<StagingPool> MakePool(const std::string& job, uint64_t incarnation,
+                                      uint64_t budget = 64 * kMiB) {
+  StagingPoolOptions options;
+  options.job_id = job;
+  options.rank = 3;
+  options.incarnation = incarnation;
+  options.budget_bytes = budget;
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(options);
+  EXPECT_TRUE(pool.ok()) << pool.status();
+  return pool.ok() ? std::move(*pool) : nullptr;
+}
+
+TEST(StagingPool, Acquire_PageAlignedNamedRegions) {
+  const std::string job = TestJob("names");
+  auto pool = MakePool(job, 0xdeadbeef);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({10000, 0, 4096});
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  ASSERT_EQ(slots->size(), 3u);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  for (size_t i = 0; i < slots->size(); ++i) {
+    const StagingSlot& slot = (*slots)[i];
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(slot.data) % page, 0u);
+    EXPECT_EQ(slot.capacity % page, 0u);
+    EXPECT_GE(slot.capacity, std::max<uint64_t>(slot.size, page));
+    EXPECT_EQ(slot.name, "/tessera-" + job + "-r3-00000000deadbeef-" + std::to_string(i));
+    EXPECT_THAT(slot.name, MatchesRegex("/tessera-.*-r3-00000000deadbeef-[0-9]+"));
+    EXPECT_EQ(slot.pinned, GpuAvailable());
+    memset(slot.data, 0xab, slot.capacity);  // the whole capacity is writable
+  }
+  EXPECT_EQ((*slots)[0].size, 10000u);
+  EXPECT_EQ(pool->mapped_bytes(),
+            (*slots)[0].capacity + (*slots)[1].capacity + (*slots)[2].capacity);
+}
+
+TEST(StagingPool, Name_JobSanitized) {
+  auto pool = MakePool("a/b c\xff", 1);
+  EXPECT_EQ(pool->RegionName(7), "/tessera-a_b_c_-r3-0000000000000001-7");
+}
+
+TEST(StagingPool, SecondMapping_SeesSameBytesBothWays) {
+  auto pool = MakePool(TestJob("map"), 1);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({64 * kKiB});
+  ASSERT_TRUE(slots.ok());
+  const StagingSlot& slot = (*slots)[0];
+  absl::StatusOr<std::unique_ptr<MappedStaging>> mapped = MapStaging(slot.name, slot.size);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  EXPECT_NE((*mapped)->data(), slot.data);
+  EXPECT_EQ((*mapped)->size(), slot.size);
+  auto* theirs = static_cast<uint8_t*>((*mapped)->data());
+  auto* ours = static_cast<uint8_t*>(slot.data);
+  for (uint64_t i = 0; i < slot.size; ++i) theirs[i] = static_cast<uint8_t>(i * 13);
+  for (uint64_t i = 0; i < slot.size; i += 997) ASSERT_EQ(ours[i], static_cast<uint8_t>(i * 13));
+  ours[5] = 0x42;
+  EXPECT_EQ(theirs[5], 0x42);
+  // size 0 maps the whole region.
+  absl::StatusOr<std::unique_ptr<MappedStaging>> whole = MapStaging(slot.name, 0);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ((*whole)->size(), slot.capacity);
+}
+
+TEST(StagingPool, Acquire_ReusesRegionThatFits_GrowsIntoNewName) {
+  auto pool = MakePool(TestJob("reuse"), 2);
+  absl::StatusOr<std::vector<StagingSlot>> first = pool->Acquire({1 * kMiB, 256 * kKiB});
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(pool->regions_created(), 2u);
+  static_cast<char*>((*first)[0].data)[123] = 'x';
+
+  // A smaller save reuses both regions, bytes and all.
+  absl::StatusOr<std::vector<StagingSlot>> second = pool->Acquire({512 * kKiB, 256 * kKiB});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(pool->regions_created(), 2u);
+  EXPECT_EQ((*second)[0].name, (*first)[0].name);
+  EXPECT_EQ((*second)[0].data, (*first)[0].data);
+  EXPECT_EQ((*second)[0].size, 512 * kKiB);
+  EXPECT_EQ((*second)[0].capacity, 1 * kMiB);
+  EXPECT_EQ(static_cast<char*>((*second)[0].data)[123], 'x');
+
+  // Slot 1 grows: new region under a new name; the old name is gone.
+  const std::string old_name = (*first)[1].name;
+  absl::StatusOr<std::vector<StagingSlot>> third = pool->Acquire({1 * kMiB, 2 * kMiB});
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(pool->regions_created(), 3u);
+  EXPECT_EQ((*third)[0].name, (*first)[0].name);
+  EXPECT_NE((*third)[1].name, old_name);
+  EXPECT_EQ(pool->mapped_bytes(), 3 * kMiB);
+  EXPECT_EQ(MapStaging(old_name, 0).status().code(), absl::StatusCode::kNotFound);
+
+  // Fewer slots release the rest.
+  absl::StatusOr<std::vector<StagingSlot>> fourth = pool->Acquire({kMiB});
+  ASSERT_TRUE(fourth.ok());
+  EXPECT_EQ(pool->mapped_bytes(), 1 * kMiB);
+  EXPECT_EQ(MapStaging((*third)[1].name, 0).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(StagingPool, Acquire_OverBudget_AdmissionDeniedPoolUnchanged) {
+  auto pool = MakePool(TestJob("budget"), 3, /*budget=*/1 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> ok = pool->Acquire({512 * kKiB});
+  ASSERT_TRUE(ok.ok());
+
+  absl::StatusOr<std::vector<StagingSlot>> big = pool->Acquire({2 * kMiB});
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(GetErrorCode(big.status()), v1::ERROR_CODE_ADMISSION_DENIED);
+  EXPECT_THAT(big.status().message(), HasSubstr("budget"));
+
+  // Two slots that fit alone but not together.
+  absl::StatusOr<std::vector<StagingSlot>> two = pool->Acquire({512 * kKiB, 600 * kKiB});
+  EXPECT_EQ(GetErrorCode(two.status()), v1::ERROR_CODE_ADMISSION_DENIED);
+
+  // Refusals left the existing region in place.
+  EXPECT_EQ(pool->mapped_bytes(), 512 * kKiB);
+  EXPECT_EQ(pool->regions_created(), 1u);
+  EXPECT_TRUE(MapStaging((*ok)[0].name, 0).ok());
+
+  // Exactly the budget is admitted.
+  EXPECT_TRUE(pool->Acquire({512 * kKiB, 512 * kKiB}).ok());
+  EXPECT_EQ(pool->mapped_bytes(), 1 * kMiB);
+}
+
+TEST(StagingPool, Create_BudgetBelowOnePage_Rejected) {
+  StagingPoolOptions options;
+  options.budget_bytes = 100;
+  EXPECT_EQ(StagingPool::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
+  options.budget_bytes = 0;  // default: half of RAM
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(options);
+  ASSERT_TRUE(pool.ok());
+  EXPECT_GT((*pool)->budget_bytes(), 0u);
+}
+
+TEST(StagingPool, Incarnations_NamesUniqueAndCoexist) {
+  const std::string job = TestJob("inc");
+  auto old_life = MakePool(job, 0x1111);
+  auto new_life = MakePool(job, 0x2222);
+  absl::StatusOr<std::vector<StagingSlot>> a = old_life->Acquire({4096, 4096});
+  absl::StatusOr<std::vector<StagingSlot>> b = new_life->Acquire({4096, 4096});
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(b.ok()) << b.status();
+  for (const StagingSlot& x : *a) {
+    for (const StagingSlot& y : *b) EXPECT_NE(x.name, y.name);
+  }
+  static_cast<char*>((*a)[0].data)[0] = 'o';
+  static_cast<char*>((*b)[0].data)[0] = 'n';
+  EXPECT_EQ(static_cast<char*>((*a)[0].data)[0], 'o');
+}
+
+TEST(StagingPool, Destruction_UnlinksRegions) {
+  std::string name;
+  {
+    auto pool = MakePool(TestJob("dtor"), 4);
+    absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({8192});
+    ASSERT_TRUE(slots.ok());
+    name = (*slots)[0].name;
+    EXPECT_TRUE(MapStaging(name, 8192).ok());
+  }
+  absl::StatusOr<std::unique_ptr<MappedStaging>> mapped = MapStaging(name, 8192);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetErrorCode(mapped.status()), v1::ERROR_CODE_IO_ERROR);
+  EXPECT_THAT(mapped.status().message(), HasSubstr(name));
+}
+
+TEST(StagingPool, ReleaseAll_UnmapsEverything) {
+  auto pool = MakePool(TestJob("release"), 5);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({8192, 8192});
+  ASSERT_TRUE(slots.ok());
+  pool->ReleaseAll();
+  EXPECT_EQ(pool->mapped_bytes(), 0u);
+  EXPECT_EQ(MapStaging((*slots)[1].name, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(pool->Acquire({8192}).ok());
+  EXPECT_EQ(pool->regions_created(), 3u);
+}
+
+TEST(StagingPool, MappingHeldByTrainer_SurvivesAgentRelease) {
+  auto pool = MakePool(TestJob("survive"), 6);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({4096});
+  ASSERT_TRUE(slots.ok());
+  absl::StatusOr<std::unique_ptr<MappedStaging>> mapped = MapStaging((*slots)[0].name, 4096);
+  ASSERT_TRUE(mapped.ok());
+  pool->ReleaseAll();
+  static_cast<char*>((*mapped)->data())[4095] = 'z';  // still mapped: no crash
+  EXPECT_EQ(static_cast<char*>((*mapped)->data())[4095], 'z');
+}
+
+TEST(MapStaging, BadNameOrTooSmall_Errors) {
+  EXPECT_EQ(MapStaging("no-slash", 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(MapStaging("/tessera-does-not-exist-at-all", 1).status().code(),
+            absl::StatusCode::kNotFound);
+  auto pool = MakePool(TestJob("small"), 7);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({4096});
+  ASSERT_TRUE(slots.ok());
+  absl::StatusOr<std::unique_ptr<MappedStaging>> mapped =
+      MapStaging((*slots)[0].name, (*slots)[0].capacity + 1);
+  EXPECT_EQ(mapped.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(StagingPool, ForkedChild_MapsByNameAndWrites_ParentSees) {
+  auto pool = MakePool(TestJob("fork"), 8);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({256 * kKiB});
+  ASSERT_TRUE(slots.ok());
+  const StagingSlot slot = (*slots)[0];
+  memset(slot.data, 0, slot.size);
+
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    // The child stands in for the trainer: a separate process that knows only the name.
+    absl::StatusOr<std::unique_ptr<MappedStaging>> mapped = MapStaging(slot.name, slot.size);
+    if (!mapped.ok()) _exit(2);
+    auto* p = static_cast<uint8_t*>((*mapped)->data());
+    for (uint64_t i = 0; i < slot.size; ++i) p[i] = static_cast<uint8_t>((i * 31) ^ 0x5a);
+    mapped->reset();
+    _exit(0);
+  }
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus));
+  ASSERT_EQ(WEXITSTATUS(wstatus), 0);
+  const auto* p = static_cast<const uint8_t*>(slot.data);
+  for (uint64_t i = 0; i < slot.size; ++i) {
+    ASSERT_EQ(p[i], static_cast<uint8_t>((i * 31) ^ 0x5a)) << "byte " << i;
+  }
+}
+
+TEST(StagingPool, RemoveStaleRegions_RemovesOtherIncarnationsOnly) {
+  const std::string job = TestJob("stale");
+  // A region leaked by a crashed previous incarnation (created by hand: a pool would unlink).
+  const std::string leaked = "/tessera-" + job + "-r3-0000000000000009-0";
+  int fd = shm_open(leaked.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
+  // Another rank's region and a same-prefix non-region object must survive.
+  const std::string other_rank = "/tessera-" + job + "-r4-0000000000000009-0";
+  const std::string odd = "/tessera-" + job + "-r3-notaregion";
+  for (const std::string& name : {other_rank, odd}) {
+    fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(ftruncate(fd, 4096), 0);
+    close(fd);
+  }
+  auto pool = MakePool(job, 10);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({4096});
+  ASSERT_TRUE(slots.ok());
+
+  absl::StatusOr<int> removed = StagingPool::RemoveStaleRegions(job, 3, 10);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(*removed, 1);
+  EXPECT_EQ(MapStaging(leaked, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_TRUE(MapStaging((*slots)[0].name, 0).ok());
+  EXPECT_TRUE(MapStaging(other_rank, 0).ok());
+  EXPECT_TRUE(MapStaging(odd, 0).ok());
+  shm_unlink(other_rank.c_str());
+  shm_unlink(odd.c_str());
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,598 @@
+#include "agent/storage.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+namespace {
+
+std::string ErrnoText(int err) {
+  char buf[256];
+  // GNU strerror_r returns a pointer to the message (in buf or a static string).
+  const char* text = strerror_r(err, buf, sizeof(buf));
+  return text != nullptr ? std::string(text) : absl::StrCat("unknown error ", err);
+}
+
+absl::Status IoError(absl::StatusCode code, absl::string_view path, std::string message) {
+  v1::ErrorDetail detail;
+  detail.set_code(v1::ERROR_CODE_IO_ERROR);
+  detail.set_message(std::move(message));
+  detail.set_path(std::string(path));
+  return MakeError(code, detail);
+}
+
+bool IsAligned(uint64_t v) { return v % kDirectIoAlignment == 0; }
+
+}  // namespace
+
+absl::StatusCode ErrnoToCode(int err) {
+  switch (err) {
+    case ENOSPC:
+    case EDQUOT:
+    case EFBIG:
+    case EMFILE:
+    case ENFILE:
+    case ENOMEM:
+      return absl::StatusCode::kResourceExhausted;
+    case EACCES:
+    case EPERM:
+      return absl::StatusCode::kPermissionDenied;
+    case EROFS:
+      return absl::StatusCode::kFailedPrecondition;
+    case EIO:
+      return absl::StatusCode::kDataLoss;
+    case ENOENT:
+      return absl::StatusCode::kNotFound;
+    case EEXIST:
+    case ENOTEMPTY:
+      return absl::StatusCode::kAlreadyExists;
+    case ENOTDIR:
+    case EISDIR:
+    case ENAMETOOLONG:
+    case EINVAL:
+      return absl::StatusCode::kInvalidArgument;
+    case ETIMEDOUT:
+    case ESTALE:
+    case EAGAIN:
+    case EBUSY:
+      return absl::StatusCode::kUnavailable;
+    default:
+      return absl::StatusCode::kInternal;
+  }
+}
+
+absl::Status ErrnoToStatus(int err, absl::string_view op, absl::string_view path,
+                           absl::string_view what) {
+  std::string message = absl::StrCat(op, " ", path);
+  if (!what.empty()) absl::StrAppend(&message, " ", what);
+  absl::StrAppend(&message, ": ", ErrnoText(err), " (errno ", err, ")");
+  return IoError(ErrnoToCode(err), path, std::move(message));
+}
+
+std::string JoinPath(absl::string_view dir, absl::string_view name) {
+  if (dir.empty()) return std::string(name);
+  if (dir.back() == '/') return absl::StrCat(dir, name);
+  return absl::StrCat(dir, "/", name);
+}
+
+absl::StatusOr<std::string> ReadFileToString(Storage& storage, const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> file, storage.OpenForRead(path));
+  ASSIGN_OR_RETURN(uint64_t size, file->Size());
+  std::string out(size, '\0');
+  RETURN_IF_ERROR(file->ReadAt(0, out.data(), out.size()));
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------------
+// PosixStorage
+
+// Two descriptors on one file: `fd_` through the page cache and `direct_fd_` with O_DIRECT
+// (-1 when disabled or refused). Linux keeps the page cache coherent with direct writes to
+// other ranges of the same file, so the two can be mixed freely.
+class PosixWritableFile : public WritableFile {
+ public:
+  PosixWritableFile(PosixStorage* storage, std::string path, int fd, int direct_fd,
+                    bool drop_cache)
+      : storage_(storage),
+        path_(std::move(path)),
+        fd_(fd),
+        direct_fd_(direct_fd),
+        drop_cache_(drop_cache) {}
+
+  ~PosixWritableFile() override { CloseFds(); }
+
+  absl::Status WriteAt(uint64_t offset, const void* data, size_t size) override {
+    if (fd_ < 0) return ErrnoToStatus(EBADF, "pwrite", path_, "after close");
+    const char* p = static_cast<const char*>(data);
+    size_t done = 0;
+    const bool aligned = IsAligned(reinterpret_cast<uintptr_t>(data)) && IsAligned(offset) &&
+                         IsAligned(size);
+    if (aligned && direct_fd_ >= 0 && !direct_refused_.load(std::memory_order_relaxed)) {
+      while (done < size) {
+        ssize_t n = pwrite(direct_fd_, p + done, size - done, offset + done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0 && errno == EINVAL) {
+          // The file system takes O_DIRECT opens but not these transfers: use the page cache
+          // for the rest of this file.
+          direct_refused_.store(true, std::memory_order_relaxed);
+          break;
+        }
+        if (n < 0) return WriteError(errno, offset + done, size - done);
+        if (n == 0) return WriteError(EIO, offset + done, size - done);
+        done += static_cast<size_t>(n);
+        // A short direct write leaves the remainder possibly unaligned: finish it buffered.
+        if (done < size && !IsAligned(done)) break;
+      }
+      storage_->CountWrite(/*direct=*/true, done);
+    }
+    const size_t direct_done = done;
+    while (done < size) {
+      ssize_t n = pwrite(fd_, p + done, size - done, offset + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return WriteError(errno, offset + done, size - done);
+      if (n == 0) return WriteError(EIO, offset + done, size - done);
+      done += static_cast<size_t>(n);
+    }
+    storage_->CountWrite(/*direct=*/false, done - direct_done);
+    if (done > direct_done) wrote_buffered_.store(true, std::memory_order_relaxed);
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (fd_ < 0) return ErrnoToStatus(EBADF, "fsync", path_, "after close");
+    int rc;
+    do {
+      rc = fsync(fd_);
+    } while (rc != 0 && errno == EINTR);
+    if (rc != 0) return ErrnoToStatus(errno, "fsync", path_);
+    if (drop_cache_ && wrote_buffered_.load(std::memory_order_relaxed)) {
+      // Advisory: failure only means the pages stay cached.
+      (void)posix_fadvise(fd_, 0, 0, POSIX_FADV_DONTNEED);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Close() override {
+    int err = CloseFds();
+    if (err != 0) return ErrnoToStatus(err, "close", path_);
+    return absl::OkStatus();
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  absl::Status WriteError(int err, uint64_t offset, size_t size) {
+    return ErrnoToStatus(err, "pwrite", path_, absl::StrCat("at offset ", offset, " (", size,
+                                                             " bytes)"));
+  }
+
+  // Returns the first close error (errno), 0 if none.
+  int CloseFds() {
+    int err = 0;
+    if (direct_fd_ >= 0) {
+      if (close(direct_fd_) != 0 && errno != EINTR) err = errno;
+      direct_fd_ = -1;
+    }
+    if (fd_ >= 0) {
+      if (close(fd_) != 0 && errno != EINTR && err == 0) err = errno;
+      fd_ = -1;
+    }
+    return err;
+  }
+
+  PosixStorage* const storage_;
+  const std::string path_;
+  int fd_;
+  int direct_fd_;
+  const bool drop_cache_;
+  std::atomic<bool> direct_refused_{false};
+  std::atomic<bool> wrote_buffered_{false};
+};
+
+namespace {
+
+class PosixReadableFile : public ReadableFile {
+ public:
+  PosixReadableFile(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  ~PosixReadableFile() override { close(fd_); }
+
+  absl::Status ReadAt(uint64_t offset, void* out, size_t size) override {
+    char* p = static_cast<char*>(out);
+    size_t done = 0;
+    while (done < size) {
+      ssize_t n = pread(fd_, p + done, size - done, offset + done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return ErrnoToStatus(errno, "pread", path_,
+                             absl::StrCat("at offset ", offset + done, " (", size - done,
+                                          " bytes)"));
+      }
+      if (n == 0) {
+        return IoError(absl::StatusCode::kOutOfRange, path_,
+                       absl::StrCat("pread ", path_, " at offset ", offset, " (", size,
+                                    " bytes): the file ends after ", offset + done, " bytes"));
+      }
+      done += static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint64_t> Size() override {
+    struct stat st;
+    if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, "fstat", path_);
+    return static_cast<uint64_t>(st.st_size);
+  }
+
+  const std::string& path() const override { return path_; }
+
+ private:
+  const std::string path_;
+  const int fd_;
+};
+
+// Removes everything inside the directory open as `dir_fd` (consumed). `path` is for errors.
+absl::Status RemoveContents(int dir_fd, const std::string& path) {
+  DIR* dir = fdopendir(dir_fd);
+  if (dir == nullptr) {
+    int err = errno;
+    close(dir_fd);
+    return ErrnoToStatus(err, "opendir", path);
+  }
+  absl::Status status;
+  while (status.ok()) {
+    errno = 0;
+    struct dirent* entry = readdir(dir);
+    if (entry == nullptr) {
+      if (errno != 0) status = ErrnoToStatus(errno, "readdir", path);
+      break;
+    }
+    const char* name = entry->d_name;
+    if (strcmp(name, ".") == 0 || strcmp(name, "..") == 0) continue;
+    const std::string child = JoinPath(path, name);
+    struct stat st;
+    if (fstatat(dirfd(dir), name, &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;  // removed concurrently
+      status = ErrnoToStatus(errno, "stat", child);
+      break;
+    }
+    if (S_ISDIR(st.st_mode)) {
+      int child_fd = openat(dirfd(dir), name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+      if (child_fd < 0) {
+        if (errno == ENOENT) continue;
+        status = ErrnoToStatus(errno, "open", child);
+        break;
+      }
+      status = RemoveContents(child_fd, child);
+      if (!status.ok()) break;
+      if (unlinkat(dirfd(dir), name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
+        status = ErrnoToStatus(errno, "rmdir", child);
+      }
+    } else if (unlinkat(dirfd(dir), name, 0) != 0 && errno != ENOENT) {
+      status = ErrnoToStatus(errno, "unlink", child);
+    }
+  }
+  closedir(dir);
+  return status;
+}
+
+}  // namespace
+
+PosixStorage::PosixStorage(PosixStorageOptions options) : options_(options) {}
+
+void PosixStorage::CountWrite(bool direct, uint64_t bytes) {
+  if (bytes == 0) return;
+  absl::MutexLock lock(&mu_);
+  (direct ? direct_bytes_ : buffered_bytes_) += bytes;
+}
+
+uint64_t PosixStorage::direct_bytes_written() const {
+  absl::MutexLock lock(&mu_);
+  return direct_bytes_;
+}
+
+uint64_t PosixStorage::buffered_bytes_written() const {
+  absl::MutexLock lock(&mu_);
+  return buffered_bytes_;
+}
+
+absl::Status PosixStorage::CreateDirs(const std::string& path) {
+  if (path.empty()) return ErrnoToStatus(ENOENT, "mkdir", path);
+  // Create each prefix ending before a '/', then the whole path.
+  for (size_t pos = 1; pos <= path.size(); ++pos) {
+    if (pos < path.size() && path[pos] != '/') continue;
+    const std::string prefix = path.substr(0, pos);
+    if (mkdir(prefix.c_str(), 0755) == 0) continue;
+    const int err = errno;
+    if (err != EEXIST) return ErrnoToStatus(err, "mkdir", prefix);
+    struct stat st;
+    if (stat(prefix.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat", prefix);
+    if (!S_ISDIR(st.st_mode)) {
+      return ErrnoToStatus(pos == path.size() ? EEXIST : ENOTDIR, "mkdir", prefix,
+                           "(exists and is not a directory)");
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> PosixStorage::OpenForWrite(
+    const std::string& path) {
+  int fd;
+  do {
+    fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, "open", path, "for writing");
+  int direct_fd = -1;
+  if (options_.direct_io) {
+    // A refusal (EINVAL on tmpfs before Linux 6.6, some FUSE and network file systems) is not
+    // an error: every write then goes through the page cache.
+    do {
+      direct_fd = open(path.c_str(), O_WRONLY | O_DIRECT | O_CLOEXEC);
+    } while (direct_fd < 0 && errno == EINTR);
+  }
+  return std::unique_ptr<WritableFile>(std::make_unique<PosixWritableFile>(
+      this, path, fd, direct_fd, options_.drop_cache_after_sync));
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> PosixStorage::OpenForRead(const std::string& path) {
+  int fd;
+  do {
+    fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  } while (fd < 0 && errno == EINTR);
+  if (fd < 0) return ErrnoToStatus(errno, "open", path, "for reading");
+  struct stat st;
+  if (fstat(fd, &st) != 0) {
+    int err = errno;
+    close(fd);
+    return ErrnoToStatus(err, "fstat", path);
+  }
+  if (S_ISDIR(st.st_mode)) {
+    close(fd);
+    return ErrnoToStatus(EISDIR, "open", path, "for reading");
+  }
+  // Checkpoint reads are mostly long sequential runs: ask for aggressive read-ahead.
+  (void)posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);
+  return std::unique_ptr<ReadableFile>(std::make_unique<PosixReadableFile>(path, fd));
+}
+
+absl::Status PosixStorage::SyncDir(const std::string& path) {
+  int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return ErrnoToStatus(errno, "open", path, "(directory)");
+  int rc;
+  do {
+    rc = fsync(fd);
+  } while (rc != 0 && errno == EINTR);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) return ErrnoToStatus(err, "fsync", path, "(directory)");
+  return absl::OkStatus();
+}
+
+absl::Status PosixStorage::Rename(const std::string& from, const std::string& to) {
+  if (rename(from.c_str(), to.c_str()) != 0) {
+    return ErrnoToStatus(errno, "rename", from, absl::StrCat("to ", to));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status PosixStorage::RemoveTree(const std::string& path) {
+  struct stat st;
+  if (lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoToStatus(errno, "stat", path);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
+    return absl::OkStatus();
+  }
+  int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0) {
+    if (errno == ENOENT) return absl::OkStatus();
+    return ErrnoToStatus(errno, "open", path, "(directory)");
+  }
+  RETURN_IF_ERROR(RemoveContents(fd, path));
+  if (rmdir(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "rmdir", path);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> PosixStorage::FileSize(const std::string& path) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) return ErrnoToStatus(errno, "stat", path);
+  return static_cast<uint64_t>(st.st_size);
+}
+
+absl::StatusOr<std::vector<std::string>> PosixStorage::ListDir(const std::string& path) {
+  DIR* dir = opendir(path.c_str());
+  if (dir == nullptr) return ErrnoToStatus(errno, "opendir", path);
+  std::vector<std::string> names;
+  while (true) {
+    errno = 0;
+    struct dirent* entry = readdir(dir);
+    if (entry == nullptr) {
+      const int err = errno;
+      closedir(dir);
+      if (err != 0) return ErrnoToStatus(err, "readdir", path);
+      break;
+    }
+    if (strcmp(entry->d_name, ".") == 0 || strcmp(entry->d_name, "..") == 0) continue;
+    names.emplace_back(entry->d_name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// ---------------------------------------------------------------------------------------------
+// FaultInjectingStorage
+
+class FaultInjectingWritableFile : public WritableFile {
+ public:
+  FaultInjectingWritableFile(FaultInjectingStorage* owner, std::unique_ptr<WritableFile> base)
+      : owner_(owner), base_(std::move(base)) {}
+
+  absl::Status WriteAt(uint64_t offset, const void* data, size_t size) override {
+    const FaultInjectingStorage::WritePermit permit = owner_->AdmitWrite(size);
+    if (permit.allowed > 0) RETURN_IF_ERROR(base_->WriteAt(offset, data, permit.allowed));
+    if (permit.err != 0) {
+      return ErrnoToStatus(permit.err, "pwrite", base_->path(),
+                           absl::StrCat("at offset ", offset + permit.allowed, " (",
+                                        size - permit.allowed, " bytes)"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Sync() override {
+    if (owner_->read_only()) return ErrnoToStatus(EROFS, "fsync", base_->path());
+    if (int err = owner_->sync_errno(); err != 0) return ErrnoToStatus(err, "fsync", base_->path());
+    return base_->Sync();
+  }
+
+  absl::Status Close() override { return base_->Close(); }
+  const std::string& path() const override { return base_->path(); }
+
+ private:
+  FaultInjectingStorage* const owner_;
+  const std::unique_ptr<WritableFile> base_;
+};
+
+FaultInjectingStorage::FaultInjectingStorage(Storage* base) : base_(base) {}
+
+void FaultInjectingStorage::FailWritesAfterBytes(uint64_t bytes, int err) {
+  absl::MutexLock lock(&mu_);
+  limit_bytes_ = bytes_written_ + bytes;
+  limit_errno_ = err;
+}
+
+void FaultInjectingStorage::FailNthWrite(uint64_t n, int err) {
+  absl::MutexLock lock(&mu_);
+  nth_write_ = n == 0 ? 0 : writes_ + n;
+  nth_errno_ = err;
+}
+
+void FaultInjectingStorage::FailSync(int err) {
+  absl::MutexLock lock(&mu_);
+  sync_errno_ = err;
+}
+
+void FaultInjectingStorage::FailSyncDir(int err) {
+  absl::MutexLock lock(&mu_);
+  sync_dir_errno_ = err;
+}
+
+void FaultInjectingStorage::FailRename(int err) {
+  absl::MutexLock lock(&mu_);
+  rename_errno_ = err;
+}
+
+void FaultInjectingStorage::SetReadOnly(bool read_only) {
+  absl::MutexLock lock(&mu_);
+  read_only_ = read_only;
+}
+
+void FaultInjectingStorage::Reset() {
+  absl::MutexLock lock(&mu_);
+  read_only_ = false;
+  limit_errno_ = 0;
+  nth_write_ = 0;
+  nth_errno_ = 0;
+  sync_errno_ = 0;
+  sync_dir_errno_ = 0;
+  rename_errno_ = 0;
+}
+
+uint64_t FaultInjectingStorage::bytes_written() const {
+  absl::MutexLock lock(&mu_);
+  return bytes_written_;
+}
+
+uint64_t FaultInjectingStorage::writes() const {
+  absl::MutexLock lock(&mu_);
+  return writes_;
+}
+
+FaultInjectingStorage::WritePermit FaultInjectingStorage::AdmitWrite(size_t size) {
+  absl::MutexLock lock(&mu_);
+  if (read_only_) return {0, EROFS};
+  ++writes_;
+  if (nth_write_ != 0 && writes_ == nth_write_) return {0, nth_errno_};
+  WritePermit permit{size, 0};
+  if (limit_errno_ != 0) {
+    const uint64_t room = limit_bytes_ > bytes_written_ ? limit_bytes_ - bytes_written_ : 0;
+    if (size > room) permit = {static_cast<size_t>(room), limit_errno_};
+  }
+  bytes_written_ += permit.allowed;
+  return permit;
+}
+
+int FaultInjectingStorage::sync_errno() const {
+  absl::MutexLock lock(&mu_);
+  return sync_errno_;
+}
+
+bool FaultInjectingStorage::read_only() const {
+  absl::MutexLock lock(&mu_);
+  return read_only_;
+}
+
+absl::Status FaultInjectingStorage::CreateDirs(const std::string& path) {
+  if (read_only()) return ErrnoToStatus(EROFS, "mkdir", path);
+  return base_->CreateDirs(path);
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingStorage::OpenForWrite(
+    const std::string& path) {
+  if (read_only()) return ErrnoToStatus(EROFS, "open", path, "for writing");
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> base, base_->OpenForWrite(path));
+  return std::unique_ptr<WritableFile>(
+      std::make_unique<FaultInjectingWritableFile>(this, std::move(base)));
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> FaultInjectingStorage::OpenForRead(
+    const std::string& path) {
+  return base_->OpenForRead(path);
+}
+
+absl::Status FaultInjectingStorage::SyncDir(const std::string& path) {
+  int err;
+  {
+    absl::MutexLock lock(&mu_);
+    err = read_only_ ? EROFS : sync_dir_errno_;
+  }
+  if (err != 0) return ErrnoToStatus(err, "fsync", path, "(directory)");
+  return base_->SyncDir(path);
+}
+
+absl::Status FaultInjectingStorage::Rename(const std::string& from, const std::string& to) {
+  int err;
+  {
+    absl::MutexLock lock(&mu_);
+    err = read_only_ ? EROFS : rename_errno_;
+  }
+  if (err != 0) return ErrnoToStatus(err, "rename", from, absl::StrCat("to ", to));
+  return base_->Rename(from, to);
+}
+
+absl::Status FaultInjectingStorage::RemoveTree(const std::string& path) {
+  if (read_only()) return ErrnoToStatus(EROFS, "unlink", path);
+  return base_->RemoveTree(path);
+}
+
+absl::StatusOr<uint64_t> FaultInjectingStorage::FileSize(const std::string& path) {
+  return base_->FileSize(path);
+}
+
+absl::StatusOr<std::vector<std::string>> FaultInjectingStorage::ListDir(const std::string& path) {
+  return base_->ListDir(path);
+}
+
+}  // namespace tessera

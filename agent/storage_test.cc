@@ -1,0 +1,385 @@
+#include "agent/storage.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A fresh directory under `base` (TESSERA_TEST_TMPDIR, else Bazel's TEST_TMPDIR, else /tmp).
+std::string MakeTempDir(std::string base = "") {
+  if (base.empty()) {
+    for (const char* var : {"TESSERA_TEST_TMPDIR", "TEST_TMPDIR"}) {
+      const char* v = getenv(var);
+      if (v != nullptr && *v != '\0') {
+        base = v;
+        break;
+      }
+    }
+  }
+  if (base.empty()) base = "/tmp";
+  std::string templ = base + "/storage_test.XXXXXX";
+  EXPECT_NE(mkdtemp(templ.data()), nullptr) << strerror(errno);
+  return templ;
+}
+
+// True if the file system holding `dir` accepts O_DIRECT opens.
+bool SupportsDirectIo(const std::string& dir) {
+  const std::string probe = dir + "/.odirect_probe";
+  int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
+  if (fd >= 0) close(fd);
+  unlink(probe.c_str());
+  return fd >= 0;
+}
+
+struct AlignedFree {
+  void operator()(void* p) const { free(p); }
+};
+std::unique_ptr<char, AlignedFree> AlignedBytes(size_t size, char seed) {
+  void* p = nullptr;
+  EXPECT_EQ(posix_memalign(&p, kDirectIoAlignment, size), 0);
+  char* c = static_cast<char*>(p);
+  for (size_t i = 0; i < size; ++i) c[i] = static_cast<char>(seed + i * 7 + (i >> 12));
+  return std::unique_ptr<char, AlignedFree>(c);
+}
+
+std::string IoPath(const absl::Status& status) {
+  std::optional<v1::ErrorDetail> detail = GetErrorDetail(status);
+  return detail.has_value() ? detail->path() : "";
+}
+
+// Writes an aligned 64 KiB file and an unaligned one in `dir` and checks both read back.
+void CheckBothWritePaths(const std::string& dir) {
+  PosixStorage storage;
+  const size_t size = 64 << 10;
+  auto aligned = AlignedBytes(size, 1);
+  auto file = storage.OpenForWrite(dir + "/aligned");
+  ASSERT_TRUE(file.ok()) << file.status();
+  ASSERT_TRUE((*file)->WriteAt(0, aligned.get(), size).ok());
+  ASSERT_TRUE((*file)->Sync().ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  if (SupportsDirectIo(dir)) {
+    EXPECT_EQ(storage.direct_bytes_written(), size);
+    EXPECT_EQ(storage.buffered_bytes_written(), 0u);
+  } else {
+    EXPECT_EQ(storage.buffered_bytes_written(), size);
+  }
+  absl::StatusOr<std::string> back = ReadFileToString(storage, dir + "/aligned");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(*back, std::string(aligned.get(), size));
+
+  // Unaligned buffer, offset and size: always through the page cache.
+  const uint64_t direct_before = storage.direct_bytes_written();
+  auto file2 = storage.OpenForWrite(dir + "/unaligned");
+  ASSERT_TRUE(file2.ok());
+  ASSERT_TRUE((*file2)->WriteAt(3, aligned.get() + 1, 1000).ok());
+  ASSERT_TRUE((*file2)->Close().ok());
+  EXPECT_EQ(storage.direct_bytes_written(), direct_before);
+  back = ReadFileToString(storage, dir + "/unaligned");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, std::string(3, '\0') + std::string(aligned.get() + 1, 1000));
+}
+
+TEST(PosixStorage, WritePaths_TestTmpdir_DirectAndBufferedBothRoundTrip) {
+  CheckBothWritePaths(MakeTempDir());
+}
+
+TEST(PosixStorage, WritePaths_Tmpfs_DirectAndBufferedBothRoundTrip) {
+  struct stat st;
+  if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
+  const std::string dir = MakeTempDir("/dev/shm");
+  CheckBothWritePaths(dir);
+  PosixStorage storage;
+  EXPECT_TRUE(storage.RemoveTree(dir).ok());
+}
+
+TEST(PosixStorage, MixedAlignedAndUnalignedWrites_OneFile_BytesMatch) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  auto data = AlignedBytes(3 * 4096, 5);
+  auto file = storage.OpenForWrite(dir + "/mixed");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(4096, data.get() + 4096, 8192).ok());  // aligned
+  ASSERT_TRUE((*file)->WriteAt(0, data.get(), 100).ok());             // unaligned size
+  ASSERT_TRUE((*file)->WriteAt(100, data.get() + 100, 3996).ok());    // unaligned offset
+  ASSERT_TRUE((*file)->Sync().ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  absl::StatusOr<std::string> back = ReadFileToString(storage, dir + "/mixed");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, std::string(data.get(), 3 * 4096));
+}
+
+TEST(PosixStorage, DirectIoDisabled_AlignedWritesBuffered) {
+  const std::string dir = MakeTempDir();
+  PosixStorageOptions options;
+  options.direct_io = false;
+  PosixStorage storage(options);
+  auto data = AlignedBytes(8192, 9);
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, data.get(), 8192).ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ(storage.direct_bytes_written(), 0u);
+  EXPECT_EQ(storage.buffered_bytes_written(), 8192u);
+}
+
+TEST(PosixStorage, CreateDirs_NestedAndIdempotent_FileInTheWayRejected) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  ASSERT_TRUE(storage.CreateDirs(dir + "/a/b/c").ok());
+  ASSERT_TRUE(storage.CreateDirs(dir + "/a/b/c").ok());
+  ASSERT_TRUE(storage.CreateDirs(dir + "/a/b/c/").ok());
+  struct stat st;
+  ASSERT_EQ(stat((dir + "/a/b/c").c_str(), &st), 0);
+  EXPECT_TRUE(S_ISDIR(st.st_mode));
+
+  auto file = storage.OpenForWrite(dir + "/plain");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  absl::Status status = storage.CreateDirs(dir + "/plain");
+  EXPECT_EQ(status.code(), absl::StatusCode::kAlreadyExists) << status;
+  status = storage.CreateDirs(dir + "/plain/sub");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << status;
+  EXPECT_EQ(GetErrorCode(status), v1::ERROR_CODE_IO_ERROR);
+}
+
+TEST(PosixStorage, OpenForWrite_MissingParent_NotFoundNamingPathAndErrno) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  const std::string path = dir + "/missing/file";
+  auto file = storage.OpenForWrite(path);
+  ASSERT_FALSE(file.ok());
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetErrorCode(file.status()), v1::ERROR_CODE_IO_ERROR);
+  EXPECT_EQ(IoPath(file.status()), path);
+  EXPECT_THAT(file.status().message(), HasSubstr(path));
+  EXPECT_THAT(file.status().message(), HasSubstr("No such file or directory"));
+}
+
+TEST(PosixStorage, RenameSyncDirListDir_Work) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  ASSERT_TRUE(storage.CreateDirs(dir + "/step.tmp").ok());
+  for (const char* name : {"b", "a", "c"}) {
+    auto file = storage.OpenForWrite(dir + "/step.tmp/" + name);
+    ASSERT_TRUE(file.ok());
+    ASSERT_TRUE((*file)->WriteAt(0, name, 1).ok());
+    ASSERT_TRUE((*file)->Sync().ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  ASSERT_TRUE(storage.SyncDir(dir + "/step.tmp").ok());
+  ASSERT_TRUE(storage.Rename(dir + "/step.tmp", dir + "/step").ok());
+  ASSERT_TRUE(storage.SyncDir(dir).ok());
+  absl::StatusOr<std::vector<std::string>> names = storage.ListDir(dir + "/step");
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("a", "b", "c"));
+  absl::StatusOr<uint64_t> size = storage.FileSize(dir + "/step/a");
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, 1u);
+
+  EXPECT_EQ(storage.Rename(dir + "/nope", dir + "/x").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(storage.ListDir(dir + "/nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(storage.ListDir(dir + "/step/a").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(storage.SyncDir(dir + "/nope").code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(storage.FileSize(dir + "/nope").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(PosixStorage, RemoveTree_NestedDirsAndSymlink_RemovedWithoutFollowing) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  ASSERT_TRUE(storage.CreateDirs(dir + "/outside").ok());
+  auto keep = storage.OpenForWrite(dir + "/outside/keep");
+  ASSERT_TRUE(keep.ok());
+  ASSERT_TRUE((*keep)->Close().ok());
+  ASSERT_TRUE(storage.CreateDirs(dir + "/tree/x/y").ok());
+  for (const char* f : {"/tree/f1", "/tree/x/f2", "/tree/x/y/f3"}) {
+    auto file = storage.OpenForWrite(dir + f);
+    ASSERT_TRUE(file.ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+  ASSERT_EQ(symlink((dir + "/outside").c_str(), (dir + "/tree/x/link").c_str()), 0);
+
+  ASSERT_TRUE(storage.RemoveTree(dir + "/tree").ok());
+  struct stat st;
+  EXPECT_NE(lstat((dir + "/tree").c_str(), &st), 0);
+  EXPECT_EQ(stat((dir + "/outside/keep").c_str(), &st), 0) << "followed the symlink";
+  // Idempotent, and files are removed too.
+  EXPECT_TRUE(storage.RemoveTree(dir + "/tree").ok());
+  EXPECT_TRUE(storage.RemoveTree(dir + "/outside/keep").ok());
+  EXPECT_NE(stat((dir + "/outside/keep").c_str(), &st), 0);
+}
+
+TEST(PosixStorage, ReadAt_PastEnd_OutOfRange) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  auto file = storage.OpenForWrite(dir + "/short");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, "0123456789", 10).ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  auto in = storage.OpenForRead(dir + "/short");
+  ASSERT_TRUE(in.ok());
+  char buf[8];
+  ASSERT_TRUE((*in)->ReadAt(2, buf, 8).ok());
+  EXPECT_EQ(std::string(buf, 8), "23456789");
+  absl::Status status = (*in)->ReadAt(5, buf, 8);
+  EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
+  EXPECT_EQ(IoPath(status), dir + "/short");
+  EXPECT_EQ(storage.OpenForRead(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(PosixStorage, WriteAfterClose_ErrorNotCrash) {
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_FALSE((*file)->WriteAt(0, "x", 1).ok());
+  EXPECT_FALSE((*file)->Sync().ok());
+  EXPECT_TRUE((*file)->Close().ok());
+}
+
+TEST(PosixStorage, UnwritableDirectory_PermissionDenied) {
+  if (geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
+  const std::string dir = MakeTempDir();
+  PosixStorage storage;
+  ASSERT_TRUE(storage.CreateDirs(dir + "/ro").ok());
+  ASSERT_EQ(chmod((dir + "/ro").c_str(), 0500), 0);
+  auto file = storage.OpenForWrite(dir + "/ro/f");
+  EXPECT_EQ(file.status().code(), absl::StatusCode::kPermissionDenied);
+  chmod((dir + "/ro").c_str(), 0700);
+}
+
+TEST(ErrnoToStatus, Mapping_ByWhoRetries) {
+  EXPECT_EQ(ErrnoToCode(ENOSPC), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoToCode(EDQUOT), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(ErrnoToCode(EROFS), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(ErrnoToCode(EACCES), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(ErrnoToCode(EIO), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(ErrnoToCode(ENOENT), absl::StatusCode::kNotFound);
+  EXPECT_EQ(ErrnoToCode(ESTALE), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(ErrnoToCode(EXDEV), absl::StatusCode::kInternal);
+
+  absl::Status status = ErrnoToStatus(ENOSPC, "pwrite", "/ckpt/data-0.safetensors", "at offset 4096");
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(status.message(),
+            "pwrite /ckpt/data-0.safetensors at offset 4096: No space left on device (errno 28)");
+  std::optional<v1::ErrorDetail> detail = GetErrorDetail(status);
+  ASSERT_TRUE(detail.has_value());
+  EXPECT_EQ(detail->code(), v1::ERROR_CODE_IO_ERROR);
+  EXPECT_EQ(detail->path(), "/ckpt/data-0.safetensors");
+}
+
+TEST(JoinPath, NoDoubleSlash) {
+  EXPECT_EQ(JoinPath("a", "b"), "a/b");
+  EXPECT_EQ(JoinPath("a/", "b"), "a/b");
+  EXPECT_EQ(JoinPath("", "b"), "b");
+}
+
+// --- FaultInjectingStorage ---------------------------------------------------------------------
+
+TEST(FaultInjectingStorage, FailWritesAfterBytes_PartialWriteThenEnospc) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  storage.FailWritesAfterBytes(10000);
+  auto data = AlignedBytes(8192, 3);
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, data.get(), 8192).ok());
+  absl::Status status = (*file)->WriteAt(8192, data.get(), 8192);
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+  EXPECT_THAT(status.message(), HasSubstr("No space left on device"));
+  EXPECT_THAT(status.message(), HasSubstr("at offset 10000"));
+  EXPECT_EQ(IoPath(status), dir + "/f");
+  EXPECT_FALSE((*file)->WriteAt(16384, data.get(), 1).ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  absl::StatusOr<uint64_t> size = posix.FileSize(dir + "/f");
+  ASSERT_TRUE(size.ok());
+  EXPECT_EQ(*size, 10000u);
+  EXPECT_EQ(storage.bytes_written(), 10000u);
+
+  storage.Reset();
+  auto again = storage.OpenForWrite(dir + "/g");
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE((*again)->WriteAt(0, data.get(), 8192).ok());
+}
+
+TEST(FaultInjectingStorage, FailNthWrite_OnlyThatWriteFails) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  storage.FailNthWrite(2, EIO);
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE((*file)->WriteAt(0, "a", 1).ok());
+  absl::Status status = (*file)->WriteAt(1, "b", 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("Input/output error"));
+  EXPECT_TRUE((*file)->WriteAt(2, "c", 1).ok());
+  EXPECT_EQ(storage.writes(), 3u);
+}
+
+TEST(FaultInjectingStorage, ReadOnly_EveryMutationFailsReadsWork) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->WriteAt(0, "abc", 3).ok());
+  storage.SetReadOnly(true);
+  EXPECT_EQ((*file)->WriteAt(3, "d", 1).code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ((*file)->Sync().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(storage.OpenForWrite(dir + "/g").status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  absl::Status status = storage.CreateDirs(dir + "/d");
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(status.message(), HasSubstr("Read-only file system"));
+  EXPECT_EQ(storage.Rename(dir + "/f", dir + "/h").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(storage.RemoveTree(dir + "/f").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(storage.SyncDir(dir).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*file)->Close().ok());
+  absl::StatusOr<std::string> back = ReadFileToString(storage, dir + "/f");
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(*back, "abc");
+  absl::StatusOr<std::vector<std::string>> names = storage.ListDir(dir);
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("f"));
+}
+
+TEST(FaultInjectingStorage, FailSyncAndRename_ReportErrno) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  storage.FailSync(EIO);
+  storage.FailRename(EXDEV);
+  storage.FailSyncDir(EIO);
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  EXPECT_EQ((*file)->Sync().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(storage.SyncDir(dir).code(), absl::StatusCode::kDataLoss);
+  absl::Status status = storage.Rename(dir + "/f", dir + "/g");
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(status.message(), HasSubstr("Invalid cross-device link"));
+  storage.Reset();
+  EXPECT_TRUE((*file)->Sync().ok());
+  EXPECT_TRUE(storage.Rename(dir + "/f", dir + "/g").ok());
+}
+
+}  // namespace
+}  // namespace tessera

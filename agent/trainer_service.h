@@ -1,0 +1,63 @@
+// gRPC adapter for the trainer-facing Agent service (proto/tessera/v1/agent.proto), served on
+// a unix socket. Saves go to the SaveExecutor, loads to the Loader.
+//
+// Nothing blocks a gRPC thread: BeginSave, Staged and WaitCommitted finish from the
+// executor's callbacks; Load runs on this service's own worker thread (reads can take long).
+//
+// Thread-safety: safe for concurrent RPCs.
+#ifndef TESSERA_AGENT_TRAINER_SERVICE_H_
+#define TESSERA_AGENT_TRAINER_SERVICE_H_
+
+#include <deque>
+#include <functional>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/loader.h"
+#include "agent/save_executor.h"
+#include "tessera/v1/agent.grpc.pb.h"
+
+namespace tessera {
+
+class TrainerService final : public v1::Agent::CallbackService {
+ public:
+  // `executor` and `loader` must outlive the service. `identity` is returned by GetInfo.
+  TrainerService(SaveExecutor* executor, Loader* loader, v1::AgentIdentity identity);
+  ~TrainerService() override;
+
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const v1::GetInfoRequest* request,
+                                    v1::AgentIdentity* response) override;
+  grpc::ServerUnaryReactor* BeginSave(grpc::CallbackServerContext* context,
+                                      const v1::BeginSaveRequest* request,
+                                      v1::BeginSaveResponse* response) override;
+  grpc::ServerUnaryReactor* Staged(grpc::CallbackServerContext* context,
+                                   const v1::StagedRequest* request,
+                                   v1::StagedResponse* response) override;
+  grpc::ServerUnaryReactor* WaitCommitted(grpc::CallbackServerContext* context,
+                                          const v1::WaitCommittedRequest* request,
+                                          v1::WaitCommittedResponse* response) override;
+  grpc::ServerUnaryReactor* Load(grpc::CallbackServerContext* context,
+                                 const v1::LoadRequest* request,
+                                 v1::LoadResponse* response) override;
+  grpc::ServerUnaryReactor* ReleaseLoad(grpc::CallbackServerContext* context,
+                                        const v1::ReleaseLoadRequest* request,
+                                        v1::ReleaseLoadResponse* response) override;
+
+ private:
+  void RunLoads();
+
+  SaveExecutor* const executor_;
+  Loader* const loader_;
+  const v1::AgentIdentity identity_;
+
+  absl::Mutex mu_;
+  std::deque<std::function<void()>> loads_ ABSL_GUARDED_BY(mu_);
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread load_worker_;  // last
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_TRAINER_SERVICE_H_

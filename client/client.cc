@@ -1,0 +1,384 @@
+#include "client/client.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <utility>
+
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/cord.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "client/parallel_copy.h"
+#include "common/grpc_status.h"
+#include "common/layout.h"
+#include "common/status.h"
+#include "grpcpp/client_context.h"
+#include "grpcpp/create_channel.h"
+#include "grpcpp/security/credentials.h"
+#include "grpcpp/support/channel_arguments.h"
+
+namespace tessera {
+namespace {
+
+void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
+  if (timeout != absl::InfiniteDuration()) {
+    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  }
+}
+
+// `status` with `prefix` before its message, payloads (the ErrorDetail) kept.
+absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
+  absl::Status out(status.code(), absl::StrCat(prefix, status.message()));
+  status.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
+  return out;
+}
+
+bool AnyCuda(absl::Span<const TensorRef> tensors) {
+  for (const TensorRef& t : tensors) {
+    if (t.memory == Memory::kCuda) return true;
+  }
+  return false;
+}
+
+// Checks that every CUDA tensor with bytes is device memory of a usable GPU.
+absl::Status CheckCudaTensors(absl::Span<const TensorRef> tensors) {
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorRef& t = tensors[i];
+    if (t.memory != Memory::kCuda || t.nbytes == 0) continue;
+    absl::StatusOr<int> device = DeviceCopier::DeviceOf(t.data);
+    if (!device.ok()) {
+      return Prefixed(absl::StrCat("Tensor ", i, " (\"", t.fqn, "\") has Memory::kCuda: "),
+                      device.status());
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Waits for the work queued on every GPU that holds one of `tensors` (with bytes).
+absl::Status WaitForDevices(absl::Span<const TensorRef> tensors) {
+  std::vector<int> devices;
+  for (const TensorRef& t : tensors) {
+    if (t.memory != Memory::kCuda || t.nbytes == 0) continue;
+    ASSIGN_OR_RETURN(const int device, DeviceCopier::DeviceOf(t.data));
+    if (std::find(devices.begin(), devices.end(), device) == devices.end()) {
+      devices.push_back(device);
+      RETURN_IF_ERROR(DeviceCopier::WaitForDevice(device));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checks the agent's slots against the request: one per shard, each of the shard's size
+// (0 where `absent`), inside the region. Returns the total bytes.
+absl::StatusOr<uint64_t> CheckSlots(
+    absl::string_view rpc, const google::protobuf::RepeatedPtrField<v1::StagingSlot>& slots,
+    const google::protobuf::RepeatedPtrField<v1::ShardDesc>& shards,
+    const std::vector<bool>& absent, uint64_t shm_size) {
+  if (slots.size() != shards.size()) {
+    return absl::InternalError(absl::StrCat("the agent's ", rpc, " reply has ", slots.size(),
+                                            " staging slots for ", shards.size(), " shards"));
+  }
+  uint64_t total = 0;
+  for (int i = 0; i < slots.size(); ++i) {
+    const v1::StagingSlot& slot = slots[i];
+    const uint64_t expected = absent[i] ? 0 : shards[i].nbytes();
+    if (slot.nbytes() != expected) {
+      return absl::InternalError(absl::StrCat("the agent's ", rpc, " reply gives \"",
+                                              shards[i].fqn(), "\" (shard ", i, ") a slot of ",
+                                              slot.nbytes(), " bytes; it needs ", expected));
+    }
+    if (slot.nbytes() > shm_size || slot.offset() > shm_size - slot.nbytes()) {
+      return absl::InternalError(absl::StrCat(
+          "the agent's ", rpc, " reply places \"", shards[i].fqn(), "\" (shard ", i, ") at [",
+          slot.offset(), ", +", slot.nbytes(), ") outside the ", shm_size, "-byte region"));
+    }
+    total += slot.nbytes();
+  }
+  return total;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& agent_socket,
+                                                        ClientOptions options) {
+  if (agent_socket.empty() || agent_socket == "unix:") {
+    return absl::InvalidArgumentError("the agent socket path is empty");
+  }
+  if (options.copy_threads < 1 || options.max_receive_message_bytes < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ClientOptions: copy_threads (", options.copy_threads, ") and max_receive_message_bytes (",
+        options.max_receive_message_bytes, ") must be positive"));
+  }
+  const std::string target =
+      absl::StartsWith(agent_socket, "unix:") ? agent_socket : "unix:" + agent_socket;
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  std::unique_ptr<v1::Agent::Stub> stub = v1::Agent::NewStub(channel);
+
+  grpc::ClientContext context;
+  SetTimeout(&context, options.get_info_timeout);
+  v1::AgentIdentity identity;
+  grpc::Status status = stub->GetInfo(&context, v1::GetInfoRequest(), &identity);
+  if (!status.ok()) {
+    return Prefixed(absl::StrCat("GetInfo from the agent at ", target, ": "),
+                    FromGrpcStatus(status));
+  }
+  if (absl::StatusOr<MeshLayout> layout = MeshLayout::FromProto(identity.layout()); !layout.ok()) {
+    return absl::InternalError(absl::StrCat(
+        "the agent at ", target, " reports an invalid mesh: ", layout.status().message()));
+  }
+  return std::unique_ptr<Client>(
+      new Client(std::move(options), std::move(stub), std::move(identity)));
+}
+
+Client::Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub,
+               v1::AgentIdentity identity)
+    : options_(std::move(options)), stub_(std::move(stub)), identity_(std::move(identity)) {}
+
+Client::~Client() = default;
+
+ClientStats Client::stats() const {
+  absl::MutexLock lock(&stats_mu_);
+  return stats_;
+}
+
+void Client::CountMap() {
+  absl::MutexLock lock(&stats_mu_);
+  ++stats_.staging_maps;
+}
+
+absl::StatusOr<MappedStaging*> Client::SaveMappingLocked(const std::string& name, uint64_t size,
+                                                         bool pin) {
+  // A region name never changes size (the agent's pool replaces a region that must grow by
+  // one with a new name), so a mapping of the same name that is large enough is still valid.
+  if (staging_ != nullptr && staging_->name() == name && staging_->size() >= size &&
+      (staging_->pinned() || !pin)) {
+    return staging_.get();
+  }
+  // Unmap the old region first: the agent has unlinked it, and our mapping alone would keep
+  // its memory alive.
+  staging_.reset();
+  ASSIGN_OR_RETURN(staging_, MapStaging(name, size, pin));
+  CountMap();
+  return staging_.get();
+}
+
+absl::Status Client::CopyLocked(absl::Span<const TensorRef> tensors,
+                                const std::vector<char*>& slot_data, bool to_staging) {
+  std::vector<CopyItem> host;
+  host.reserve(tensors.size());
+  absl::Status status;
+  for (size_t i = 0; i < tensors.size() && status.ok(); ++i) {
+    const TensorRef& t = tensors[i];
+    char* slot = slot_data[i];
+    if (slot == nullptr || t.nbytes == 0) continue;
+    if (t.memory == Memory::kCuda) {
+      status = to_staging ? device_.ToHost(slot, t.data, t.nbytes)
+                          : device_.ToDevice(t.data, slot, t.nbytes);
+      if (!status.ok()) {
+        status = Prefixed(absl::StrCat("copying \"", t.fqn, "\" (tensor ", i, "): "), status);
+      }
+    } else {
+      host.push_back(to_staging ? CopyItem{slot, t.data, t.nbytes}
+                                : CopyItem{t.data, slot, t.nbytes});
+    }
+  }
+  // Host copies overlap the device copies already queued.
+  const int threads =
+      status.ok() ? ParallelCopy(host, options_.copy_threads, options_.parallel_copy_min_bytes) : 0;
+  // Always drain the streams: no copy may still run when memory is unmapped or reused.
+  absl::Status synced = device_.Synchronize();
+  if (status.ok()) status = synced;
+  if (status.ok() && to_staging) {
+    absl::MutexLock lock(&stats_mu_);
+    stats_.last_copy_threads = threads;
+  }
+  return status;
+}
+
+absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef> tensors) {
+  const absl::Time start = absl::Now();
+  if (step < 0) {
+    return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
+                     absl::StrCat("step must be >= 0, not ", step));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::ShardDesc> shards, DescribeShards(identity_.layout(), tensors));
+  const bool cuda = AnyCuda(tensors);
+  if (cuda) RETURN_IF_ERROR(CheckCudaTensors(tensors));
+  // Before BeginSave: a failed kernel then fails Save before a session waits for this rank.
+  if (cuda && options_.synchronize_device_before_save) RETURN_IF_ERROR(WaitForDevices(tensors));
+
+  v1::BeginSaveRequest request;
+  request.set_step(step);
+  request.set_plan_fingerprint(PlanFingerprint(shards));
+  request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
+  for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
+  shards.clear();
+
+  absl::MutexLock lock(&mu_);
+  v1::BeginSaveResponse response;
+  {
+    grpc::ClientContext context;
+    SetTimeout(&context, options_.begin_save_timeout);
+    grpc::Status status = stub_->BeginSave(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+  }
+  std::vector<bool> absent(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) absent[i] = tensors[i].state_absent;
+  ASSIGN_OR_RETURN(const uint64_t total, CheckSlots("BeginSave", response.slots(), request.shards(),
+                                                    absent, response.shm_size()));
+
+  std::vector<char*> slot_data(tensors.size(), nullptr);
+  if (total > 0) {
+    ASSIGN_OR_RETURN(
+        MappedStaging * mapping,
+        SaveMappingLocked(response.shm_name(), response.shm_size(), cuda && options_.pin_staging));
+    char* base = static_cast<char*>(mapping->data());
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      slot_data[i] = base + response.slots(static_cast<int>(i)).offset();
+    }
+  }
+  RETURN_IF_ERROR(CopyLocked(tensors, slot_data, /*to_staging=*/true));
+
+  {
+    v1::StagedRequest staged;
+    staged.set_session_id(response.session_id());
+    staged.set_trainer_stall_ns(
+        static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start)));
+    v1::StagedResponse staged_response;
+    grpc::ClientContext context;
+    SetTimeout(&context, options_.staged_timeout);
+    grpc::Status status = stub_->Staged(&context, staged, &staged_response);
+    if (!status.ok()) return FromGrpcStatus(status);
+  }
+  {
+    absl::MutexLock stats_lock(&stats_mu_);
+    ++stats_.saves;
+  }
+  SaveResult result;
+  result.session_id = response.session_id();
+  result.plan_cached = response.plan_cached();
+  result.stall = absl::Now() - start;
+  return result;
+}
+
+absl::StatusOr<std::string> Client::WaitCommitted(int64_t step, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("WaitCommitted needs a positive timeout, not ",
+                                                   absl::FormatDuration(timeout)));
+  }
+  v1::WaitCommittedRequest request;
+  request.set_step(step);
+  grpc::ClientContext context;
+  if (timeout != absl::InfiniteDuration()) {
+    // Round up so a sub-millisecond timeout does not become "no limit" (0).
+    const double ms = std::ceil(absl::ToDoubleMilliseconds(timeout));
+    request.set_timeout_ms(
+        static_cast<uint32_t>(std::min<double>(ms, std::numeric_limits<uint32_t>::max())));
+    SetTimeout(&context, timeout + options_.wait_committed_grace);
+  }
+  v1::WaitCommittedResponse response;
+  grpc::Status status = stub_->WaitCommitted(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response.checkpoint_dir();
+}
+
+absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef> into) {
+  if (step < -1) {
+    return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
+                     absl::StrCat("step must be >= 0, or -1 for the latest, not ", step));
+  }
+  for (size_t i = 0; i < into.size(); ++i) {
+    if (into[i].state_absent) {
+      v1::ErrorDetail detail;
+      detail.set_code(v1::ERROR_CODE_MALFORMED_SHARD);
+      detail.set_message(absl::StrCat("Tensor ", i, " (\"", into[i].fqn,
+                                      "\") sets state_absent, which only a save declares; "
+                                      "ask for the state_key to load"));
+      detail.add_fqns(into[i].fqn);
+      return MakeError(absl::StatusCode::kInvalidArgument, detail);
+    }
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::ShardDesc> shards, DescribeShards(identity_.layout(), into));
+  if (AnyCuda(into)) RETURN_IF_ERROR(CheckCudaTensors(into));
+
+  v1::LoadRequest request;
+  request.set_step(step);
+  request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
+  for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
+  shards.clear();
+
+  absl::MutexLock lock(&mu_);
+  v1::LoadResponse response;
+  {
+    grpc::ClientContext context;
+    SetTimeout(&context, options_.load_timeout);
+    grpc::Status status = stub_->Load(&context, request, &response);
+    if (!status.ok()) return FromGrpcStatus(status);
+  }
+
+  // From here the agent holds staging for us: release it on every path. The first release
+  // error is reported only if nothing else failed.
+  absl::Status release_status;
+  bool released = false;
+  auto release = [&] {
+    if (released) return;
+    released = true;
+    v1::ReleaseLoadRequest release_request;
+    release_request.set_load_id(response.load_id());
+    v1::ReleaseLoadResponse release_response;
+    grpc::ClientContext context;
+    SetTimeout(&context, options_.release_load_timeout);
+    release_status =
+        FromGrpcStatus(stub_->ReleaseLoad(&context, release_request, &release_response));
+  };
+  absl::Cleanup release_on_exit = release;
+
+  LoadResult result;
+  result.step = response.step();
+  std::vector<bool> absent(into.size(), false);
+  for (uint32_t index : response.absent()) {
+    if (index >= into.size() || absent[index] ||
+        request.shards(static_cast<int>(index)).kind() != v1::SHARD_KIND_OPTIMIZER) {
+      return absl::InternalError(absl::StrCat(
+          "the agent's Load reply marks shard ", index,
+          " absent, which is not a distinct optimizer shard of the ", into.size(), " requested"));
+    }
+    absent[index] = true;
+  }
+  for (size_t i = 0; i < into.size(); ++i) {
+    if (absent[i]) result.absent.push_back(i);
+  }
+  ASSIGN_OR_RETURN(const uint64_t total, CheckSlots("Load", response.slots(), request.shards(),
+                                                    absent, response.shm_size()));
+
+  std::vector<char*> slot_data(into.size(), nullptr);
+  // A load region other than the cached save region is mapped only for this load: loads are
+  // rare, and the agent frees that region after ReleaseLoad.
+  std::unique_ptr<MappedStaging> temporary;
+  if (total > 0) {
+    char* base = nullptr;
+    if (staging_ != nullptr && staging_->name() == response.shm_name() &&
+        staging_->size() >= response.shm_size()) {
+      base = static_cast<char*>(staging_->data());
+    } else {
+      ASSIGN_OR_RETURN(temporary, MapStaging(response.shm_name(), response.shm_size()));
+      CountMap();
+      base = static_cast<char*>(temporary->data());
+    }
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (!absent[i]) slot_data[i] = base + response.slots(static_cast<int>(i)).offset();
+    }
+  }
+  RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false));
+  std::move(release_on_exit).Cancel();
+  release();
+  RETURN_IF_ERROR(release_status);
+  return result;
+}
+
+}  // namespace tessera

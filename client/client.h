@@ -1,0 +1,215 @@
+// Client: the library a trainer rank links to save and load checkpoints through the Tessera
+// agent beside it (DESIGN.md "Processes"). It talks to the agent's Agent service
+// (proto/tessera/v1/agent.proto) over a unix socket and copies tensor bytes through the
+// agent's POSIX shared-memory staging region, which it maps by name.
+//
+// A save, as the trainer sees it (DESIGN.md "Save protocol"):
+//   Save(step, tensors)
+//     1. describe the tensors as ShardDescs and check them locally (a bad piece fails here);
+//     2. BeginSave: blocks until every rank's plan is validated and staging is pinned. A
+//        rejected plan (DUPLICATE_FQN, INCOMPLETE_COVERAGE, ...) returns here, before any copy;
+//     3. copy each tensor into its staging slot (host memcpy, threads for large totals;
+//        cudaMemcpyAsync device->host for CUDA tensors);
+//     4. Staged: the agent records STAGED; Save returns and training resumes. Persisting and
+//        committing continue in the agent, which outlives a crashed trainer.
+//   WaitCommitted(step) optionally blocks until the checkpoint is COMMITTED or ABORTED.
+// If step 3 fails after BeginSave succeeded, Save returns the error without calling Staged;
+// the session then aborts on the coordinator's COPYING timeout.
+//
+// A load: Load(step | -1 for latest, tensors) sends the pieces wanted in the current layout;
+// the agent reads, reshards and verifies them into staging; the client copies them out into
+// each TensorRef (host memcpy or cudaMemcpy host->device) and releases the staging.
+//
+// Lifecycle: Connect() once per trainer process (after the agent registered); the Client is
+// kept for the whole run. The staging mapping of the last save is cached and reused while the
+// agent hands out the same region (the common case), and replaced when it hands out another.
+//
+// Thread-safety: all methods may be called from any thread. Save and Load are serialised by
+// an internal mutex (they share the staging mapping); WaitCommitted, identity() and stats()
+// run concurrently with them.
+#ifndef TESSERA_CLIENT_CLIENT_H_
+#define TESSERA_CLIENT_CLIENT_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "agent/staging_pool.h"
+#include "client/describe.h"
+#include "client/device_copy.h"
+#include "tessera/v1/agent.grpc.pb.h"
+
+namespace tessera {
+
+struct ClientOptions {
+  // Deadline of GetInfo (in Connect). Default: 10 s.
+  absl::Duration get_info_timeout = absl::Seconds(10);
+
+  // Deadline of BeginSave, which blocks until every rank of the job has submitted its plan and
+  // pinned its staging (a slow rank delays all). Default: 10 min.
+  absl::Duration begin_save_timeout = absl::Minutes(10);
+
+  // Deadline of Staged (the agent records STAGED with the coordinator). Default: 60 s.
+  absl::Duration staged_timeout = absl::Seconds(60);
+
+  // Deadline of Load, which reads and verifies the rank's share of a checkpoint.
+  // Default: 30 min.
+  absl::Duration load_timeout = absl::Minutes(30);
+
+  // Deadline of ReleaseLoad. Default: 10 s.
+  absl::Duration release_load_timeout = absl::Seconds(10);
+
+  // Added to WaitCommitted's own timeout for the RPC deadline, so that the agent's
+  // DEADLINE_EXCEEDED (sent at the timeout) arrives before the transport gives up.
+  // Default: 5 s.
+  absl::Duration wait_committed_grace = absl::Seconds(5);
+
+  // Most threads that copy host tensors into (or out of) staging. Default: 4.
+  int copy_threads = 4;
+
+  // Host copies totalling more bytes than this are split across `copy_threads` threads.
+  // Default: 64 MiB.
+  uint64_t parallel_copy_min_bytes = uint64_t{64} << 20;
+
+  // Page-lock the staging mapping in this process (cudaHostRegister) when a save has CUDA
+  // tensors, so device->host copies run at full bandwidth. Pinning is per process: the
+  // agent's own pinning does not make the trainer's mapping DMA-capable. Default: true.
+  bool pin_staging = true;
+
+  // With CUDA tensors, Save first waits for all work queued on their GPUs
+  // (cudaDeviceSynchronize), so a save right after the optimizer step sees its results
+  // whatever stream computed them: the client copies on its own streams, which are not ordered
+  // after the trainer's. Done before BeginSave, so a failed kernel fails Save before a session
+  // starts. Set false only if the caller has synchronised the streams that write the tensors.
+  // Default: true.
+  bool synchronize_device_before_save = true;
+
+  // Largest reply accepted from the agent (a Load reply carries a slot per shard).
+  // Default: 256 MiB.
+  int max_receive_message_bytes = 256 << 20;
+};
+
+struct SaveResult {
+  std::string session_id;
+  // Wall time from Save()'s entry to its return: how long training was blocked.
+  absl::Duration stall = absl::ZeroDuration();
+  // The coordinator reused the job's last validated plan (unchanged tensors).
+  bool plan_cached = false;
+};
+
+struct LoadResult {
+  // The step loaded (what -1 resolved to).
+  int64_t step = -1;
+  // Indices into Load's `into` of optimizer shards whose state the checkpoint records as
+  // absent; their memory was not written. Ascending.
+  std::vector<size_t> absent;
+};
+
+// Counters for tests and metrics.
+struct ClientStats {
+  uint64_t saves = 0;         // saves that reached Staged successfully
+  uint64_t staging_maps = 0;  // shared-memory regions mapped (reuse keeps this flat)
+  int last_copy_threads = 0;  // threads of the last save's host copy (0: nothing to copy)
+};
+
+class Client {
+ public:
+  // Connects to the agent listening on `agent_socket` (a path, or "unix:<path>") and fetches
+  // its identity (GetInfo). Connecting is cheap; a trainer that starts before its agent
+  // retries on Unavailable.
+  // Errors: InvalidArgument if `agent_socket` is empty or `options` are out of range;
+  // Unavailable if the socket is unreachable or the agent has not registered yet;
+  // DeadlineExceeded after options.get_info_timeout; Internal if the agent reports an
+  // invalid mesh.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& agent_socket,
+                                                         ClientOptions options = {});
+
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // The agent's identity: job, this rank and its mesh coordinates, the job's layout.
+  const v1::AgentIdentity& identity() const { return identity_; }
+
+  // Saves this rank's pieces of checkpoint `step` (see the header comment); returns once the
+  // bytes are staged. `tensors` is the whole of what this rank holds; their memory may change
+  // again as soon as Save returns.
+  // Errors: InvalidArgument + MALFORMED_SHARD naming the fqn for a piece that fails the local
+  // checks (DescribeShards), or if `step` is negative; FailedPrecondition for a CUDA tensor
+  // without a GPU, InvalidArgument if its pointer is not device memory — all before any RPC.
+  // From BeginSave, before any copy: InvalidArgument with the plan's ErrorDetail
+  // (DUPLICATE_FQN, INCOMPLETE_COVERAGE, OVERLAPPING_SHARDS, ...); FailedPrecondition
+  // (STEP_EXISTS, SESSION_IN_PROGRESS); Aborted (AGENT_LOST, TIMEOUT, ADMISSION_DENIED);
+  // Unavailable if the agent (or its coordinator) is unreachable; DeadlineExceeded after
+  // options.begin_save_timeout. Internal if the agent's slots do not match the request.
+  // While copying: errors of MapStaging (NotFound if the region is gone; ResourceExhausted
+  // if it cannot be pinned); Internal for a failed CUDA copy or an earlier failed kernel. From
+  // Staged: Aborted if the session aborted meanwhile; NotFound for a session the agent does not
+  // know; Unavailable / DeadlineExceeded.
+  absl::StatusOr<SaveResult> Save(int64_t step, absl::Span<const TensorRef> tensors);
+
+  // Blocks until the save of `step` is COMMITTED and returns the checkpoint directory, or
+  // until `timeout` (InfiniteDuration: no limit).
+  // Errors: InvalidArgument if `timeout` is not positive; Aborted with the session's
+  // ErrorDetail (AGENT_LOST, REPLICA_DIVERGED, IO_ERROR, ...) if it aborted;
+  // DeadlineExceeded after `timeout`; NotFound if the agent knows no save of `step`;
+  // Unavailable if the agent is unreachable.
+  absl::StatusOr<std::string> WaitCommitted(int64_t step,
+                                            absl::Duration timeout = absl::InfiniteDuration());
+
+  // Loads checkpoint `step` (-1: the latest committed) into `into`: each TensorRef names a
+  // piece in the current layout and the memory to fill (nbytes = its size). Optimizer shards
+  // the checkpoint records as absent are listed in LoadResult::absent and left untouched.
+  // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
+  // state_absent set, or if `step` < -1; FailedPrecondition / InvalidArgument for CUDA
+  // tensors as in Save. From the agent: NotFound + CHECKPOINT_NOT_FOUND; DataLoss +
+  // CHECKSUM_MISMATCH naming tensor and file; InvalidArgument if a requested tensor is
+  // missing from the checkpoint or its shape differs; Unavailable; DeadlineExceeded after
+  // options.load_timeout. Internal if the agent's slots do not match the request or a CUDA
+  // copy fails; errors of MapStaging; errors of ReleaseLoad (the destinations are then
+  // filled, but the agent may still hold the staging).
+  absl::StatusOr<LoadResult> Load(int64_t step, absl::Span<const TensorRef> into);
+
+  ClientStats stats() const;
+
+ private:
+  Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub, v1::AgentIdentity identity);
+
+  // The cached save mapping for (name, size), (re)mapping it if the agent handed out
+  // another region or it must now be pinned. Errors: as MapStaging.
+  absl::StatusOr<MappedStaging*> SaveMappingLocked(const std::string& name, uint64_t size, bool pin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces
+  // go through ParallelCopy, CUDA pieces through `device_`; waits for both.
+  // Errors: Internal for a failed CUDA copy.
+  absl::Status CopyLocked(absl::Span<const TensorRef> tensors, const std::vector<char*>& slot_data,
+                          bool to_staging) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  void CountMap();
+
+  const ClientOptions options_;
+  const std::unique_ptr<v1::Agent::Stub> stub_;  // thread-safe
+  const v1::AgentIdentity identity_;
+
+  // Serialises Save and Load.
+  absl::Mutex mu_;
+  // The staging region of the last save, mapped into this process.
+  std::unique_ptr<MappedStaging> staging_ ABSL_GUARDED_BY(mu_);
+  // Declared after staging_ so it is destroyed first: no copy is in flight at unmap.
+  DeviceCopier device_ ABSL_GUARDED_BY(mu_);
+
+  mutable absl::Mutex stats_mu_;
+  ClientStats stats_ ABSL_GUARDED_BY(stats_mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_CLIENT_H_

@@ -1,0 +1,949 @@
+#include "client/client.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/cuda_host.h"
+#include "agent/staging_pool.h"
+#include "client/describe.h"
+#include "client/parallel_copy.h"
+#include "common/checksum.h"
+#include "common/dtype.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+#include "cuda_runtime_api.h"
+#include "gmock/gmock.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server.h"
+#include "grpcpp/server_builder.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/agent.grpc.pb.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+constexpr uint8_t kUntouched = 0xEE;  // what the fake fills staging with before handing it out
+constexpr uint64_t kSlotGap = 64;     // bytes the fake leaves between slots
+
+// Deterministic bytes that differ per tensor (`seed`) and per position.
+void FillPattern(void* data, size_t size, uint32_t seed) {
+  auto* p = static_cast<uint8_t*>(data);
+  for (size_t i = 0; i < size; ++i) p[i] = static_cast<uint8_t>(seed * 131u + i * 7u + (i >> 9));
+}
+std::vector<uint8_t> Pattern(size_t size, uint32_t seed) {
+  std::vector<uint8_t> bytes(size);
+  FillPattern(bytes.data(), size, seed);
+  return bytes;
+}
+
+v1::Layout Mesh(std::vector<std::pair<std::string, uint32_t>> dims) {
+  v1::Layout layout;
+  for (const auto& [name, degree] : dims) {
+    v1::MeshDim* dim = layout.add_dims();
+    dim->set_name(name);
+    dim->set_degree(degree);
+  }
+  return layout;
+}
+
+// A directory for unix sockets: Bazel's test temp dir unless its path is too long for
+// sockaddr_un (108 bytes).
+std::string SocketDir() {
+  for (const char* var : {"TESSERA_TEST_TMPDIR", "TEST_TMPDIR"}) {
+    const char* dir = getenv(var);
+    if (dir != nullptr && *dir != '\0' && strlen(dir) < 80) return dir;
+  }
+  return "/tmp";
+}
+
+// The agent's side of the protocol, scripted: real shared memory from a StagingPool, slots laid
+// out with gaps, and a record of every request.
+class FakeAgent final : public v1::Agent::Service {
+ public:
+  explicit FakeAgent(StagingPool* pool) : pool_(pool) {}
+
+  // What one Staged call found in staging: each slot's bytes.
+  struct Snapshot {
+    std::string session_id;
+    uint64_t stall_ns = 0;
+    std::vector<std::string> slots;     // bytes of each slot (empty for big slots)
+    std::vector<uint64_t> slot_hashes;  // Xxh3 of each slot
+    bool gaps_untouched = true;         // every byte outside the slots still kUntouched
+  };
+
+  v1::AgentIdentity identity;
+  absl::Mutex mu;
+  grpc::Status info_status ABSL_GUARDED_BY(mu);
+  grpc::Status begin_error ABSL_GUARDED_BY(mu);
+  bool bad_slot_count ABSL_GUARDED_BY(mu) = false;
+  std::vector<v1::BeginSaveRequest> begin_requests ABSL_GUARDED_BY(mu);
+  std::vector<Snapshot> staged ABSL_GUARDED_BY(mu);
+  std::string region_name ABSL_GUARDED_BY(mu);  // of the last BeginSave
+  grpc::Status wait_status ABSL_GUARDED_BY(mu);
+  std::vector<v1::WaitCommittedRequest> wait_requests ABSL_GUARDED_BY(mu);
+  grpc::Status load_error ABSL_GUARDED_BY(mu);
+  std::set<std::string> absent_states ABSL_GUARDED_BY(mu);  // "fqn/state_key" absent on load
+  std::vector<v1::LoadRequest> load_requests ABSL_GUARDED_BY(mu);
+  std::vector<std::string> released ABSL_GUARDED_BY(mu);
+
+  // Xxh3 of the whole region of the last BeginSave.
+  uint64_t RegionHash() {
+    absl::MutexLock lock(&mu);
+    return Xxh3(region_.data, region_.size);
+  }
+
+  grpc::Status GetInfo(grpc::ServerContext*, const v1::GetInfoRequest*,
+                       v1::AgentIdentity* response) override {
+    absl::MutexLock lock(&mu);
+    if (!info_status.ok()) return info_status;
+    *response = identity;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status BeginSave(grpc::ServerContext*, const v1::BeginSaveRequest* request,
+                         v1::BeginSaveResponse* response) override {
+    absl::MutexLock lock(&mu);
+    begin_requests.push_back(*request);
+    if (!begin_error.ok()) return begin_error;
+    std::vector<v1::StagingSlot> slots;
+    const uint64_t total = Layout(request->shards(), &slots);
+    grpc::Status status = AcquireLocked(total);
+    if (!status.ok()) return status;
+    response->set_session_id(absl::StrCat("session-", begin_requests.size()));
+    response->set_shm_name(region_.name);
+    response->set_shm_size(total);
+    for (const v1::StagingSlot& slot : slots) *response->add_slots() = slot;
+    if (bad_slot_count) response->mutable_slots()->RemoveLast();
+    response->set_plan_cached(begin_requests.size() > 1 &&
+                              begin_requests[begin_requests.size() - 2].plan_fingerprint() ==
+                                  request->plan_fingerprint());
+    slots_ = slots;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Staged(grpc::ServerContext*, const v1::StagedRequest* request,
+                      v1::StagedResponse*) override {
+    absl::MutexLock lock(&mu);
+    Snapshot snapshot;
+    snapshot.session_id = request->session_id();
+    snapshot.stall_ns = request->trainer_stall_ns();
+    const auto* base = static_cast<const uint8_t*>(region_.data);
+    std::vector<bool> in_slot(region_.size, false);
+    for (const v1::StagingSlot& slot : slots_) {
+      const auto* bytes = reinterpret_cast<const char*>(base + slot.offset());
+      snapshot.slot_hashes.push_back(Xxh3(bytes, slot.nbytes()));
+      snapshot.slots.push_back(slot.nbytes() <= kMiB ? std::string(bytes, slot.nbytes()) : "");
+      for (uint64_t i = 0; i < slot.nbytes(); ++i) in_slot[slot.offset() + i] = true;
+    }
+    for (uint64_t i = 0; i < region_.size; ++i) {
+      if (!in_slot[i] && base[i] != kUntouched) snapshot.gaps_untouched = false;
+    }
+    staged.push_back(std::move(snapshot));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WaitCommitted(grpc::ServerContext*, const v1::WaitCommittedRequest* request,
+                             v1::WaitCommittedResponse* response) override {
+    absl::MutexLock lock(&mu);
+    wait_requests.push_back(*request);
+    if (!wait_status.ok()) return wait_status;
+    response->set_step(request->step());
+    response->set_checkpoint_dir(absl::StrCat("/ckpt/job/step-", request->step()));
+    return grpc::Status::OK;
+  }
+
+  // Fills slot i with Pattern(nbytes, 1000 + i), except absent optimizer states.
+  grpc::Status Load(grpc::ServerContext*, const v1::LoadRequest* request,
+                    v1::LoadResponse* response) override {
+    absl::MutexLock lock(&mu);
+    load_requests.push_back(*request);
+    if (!load_error.ok()) return load_error;
+    std::vector<bool> absent(request->shards_size());
+    google::protobuf::RepeatedPtrField<v1::ShardDesc> shards = request->shards();
+    for (int i = 0; i < shards.size(); ++i) {
+      absent[i] = absent_states.count(shards[i].fqn() + "/" + shards[i].state_key()) > 0;
+      if (absent[i]) shards[i].set_state_absent(true);
+    }
+    std::vector<v1::StagingSlot> slots;
+    const uint64_t total = Layout(shards, &slots);
+    grpc::Status status = AcquireLocked(total);
+    if (!status.ok()) return status;
+    for (int i = 0; i < shards.size(); ++i) {
+      FillPattern(static_cast<char*>(region_.data) + slots[i].offset(), slots[i].nbytes(),
+                  1000 + i);
+      if (absent[i]) response->add_absent(i);
+    }
+    response->set_load_id(absl::StrCat("load-", load_requests.size()));
+    response->set_step(request->step() < 0 ? 42 : request->step());
+    response->set_shm_name(region_.name);
+    response->set_shm_size(total);
+    for (const v1::StagingSlot& slot : slots) *response->add_slots() = slot;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ReleaseLoad(grpc::ServerContext*, const v1::ReleaseLoadRequest* request,
+                           v1::ReleaseLoadResponse*) override {
+    absl::MutexLock lock(&mu);
+    released.push_back(request->load_id());
+    return grpc::Status::OK;
+  }
+
+ private:
+  // Slots in request order, each 64-byte aligned after a gap; absent state gets none.
+  static uint64_t Layout(const google::protobuf::RepeatedPtrField<v1::ShardDesc>& shards,
+                         std::vector<v1::StagingSlot>* slots) {
+    uint64_t cursor = kSlotGap;
+    for (const v1::ShardDesc& s : shards) {
+      v1::StagingSlot slot;
+      if (!s.state_absent() && s.nbytes() > 0) {
+        slot.set_offset(cursor);
+        slot.set_nbytes(s.nbytes());
+        cursor = (cursor + s.nbytes() + kSlotGap + 63) / 64 * 64;
+      }
+      slots->push_back(slot);
+    }
+    return cursor;
+  }
+
+  grpc::Status AcquireLocked(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    absl::StatusOr<std::vector<StagingSlot>> regions = pool_->Acquire({size});
+    if (!regions.ok()) return ToGrpcStatus(regions.status());
+    region_ = (*regions)[0];
+    std::memset(region_.data, kUntouched, region_.capacity);
+    region_name = region_.name;
+    return grpc::Status::OK;
+  }
+
+  StagingPool* const pool_;
+  StagingSlot region_ ABSL_GUARDED_BY(mu);
+  std::vector<v1::StagingSlot> slots_ ABSL_GUARDED_BY(mu);
+};
+
+class ClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    static std::atomic<int> counter{0};
+    const int n = counter++;
+    StagingPoolOptions pool_options;
+    pool_options.job_id = absl::StrCat("clienttest", getpid());
+    pool_options.incarnation = static_cast<uint64_t>(n);
+    pool_options.budget_bytes = 1024 * kMiB;
+    absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(pool_options);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+
+    fake_ = std::make_unique<FakeAgent>(pool_.get());
+    fake_->identity.set_job_id("llama");
+    fake_->identity.mutable_coord()->set_rank(1);
+    fake_->identity.mutable_coord()->add_index(0);
+    fake_->identity.mutable_coord()->add_index(1);
+    *fake_->identity.mutable_layout() = Mesh({{"tp", 2}, {"dp", 2}});
+
+    socket_ = absl::StrCat(SocketDir(), "/tessera-client-", getpid(), "-", n, ".sock");
+    unlink(socket_.c_str());
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("unix:" + socket_, grpc::InsecureServerCredentials());
+    builder.RegisterService(fake_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr) << "cannot listen on " << socket_;
+  }
+
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+    unlink(socket_.c_str());
+  }
+
+  std::unique_ptr<Client> Connect(ClientOptions options = {}) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket_, options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  std::unique_ptr<StagingPool> pool_;
+  std::unique_ptr<FakeAgent> fake_;
+  std::string socket_;
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// A host tensor over `bytes` (U8 unless told otherwise), the full 1-d tensor by default.
+TensorRef HostRef(const std::string& fqn, std::vector<uint8_t>* bytes,
+                  v1::DType dtype = v1::DTYPE_U8) {
+  TensorRef t;
+  t.fqn = fqn;
+  t.dtype = dtype;
+  t.global_shape = {static_cast<int64_t>(bytes->size() / DTypeSize(dtype))};
+  t.data = bytes->data();
+  t.nbytes = bytes->size();
+  return t;
+}
+
+std::string Bytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+
+// ---------------------------------------------------------------------------------------------
+// Connect
+
+TEST_F(ClientTest, Connect_FetchesIdentity) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->identity().job_id(), "llama");
+  EXPECT_EQ(client->identity().coord().rank(), 1u);
+  EXPECT_EQ(client->identity().layout().dims_size(), 2);
+  // "unix:" targets are accepted as they are.
+  EXPECT_TRUE(Client::Connect("unix:" + socket_).ok());
+}
+
+TEST_F(ClientTest, Connect_NoAgentListening_Unavailable) {
+  const std::string missing = socket_ + ".missing";
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(missing);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable) << client.status();
+  EXPECT_THAT(client.status().message(), HasSubstr(missing));
+}
+
+TEST_F(ClientTest, Connect_AgentNotRegistered_UnavailableWithDetail) {
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->info_status = ToGrpcStatus(
+        MakeError(absl::StatusCode::kUnavailable, v1::ERROR_CODE_AGENT_LOST, "not registered yet"));
+  }
+  absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket_);
+  ASSERT_FALSE(client.ok());
+  EXPECT_EQ(client.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(GetErrorCode(client.status()), v1::ERROR_CODE_AGENT_LOST);
+  EXPECT_THAT(client.status().message(), HasSubstr("not registered yet"));
+}
+
+TEST_F(ClientTest, Connect_EmptyPathOrBadOptions_InvalidArgument) {
+  EXPECT_EQ(Client::Connect("").status().code(), absl::StatusCode::kInvalidArgument);
+  ClientOptions options;
+  options.copy_threads = 0;
+  EXPECT_EQ(Client::Connect(socket_, options).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(ClientTest, Connect_AgentWithInvalidMesh_Internal) {
+  fake_->identity.mutable_layout()->Clear();
+  EXPECT_EQ(Client::Connect(socket_).status().code(), absl::StatusCode::kInternal);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Save
+
+TEST_F(ClientTest, Save_CopiesEachTensorIntoItsSlot) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // A TP shard of a 2-d F32 weight, a BF16 bias, a 0-d scalar, an empty shard, extra bytes.
+  std::vector<uint8_t> wq = Pattern(4 * 8 * 4, 1), bias = Pattern(16 * 2, 2), scale = Pattern(4, 3),
+                       empty, rng = Pattern(13, 5);
+  TensorRef w = HostRef("layers.0.wq.weight", &wq, v1::DTYPE_F32);
+  w.global_shape = {8, 8};
+  w.box = Box{{4, 0}, {4, 8}};
+  TensorRef b = HostRef("layers.0.wq.bias", &bias, v1::DTYPE_BF16);
+  TensorRef s = HostRef("scale", &scale, v1::DTYPE_F32);
+  s.global_shape = {};
+  TensorRef e = HostRef("layers.1.moe.expert", &empty, v1::DTYPE_F32);
+  e.global_shape = {4, 2};
+  e.box = Box{{4, 0}, {0, 2}};
+  TensorRef x = HostRef("rng", &rng);
+  x.kind = v1::SHARD_KIND_EXTRA;
+  const std::vector<TensorRef> tensors = {w, b, s, e, x};
+
+  absl::StatusOr<SaveResult> result = client->Save(100, tensors);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->session_id, "session-1");
+  EXPECT_FALSE(result->plan_cached);
+  EXPECT_GT(result->stall, absl::ZeroDuration());
+
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->begin_requests.size(), 1u);
+  const v1::BeginSaveRequest& request = fake_->begin_requests[0];
+  EXPECT_EQ(request.step(), 100);
+  ASSERT_EQ(request.shards_size(), 5);
+  EXPECT_EQ(request.shards(0).fqn(), "layers.0.wq.weight");
+  EXPECT_EQ(request.shards(0).kind(), v1::SHARD_KIND_PARAM);
+  EXPECT_EQ(request.shards(0).dtype(), v1::DTYPE_F32);
+  EXPECT_THAT(request.shards(0).global_shape(), ElementsAre(8, 8));
+  EXPECT_THAT(request.shards(0).box().offsets(), ElementsAre(4, 0));
+  EXPECT_THAT(request.shards(0).box().lengths(), ElementsAre(4, 8));
+  EXPECT_FALSE(request.shards(0).has_flat_range());
+  EXPECT_EQ(request.shards(0).nbytes(), wq.size());
+  // Default boxes: the full tensor; 0-d has no axes.
+  EXPECT_THAT(request.shards(1).box().lengths(), ElementsAre(16));
+  EXPECT_THAT(request.shards(2).box().lengths(), IsEmpty());
+  EXPECT_EQ(request.shards(3).nbytes(), 0u);
+  EXPECT_EQ(request.shards(4).kind(), v1::SHARD_KIND_EXTRA);
+  EXPECT_EQ(request.plan_fingerprint(), PlanFingerprint(std::vector<v1::ShardDesc>(
+                                            request.shards().begin(), request.shards().end())));
+
+  ASSERT_EQ(fake_->staged.size(), 1u);
+  const FakeAgent::Snapshot& staged = fake_->staged[0];
+  EXPECT_EQ(staged.session_id, "session-1");
+  EXPECT_GT(staged.stall_ns, 0u);
+  EXPECT_EQ(staged.slots[0], Bytes(wq));
+  EXPECT_EQ(staged.slots[1], Bytes(bias));
+  EXPECT_EQ(staged.slots[2], Bytes(scale));
+  EXPECT_EQ(staged.slots[3], "");
+  EXPECT_EQ(staged.slots[4], Bytes(rng));
+  EXPECT_TRUE(staged.gaps_untouched) << "a copy wrote outside its slot";
+  EXPECT_EQ(client->stats().saves, 1u);
+  EXPECT_EQ(client->stats().last_copy_threads, 1);
+}
+
+TEST_F(ClientTest, Save_PlanRejected_DetailSurfacesAndNothingCopied) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> bytes = Pattern(64, 7);
+  const std::vector<TensorRef> tensors = {HostRef("layers.0.w", &bytes)};
+  ASSERT_TRUE(client->Save(1, tensors).ok());  // gives the fake a region to watch
+  const uint64_t region_before = fake_->RegionHash();
+
+  v1::ErrorDetail detail;
+  detail.set_code(v1::ERROR_CODE_DUPLICATE_FQN);
+  detail.set_message("layers.0.w is claimed by pp=0 and pp=1, which are not replicas");
+  detail.add_fqns("layers.0.w");
+  detail.add_ranks()->set_coords("pp=1,dp=0");
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->begin_error = ToGrpcStatus(MakeError(absl::StatusCode::kInvalidArgument, detail));
+  }
+  bytes = Pattern(64, 8);  // different bytes: a copy would show in the region
+  absl::StatusOr<SaveResult> result = client->Save(2, tensors);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_DUPLICATE_FQN);
+  std::optional<v1::ErrorDetail> got = GetErrorDetail(result.status());
+  ASSERT_TRUE(got.has_value());
+  EXPECT_THAT(got->fqns(), ElementsAre("layers.0.w"));
+  EXPECT_EQ(got->ranks(0).coords(), "pp=1,dp=0");
+  EXPECT_THAT(result.status().message(), HasSubstr("not replicas"));
+
+  EXPECT_EQ(fake_->RegionHash(), region_before);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_EQ(fake_->begin_requests.size(), 2u);
+  EXPECT_EQ(fake_->staged.size(), 1u) << "Staged must not follow a rejected plan";
+}
+
+TEST_F(ClientTest, Save_AbortedBySession_Aborted) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->begin_error = ToGrpcStatus(
+        MakeError(absl::StatusCode::kAborted, v1::ERROR_CODE_ADMISSION_DENIED, "node over budget"));
+  }
+  std::vector<uint8_t> bytes = Pattern(8, 1);
+  absl::StatusOr<SaveResult> result = client->Save(3, {HostRef("w", &bytes)});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_ADMISSION_DENIED);
+}
+
+// Local checks fail before any RPC, with MALFORMED_SHARD naming the tensor.
+struct MalformedCase {
+  std::string name;
+  std::function<void(TensorRef*)> spoil;
+  std::string message;
+};
+
+TEST_F(ClientTest, Save_MalformedTensor_InvalidArgumentBeforeAnyRpc) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> bytes = Pattern(4 * 6 * 4, 9);
+  const std::vector<MalformedCase> cases = {
+      {"nbytes", [](TensorRef* t) { t->nbytes -= 4; }, "nbytes is 92 but 24 F32 elements are 96"},
+      {"box",
+       [](TensorRef* t) {
+         t->box = Box{{2, 0}, {4, 6}};
+       },
+       "outside the tensor on axis 0"},
+      {"box rank",
+       [](TensorRef* t) {
+         t->box = Box{{0}, {4}};
+       },
+       "rank 1 but the tensor has rank 2"},
+      {"flat range", [](TensorRef* t) { t->flat_range = std::make_pair(20, 30); },
+       "flat range [20, 30) is not within the 24 elements"},
+      {"null data", [](TensorRef* t) { t->data = nullptr; }, "data is null"},
+      {"dtype", [](TensorRef* t) { t->dtype = v1::DTYPE_UNSPECIFIED; }, "dtype 0 is not known"},
+      {"kind", [](TensorRef* t) { t->kind = v1::SHARD_KIND_UNSPECIFIED; }, "not a shard kind"},
+      {"fqn", [](TensorRef* t) { t->fqn.clear(); }, "fqn must be 1..1024 bytes"},
+      {"state on param", [](TensorRef* t) { t->state_key = "exp_avg"; },
+       "only optimizer shards have a state_key"},
+      {"no state key", [](TensorRef* t) { t->kind = v1::SHARD_KIND_OPTIMIZER; },
+       "need a state_key"},
+      {"replicated dim",
+       [](TensorRef* t) {
+         t->replicated_over = {{"dp", "pp"}};
+       },
+       "replicated_over names \"pp\", which is not a dim of the mesh {tp, dp}"},
+      {"extra shape", [](TensorRef* t) { t->kind = v1::SHARD_KIND_EXTRA; },
+       "extra shards must be U8, 1-d"},
+  };
+  for (const MalformedCase& c : cases) {
+    TensorRef t = HostRef("layers.2.w", &bytes, v1::DTYPE_F32);
+    t.global_shape = {4, 6};
+    c.spoil(&t);
+    std::vector<uint8_t> other = Pattern(4, 1);
+    // The bad tensor is the second: the error must name it and its index.
+    absl::StatusOr<SaveResult> result = client->Save(5, {HostRef("ok", &other), t});
+    ASSERT_FALSE(result.ok()) << c.name;
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
+    EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_MALFORMED_SHARD) << c.name;
+    EXPECT_THAT(result.status().message(), HasSubstr(c.message)) << c.name;
+    EXPECT_THAT(result.status().message(), HasSubstr("Tensor 1 (\"" + t.fqn + "\"")) << c.name;
+    std::optional<v1::ErrorDetail> detail = GetErrorDetail(result.status());
+    ASSERT_TRUE(detail.has_value()) << c.name;
+    EXPECT_THAT(detail->fqns(), ElementsAre(t.fqn)) << c.name;
+  }
+  EXPECT_EQ(client->Save(-1, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->begin_requests, IsEmpty());
+}
+
+TEST(DescribeShards, DefaultReplicatedOver_DpForParamsOnlyWhenMeshHasDp) {
+  std::vector<uint8_t> bytes(16);
+  auto ref = [&](v1::ShardKind kind) {
+    TensorRef t;
+    t.fqn = "w";
+    t.kind = kind;
+    t.dtype = v1::DTYPE_U8;
+    t.global_shape = {16};
+    t.data = bytes.data();
+    t.nbytes = bytes.size();
+    if (kind == v1::SHARD_KIND_OPTIMIZER) t.state_key = "exp_avg";
+    return t;
+  };
+  TensorRef param = ref(v1::SHARD_KIND_PARAM);
+  TensorRef optimizer = ref(v1::SHARD_KIND_OPTIMIZER);
+  TensorRef extra = ref(v1::SHARD_KIND_EXTRA);
+  extra.replicated_over = {{"dp"}};  // ignored: extras belong to their rank
+  TensorRef norm = ref(v1::SHARD_KIND_PARAM);
+  norm.replicated_over = {{"dp", "tp"}};
+  TensorRef unreplicated = ref(v1::SHARD_KIND_PARAM);
+  unreplicated.replicated_over = std::vector<std::string>{};
+  const std::vector<TensorRef> tensors = {param, optimizer, extra, norm, unreplicated};
+
+  absl::StatusOr<std::vector<v1::ShardDesc>> with_dp =
+      DescribeShards(Mesh({{"pp", 2}, {"tp", 2}, {"dp", 4}}), tensors);
+  ASSERT_TRUE(with_dp.ok()) << with_dp.status();
+  EXPECT_THAT((*with_dp)[0].replicated_over(), ElementsAre("dp"));
+  EXPECT_THAT((*with_dp)[1].replicated_over(), IsEmpty());
+  EXPECT_THAT((*with_dp)[2].replicated_over(), IsEmpty());
+  EXPECT_THAT((*with_dp)[3].replicated_over(), ElementsAre("dp", "tp"));
+  EXPECT_THAT((*with_dp)[4].replicated_over(), IsEmpty());
+
+  // HSDP names its dims dp_replicate x dp_shard: no default.
+  norm.replicated_over = {{"tp"}};
+  absl::StatusOr<std::vector<v1::ShardDesc>> without_dp =
+      DescribeShards(Mesh({{"dp_replicate", 2}, {"dp_shard", 2}, {"tp", 2}}), {param, norm});
+  ASSERT_TRUE(without_dp.ok()) << without_dp.status();
+  EXPECT_THAT((*without_dp)[0].replicated_over(), IsEmpty());
+  EXPECT_THAT((*without_dp)[1].replicated_over(), ElementsAre("tp"));
+}
+
+TEST_F(ClientTest, Save_DefaultReplicatedOver_SentOnTheWire) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> bytes = Pattern(8, 1);
+  ASSERT_TRUE(client->Save(1, {HostRef("w", &bytes)}).ok());
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->begin_requests[0].shards(0).replicated_over(), ElementsAre("dp"));
+}
+
+TEST_F(ClientTest, Save_FlatRangeAndAbsentState_SliceCopiedAbsentSkipped) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // DP rank 1 of 2 holds elements [12, 24) of a TP-local [4, 6] F32 box of exp_avg.
+  std::vector<uint8_t> slice = Pattern(12 * 4, 11);
+  TensorRef exp_avg = HostRef("layers.0.w", &slice, v1::DTYPE_F32);
+  exp_avg.kind = v1::SHARD_KIND_OPTIMIZER;
+  exp_avg.state_key = "exp_avg";
+  exp_avg.global_shape = {8, 6};
+  exp_avg.box = Box{{4, 0}, {4, 6}};
+  exp_avg.flat_range = std::make_pair(12, 24);
+  // No state yet for the bias.
+  TensorRef absent;
+  absent.fqn = "layers.0.b";
+  absent.kind = v1::SHARD_KIND_OPTIMIZER;
+  absent.dtype = v1::DTYPE_F32;
+  absent.global_shape = {6};
+  absent.state_absent = true;
+
+  absl::StatusOr<SaveResult> result = client->Save(7, {exp_avg, absent});
+  ASSERT_TRUE(result.ok()) << result.status();
+  absl::MutexLock lock(&fake_->mu);
+  const v1::BeginSaveRequest& request = fake_->begin_requests[0];
+  EXPECT_EQ(request.shards(0).flat_range().begin(), 12);
+  EXPECT_EQ(request.shards(0).flat_range().end(), 24);
+  EXPECT_EQ(request.shards(0).nbytes(), 48u);
+  EXPECT_EQ(request.shards(0).state_key(), "exp_avg");
+  EXPECT_THAT(request.shards(0).replicated_over(), IsEmpty());
+  EXPECT_TRUE(request.shards(1).state_absent());
+  EXPECT_EQ(request.shards(1).nbytes(), 0u);
+  EXPECT_TRUE(request.shards(1).state_key().empty());
+  ASSERT_EQ(fake_->staged.size(), 1u);
+  EXPECT_EQ(fake_->staged[0].slots[0], Bytes(slice));
+  EXPECT_EQ(fake_->staged[0].slots[1], "");
+  EXPECT_TRUE(fake_->staged[0].gaps_untouched);
+}
+
+TEST_F(ClientTest, Save_AbsentStateWithBytes_InvalidArgument) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> bytes = Pattern(24, 1);
+  TensorRef t = HostRef("layers.0.b", &bytes, v1::DTYPE_F32);
+  t.kind = v1::SHARD_KIND_OPTIMIZER;
+  t.state_absent = true;
+  absl::StatusOr<SaveResult> result = client->Save(7, {t});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("absent state stages nothing (0)"));
+}
+
+TEST_F(ClientTest, Save_SameRegion_MappingReusedAndReplacedWhenRegionChanges) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a = Pattern(1000, 1), b = Pattern(3000, 2);
+  ASSERT_TRUE(client->Save(1, {HostRef("a", &a), HostRef("b", &b)}).ok());
+  std::string first_region;
+  {
+    absl::MutexLock lock(&fake_->mu);
+    first_region = fake_->region_name;
+  }
+  a = Pattern(1000, 3);  // new bytes, same plan
+  absl::StatusOr<SaveResult> second = client->Save(2, {HostRef("a", &a), HostRef("b", &b)});
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_TRUE(second->plan_cached);
+  EXPECT_EQ(client->stats().staging_maps, 1u);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    EXPECT_EQ(fake_->region_name, first_region);
+    EXPECT_EQ(fake_->staged[1].slots[0], Bytes(a));
+    EXPECT_EQ(fake_->staged[1].slots[1], Bytes(b));
+  }
+
+  // A save larger than the region: the agent replaces it under a new name.
+  std::vector<uint8_t> big = Pattern(3 * kMiB, 4);
+  absl::StatusOr<SaveResult> third = client->Save(3, {HostRef("a", &a), HostRef("big", &big)});
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_FALSE(third->plan_cached);
+  EXPECT_EQ(client->stats().staging_maps, 2u);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    EXPECT_NE(fake_->region_name, first_region);
+    EXPECT_EQ(fake_->staged[2].slots[0], Bytes(a));
+    EXPECT_EQ(fake_->staged[2].slot_hashes[1], Xxh3(big.data(), big.size()));
+    EXPECT_TRUE(fake_->staged[2].gaps_untouched);
+  }
+
+  // A smaller save in the same (grown) region reuses the mapping.
+  ASSERT_TRUE(client->Save(4, {HostRef("a", &a)}).ok());
+  EXPECT_EQ(client->stats().staging_maps, 2u);
+  EXPECT_EQ(client->stats().saves, 4u);
+}
+
+TEST_F(ClientTest, Save_LargeTotal_ThreadedCopyByteExact) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // Odd sizes, so the per-thread runs start and end inside tensors.
+  std::vector<uint8_t> a = Pattern(40 * kMiB + 1, 21), b = Pattern(30 * kMiB + 7, 22),
+                       c = Pattern(13, 23);
+  absl::StatusOr<SaveResult> result =
+      client->Save(9, {HostRef("a", &a), HostRef("b", &b), HostRef("c", &c)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(client->stats().last_copy_threads, 4);
+  absl::MutexLock lock(&fake_->mu);
+  const FakeAgent::Snapshot& staged = fake_->staged[0];
+  EXPECT_EQ(staged.slot_hashes[0], Xxh3(a.data(), a.size()));
+  EXPECT_EQ(staged.slot_hashes[1], Xxh3(b.data(), b.size()));
+  EXPECT_EQ(staged.slots[2], Bytes(c));
+  EXPECT_TRUE(staged.gaps_untouched);
+}
+
+TEST_F(ClientTest, Save_SlotsDoNotMatchRequest_Internal) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->bad_slot_count = true;
+  }
+  std::vector<uint8_t> a = Pattern(8, 1), b = Pattern(8, 2);
+  absl::StatusOr<SaveResult> result = client->Save(1, {HostRef("a", &a), HostRef("b", &b)});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInternal);
+  EXPECT_THAT(result.status().message(), HasSubstr("1 staging slots for 2 shards"));
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->staged, IsEmpty());
+}
+
+TEST_F(ClientTest, Save_AgentGone_Unavailable) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  server_->Shutdown();
+  server_.reset();
+  std::vector<uint8_t> a = Pattern(8, 1);
+  absl::StatusOr<SaveResult> result = client->Save(1, {HostRef("a", &a)});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
+}
+
+TEST_F(ClientTest, Save_CudaTensorWithoutGpu_FailedPrecondition) {
+  if (GpuAvailable()) GTEST_SKIP() << "a GPU is present";
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a = Pattern(8, 1);
+  TensorRef t = HostRef("w", &a);
+  t.memory = Memory::kCuda;
+  absl::StatusOr<SaveResult> result = client->Save(1, {t});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(result.status().message(), HasSubstr("\"w\""));
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->begin_requests, IsEmpty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// WaitCommitted
+
+TEST_F(ClientTest, WaitCommitted_Committed_ReturnsDirectory) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::StatusOr<std::string> dir = client->WaitCommitted(100, absl::Seconds(30));
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, "/ckpt/job/step-100");
+  ASSERT_TRUE(client->WaitCommitted(101).ok());
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->wait_requests.size(), 2u);
+  EXPECT_EQ(fake_->wait_requests[0].step(), 100);
+  EXPECT_EQ(fake_->wait_requests[0].timeout_ms(), 30000u);
+  EXPECT_EQ(fake_->wait_requests[1].timeout_ms(), 0u) << "no limit";
+}
+
+TEST_F(ClientTest, WaitCommitted_Aborted_CarriesErrorDetail) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  v1::ErrorDetail detail;
+  detail.set_code(v1::ERROR_CODE_AGENT_LOST);
+  detail.set_message("the agent of rank 3 (tp=1,dp=1) stopped heartbeating");
+  detail.add_ranks()->set_rank(3);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->wait_status = ToGrpcStatus(MakeError(absl::StatusCode::kAborted, detail));
+  }
+  absl::StatusOr<std::string> dir = client->WaitCommitted(100, absl::Seconds(30));
+  ASSERT_FALSE(dir.ok());
+  EXPECT_EQ(dir.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(GetErrorCode(dir.status()), v1::ERROR_CODE_AGENT_LOST);
+  EXPECT_EQ(GetErrorDetail(dir.status())->ranks(0).rank(), 3u);
+  EXPECT_THAT(dir.status().message(), HasSubstr("stopped heartbeating"));
+}
+
+TEST_F(ClientTest, WaitCommitted_NonPositiveTimeout_InvalidArgument) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  EXPECT_EQ(client->WaitCommitted(1, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->wait_requests, IsEmpty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Load
+
+TEST_F(ClientTest, Load_CopiesSlotsIntoDestinations_ReportsAbsentAndReleases) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> w(4 * 8 * 4, 0), m(12 * 4, 0), v(12 * 4, 0x5A), x(5, 0);
+  TensorRef weight = HostRef("layers.0.w", &w, v1::DTYPE_F32);
+  weight.global_shape = {8, 8};
+  weight.box = Box{{0, 0}, {4, 8}};
+  TensorRef exp_avg = HostRef("layers.0.w", &m, v1::DTYPE_F32);
+  exp_avg.kind = v1::SHARD_KIND_OPTIMIZER;
+  exp_avg.state_key = "exp_avg";
+  exp_avg.global_shape = {8, 8};
+  exp_avg.box = Box{{0, 0}, {4, 8}};
+  exp_avg.flat_range = std::make_pair(0, 12);
+  TensorRef exp_avg_sq = exp_avg;
+  exp_avg_sq.state_key = "exp_avg_sq";
+  exp_avg_sq.data = v.data();
+  TensorRef extra = HostRef("rng", &x);
+  extra.kind = v1::SHARD_KIND_EXTRA;
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->absent_states = {"layers.0.w/exp_avg_sq"};
+  }
+
+  absl::StatusOr<LoadResult> result = client->Load(-1, {weight, exp_avg, exp_avg_sq, extra});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->step, 42);
+  EXPECT_THAT(result->absent, ElementsAre(2u));
+  EXPECT_EQ(w, Pattern(w.size(), 1000));
+  EXPECT_EQ(m, Pattern(m.size(), 1001));
+  EXPECT_EQ(v, std::vector<uint8_t>(12 * 4, 0x5A)) << "absent state must be left untouched";
+  EXPECT_EQ(x, Pattern(x.size(), 1003));
+
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 1u);
+  const v1::LoadRequest& request = fake_->load_requests[0];
+  EXPECT_EQ(request.step(), -1);
+  ASSERT_EQ(request.shards_size(), 4);
+  EXPECT_THAT(request.shards(0).box().lengths(), ElementsAre(4, 8));
+  EXPECT_THAT(request.shards(0).replicated_over(), ElementsAre("dp"));
+  EXPECT_EQ(request.shards(1).flat_range().end(), 12);
+  EXPECT_EQ(request.shards(2).state_key(), "exp_avg_sq");
+  EXPECT_THAT(fake_->released, ElementsAre("load-1"));
+}
+
+TEST_F(ClientTest, Load_SaveRegionReused_NoExtraMapping) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a = Pattern(4096, 1);
+  ASSERT_TRUE(client->Save(1, {HostRef("a", &a)}).ok());
+  std::vector<uint8_t> into(4096, 0);
+  ASSERT_TRUE(client->Load(1, {HostRef("a", &into)}).ok());
+  EXPECT_EQ(into, Pattern(4096, 1000));
+  EXPECT_EQ(client->stats().staging_maps, 1u);
+}
+
+TEST_F(ClientTest, Load_CheckpointMissing_NotFoundWithDetailAndNoRelease) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->load_error = ToGrpcStatus(
+        MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_CHECKPOINT_NOT_FOUND, "no step 5"));
+  }
+  std::vector<uint8_t> into(8, 0);
+  absl::StatusOr<LoadResult> result = client->Load(5, {HostRef("a", &into)});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_CHECKPOINT_NOT_FOUND);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->released, IsEmpty());
+}
+
+TEST_F(ClientTest, Load_StateAbsentOrBadStep_InvalidArgument) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  TensorRef t;
+  t.fqn = "layers.0.b";
+  t.kind = v1::SHARD_KIND_OPTIMIZER;
+  t.dtype = v1::DTYPE_F32;
+  t.global_shape = {6};
+  t.state_absent = true;
+  absl::StatusOr<LoadResult> result = client->Load(1, {t});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(result.status().message(), HasSubstr("state_absent"));
+  EXPECT_EQ(client->Load(-2, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->load_requests, IsEmpty());
+}
+
+// ---------------------------------------------------------------------------------------------
+// CUDA: device tensors, where a GPU is present.
+
+TEST_F(ClientTest, SaveAndLoad_CudaTensors_CopiedThroughDevice) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const std::vector<uint8_t> host = Pattern(2 * kMiB + 3, 31);
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, host.size()), cudaSuccess);
+  ASSERT_EQ(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
+  std::vector<uint8_t> also_host = Pattern(100, 32);
+  TensorRef t;
+  t.fqn = "gpu.w";
+  t.dtype = v1::DTYPE_U8;
+  t.global_shape = {static_cast<int64_t>(host.size())};
+  t.data = device;
+  t.nbytes = host.size();
+  t.memory = Memory::kCuda;
+  absl::StatusOr<SaveResult> saved = client->Save(1, {t, HostRef("cpu.w", &also_host)});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  {
+    absl::MutexLock lock(&fake_->mu);
+    EXPECT_EQ(fake_->staged[0].slot_hashes[0], Xxh3(host.data(), host.size()));
+    EXPECT_EQ(fake_->staged[0].slots[1], Bytes(also_host));
+  }
+
+  absl::StatusOr<LoadResult> loaded = client->Load(1, {t});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::vector<uint8_t> back(host.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), device, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_EQ(back, Pattern(host.size(), 1000));
+
+  // A host pointer declared as device memory is refused before any RPC.
+  TensorRef wrong = HostRef("cpu.w", &also_host);
+  wrong.memory = Memory::kCuda;
+  EXPECT_EQ(client->Save(2, {wrong}).status().code(), absl::StatusCode::kInvalidArgument);
+  cudaFree(device);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Pure helpers
+
+TEST(ParallelCopy, ManyItemsAcrossThreads_ByteExact) {
+  std::vector<std::vector<uint8_t>> src, dst;
+  std::vector<CopyItem> items;
+  for (size_t i = 0; i < 37; ++i) {
+    src.push_back(Pattern(i * i * 97 + i, static_cast<uint32_t>(i)));
+    dst.emplace_back(src.back().size(), 0);
+  }
+  for (size_t i = 0; i < src.size(); ++i) {
+    items.push_back(CopyItem{dst[i].data(), src[i].data(), src[i].size()});
+  }
+  EXPECT_EQ(ParallelCopy(items, 3, /*parallel_min_bytes=*/0), 3);
+  EXPECT_EQ(dst, src);
+}
+
+TEST(ParallelCopy, SmallOrEmpty_SerialOrNothing) {
+  std::vector<uint8_t> src = Pattern(5, 1), dst(5, 0);
+  EXPECT_EQ(ParallelCopy({CopyItem{dst.data(), src.data(), 5}}, 4, 1024), 1);
+  EXPECT_EQ(dst, src);
+  // Above the threshold but fewer bytes than threads: at most one thread per byte.
+  std::vector<uint8_t> src2 = Pattern(3, 2), dst2(3, 0);
+  EXPECT_LE(ParallelCopy({CopyItem{dst2.data(), src2.data(), 3}}, 8, 0), 3);
+  EXPECT_EQ(dst2, src2);
+  EXPECT_EQ(ParallelCopy({}, 4, 0), 0);
+}
+
+TEST(PlanFingerprint, EqualForEqualPlans_DiffersWhenAPieceChanges) {
+  std::vector<uint8_t> bytes(64);
+  TensorRef t;
+  t.fqn = "w";
+  t.dtype = v1::DTYPE_F32;
+  t.global_shape = {4, 4};
+  t.box = Box{{0, 0}, {2, 4}};
+  t.data = bytes.data();
+  t.nbytes = 32;
+  const v1::Layout mesh = Mesh({{"dp", 2}});
+  auto fingerprint = [&](const TensorRef& ref) {
+    absl::StatusOr<std::vector<v1::ShardDesc>> shards = DescribeShards(mesh, {ref});
+    EXPECT_TRUE(shards.ok()) << shards.status();
+    return PlanFingerprint(*shards);
+  };
+  const uint64_t base = fingerprint(t);
+  EXPECT_EQ(fingerprint(t), base);
+  TensorRef moved = t;
+  moved.box = Box{{2, 0}, {2, 4}};
+  EXPECT_NE(fingerprint(moved), base);
+  TensorRef other_data = t;  // where the bytes live is not part of the plan
+  other_data.data = bytes.data() + 32;
+  EXPECT_EQ(fingerprint(other_data), base);
+}
+
+}  // namespace
+}  // namespace tessera

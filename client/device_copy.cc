@@ -1,0 +1,113 @@
+#include "client/device_copy.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "agent/cuda_host.h"
+#include "cuda_runtime_api.h"
+
+namespace tessera {
+namespace {
+
+absl::Status CudaError(cudaError_t err, absl::string_view op) {
+  return absl::InternalError(
+      absl::StrCat(op, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+}
+
+cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
+
+// Runs `call` with `device` current, then restores the trainer's current device.
+template <typename Call>
+cudaError_t OnDevice(int device, Call call) {
+  int previous = 0;
+  cudaError_t err = cudaGetDevice(&previous);
+  if (err != cudaSuccess) return err;
+  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) return err;
+  err = call();
+  if (previous != device) (void)cudaSetDevice(previous);
+  return err;
+}
+
+}  // namespace
+
+DeviceCopier::~DeviceCopier() {
+  for (const auto& [device, stream] : streams_) (void)cudaStreamDestroy(AsStream(stream));
+}
+
+absl::StatusOr<int> DeviceCopier::DeviceOf(const void* ptr) {
+  if (!GpuAvailable()) {
+    return absl::FailedPreconditionError("a tensor is in CUDA memory but no GPU is available");
+  }
+  cudaPointerAttributes attributes;
+  cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();  // this error is not sticky: clear it so later calls succeed
+    return CudaError(err, "cudaPointerGetAttributes");
+  }
+  if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
+    return absl::InvalidArgumentError("the pointer is not CUDA device memory");
+  }
+  return attributes.device;
+}
+
+absl::StatusOr<void*> DeviceCopier::StreamFor(int device) {
+  for (const auto& [d, stream] : streams_) {
+    if (d == device) return stream;
+  }
+  // A stream belongs to the device current at its creation.
+  cudaStream_t stream = nullptr;
+  cudaError_t err =
+      OnDevice(device, [&] { return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); });
+  if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags");
+  streams_.emplace_back(device, stream);
+  return static_cast<void*>(stream);
+}
+
+absl::Status DeviceCopier::WaitForDevice(int device) {
+  cudaError_t err = OnDevice(device, [] { return cudaDeviceSynchronize(); });
+  if (err != cudaSuccess) return CudaError(err, "cudaDeviceSynchronize");
+  return absl::OkStatus();
+}
+
+absl::Status DeviceCopier::ToHost(void* host_dst, const void* device_src, size_t size) {
+  if (size == 0) return absl::OkStatus();
+  absl::StatusOr<int> device = DeviceOf(device_src);
+  if (!device.ok()) return device.status();
+  absl::StatusOr<void*> stream = StreamFor(*device);
+  if (!stream.ok()) return stream.status();
+  // A copy on a stream of another device than the current one is allowed (unified addressing).
+  cudaError_t err =
+      cudaMemcpyAsync(host_dst, device_src, size, cudaMemcpyDeviceToHost, AsStream(*stream));
+  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(DeviceToHost)");
+  if (std::find(pending_.begin(), pending_.end(), *stream) == pending_.end()) {
+    pending_.push_back(*stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceCopier::ToDevice(void* device_dst, const void* host_src, size_t size) {
+  if (size == 0) return absl::OkStatus();
+  absl::StatusOr<int> device = DeviceOf(device_dst);
+  if (!device.ok()) return device.status();
+  absl::StatusOr<void*> stream = StreamFor(*device);
+  if (!stream.ok()) return stream.status();
+  cudaError_t err =
+      cudaMemcpyAsync(device_dst, host_src, size, cudaMemcpyHostToDevice, AsStream(*stream));
+  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(HostToDevice)");
+  if (std::find(pending_.begin(), pending_.end(), *stream) == pending_.end()) {
+    pending_.push_back(*stream);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status DeviceCopier::Synchronize() {
+  absl::Status status;
+  for (void* stream : pending_) {
+    cudaError_t err = cudaStreamSynchronize(AsStream(stream));
+    if (err != cudaSuccess && status.ok()) status = CudaError(err, "cudaStreamSynchronize");
+  }
+  pending_.clear();
+  return status;
+}
+
+}  // namespace tessera

@@ -1,0 +1,59 @@
+#include "client/parallel_copy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <thread>
+#include <vector>
+
+namespace tessera {
+namespace {
+
+void CopyAll(const std::vector<CopyItem>& items) {
+  for (const CopyItem& item : items) std::memcpy(item.dst, item.src, item.size);
+}
+
+}  // namespace
+
+int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t parallel_min_bytes) {
+  uint64_t total = 0;
+  for (const CopyItem& item : items) total += item.size;
+  if (total == 0) return 0;
+  if (max_threads <= 1 || total <= parallel_min_bytes) {
+    for (const CopyItem& item : items) {
+      if (item.size > 0) std::memcpy(item.dst, item.src, item.size);
+    }
+    return 1;
+  }
+
+  // Cut the concatenated bytes into `threads` runs of `share` bytes (the last may be short).
+  const int threads = static_cast<int>(std::min<uint64_t>(max_threads, total));
+  const uint64_t share = (total + threads - 1) / threads;
+  std::vector<std::vector<CopyItem>> runs(threads);
+  int run = 0;
+  uint64_t room = share;  // bytes left in the current run
+  for (const CopyItem& item : items) {
+    size_t done = 0;
+    while (done < item.size) {
+      if (room == 0) {
+        ++run;
+        room = share;
+      }
+      const size_t n = static_cast<size_t>(std::min<uint64_t>(room, item.size - done));
+      runs[run].push_back(CopyItem{static_cast<char*>(item.dst) + done,
+                                   static_cast<const char*>(item.src) + done, n});
+      done += n;
+      room -= n;
+    }
+  }
+
+  const int used = run + 1;  // runs past `run` stayed empty (tiny totals)
+  std::vector<std::thread> workers;
+  workers.reserve(used - 1);
+  for (int i = 1; i < used; ++i) workers.emplace_back(CopyAll, std::cref(runs[i]));
+  CopyAll(runs[0]);
+  for (std::thread& worker : workers) worker.join();
+  return used;
+}
+
+}  // namespace tessera

@@ -1,0 +1,116 @@
+# A Tessera cluster on loopback for the quickstart and the end-to-end tests (source it after
+# procs.sh). Set BIN (directory holding server/, agent/, examples/ binaries) and DIR (work
+# directory) first. Every wait is bounded. Trainer sockets live in SOCK_DIR (default: a short
+# directory under /tmp, since a unix socket path is limited to 107 bytes).
+
+SOCK_DIR=${SOCK_DIR:-$(mktemp -d /tmp/tessera-sock.XXXXXX)}
+COORD_PID=""
+COORD_PORT=""
+AGENT_PIDS=()
+TRAINER_PIDS=()
+
+# start_coordinator [extra flags...]: RocksDB in $DIR/db, checkpoints in $DIR/ckpt.
+start_coordinator() {
+  mkdir -p "$DIR/logs"
+  local log="$DIR/logs/coordinator.log" before waited=0
+  before=$(count_lines "$log" "listening on")  # a restart appends to the same log
+  "$BIN/server/tessera-coordinator" --listen="127.0.0.1:${COORD_PORT:-0}" --db_path="$DIR/db" \
+    --storage_root="$DIR/ckpt" --lease_ms="${LEASE_MS:-3000}" --heartbeat_interval_ms=300 \
+    "$@" 2>>"$log" &
+  COORD_PID=$!
+  until [ "$(count_lines "$log" "listening on")" -gt "$before" ]; do
+    kill -0 "$COORD_PID" 2>/dev/null || { echo "the coordinator exited; see $log" >&2; return 1; }
+    sleep 0.1
+    waited=$((waited + 1))
+    [ $waited -lt 300 ] || { echo "the coordinator did not start; see $log" >&2; return 1; }
+  done
+  COORD_PORT=$(bound_port "$log")
+}
+
+# world_size LAYOUT: product of the degrees in "pp=2,tp=2,dp=2".
+world_size() {
+  local n=1 part
+  IFS=',' read -ra parts <<<"$1"
+  for part in "${parts[@]}"; do n=$((n * ${part#*=})); done
+  echo "$n"
+}
+
+# start_agent JOB LAYOUT RANK [extra flags...]: (re)starts one agent; its pid replaces
+# AGENT_PIDS[RANK]. Socket $SOCK_DIR/<job>-<rank>.sock, log $DIR/logs/agent-<job>-<rank>.log.
+start_agent() {
+  local job=$1 layout=$2 r=$3; shift 3
+  mkdir -p "$SOCK_DIR" "$DIR/logs"
+  "$BIN/agent/tessera-agent" --coordinator="127.0.0.1:$COORD_PORT" --job="$job" --rank="$r" \
+    --layout="$layout" --socket="$SOCK_DIR/$job-$r.sock" --peer_listen=127.0.0.1:0 \
+    --peer_host=127.0.0.1 "$@" 2>>"$DIR/logs/agent-$job-$r.log" &
+  AGENT_PIDS[$r]=$!
+}
+
+# wait_registered JOB RANK: until the agent's log shows one more lease renewal than before
+# (call mark_agent_log first) — bounded.
+mark_agent_log() { AGENT_MARK=$(count_lines "$DIR/logs/agent-$1-$2.log" "lease renewed"); }
+wait_registered() {
+  local waited=0
+  until [ "$(count_lines "$DIR/logs/agent-$1-$2.log" "lease renewed")" -gt "${AGENT_MARK:-0}" ]; do
+    sleep 0.1
+    waited=$((waited + 1))
+    [ $waited -lt 300 ] || { echo "agent $2 of $1 did not register" >&2; return 1; }
+  done
+}
+
+# start_agents JOB LAYOUT [extra flags...]: one agent per rank, and waits for all to register.
+start_agents() {
+  local job=$1 layout=$2; shift 2
+  local n r
+  n=$(world_size "$layout")
+  AGENT_PIDS=()
+  for r in $(seq 0 $((n - 1))); do
+    mkdir -p "$DIR/logs"
+    : >"$DIR/logs/agent-$job-$r.log"
+    start_agent "$job" "$layout" "$r" "$@"
+  done
+  for r in $(seq 0 $((n - 1))); do
+    wait_for_line "$DIR/logs/agent-$job-$r.log" "lease renewed" 30 || return 1
+  done
+}
+
+# run_trainers JOB LAYOUT [trainer flags...]: one trainer per rank, in parallel; returns
+# non-zero if any failed. Output in $DIR/logs/trainer-<job>-<r>.out.
+run_trainers() {
+  local job=$1 layout=$2; shift 2
+  local n r rc=0
+  n=$(world_size "$layout")
+  TRAINER_PIDS=()
+  for r in $(seq 0 $((n - 1))); do
+    timeout "${TRAINER_TIMEOUT:-300}" "$BIN/examples/tessera-llama-trainer" \
+      --agent_socket="$SOCK_DIR/$job-$r.sock" "$@" >"$DIR/logs/trainer-$job-$r.out" 2>&1 &
+    TRAINER_PIDS+=($!)
+  done
+  for p in "${TRAINER_PIDS[@]}"; do wait "$p" || rc=1; done
+  return $rc
+}
+
+# stop_agents: SIGTERM every agent; returns non-zero if one did not exit 0 in time.
+stop_agents() {
+  local rc=0 p
+  for p in "${AGENT_PIDS[@]}"; do stop_process "$p" 10 || rc=1; done
+  AGENT_PIDS=()
+  return $rc
+}
+
+stop_coordinator() {
+  [ -n "$COORD_PID" ] || return 0
+  stop_process "$COORD_PID" 10
+  local rc=$?
+  COORD_PID=""
+  return $rc
+}
+
+# stop_all: for traps.
+stop_all() {
+  local p
+  for p in "${TRAINER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
+  stop_agents >/dev/null 2>&1
+  stop_coordinator >/dev/null 2>&1
+  case "$SOCK_DIR" in /tmp/tessera-sock.*) rm -rf "$SOCK_DIR" ;; esac
+}

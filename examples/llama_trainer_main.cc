@@ -1,0 +1,172 @@
+// tessera-llama-trainer: one trainer rank of a llama-like model (examples/llama_model.h),
+// saving and loading through its agent with the C++ client. Used by the quickstart demo, the
+// end-to-end tests and the benchmarks. Exit 0 only if everything asked for held.
+//
+//   save: fill this rank's pieces for each step, Save (the trainer stall is printed), and with
+//         --wait wait for the commit.
+//   load: Load (--load_step, -1 = latest) into this rank's pieces of ITS layout (the agent's),
+//         then check every byte against the deterministic values of the loaded step.
+#include <unistd.h>
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "client/client.h"
+#include "common/layout.h"
+#include "common/program.h"
+#include "common/status.h"
+#include "examples/llama_model.h"
+
+ABSL_FLAG(std::string, agent_socket, "", "unix socket of this rank's tessera-agent; required");
+ABSL_FLAG(std::string, mode, "save", "save or load");
+ABSL_FLAG(std::string, steps, "1", "save: comma-separated steps to save, in order");
+ABSL_FLAG(int64_t, load_step, -1, "load: the step to load (-1: the latest committed)");
+ABSL_FLAG(std::string, optimizer, "replicated",
+          "AdamW state: replicated (over dp, like the params), distributed (flat-range slices "
+          "across dp) or absent (before the first step)");
+ABSL_FLAG(int32_t, layers, 4, "transformer layers (divisible by pp)");
+ABSL_FLAG(int64_t, dim, 256, "hidden size (divisible by tp)");
+ABSL_FLAG(int64_t, total_mb, 0, "if set: size the model to about this many MiB with AdamW state");
+ABSL_FLAG(bool, wait, true, "save: wait for each save's commit before the next");
+ABSL_FLAG(std::string, expect_error, "",
+          "save: expect the save to fail with this error code (e.g. DUPLICATE_FQN); exit 0 if so");
+ABSL_FLAG(bool, exit_after_save, false,
+          "save: exit right after the first Save returns, before its commit (fault tests)");
+ABSL_FLAG(std::string, rename_layers_from_stage, "",
+          "save: reproduce the torchtitan PP bug: every stage names its layers from 0");
+
+namespace {
+
+int Fail(const std::string& message) {
+  std::fprintf(stderr, "tessera-llama-trainer: %s\n", message.c_str());
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  tessera::InitProgram(
+      "one trainer rank of a llama-like model, saving or loading through tessera-agent.\n\n"
+      "Usage: tessera-llama-trainer --agent_socket=PATH --mode=save --steps=10,20",
+      argc, argv);
+  absl::StatusOr<std::unique_ptr<tessera::Client>> client =
+      tessera::Client::Connect(absl::GetFlag(FLAGS_agent_socket));
+  if (!client.ok()) return Fail(client.status().ToString());
+  const tessera::v1::AgentIdentity& id = (*client)->identity();
+  absl::StatusOr<tessera::MeshLayout> layout = tessera::MeshLayout::FromProto(id.layout());
+  if (!layout.ok()) return Fail(layout.status().ToString());
+  const uint32_t rank = id.coord().rank();
+
+  tessera::LlamaConfig config;
+  config.layers = absl::GetFlag(FLAGS_layers);
+  if (absl::GetFlag(FLAGS_total_mb) > 0) {
+    config = tessera::LlamaConfig::ForTotalBytes(
+        static_cast<uint64_t>(absl::GetFlag(FLAGS_total_mb)) << 20, config.layers);
+  } else {
+    config.dim = absl::GetFlag(FLAGS_dim);
+    config.ffn = config.dim * 11 / 4 / 64 * 64;
+    config.vocab = config.dim * 4;
+  }
+  const std::string opt = absl::GetFlag(FLAGS_optimizer);
+  tessera::OptimizerMode mode = opt == "distributed" ? tessera::OptimizerMode::kDistributed
+                                : opt == "absent"    ? tessera::OptimizerMode::kAbsent
+                                                     : tessera::OptimizerMode::kReplicated;
+  absl::StatusOr<std::vector<tessera::LlamaPiece>> pieces =
+      tessera::LlamaPieces(config, *layout, rank, mode);
+  if (!pieces.ok()) return Fail(pieces.status().ToString());
+  if (absl::GetFlag(FLAGS_rename_layers_from_stage) == "0") {
+    // torchtitan's PP bug: each stage numbers its layers from 0.
+    const int per_stage = config.layers / static_cast<int>(
+        layout->DimIndex("pp") ? layout->degree(*layout->DimIndex("pp")) : 1);
+    for (tessera::LlamaPiece& p : *pieces) {
+      int layer = 0;
+      if (sscanf(p.fqn.c_str(), "layers.%d.", &layer) == 1) {
+        const std::string rest = p.fqn.substr(p.fqn.find('.', 7));
+        p.fqn = absl::StrCat("layers.", layer % per_stage, rest);
+      }
+    }
+  }
+
+  std::vector<std::vector<unsigned char>> buffers;
+  std::vector<tessera::TensorRef> refs;
+  uint64_t total = 0;
+  for (const tessera::LlamaPiece& p : *pieces) {
+    buffers.emplace_back(p.nbytes);
+    tessera::TensorRef ref;
+    ref.fqn = p.fqn;
+    ref.kind = p.kind;
+    ref.dtype = p.kind == tessera::v1::SHARD_KIND_EXTRA ? tessera::v1::DTYPE_U8
+                                                         : tessera::v1::DTYPE_F32;
+    ref.global_shape = p.global_shape;
+    ref.box = p.box;
+    if (p.has_flat_range) ref.flat_range = std::make_pair(p.flat_begin, p.flat_end);
+    ref.replicated_over = p.replicated_over;
+    ref.state_key = p.state_key;
+    ref.state_absent = p.state_absent;
+    ref.data = buffers.back().data();
+    ref.nbytes = p.nbytes;
+    refs.push_back(ref);
+    total += p.nbytes;
+  }
+
+  if (absl::GetFlag(FLAGS_mode) == "save") {
+    for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_steps), ',')) {
+      int64_t step = 0;
+      if (!absl::SimpleAtoi(part, &step)) return Fail(absl::StrCat("bad step \"", part, "\""));
+      for (size_t i = 0; i < pieces->size(); ++i) {
+        tessera::FillPiece((*pieces)[i], rank, step, buffers[i].data());
+      }
+      absl::StatusOr<tessera::SaveResult> saved = (*client)->Save(step, refs);
+      const std::string expected = absl::GetFlag(FLAGS_expect_error);
+      if (!expected.empty()) {
+        if (saved.ok()) return Fail(absl::StrCat("expected ", expected, " but the save started"));
+        const std::string got = tessera::ErrorCodeName(tessera::GetErrorCode(saved.status()));
+        std::printf("rank %u: save of step %lld failed as expected: %s: %s\n", rank,
+                    static_cast<long long>(step), got.c_str(),
+                    std::string(saved.status().message()).c_str());
+        return got == expected ? 0 : Fail(absl::StrCat("expected ", expected, ", got ", got));
+      }
+      if (!saved.ok()) return Fail(absl::StrCat("save of step ", step, ": ", saved.status().ToString()));
+      std::printf("rank %u: step %lld staged: %.1f ms trainer stall for %.1f MiB%s\n", rank,
+                  static_cast<long long>(step), absl::ToDoubleMilliseconds(saved->stall),
+                  total / 1048576.0, saved->plan_cached ? " (plan cached)" : "");
+      std::fflush(stdout);
+      if (absl::GetFlag(FLAGS_exit_after_save)) _exit(0);
+      if (absl::GetFlag(FLAGS_wait)) {
+        absl::StatusOr<std::string> dir = (*client)->WaitCommitted(step, absl::Minutes(10));
+        if (!dir.ok()) return Fail(absl::StrCat("step ", step, ": ", dir.status().ToString()));
+        std::printf("rank %u: step %lld committed at %s\n", rank, static_cast<long long>(step),
+                    dir->c_str());
+      }
+    }
+    return 0;
+  }
+
+  // Load into this layout's pieces and check every byte.
+  for (auto& b : buffers) std::fill(b.begin(), b.end(), 0xA5);  // poison
+  const absl::Time start = absl::Now();
+  absl::StatusOr<tessera::LoadResult> loaded =
+      (*client)->Load(absl::GetFlag(FLAGS_load_step), refs);
+  if (!loaded.ok()) return Fail(absl::StrCat("load: ", loaded.status().ToString()));
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (size_t i = 0; i < pieces->size(); ++i) {
+    const tessera::LlamaPiece& p = (*pieces)[i];
+    int64_t bad = tessera::FirstMismatch(p, rank, loaded->step, buffers[i].data());
+    if (bad >= 0) {
+      return Fail(absl::StrCat("rank ", rank, ": ", p.fqn, p.state_key.empty() ? "" : "#",
+                               p.state_key, " differs at byte ", bad, " after loading step ",
+                               loaded->step));
+    }
+  }
+  std::printf("rank %u: loaded step %lld on %s: %.1f MiB verified byte for byte in %.2f s\n",
+              rank, static_cast<long long>(loaded->step), tessera::LayoutSpec(id.layout()).c_str(),
+              total / 1048576.0, seconds);
+  return 0;
+}

@@ -1,0 +1,389 @@
+#include "format/checkpoint_reader.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "format/chunk_blocks.h"
+#include "format/manifest_io.h"
+
+namespace tessera {
+namespace {
+
+using format_internal::BlockEnd;
+using format_internal::FindBadBlock;
+using format_internal::ReadChunkBytes;
+
+absl::Status BadRequest(const ReadRequest& request, absl::string_view what) {
+  return absl::InvalidArgumentError(
+      absl::StrCat("read request for tensor \"", request.key, "\": ", what));
+}
+
+std::string ShapeString(absl::Span<const int64_t> shape) {
+  return absl::StrCat("[", absl::StrJoin(shape, ", "), "]");
+}
+
+// Absolute coordinates of element `flat` of `box` flattened row-major.
+std::vector<int64_t> Unflatten(const Box& box, int64_t flat) {
+  std::vector<int64_t> point(box.rank());
+  for (size_t d = box.rank(); d-- > 0;) {
+    const int64_t len = std::max<int64_t>(box.lengths[d], 1);
+    point[d] = box.offsets[d] + flat % len;
+    flat /= len;
+  }
+  return point;
+}
+
+// DataLoss + INCOMPLETE_COVERAGE for element `flat` of the request's box.
+absl::Status CoverageError(const std::string& dir, const ReadRequest& request, int64_t flat,
+                           absl::string_view problem) {
+  const std::vector<int64_t> point = Unflatten(request.box, flat);
+  v1::ErrorDetail detail;
+  detail.set_code(v1::ERROR_CODE_INCOMPLETE_COVERAGE);
+  detail.add_fqns(request.key);
+  detail.set_path(dir);
+  Box single{point, std::vector<int64_t>(point.size(), 1)};
+  *detail.mutable_region() = BoxToProto(single);
+  detail.set_message(absl::StrCat("checkpoint ", dir, " cannot serve tensor \"", request.key,
+                                  "\" box ", BoxToString(request.box), ": element ",
+                                  ShapeString(point), " ", problem));
+  return MakeError(absl::StatusCode::kDataLoss, detail);
+}
+
+// Accumulated across threads of one Read.
+struct AtomicStats {
+  std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_copied{0};
+  std::atomic<uint64_t> read_calls{0};
+  std::atomic<uint64_t> blocks_verified{0};
+};
+
+// Runs of one request and one chunk that fall into one read window of the chunk.
+struct WorkItem {
+  char* dest;
+  std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
+};
+
+// A reusable scratch buffer, uninitialized.
+class Bounce {
+ public:
+  char* Get(uint64_t size) {
+    if (size > capacity_) {
+      data_.reset(new char[size]);
+      capacity_ = size;
+    }
+    return data_.get();
+  }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  uint64_t capacity_ = 0;
+};
+
+// Reads, verifies and copies one work item: every block its runs touch, in spans of
+// consecutive blocks.
+absl::Status ServeWorkItem(const WorkItem& item, ReadableFile& file, Bounce& bounce,
+                           AtomicStats& stats) {
+  const std::vector<ByteRun>& runs = item.runs;
+  const v1::TensorEntry& tensor = *runs.front().tensor;
+  const v1::ChunkEntry& chunk = *runs.front().chunk;
+  const uint64_t bs = chunk.block_size();
+  auto run_end = [&](size_t q) { return runs[q].chunk_offset + runs[q].length; };
+
+  size_t r = 0;
+  uint64_t pos = runs[0].chunk_offset;  // first byte of run r not yet delivered
+  while (r < runs.size()) {
+    if (pos >= run_end(r)) {
+      if (++r < runs.size()) pos = std::max(pos, runs[r].chunk_offset);
+      continue;
+    }
+    // The span: from pos's block through the last block of every following run that starts
+    // in or right after the blocks so far.
+    const uint64_t first_block = pos / bs;
+    uint64_t last_block = (run_end(r) - 1) / bs;
+    for (size_t q = r + 1; q < runs.size() && runs[q].chunk_offset / bs <= last_block + 1; ++q) {
+      last_block = std::max(last_block, (run_end(q) - 1) / bs);
+    }
+    const uint64_t begin = first_block * bs;
+    const uint64_t end = BlockEnd(chunk, last_block);
+
+    // One run covering the whole span: read in place, no copy.
+    const bool direct = pos == begin && run_end(r) >= end;
+    char* target = direct ? item.dest + runs[r].dest_offset + (begin - runs[r].chunk_offset)
+                          : bounce.Get(end - begin);
+    RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
+    stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+    stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
+    const uint64_t blocks = last_block - first_block + 1;
+    if (std::optional<uint64_t> bad = FindBadBlock(chunk, first_block, blocks, target)) {
+      return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
+    }
+    stats.blocks_verified.fetch_add(blocks, std::memory_order_relaxed);
+
+    if (direct) {
+      stats.bytes_copied.fetch_add(end - begin, std::memory_order_relaxed);
+    } else {
+      for (size_t q = r; q < runs.size() && runs[q].chunk_offset < end; ++q) {
+        const uint64_t from = std::max(q == r ? pos : runs[q].chunk_offset, begin);
+        const uint64_t to = std::min(run_end(q), end);
+        if (from >= to) continue;
+        memcpy(item.dest + runs[q].dest_offset + (from - runs[q].chunk_offset),
+               target + (from - begin), to - from);
+        stats.bytes_copied.fetch_add(to - from, std::memory_order_relaxed);
+      }
+    }
+    pos = end;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+CheckpointReader::CheckpointReader(Storage* storage, std::string dir,
+                                   CheckpointReaderOptions options, v1::Manifest manifest)
+    : storage_(storage),
+      dir_(std::move(dir)),
+      options_(options),
+      manifest_(std::move(manifest)) {
+  index_.reserve(manifest_.tensors_size());
+  chunk_boxes_.resize(manifest_.tensors_size());
+  for (int t = 0; t < manifest_.tensors_size(); ++t) {
+    const v1::TensorEntry& tensor = manifest_.tensors(t);
+    index_.emplace(tensor.key(), t);
+    chunk_boxes_[t].reserve(tensor.chunks_size());
+    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
+      chunk_boxes_[t].push_back(BoxFromProto(chunk.box()));
+    }
+  }
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
+    Storage* storage, std::string dir, CheckpointReaderOptions options) {
+  if (storage == nullptr) return absl::InvalidArgumentError("no storage");
+  if (options.max_read_bytes < 1 || options.parallelism < 1) {
+    return absl::InvalidArgumentError("max_read_bytes and parallelism must be at least 1");
+  }
+  ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifest(*storage, dir));
+  return std::unique_ptr<CheckpointReader>(
+      new CheckpointReader(storage, std::move(dir), options, std::move(manifest)));
+}
+
+const v1::TensorEntry* CheckpointReader::FindTensor(absl::string_view key) const {
+  auto it = index_.find(key);
+  return it == index_.end() ? nullptr : &manifest_.tensors(it->second);
+}
+
+absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request) const {
+  if (!IsKnownDType(request.dtype)) return BadRequest(request, "dtype is unknown");
+  if (absl::Status s = ValidateBoxInShape(request.box, request.global_shape); !s.ok()) {
+    return BadRequest(request, absl::StrCat("box ", BoxToString(request.box), " is not inside ",
+                                            ShapeString(request.global_shape), ": ",
+                                            s.message()));
+  }
+  absl::StatusOr<int64_t> volume = Volume(request.box);
+  if (!volume.ok()) return BadRequest(request, volume.status().message());
+  int64_t begin = 0, end = *volume;
+  if (request.flat_range.has_value()) {
+    begin = request.flat_range->begin();
+    end = request.flat_range->end();
+    if (begin < 0 || begin > end || end > *volume) {
+      return BadRequest(request, absl::StrCat("flat range [", begin, ", ", end,
+                                              ") is not within the box's ", *volume,
+                                              " elements"));
+    }
+  }
+  const uint64_t esize = DTypeSize(request.dtype);
+  unsigned __int128 need = static_cast<unsigned __int128>(end - begin) * esize;
+  if (need != request.dest_size) {
+    return BadRequest(request, absl::StrCat("destination holds ", request.dest_size,
+                                            " bytes; the region needs ",
+                                            static_cast<uint64_t>(need)));
+  }
+  if (need > 0 && request.dest == nullptr) return BadRequest(request, "destination is null");
+
+  auto it = index_.find(request.key);
+  if (it == index_.end()) {
+    return BadRequest(request, absl::StrCat("no such tensor in checkpoint ", dir_));
+  }
+  const v1::TensorEntry& tensor = manifest_.tensors(it->second);
+  const std::vector<Box>& boxes = chunk_boxes_[it->second];
+  if (tensor.dtype() != request.dtype ||
+      !std::equal(tensor.global_shape().begin(), tensor.global_shape().end(),
+                  request.global_shape.begin(), request.global_shape.end())) {
+    v1::ErrorDetail detail;
+    detail.set_code(v1::ERROR_CODE_SHAPE_MISMATCH);
+    detail.add_fqns(request.key);
+    detail.set_message(absl::StrCat(
+        "read request for tensor \"", request.key, "\" expects ", DTypeName(request.dtype), " ",
+        ShapeString(request.global_shape), " but checkpoint ", dir_, " holds ",
+        DTypeName(tensor.dtype()), " ", ShapeString(tensor.global_shape())));
+    return MakeError(absl::StatusCode::kInvalidArgument, detail);
+  }
+
+  RequestPlan plan;
+  plan.state_absent = tensor.state_absent();
+  if (plan.state_absent || begin == end) return plan;
+
+  for (int c = 0; c < tensor.chunks_size(); ++c) {
+    std::optional<Box> common = Intersect(boxes[c], request.box);
+    if (!common.has_value()) continue;
+    ASSIGN_OR_RETURN(std::vector<ElementRun> src, RowMajorRuns(boxes[c], *common));
+    ASSIGN_OR_RETURN(std::vector<ElementRun> dst, RowMajorRuns(request.box, *common));
+    // Both lists walk `common` in row-major order but merge differently: split into pieces
+    // contiguous in both, then clip each to the flat range.
+    size_t i = 0, j = 0;
+    int64_t si = 0, dj = 0;  // elements consumed of src[i] and dst[j]
+    const size_t first_run = plan.runs.size();
+    while (i < src.size() && j < dst.size()) {
+      const int64_t n = std::min(src[i].count - si, dst[j].count - dj);
+      const int64_t s = src[i].start + si;
+      const int64_t d = dst[j].start + dj;
+      if (d >= end) break;  // dst positions only grow
+      const int64_t lo = std::max(d, begin);
+      const int64_t hi = std::min(d + n, end);
+      if (lo < hi) {
+        const uint64_t chunk_offset = static_cast<uint64_t>(s + (lo - d)) * esize;
+        const uint64_t dest_offset = static_cast<uint64_t>(lo - begin) * esize;
+        const uint64_t length = static_cast<uint64_t>(hi - lo) * esize;
+        ByteRun* last = plan.runs.size() > first_run ? &plan.runs.back() : nullptr;
+        if (last != nullptr && last->chunk_offset + last->length == chunk_offset &&
+            last->dest_offset + last->length == dest_offset) {
+          last->length += length;
+        } else {
+          plan.runs.push_back(
+              ByteRun{&tensor, &tensor.chunks(c), chunk_offset, length, dest_offset});
+        }
+      }
+      si += n;
+      dj += n;
+      if (si == src[i].count) ++i, si = 0;
+      if (dj == dst[j].count) ++j, dj = 0;
+    }
+  }
+
+  // The runs must fill the destination exactly once.
+  std::vector<std::pair<uint64_t, uint64_t>> spans;  // dest [begin, end)
+  spans.reserve(plan.runs.size());
+  for (const ByteRun& run : plan.runs) {
+    spans.emplace_back(run.dest_offset, run.dest_offset + run.length);
+  }
+  std::sort(spans.begin(), spans.end());
+  uint64_t filled = 0;
+  for (const auto& [from, to] : spans) {
+    if (from > filled) {
+      return CoverageError(dir_, request, begin + static_cast<int64_t>(filled / esize),
+                           "is in no chunk");
+    }
+    if (from < filled) {
+      return CoverageError(dir_, request, begin + static_cast<int64_t>(from / esize),
+                           "is in more than one chunk");
+    }
+    filled = to;
+  }
+  if (filled != request.dest_size) {
+    return CoverageError(dir_, request, begin + static_cast<int64_t>(filled / esize),
+                         "is in no chunk");
+  }
+  return plan;
+}
+
+absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::Plan(
+    absl::Span<const ReadRequest> requests) const {
+  std::vector<RequestPlan> plans;
+  plans.reserve(requests.size());
+  for (const ReadRequest& request : requests) {
+    ASSIGN_OR_RETURN(RequestPlan plan, PlanOne(request));
+    plans.push_back(std::move(plan));
+  }
+  return plans;
+}
+
+absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
+    absl::Span<const ReadRequest> requests, ReadStats* stats) const {
+  ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, Plan(requests));
+  std::vector<ReadResult> results(plans.size());
+
+  // Cut runs into work items: one per request, chunk and read window (max_read_bytes rounded
+  // down to whole blocks), so a large chunk is read by several threads in large reads.
+  std::vector<WorkItem> work;
+  absl::flat_hash_map<std::string, std::unique_ptr<ReadableFile>> files;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    results[i].state_absent = plans[i].state_absent;
+    char* dest = static_cast<char*>(requests[i].dest);
+    const v1::ChunkEntry* current_chunk = nullptr;
+    uint64_t current_window = 0;
+    for (const ByteRun& run : plans[i].runs) {
+      const uint64_t bs = run.chunk->block_size();
+      const uint64_t window = std::max<uint64_t>(1, options_.max_read_bytes / bs) * bs;
+      files.try_emplace(run.chunk->file());
+      for (uint64_t off = 0; off < run.length;) {
+        const uint64_t at = run.chunk_offset + off;
+        const uint64_t w = at / window;
+        const uint64_t len = std::min(run.length - off, (w + 1) * window - at);
+        if (work.empty() || run.chunk != current_chunk || w != current_window) {
+          work.push_back(WorkItem{dest, {}});
+          current_chunk = run.chunk;
+          current_window = w;
+        }
+        work.back().runs.push_back(ByteRun{run.tensor, run.chunk, at, len, run.dest_offset + off});
+        off += len;
+      }
+    }
+  }
+
+  for (auto& [name, file] : files) {
+    const std::string path = JoinPath(dir_, name);
+    absl::StatusOr<std::unique_ptr<ReadableFile>> opened = storage_->OpenForRead(path);
+    if (absl::IsNotFound(opened.status())) {
+      v1::ErrorDetail detail;
+      detail.set_code(v1::ERROR_CODE_IO_ERROR);
+      detail.set_path(path);
+      detail.set_message(absl::StrCat("data file ", path, " named by the manifest is missing"));
+      return MakeError(absl::StatusCode::kDataLoss, detail);
+    }
+    RETURN_IF_ERROR(opened.status());
+    file = *std::move(opened);
+  }
+
+  AtomicStats counters;
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first_error;
+  auto worker = [&] {
+    Bounce bounce;
+    for (size_t w = next.fetch_add(1); w < work.size() && !failed.load(); w = next.fetch_add(1)) {
+      ReadableFile& file = *files.at(work[w].runs.front().chunk->file());
+      absl::Status s = ServeWorkItem(work[w], file, bounce, counters);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = s;
+        failed.store(true);
+      }
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(work.size(), static_cast<size_t>(options_.parallelism));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+
+  if (stats != nullptr) {
+    stats->bytes_read = counters.bytes_read.load();
+    stats->bytes_copied = counters.bytes_copied.load();
+    stats->read_calls = counters.read_calls.load();
+    stats->blocks_verified = counters.blocks_verified.load();
+  }
+  RETURN_IF_ERROR(first_error);
+  return results;
+}
+
+}  // namespace tessera

@@ -1,0 +1,160 @@
+// CheckpointReader: loads regions of a committed checkpoint into caller memory, resharding on
+// the way — the layout being loaded into need not be the one that saved (DESIGN.md "Load and
+// resharding"). Used by the agent (loading into the trainer's shared-memory slots) and by the
+// CLI (export).
+//
+// A request names a tensor key, the dtype and global shape the caller expects, a box of the
+// tensor and optionally a flat range [begin, end) of that box flattened row-major (a
+// distributed optimizer's slice); the destination receives exactly those elements, row-major,
+// densely packed. For each request the reader intersects the box with every chunk of the
+// tensor (common/box.h Intersect), maps the intersection to element runs in the chunk and in
+// the request box (RowMajorRuns), pairs them up, clips them to the flat range and so obtains
+// byte runs {chunk, offset in chunk, length, destination offset} (Plan).
+//
+// Reading (Read) touches only the checksum blocks the runs overlap: per chunk, overlapping
+// blocks are grouped into spans of consecutive blocks, read with one ReadAt each (at most
+// max_read_bytes), verified against the manifest's XXH3 of every block, and only then copied
+// to the destination. A span that one run covers entirely is read straight into the
+// destination (the common case: whole chunks, row slices); otherwise it goes through a bounce
+// buffer. Cost of verifying: a run that covers part of a block still reads the whole block —
+// up to 2 x block_size extra bytes per span (4 MiB blocks by default), which matters only for
+// scattered small reads such as a narrow column slice of a row-major matrix, where each row
+// touches its own block.
+//
+// Destinations are host memory (or shared memory mapped by the caller); device copies are the
+// caller's next step.
+//
+// Lifecycle: Open reads and validates the manifest once; the reader then serves any number of
+// Plan/Read calls. Data files are opened per Read call. Thread-safety: all methods are const
+// and may run concurrently; the Storage must outlive the reader.
+#ifndef TESSERA_FORMAT_CHECKPOINT_READER_H_
+#define TESSERA_FORMAT_CHECKPOINT_READER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "agent/storage.h"
+#include "common/box.h"
+#include "tessera/v1/manifest.pb.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+
+// One region to load.
+struct ReadRequest {
+  // Tensor key (common/tensor_key.h TensorKey): fqn, "<fqn>#<state_key>" or "<fqn>#rank<R>".
+  std::string key;
+  // What the caller expects; must match the checkpoint's.
+  v1::DType dtype = v1::DTYPE_UNSPECIFIED;
+  std::vector<int64_t> global_shape;
+  // Region of the tensor, inside global_shape.
+  Box box;
+  // If set, only elements [begin, end) of `box` flattened row-major, 0 <= begin <= end <=
+  // volume(box).
+  std::optional<v1::FlatRange> flat_range;
+  // Receives the elements: exactly (number of elements) x dtype size bytes.
+  void* dest = nullptr;
+  uint64_t dest_size = 0;
+};
+
+// A contiguous piece of one chunk's body that lands contiguously in a request's destination.
+struct ByteRun {
+  const v1::TensorEntry* tensor = nullptr;  // points into the reader's manifest
+  const v1::ChunkEntry* chunk = nullptr;    // likewise
+  uint64_t chunk_offset = 0;  // bytes from the start of the chunk body
+  uint64_t length = 0;
+  uint64_t dest_offset = 0;  // bytes from the start of the request's destination
+
+  uint64_t file_offset() const { return chunk->offset() + chunk_offset; }
+};
+
+// How one request will be served.
+struct RequestPlan {
+  // True if the checkpoint records this optimizer state as absent (no rank had state when it
+  // was saved). There are no runs and the destination is left untouched.
+  bool state_absent = false;
+  // Grouped by chunk (in manifest order); within a chunk, by increasing chunk_offset.
+  // Together they fill the destination exactly once.
+  std::vector<ByteRun> runs;
+};
+
+// Per-request outcome of Read.
+struct ReadResult {
+  bool state_absent = false;  // as RequestPlan::state_absent; the destination is untouched
+};
+
+// What a Read did, for tests, metrics and benchmarks.
+struct ReadStats {
+  uint64_t bytes_read = 0;       // from data files, including whole blocks read for checksums
+  uint64_t bytes_copied = 0;     // into destinations (direct reads included)
+  uint64_t read_calls = 0;       // ReadAt calls
+  uint64_t blocks_verified = 0;  // checksum blocks hashed
+};
+
+struct CheckpointReaderOptions {
+  // Largest single ReadAt, rounded down to whole checksum blocks (at least one block).
+  // Default: 64 MiB.
+  uint64_t max_read_bytes = 64ull << 20;
+
+  // Chunks read concurrently by one Read call (each thread holds one bounce buffer of up to
+  // max_read_bytes). Default: 4.
+  int parallelism = 4;
+};
+
+class CheckpointReader {
+ public:
+  // Reads and validates dir/manifest.pb (format/manifest_io.h ReadManifest).
+  // Errors: InvalidArgument if options are invalid (max_read_bytes or parallelism < 1);
+  // as ReadManifest (NotFound + CHECKPOINT_NOT_FOUND, DataLoss).
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
+      Storage* storage, std::string dir, CheckpointReaderOptions options = {});
+
+  const v1::Manifest& manifest() const { return manifest_; }
+  const std::string& dir() const { return dir_; }
+
+  // The manifest entry of `key`, or nullptr.
+  const v1::TensorEntry* FindTensor(absl::string_view key) const;
+
+  // The byte runs that serve each request (one plan per request, in order). Reads nothing.
+  // Errors: InvalidArgument naming the request's key if it is malformed (unknown dtype, box
+  // not inside global_shape, bad flat range, dest_size not the element count x dtype size,
+  // null dest with a non-zero size), if the key is not in the checkpoint, or (with
+  // SHAPE_MISMATCH) if the checkpoint's dtype or global shape differs; DataLoss +
+  // INCOMPLETE_COVERAGE naming the key and a missing element if the chunks do not cover the
+  // requested region, or if chunks overlap within it.
+  absl::StatusOr<std::vector<RequestPlan>> Plan(absl::Span<const ReadRequest> requests) const;
+
+  // Plans, reads, verifies and copies every request. `stats`, if given, is filled in.
+  // Errors: as Plan; DataLoss + CHECKSUM_MISMATCH naming the tensor key, chunk box, file and
+  // block; DataLoss + IO_ERROR naming the file if a data file is missing or shorter than the
+  // manifest says; other I/O errors from the storage (agent/storage.h). On error,
+  // destinations hold unspecified bytes (possibly unverified ones).
+  absl::StatusOr<std::vector<ReadResult>> Read(absl::Span<const ReadRequest> requests,
+                                               ReadStats* stats = nullptr) const;
+
+ private:
+  CheckpointReader(Storage* storage, std::string dir, CheckpointReaderOptions options,
+                   v1::Manifest manifest);
+
+  absl::StatusOr<RequestPlan> PlanOne(const ReadRequest& request) const;
+
+  Storage* const storage_;
+  const std::string dir_;
+  const CheckpointReaderOptions options_;
+  const v1::Manifest manifest_;
+  // Index into manifest_.tensors() by key; chunk boxes converted once, parallel to it.
+  absl::flat_hash_map<std::string, int> index_;
+  std::vector<std::vector<Box>> chunk_boxes_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_FORMAT_CHECKPOINT_READER_H_

@@ -1,0 +1,459 @@
+#include "format/checkpoint_reader.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/storage.h"
+#include "common/box.h"
+#include "common/status.h"
+#include "format/manifest_io.h"
+#include "format/test_checkpoint.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::HasSubstr;
+using testing_checkpoint::DataFileName;
+using testing_checkpoint::GridChunks;
+using testing_checkpoint::MakeTempDir;
+using testing_checkpoint::RandomTensor;
+using testing_checkpoint::Reference;
+using testing_checkpoint::TestChunk;
+using testing_checkpoint::TestTensor;
+
+// Overwrites one byte of a file in place (Storage::OpenForWrite would truncate it).
+void FlipByte(const std::string& path, uint64_t offset) {
+  int fd = open(path.c_str(), O_RDWR);
+  ASSERT_GE(fd, 0);
+  char c = 0;
+  ASSERT_EQ(pread(fd, &c, 1, offset), 1);
+  c = static_cast<char>(c ^ 0x5a);
+  ASSERT_EQ(pwrite(fd, &c, 1, offset), 1);
+  close(fd);
+}
+
+Box MakeBox(std::vector<int64_t> offsets, std::vector<int64_t> lengths) {
+  return Box{std::move(offsets), std::move(lengths)};
+}
+
+v1::FlatRange Range(int64_t begin, int64_t end) {
+  v1::FlatRange r;
+  r.set_begin(begin);
+  r.set_end(end);
+  return r;
+}
+
+// A checkpoint saved with a PP2 x TP2 style layout: every 2-d weight cut into a 2 x 2 grid
+// with one piece per rank file, plus optimizer state gathered per row block, a 3-d tensor, a
+// replicated norm, a scalar, an extra and an absent optimizer state.
+class CheckpointReaderTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = MakeTempDir("checkpoint_reader_test");
+    ASSERT_FALSE(dir_.empty());
+
+    TestTensor wq = RandomTensor("layers.0.attn.wq", v1::DTYPE_F32, {8, 12}, 11);
+    wq.chunks = GridChunks(wq.shape, {2, 2}, 4);
+    TestTensor exp_avg = RandomTensor("layers.0.attn.wq", v1::DTYPE_F32, {8, 12}, 12);
+    exp_avg.kind = v1::SHARD_KIND_OPTIMIZER;
+    exp_avg.state_key = "exp_avg";
+    exp_avg.chunks = GridChunks(exp_avg.shape, {2, 1}, 2);
+    TestTensor mlp = RandomTensor("layers.1.mlp.w", v1::DTYPE_BF16, {4, 6, 10}, 13);
+    mlp.chunks = GridChunks(mlp.shape, {1, 2, 2}, 4);
+    TestTensor norm = RandomTensor("norm.weight", v1::DTYPE_F32, {12}, 14);
+    norm.chunks = {TestChunk{FullBox(norm.shape), 0}};
+    TestTensor scalar = RandomTensor("step", v1::DTYPE_I64, {}, 15);
+    scalar.chunks = {TestChunk{Box{}, 1}};
+    TestTensor extra = RandomTensor("rng", v1::DTYPE_U8, {20}, 16);
+    extra.kind = v1::SHARD_KIND_EXTRA;
+    extra.rank = 3;
+    extra.chunks = {TestChunk{FullBox(extra.shape), 3}};
+    TestTensor absent;
+    absent.kind = v1::SHARD_KIND_OPTIMIZER;
+    absent.fqn = "layers.1.mlp.w";
+    absent.state_key = "exp_avg";
+    absent.dtype = v1::DTYPE_BF16;
+    absent.shape = {4, 6, 10};
+    absent.state_absent = true;
+    tensors_ = {wq, exp_avg, mlp, norm, scalar, extra, absent};
+
+    absl::StatusOr<v1::Manifest> m = testing_checkpoint::WriteTestCheckpoint(storage_, dir_, tensors_);
+    ASSERT_TRUE(m.ok()) << m.status();
+    manifest_ = *m;
+  }
+
+  std::unique_ptr<CheckpointReader> Open(CheckpointReaderOptions options = {}) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::Open(&storage_, dir_, options);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    return reader.ok() ? *std::move(reader) : nullptr;
+  }
+
+  const TestTensor& Tensor(const std::string& key) {
+    for (const TestTensor& t : tensors_) {
+      if (t.key() == key) return t;
+    }
+    ADD_FAILURE() << key;
+    return tensors_[0];
+  }
+
+  // A request for `box` (and flat range) of `key` into `*dest`, sized to fit.
+  ReadRequest Request(const std::string& key, Box box, std::string* dest,
+                      std::optional<v1::FlatRange> range = std::nullopt) {
+    const TestTensor& t = Tensor(key);
+    *dest = std::string(Reference(t, box, range).size(), '\x77');
+    ReadRequest r;
+    r.key = key;
+    r.dtype = t.dtype;
+    r.global_shape = t.shape;
+    r.box = std::move(box);
+    r.flat_range = range;
+    r.dest = dest->data();
+    r.dest_size = dest->size();
+    return r;
+  }
+
+  // Reads one region and compares it with the brute-force reference.
+  void ExpectReadMatches(CheckpointReader& reader, const std::string& key, const Box& box,
+                         std::optional<v1::FlatRange> range = std::nullopt) {
+    SCOPED_TRACE(absl::StrCat(key, " ", BoxToString(box),
+                              range ? absl::StrCat(" flat [", range->begin(), ", ", range->end(), ")")
+                                    : ""));
+    std::string got;
+    ReadRequest r = Request(key, box, &got, range);
+    absl::StatusOr<std::vector<ReadResult>> results = reader.Read({r});
+    ASSERT_TRUE(results.ok()) << results.status();
+    EXPECT_FALSE((*results)[0].state_absent);
+    EXPECT_EQ(got, Reference(Tensor(key), box, range));
+  }
+
+  // Rewrites the manifest after `mutate`, keeping total_bytes consistent.
+  void RewriteManifest(const std::function<void(v1::Manifest&)>& mutate) {
+    v1::Manifest m = manifest_;
+    mutate(m);
+    uint64_t total = 0;
+    for (const v1::TensorEntry& t : m.tensors()) {
+      for (const v1::ChunkEntry& c : t.chunks()) total += c.nbytes();
+    }
+    m.set_total_bytes(total);
+    ASSERT_TRUE(WriteManifest(storage_, dir_, m).ok());
+  }
+
+  PosixStorage storage_;
+  std::string dir_;
+  std::vector<TestTensor> tensors_;
+  v1::Manifest manifest_;
+};
+
+TEST_F(CheckpointReaderTest, Read_WholeTensors_MatchSavedBytes) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  for (const TestTensor& t : tensors_) {
+    if (t.state_absent) continue;
+    ExpectReadMatches(*reader, t.key(), FullBox(t.shape));
+  }
+}
+
+TEST_F(CheckpointReaderTest, Read_ReshardedBoxes_MatchReference) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  // Row slice crossing the row-chunk boundary at 4 (e.g. loading on PP1 x TP4 along rows).
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({2, 0}, {3, 12}));
+  // Column slice crossing the column-chunk boundary at 6.
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 5}, {8, 4}));
+  // TP4 column shard of a TP2-saved tensor.
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 9}, {8, 3}));
+  // A 3-d sub-box crossing chunk boundaries on two axes.
+  ExpectReadMatches(*reader, "layers.1.mlp.w", MakeBox({1, 2, 3}, {2, 3, 6}));
+  // A flat range of a box crossing chunk boundaries (a distributed optimizer's slice).
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 4}, {8, 8}), Range(10, 50));
+  ExpectReadMatches(*reader, "layers.0.attn.wq#exp_avg", MakeBox({2, 0}, {6, 12}),
+                    Range(7, 61));
+  ExpectReadMatches(*reader, "layers.1.mlp.w", MakeBox({0, 1, 2}, {4, 5, 7}), Range(33, 100));
+  // Empty flat range and empty box: nothing to read.
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 4}, {8, 8}), Range(5, 5));
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({3, 4}, {0, 8}));
+}
+
+TEST_F(CheckpointReaderTest, Read_RandomRegions_MatchReference) {
+  std::mt19937_64 gen(2024);
+  auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
+    return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
+  };
+  for (const CheckpointReaderOptions& options :
+       {CheckpointReaderOptions{64, 1}, CheckpointReaderOptions{128, 3},
+        CheckpointReaderOptions{1 << 20, 4}}) {
+    std::unique_ptr<CheckpointReader> reader = Open(options);
+    ASSERT_NE(reader, nullptr);
+    for (int iter = 0; iter < 150; ++iter) {
+      const std::string key = iter % 3 == 0   ? "layers.1.mlp.w"
+                              : iter % 3 == 1 ? "layers.0.attn.wq"
+                                              : "layers.0.attn.wq#exp_avg";
+      const TestTensor& t = Tensor(key);
+      Box box;
+      for (int64_t dim : t.shape) {
+        const int64_t off = uniform(0, dim - 1);
+        box.offsets.push_back(off);
+        box.lengths.push_back(uniform(1, dim - off));
+      }
+      std::optional<v1::FlatRange> range;
+      if (iter % 2 == 1) {
+        const int64_t volume = *Volume(box);
+        const int64_t begin = uniform(0, volume);
+        range = Range(begin, uniform(begin, volume));
+      }
+      ExpectReadMatches(*reader, key, box, range);
+    }
+  }
+}
+
+TEST_F(CheckpointReaderTest, Read_SeveralRequestsAtOnce_EachFilled) {
+  std::unique_ptr<CheckpointReader> reader = Open(CheckpointReaderOptions{64, 3});
+  ASSERT_NE(reader, nullptr);
+  std::string a, b, c, d, e;
+  std::vector<ReadRequest> requests = {
+      Request("layers.0.attn.wq", MakeBox({0, 0}, {4, 12}), &a),
+      Request("layers.0.attn.wq", MakeBox({4, 0}, {4, 12}), &b),  // same chunks, other rows
+      Request("norm.weight", MakeBox({3}, {5}), &c),
+      Request("step", Box{}, &d),
+      Request("rng#rank3", MakeBox({0}, {20}), &e),
+  };
+  absl::StatusOr<std::vector<ReadResult>> results = reader->Read(requests);
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(a, Reference(Tensor("layers.0.attn.wq"), requests[0].box));
+  EXPECT_EQ(b, Reference(Tensor("layers.0.attn.wq"), requests[1].box));
+  EXPECT_EQ(c, Reference(Tensor("norm.weight"), requests[2].box));
+  EXPECT_EQ(d, Tensor("step").data);
+  EXPECT_EQ(e, Tensor("rng#rank3").data);
+}
+
+TEST_F(CheckpointReaderTest, Plan_RowSlice_RunsFromBothRowChunks) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  // Rows 3..4 of the 8 x 12 F32 tensor saved as 4 x 6 chunks: row 3 from the top two chunks,
+  // row 4 from the bottom two; each chunk contributes one 24-byte run.
+  absl::StatusOr<std::vector<RequestPlan>> plans =
+      reader->Plan({Request("layers.0.attn.wq", MakeBox({3, 0}, {2, 12}), &dest)});
+  ASSERT_TRUE(plans.ok()) << plans.status();
+  const std::vector<ByteRun>& runs = (*plans)[0].runs;
+  ASSERT_EQ(runs.size(), 4u);
+  const v1::TensorEntry& tensor = manifest_.tensors(0);
+  struct Want {
+    int chunk;
+    uint64_t chunk_offset, dest_offset;
+  } want[] = {{0, 3 * 24, 0}, {1, 3 * 24, 24}, {2, 0, 48}, {3, 0, 72}};
+  for (int i = 0; i < 4; ++i) {
+    SCOPED_TRACE(i);
+    EXPECT_EQ(runs[i].chunk->file(), tensor.chunks(want[i].chunk).file());
+    EXPECT_EQ(runs[i].chunk_offset, want[i].chunk_offset);
+    EXPECT_EQ(runs[i].length, 24u);
+    EXPECT_EQ(runs[i].dest_offset, want[i].dest_offset);
+    EXPECT_EQ(runs[i].file_offset(), tensor.chunks(want[i].chunk).offset() + want[i].chunk_offset);
+  }
+}
+
+TEST_F(CheckpointReaderTest, Read_StateAbsent_FlagSetAndDestinationUntouched) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  ReadRequest r = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  std::string absent_dest(4 * 6 * 10 * 2, '\x77');
+  ReadRequest absent;
+  absent.key = "layers.1.mlp.w#exp_avg";
+  absent.dtype = v1::DTYPE_BF16;
+  absent.global_shape = {4, 6, 10};
+  absent.box = FullBox(absent.global_shape);
+  absent.dest = absent_dest.data();
+  absent.dest_size = absent_dest.size();
+  absl::StatusOr<std::vector<ReadResult>> results = reader->Read({absent, r});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_TRUE((*results)[0].state_absent);
+  EXPECT_FALSE((*results)[1].state_absent);
+  EXPECT_EQ(absent_dest, std::string(absent_dest.size(), '\x77'));
+}
+
+TEST_F(CheckpointReaderTest, Read_BadRequests_InvalidArgumentNamingKey) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+
+  ReadRequest unknown = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  unknown.key = "layers.9.attn.wq";
+  absl::Status s = reader->Read({unknown}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("layers.9.attn.wq"));
+
+  ReadRequest shape = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  shape.global_shape = {8, 24};
+  s = reader->Read({shape}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_SHAPE_MISMATCH);
+  EXPECT_THAT(s.message(), HasSubstr("layers.0.attn.wq"));
+  EXPECT_THAT(s.message(), HasSubstr("[8, 12]"));
+
+  ReadRequest dtype = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  dtype.dtype = v1::DTYPE_I32;  // same size, different type
+  s = reader->Read({dtype}).status();
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_SHAPE_MISMATCH);
+
+  ReadRequest outside = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  outside.box = MakeBox({7, 0}, {2, 1});
+  EXPECT_EQ(reader->Read({outside}).status().code(), absl::StatusCode::kInvalidArgument);
+
+  ReadRequest size = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  size.dest_size = 8;
+  s = reader->Read({size}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.message(), HasSubstr("destination holds 8 bytes"));
+
+  ReadRequest range = Request("layers.0.attn.wq", MakeBox({0, 0}, {2, 2}), &dest);
+  range.flat_range = Range(2, 5);
+  EXPECT_EQ(reader->Read({range}).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CheckpointReaderTest, Read_FlippedByte_ChecksumMismatchNamingTensorChunkFileBlock) {
+  // Chunk 1 of wq: rows 0..3, columns 6..11, 96 bytes in blocks of 64: flip a byte of block 1.
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
+  ASSERT_EQ(chunk.block_xxh3_size(), 2);
+  FlipByte(JoinPath(dir_, chunk.file()), chunk.offset() + 70);
+
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  absl::Status s =
+      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &dest)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_CHECKSUM_MISMATCH);
+  EXPECT_THAT(s.message(), HasSubstr("\"layers.0.attn.wq\""));
+  EXPECT_THAT(s.message(), HasSubstr("[0:4, 6:12]"));
+  EXPECT_THAT(s.message(), HasSubstr(chunk.file()));
+  EXPECT_THAT(s.message(), HasSubstr("block 1"));
+  std::optional<v1::ErrorDetail> detail = GetErrorDetail(s);
+  ASSERT_TRUE(detail.has_value());
+  EXPECT_EQ(detail->path(), JoinPath(dir_, chunk.file()));
+  EXPECT_THAT(detail->fqns(), ::testing::ElementsAre("layers.0.attn.wq"));
+  EXPECT_EQ(BoxFromProto(detail->region()), MakeBox({0, 6}, {4, 6}));
+
+  // Rows 0..1 of that chunk lie in block 0 only: verified and served.
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 6}, {2, 6}));
+}
+
+TEST_F(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
+  // Drop the chunk holding wq rows 4..7, columns 0..5.
+  RewriteManifest([](v1::Manifest& m) {
+    m.mutable_tensors(0)->mutable_chunks()->DeleteSubrange(2, 1);
+  });
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  absl::Status s =
+      reader->Read({Request("layers.0.attn.wq", MakeBox({3, 2}, {3, 4}), &dest)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_INCOMPLETE_COVERAGE);
+  EXPECT_THAT(s.message(), HasSubstr("layers.0.attn.wq"));
+  EXPECT_THAT(s.message(), HasSubstr("element [4, 2] is in no chunk"));
+  // Regions the remaining chunks cover still load.
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 0}, {4, 12}));
+  ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({4, 6}, {4, 6}));
+}
+
+TEST_F(CheckpointReaderTest, Read_OverlappingChunks_DataLoss) {
+  RewriteManifest([](v1::Manifest& m) {
+    *m.mutable_tensors(0)->add_chunks() = m.tensors(0).chunks(0);
+  });
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  absl::Status s = reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &dest)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr("more than one chunk"));
+}
+
+TEST_F(CheckpointReaderTest, Read_TruncatedFile_DataLossNamingFile) {
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(3);
+  const std::string path = JoinPath(dir_, chunk.file());
+  ASSERT_EQ(truncate(path.c_str(), chunk.offset() + 10), 0);
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  absl::Status s = reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &dest)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr(path));
+  EXPECT_THAT(s.message(), HasSubstr("shorter than the manifest"));
+  EXPECT_EQ(GetErrorDetail(s)->path(), path);
+}
+
+TEST_F(CheckpointReaderTest, Read_MissingFile_DataLossNamingFile) {
+  ASSERT_TRUE(storage_.RemoveTree(JoinPath(dir_, DataFileName(2))).ok());
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest;
+  absl::Status s = reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &dest)}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_THAT(s.message(), HasSubstr(DataFileName(2)));
+  // Tensors without chunks in that file still load.
+  ExpectReadMatches(*reader, "norm.weight", FullBox({12}));
+}
+
+TEST_F(CheckpointReaderTest, Open_NoManifest_NotFound) {
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(&storage_, JoinPath(dir_, "missing"));
+  EXPECT_EQ(GetErrorCode(reader.status()), v1::ERROR_CODE_CHECKPOINT_NOT_FOUND);
+}
+
+// Block-level accounting on a 64 x 16 F32 tensor in one chunk, one 64-byte block per row.
+TEST(CheckpointReaderIoTest, Read_PartOfChunk_ReadsOnlyTouchedBlocks) {
+  PosixStorage storage;
+  const std::string dir = MakeTempDir("checkpoint_reader_io_test");
+  TestTensor t = RandomTensor("big", v1::DTYPE_F32, {64, 16}, 7);
+  t.chunks = {TestChunk{FullBox(t.shape), 0}};
+  ASSERT_TRUE(testing_checkpoint::WriteTestCheckpoint(storage, dir, {t}).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(&storage, dir, CheckpointReaderOptions{256, 1});
+  ASSERT_TRUE(reader.ok()) << reader.status();
+
+  auto read = [&](Box box, std::optional<v1::FlatRange> range) {
+    std::string dest(Reference(t, box, range).size(), '\0');
+    ReadRequest r{"big", v1::DTYPE_F32, t.shape, box, range, dest.data(), dest.size()};
+    ReadStats stats;
+    EXPECT_TRUE((*reader)->Read({r}, &stats).ok());
+    EXPECT_EQ(dest, Reference(t, box, range));
+    return stats;
+  };
+  // One whole row: one block, read straight into the destination.
+  ReadStats stats = read(MakeBox({10, 0}, {1, 16}), std::nullopt);
+  EXPECT_EQ(stats.bytes_read, 64u);
+  EXPECT_EQ(stats.blocks_verified, 1u);
+  EXPECT_EQ(stats.read_calls, 1u);
+  // Four elements of a row: the whole block is read and verified, 16 bytes copied.
+  stats = read(MakeBox({10, 4}, {1, 4}), std::nullopt);
+  EXPECT_EQ(stats.bytes_read, 64u);
+  EXPECT_EQ(stats.bytes_copied, 16u);
+  // Rows 8..19: 12 blocks, in reads of at most 256 bytes aligned to 256-byte windows.
+  stats = read(MakeBox({8, 0}, {12, 16}), std::nullopt);
+  EXPECT_EQ(stats.bytes_read, 12u * 64);
+  EXPECT_EQ(stats.read_calls, 3u);
+  // A flat range of the whole tensor covering the end of row 60 and all of row 61.
+  stats = read(FullBox(t.shape), Range(60 * 16 + 3, 62 * 16));
+  EXPECT_EQ(stats.bytes_read, 2u * 64);
+  EXPECT_EQ(stats.bytes_copied, (2u * 16 - 3) * 4);
+  // An empty flat range reads nothing.
+  stats = read(FullBox(t.shape), v1::FlatRange());
+  EXPECT_EQ(stats.bytes_read, 0u);
+  // A column touches every row's block.
+  stats = read(MakeBox({0, 3}, {64, 1}), std::nullopt);
+  EXPECT_EQ(stats.bytes_read, 64u * 64);
+  EXPECT_EQ(stats.bytes_copied, 64u * 4);
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,63 @@
+// CommandStreams: the gRPC side of the Coordinator.Commands RPC and the CommandSink the
+// SessionManager emits commands into.
+//
+// Each connected agent has one server-streaming reactor. Send() queues a command for
+// (job, rank) and starts a write if none is in flight; it never blocks. A command for an
+// agent that is not connected is dropped: when the agent (re)connects, Open() replays the
+// SessionManager's current command for it, which is all it needs to resume (commands are
+// idempotent on the agent side). A newer stream for the same (job, rank) replaces the older
+// one, which is finished with UNAVAILABLE.
+//
+// Thread-safety: all methods are safe for concurrent use; reactor callbacks run on gRPC's
+// threads and take only this object's mutex, briefly.
+#ifndef TESSERA_SERVER_COMMAND_STREAMS_H_
+#define TESSERA_SERVER_COMMAND_STREAMS_H_
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "grpcpp/grpcpp.h"
+#include "server/session_manager.h"
+#include "tessera/v1/coordinator.grpc.pb.h"
+
+namespace tessera {
+
+class CommandStreams : public CommandSink {
+ public:
+  CommandStreams() = default;
+  ~CommandStreams() override;
+
+  // Starts a stream for (job, rank), replaying `initial` first if set. The reactor deletes
+  // itself when the RPC is done.
+  grpc::ServerWriteReactor<v1::Command>* Open(const std::string& job_id, uint32_t rank,
+                                              std::optional<v1::Command> initial)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  void Send(const std::string& job_id, uint32_t rank, const v1::Command& command) override
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Finishes every open stream with UNAVAILABLE (coordinator shutting down).
+  void CloseAll() ABSL_LOCKS_EXCLUDED(mu_);
+
+  size_t open_streams() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  class Reactor;
+  using Key = std::pair<std::string, uint32_t>;
+
+  void Detach(const Key& key, Reactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
+
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<Key, Reactor*> streams_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_COMMAND_STREAMS_H_

@@ -1,0 +1,1257 @@
+#include "server/planner.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iterator>
+#include <optional>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/hash/hash.h"
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/types/span.h"
+#include "common/box.h"
+#include "common/checksum.h"
+#include "common/dtype.h"
+#include "common/status.h"
+#include "common/tensor_key.h"
+#include "server/plan_tiling.h"
+#include "server/plan_wire.h"
+
+namespace tessera {
+namespace {
+
+using Int64s = google::protobuf::RepeatedField<int64_t>;
+
+// Most axes a tensor may have (MALFORMED_SHARD beyond).
+constexpr size_t kMaxTensorRank = 64;
+
+absl::Span<const int64_t> SpanOf(const Int64s& field) {
+  return absl::Span<const int64_t>(field.data(), field.size());
+}
+
+std::string BoxString(const v1::Box& box) { return BoxToString(BoxFromProto(box)); }
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+
+std::string RankName(const MeshLayout& layout, uint32_t rank) {
+  return absl::StrCat("rank ", rank, " (", layout.CoordString(rank), ")");
+}
+
+// "{dp, tp}" for a replicated_over mask.
+std::string MaskString(const MeshLayout& layout, uint64_t mask) {
+  std::vector<std::string> names;
+  for (size_t i = 0; i < layout.dim_count(); ++i) {
+    if ((mask >> i) & 1) names.push_back(layout.dim_name(i));
+  }
+  return absl::StrCat("{", absl::StrJoin(names, ", "), "}");
+}
+
+// Names of the dims on which two ranks' coordinates differ.
+std::string DifferingDims(const MeshLayout& layout, uint32_t a, uint32_t b) {
+  std::vector<uint32_t> ca = layout.Coords(a), cb = layout.Coords(b);
+  std::vector<std::string> names;
+  for (size_t i = 0; i < ca.size(); ++i) {
+    if (ca[i] != cb[i]) names.push_back(layout.dim_name(i));
+  }
+  return absl::StrJoin(names, ", ");
+}
+
+// A name fit for a message and for ErrorDetail's string fields even if it is not valid UTF-8.
+std::string Printable(absl::string_view name) {
+  return ValidateName(name).ok() ? std::string(name) : absl::CHexEscape(name);
+}
+
+// Collects an ErrorDetail; Build() makes the InvalidArgument status every planning error is.
+class PlanError {
+ public:
+  PlanError(const MeshLayout& layout, v1::ErrorCode code) : layout_(layout) {
+    detail_.set_code(code);
+  }
+  PlanError& Fqn(absl::string_view fqn) {
+    std::string printable = Printable(fqn);
+    for (const std::string& f : detail_.fqns()) {
+      if (f == printable) return *this;
+    }
+    detail_.add_fqns(std::move(printable));
+    return *this;
+  }
+  PlanError& Rank(uint32_t rank) {
+    for (const v1::RankRef& r : detail_.ranks()) {
+      if (r.rank() == rank) return *this;
+    }
+    v1::RankRef* ref = detail_.add_ranks();
+    ref->set_rank(rank);
+    if (rank < layout_.world_size()) ref->set_coords(layout_.CoordString(rank));
+    return *this;
+  }
+  PlanError& Region(const v1::Box& region) {
+    *detail_.mutable_region() = region;
+    return *this;
+  }
+  PlanError& StateKey(absl::string_view state_key) {
+    detail_.set_state_key(Printable(state_key));
+    return *this;
+  }
+  absl::Status Build(std::string message) {
+    detail_.set_message(std::move(message));
+    return MakeError(absl::StatusCode::kInvalidArgument, detail_);
+  }
+
+ private:
+  const MeshLayout& layout_;
+  v1::ErrorDetail detail_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Pieces and keys
+
+// One ShardDesc of one rank, validated, with what the rules need precomputed.
+struct Piece {
+  const v1::ShardDesc* shard;
+  // shard->box()'s coordinates, cached so that sorting and tiling never chase the shard.
+  const int64_t* offsets;
+  const int64_t* lengths;
+  uint64_t mask;  // replicated_over as a DimMask
+  int64_t begin;  // flat range within the box; [0, box volume) when !ranged
+  int64_t end;
+  uint32_t rank;
+  int32_t local;     // index in the rank's local plan
+  uint32_t key;      // index into Planner::keys_
+  uint8_t box_rank;  // <= kMaxTensorRank
+  uint8_t dtype;     // a v1::DType
+  bool ranged;
+  bool shape_differs;  // dtype or global shape differs from the key's first claim
+
+  // Elements this rank holds (the flat range's if it has one).
+  int64_t elements() const { return end - begin; }
+  BoxView box() const { return BoxView{{offsets, box_rank}, {lengths, box_rank}}; }
+  v1::DType dtype_enum() const { return static_cast<v1::DType>(dtype); }
+};
+
+// -1, 0, 1 like memcmp: lexicographic by offsets, then lengths (Box::operator<'s order).
+// Pieces of one key have equal box ranks (checked before any sort).
+int CompareBoxes(const Piece& a, const Piece& b) {
+  for (int i = 0; i < a.box_rank; ++i) {
+    if (a.offsets[i] != b.offsets[i]) return a.offsets[i] < b.offsets[i] ? -1 : 1;
+  }
+  for (int i = 0; i < a.box_rank; ++i) {
+    if (a.lengths[i] != b.lengths[i]) return a.lengths[i] < b.lengths[i] ? -1 : 1;
+  }
+  return 0;
+}
+
+// What identifies a tensor key, without building the key string for every piece.
+struct KeyRef {
+  absl::string_view fqn;
+  absl::string_view state_key;
+  v1::ShardKind kind;
+  bool absent;          // optimizer state declared absent: key "<fqn>#"
+  uint32_t extra_rank;  // SHARD_KIND_EXTRA: the owning rank
+
+  bool operator==(const KeyRef& o) const {
+    return fqn == o.fqn && state_key == o.state_key && kind == o.kind && absent == o.absent &&
+           extra_rank == o.extra_rank;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const KeyRef& k) {
+    return H::combine(std::move(h), k.fqn, k.state_key, static_cast<int>(k.kind), k.absent,
+                      k.extra_rank);
+  }
+};
+
+struct KeyInfo {
+  KeyRef ref;
+  std::string name;    // TensorKey()
+  uint32_t begin = 0;  // pieces of the key: Planner::pieces_[begin, end)
+  uint32_t end = 0;
+  v1::DType dtype;             // of the first claim, in (rank, shard) order
+  std::vector<int64_t> shape;  // ditto
+};
+
+// A distinct chunk: one box of one key, written once.
+struct Chunk {
+  uint32_t key;
+  uint32_t begin, end;  // its pieces: Planner::pieces_[begin, end), sorted by (range, rank)
+  uint64_t nbytes;
+  uint32_t writer = 0;                          // the writer, or the DP leader of a gathered box
+  bool gathered;                                // the pieces are flat ranges of the box
+  uint32_t sources_begin = 0, sources_end = 0;  // Planner::sources_[begin, end)
+};
+
+// ValidateBoxInShape's test without copying the box out of the proto (a million shards).
+bool BoxFitsShape(const v1::ShardDesc& s) {
+  const int rank = s.global_shape_size();
+  if (s.box().offsets_size() != rank || s.box().lengths_size() != rank) return false;
+  if (!CheckedVolume(SpanOf(s.global_shape())).ok()) return false;
+  for (int d = 0; d < rank; ++d) {
+    const int64_t off = s.box().offsets(d), len = s.box().lengths(d), dim = s.global_shape(d);
+    if (off < 0 || len < 0 || off > dim || len > dim - off) return false;
+  }
+  return true;
+}
+
+// Rule 1: one shard is well formed. Fills `piece` (but its key).
+absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t index,
+                           const v1::ShardDesc& s, Piece* piece) {
+  auto malformed = [&](absl::string_view why) {
+    PlanError error(layout, v1::ERROR_CODE_MALFORMED_SHARD);
+    error.Fqn(s.fqn()).Rank(rank);
+    if (!s.state_key().empty()) error.StateKey(s.state_key());
+    return error.Build(absl::StrCat("Shard ", index, " (\"", Printable(s.fqn()), "\") of ",
+                                    RankName(layout, rank), " is malformed: ", why,
+                                    "; fix how this rank describes its tensors."));
+  };
+  if (absl::Status st = ValidateName(s.fqn()); !st.ok()) {
+    return malformed(absl::StrCat("bad fqn: ", st.message()));
+  }
+  if (s.kind() == v1::SHARD_KIND_UNSPECIFIED || !v1::ShardKind_IsValid(s.kind())) {
+    return malformed(absl::StrCat("kind ", static_cast<int>(s.kind()), " is not a shard kind"));
+  }
+  if (!IsKnownDType(s.dtype())) {
+    return malformed(absl::StrCat("dtype ", static_cast<int>(s.dtype()), " is not known"));
+  }
+  if (!BoxFitsShape(s)) {  // ValidateBoxInShape says what is wrong
+    absl::Status st = ValidateBoxInShape(BoxFromProto(s.box()), SpanOf(s.global_shape()));
+    return malformed(st.ok() ? "box does not fit the tensor" : st.message());
+  }
+  absl::StatusOr<int64_t> box_volume = CheckedVolume(SpanOf(s.box().lengths()));
+  if (!box_volume.ok()) return malformed(box_volume.status().message());
+
+  if (s.global_shape_size() > static_cast<int>(kMaxTensorRank)) {
+    return malformed(absl::StrCat("the tensor has ", s.global_shape_size(), " axes; at most ",
+                                  kMaxTensorRank, " are supported"));
+  }
+  piece->shard = &s;
+  piece->offsets = s.box().offsets().data();
+  piece->lengths = s.box().lengths().data();
+  piece->box_rank = static_cast<uint8_t>(s.global_shape_size());
+  piece->dtype = static_cast<uint8_t>(s.dtype());
+  piece->shape_differs = false;
+  piece->rank = rank;
+  piece->local = index;
+  piece->ranged = s.has_flat_range();
+  piece->begin = 0;
+  piece->end = *box_volume;
+  if (piece->ranged) {
+    const int64_t begin = s.flat_range().begin(), end = s.flat_range().end();
+    if (begin < 0 || begin > end || end > *box_volume) {
+      return malformed(absl::StrCat("flat range [", begin, ", ", end, ") is not within the ",
+                                    *box_volume, " elements of box ", BoxString(s.box())));
+    }
+    piece->begin = begin;
+    piece->end = end;
+  }
+
+  const bool optimizer = s.kind() == v1::SHARD_KIND_OPTIMIZER;
+  if (!optimizer && (s.state_absent() || !s.state_key().empty())) {
+    return malformed("only optimizer shards have a state_key or state_absent");
+  }
+  if (optimizer) {
+    if (s.state_absent() && !s.state_key().empty()) {
+      return malformed("state_absent shards must have an empty state_key");
+    }
+    if (!s.state_absent()) {
+      if (absl::Status st = ValidateName(s.state_key()); !st.ok()) {
+        return malformed(absl::StrCat("bad state_key: ", st.message()));
+      }
+    }
+  }
+  if (s.kind() == v1::SHARD_KIND_EXTRA) {
+    if (s.dtype() != v1::DTYPE_U8 || s.global_shape_size() != 1 || s.box().offsets(0) != 0 ||
+        s.box().lengths(0) != s.global_shape(0) || piece->ranged) {
+      return malformed("extra shards must be U8, 1-d, and hold their whole tensor (no flat range)");
+    }
+  }
+
+  uint64_t expected = 0;
+  if (!s.state_absent() && __builtin_mul_overflow(static_cast<uint64_t>(piece->elements()),
+                                                  DTypeSize(s.dtype()), &expected)) {
+    return malformed("its byte size overflows");
+  }
+  if (s.nbytes() != expected) {
+    return malformed(absl::StrCat("nbytes is ", s.nbytes(), " but ",
+                                  s.state_absent()
+                                      ? "absent state stages nothing (0)"
+                                      : absl::StrCat(piece->elements(), " ", DTypeName(s.dtype()),
+                                                     " elements are ", expected)));
+  }
+
+  piece->mask = 0;
+  if (s.kind() != v1::SHARD_KIND_EXTRA) {  // extras belong to their rank; the field is ignored
+    for (const std::string& dim : s.replicated_over()) {
+      std::optional<size_t> i = layout.DimIndex(dim);
+      if (!i.has_value()) {
+        std::vector<std::string> dims(s.replicated_over().begin(), s.replicated_over().end());
+        return malformed(
+            absl::StrCat("replicated_over: ", layout.DimMask(dims).status().message()));
+      }
+      piece->mask |= uint64_t{1} << *i;
+    }
+  }
+  return absl::OkStatus();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fingerprint
+
+// FingerprintPlans hashes plans of at least this many shards on several threads.
+constexpr size_t kParallelFingerprintShards = 1 << 16;
+constexpr size_t kMaxFingerprintThreads = 8;
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
+              "the canonical plan encoding writes integers in host order");
+
+// Encodes a shard into a buffer that is hashed in large pieces: one bounds check per shard
+// and one hash update per kBufferBytes, not one call per field.
+class CanonicalEncoder {
+ public:
+  explicit CanonicalEncoder(StreamingHasher* hasher) : hasher_(hasher), buffer_(kBufferBytes) {}
+
+  void Str(absl::string_view s) {
+    Reserve(4 + s.size());
+    PutStr(s);
+  }
+  void U32(uint32_t v) {
+    Reserve(4);
+    Put(&v, 4);
+  }
+  void U64(uint64_t v) {
+    Reserve(8);
+    Put(&v, 8);
+  }
+  void Shard(const v1::ShardDesc& s) {
+    size_t need = 64 + s.fqn().size() + s.state_key().size() +
+                  8 * (s.global_shape_size() + s.box().offsets_size() + s.box().lengths_size());
+    for (const std::string& dim : s.replicated_over()) need += 4 + dim.size();
+    Reserve(need);
+    PutStr(s.fqn());
+    const uint8_t flags = static_cast<uint8_t>(s.has_flat_range() | (s.state_absent() << 1));
+    Put(&flags, 1);
+    const uint32_t kind = s.kind(), dtype = s.dtype();
+    Put(&kind, 4);
+    Put(&dtype, 4);
+    PutInts(s.global_shape());
+    PutInts(s.box().offsets());
+    PutInts(s.box().lengths());
+    if (s.has_flat_range()) {
+      const int64_t range[2] = {s.flat_range().begin(), s.flat_range().end()};
+      Put(range, 16);
+    }
+    const uint32_t dims = s.replicated_over_size();
+    Put(&dims, 4);
+    for (const std::string& dim : s.replicated_over()) PutStr(dim);
+    PutStr(s.state_key());
+    const uint64_t nbytes = s.nbytes();
+    Put(&nbytes, 8);
+  }
+  uint64_t Finish() {
+    Flush();
+    return hasher_->Digest();
+  }
+
+ private:
+  static constexpr size_t kBufferBytes = 1 << 16;
+
+  // Makes room for `size` more bytes.
+  void Reserve(size_t size) {
+    if (used_ + size <= buffer_.size()) return;
+    Flush();
+    if (size > buffer_.size()) buffer_.resize(size);
+  }
+  void Put(const void* data, size_t size) {
+    if (size == 0) return;  // `data` may be null (an empty repeated field)
+    std::memcpy(buffer_.data() + used_, data, size);
+    used_ += size;
+  }
+  void PutStr(absl::string_view s) {
+    const uint32_t size = static_cast<uint32_t>(s.size());
+    Put(&size, 4);
+    Put(s.data(), s.size());
+  }
+  void PutInts(const Int64s& values) {
+    const uint32_t size = values.size();
+    Put(&size, 4);
+    Put(values.data(), values.size() * sizeof(int64_t));
+  }
+  void Flush() {
+    hasher_->Update(buffer_.data(), used_);
+    used_ = 0;
+  }
+
+  StreamingHasher* hasher_;
+  std::vector<char> buffer_;
+  size_t used_ = 0;
+};
+
+// FingerprintLocalPlan, fed one shard at a time.
+class LocalPlanHasher {
+ public:
+  LocalPlanHasher(uint32_t rank, size_t shards) : out_(&hasher_) {
+    out_.Str("tessera.local_plan.v1");
+    out_.U32(rank);
+    out_.U32(static_cast<uint32_t>(shards));
+  }
+  void Add(const v1::ShardDesc& shard) { out_.Shard(shard); }
+  uint64_t Finish() { return out_.Finish(); }
+
+ private:
+  StreamingHasher hasher_;
+  CanonicalEncoder out_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The planner proper: one instance per BuildGlobalPlan call, one method per rule.
+
+class Planner {
+ public:
+  Planner(const MeshLayout& layout, std::vector<const LocalPlan*> by_rank, size_t total_shards)
+      : layout_(layout), by_rank_(std::move(by_rank)), total_shards_(total_shards) {}
+
+  absl::StatusOr<GlobalPlan> Run() {
+    RETURN_IF_ERROR(CollectPieces());
+    RETURN_IF_ERROR(NameKeys());
+    RETURN_IF_ERROR(CheckShapes());
+    RETURN_IF_ERROR(CheckOptimizerState());
+    RETURN_IF_ERROR(BuildChunks());
+    AssignWriters();
+    return Emit();
+  }
+
+ private:
+  const Piece& piece(uint32_t i) const { return pieces_[i]; }
+  absl::string_view Fqn(const Piece& p) const { return p.shard->fqn(); }
+  const std::string& KeyName(const Piece& p) const { return keys_[p.key].name; }
+
+  // Rule 1; grouping of pieces by key (a hash map, then a stable counting sort of pieces_ so
+  // that each key's pieces are contiguous, in (rank, shard) order); and, while each shard is
+  // still in cache, the comparisons rule 2 needs and the ranks' fingerprints.
+  absl::Status CollectPieces() {
+    std::vector<Piece> pieces;
+    pieces.reserve(total_shards_);
+    absl::flat_hash_map<KeyRef, uint32_t> key_index;
+    std::vector<uint32_t> counts;
+    rank_fingerprints_.resize(by_rank_.size());
+    for (uint32_t rank = 0; rank < by_rank_.size(); ++rank) {
+      const std::vector<v1::ShardDesc>& shards = by_rank_[rank]->shards;
+      LocalPlanHasher hasher(rank, shards.size());
+      for (size_t i = 0; i < shards.size(); ++i) {
+        Piece p;
+        RETURN_IF_ERROR(ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i], &p));
+        const v1::ShardDesc& s = shards[i];
+        hasher.Add(s);
+        KeyRef ref{s.fqn(), s.state_key(), s.kind(), s.state_absent(),
+                   s.kind() == v1::SHARD_KIND_EXTRA ? rank : 0};
+        auto [it, inserted] = key_index.try_emplace(ref, static_cast<uint32_t>(keys_.size()));
+        if (inserted) {
+          KeyInfo& key = keys_.emplace_back();
+          key.ref = ref;
+          key.dtype = s.dtype();
+          key.shape.assign(s.global_shape().begin(), s.global_shape().end());
+          counts.push_back(0);
+        } else {
+          const KeyInfo& key = keys_[it->second];
+          p.shape_differs =
+              s.dtype() != key.dtype || SpanOf(s.global_shape()) != absl::MakeConstSpan(key.shape);
+        }
+        p.key = it->second;
+        ++counts[p.key];
+        pieces.push_back(p);
+      }
+      rank_fingerprints_[rank] = hasher.Finish();
+    }
+    uint32_t offset = 0;
+    for (size_t k = 0; k < keys_.size(); ++k) {
+      keys_[k].begin = keys_[k].end = offset;
+      offset += counts[k];
+    }
+    pieces_.resize(pieces.size());
+    for (const Piece& p : pieces) pieces_[keys_[p.key].end++] = p;
+    return absl::OkStatus();
+  }
+
+  // Builds key names and the key order of everything that follows. Two different KeyRefs
+  // can only name the same key through the "#rank<R>" suffix of extras (an optimizer state
+  // called "rank3" of "x" and rank 3's extra "x"): rejected rather than silently merged.
+  absl::Status NameKeys() {
+    sorted_keys_.resize(keys_.size());
+    for (uint32_t k = 0; k < keys_.size(); ++k) {
+      const KeyRef& r = keys_[k].ref;
+      keys_[k].name = TensorKey(r.kind, r.fqn, r.absent ? "" : r.state_key, r.extra_rank);
+      sorted_keys_[k] = k;
+    }
+    std::sort(sorted_keys_.begin(), sorted_keys_.end(),
+              [&](uint32_t a, uint32_t b) { return keys_[a].name < keys_[b].name; });
+    for (size_t i = 1; i < sorted_keys_.size(); ++i) {
+      const KeyInfo& a = keys_[sorted_keys_[i - 1]];
+      const KeyInfo& b = keys_[sorted_keys_[i]];
+      if (a.name != b.name) continue;
+      const Piece& pa = piece(a.begin);
+      const Piece& pb = piece(b.begin);
+      return PlanError(layout_, v1::ERROR_CODE_MALFORMED_SHARD)
+          .Fqn(a.ref.fqn)
+          .Fqn(b.ref.fqn)
+          .Rank(pa.rank)
+          .Rank(pb.rank)
+          .Build(absl::StrCat("Tensor key \"", a.name, "\" names two different tensors (of ",
+                              RankName(layout_, pa.rank), " and ", RankName(layout_, pb.rank),
+                              "); rename the optimizer state key or the extra."));
+    }
+    return absl::OkStatus();
+  }
+
+  // Rule 2: every claim of a key agrees on dtype and global shape (compared in
+  // CollectPieces; reported here, in key order).
+  absl::Status CheckShapes() {
+    for (uint32_t k : sorted_keys_) {
+      const KeyInfo& key = keys_[k];
+      const Piece& first = piece(key.begin);
+      for (uint32_t i = key.begin + 1; i < key.end; ++i) {
+        const Piece& p = piece(i);
+        if (!p.shape_differs) continue;
+        auto describe = [](const v1::ShardDesc& s) {
+          return absl::StrCat(DTypeName(s.dtype()), "[", absl::StrJoin(s.global_shape(), ", "),
+                              "]");
+        };
+        PlanError error(layout_, v1::ERROR_CODE_SHAPE_MISMATCH);
+        error.Fqn(key.ref.fqn).Rank(first.rank).Rank(p.rank);
+        if (!key.ref.state_key.empty()) error.StateKey(key.ref.state_key);
+        return error.Build(absl::StrCat("Tensor \"", key.name, "\" is ", describe(*first.shard),
+                                        " on ", RankName(layout_, first.rank), " but ",
+                                        describe(*p.shard), " on ", RankName(layout_, p.rank),
+                                        "; every rank must describe the same global tensor."));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Rule 3 (OPTIMIZER_STATE_MISMATCH): per parameter fqn, every rank that declares optimizer
+  // state declares the same set of state keys, or all declare it absent. This is the Megatron
+  // "KeyError: 'exp_avg'" case, reported instead of crashing a gather.
+  absl::Status CheckOptimizerState() {
+    std::vector<uint32_t> opt_keys;  // optimizer keys, grouped by fqn, absent first
+    for (uint32_t k : sorted_keys_) {
+      if (keys_[k].ref.kind == v1::SHARD_KIND_OPTIMIZER) opt_keys.push_back(k);
+    }
+    std::stable_sort(opt_keys.begin(), opt_keys.end(), [&](uint32_t a, uint32_t b) {
+      const KeyRef &ra = keys_[a].ref, &rb = keys_[b].ref;
+      if (ra.fqn != rb.fqn) return ra.fqn < rb.fqn;
+      if (ra.absent != rb.absent) return ra.absent;
+      return ra.state_key < rb.state_key;
+    });
+    std::vector<std::pair<uint32_t, uint32_t>> claims;  // (rank, key index within the fqn)
+    for (size_t g = 0; g < opt_keys.size();) {
+      size_t h = g + 1;
+      while (h < opt_keys.size() && keys_[opt_keys[h]].ref.fqn == keys_[opt_keys[g]].ref.fqn) ++h;
+      absl::Span<const uint32_t> group(opt_keys.data() + g, h - g);
+      claims.clear();
+      for (uint32_t j = 0; j < group.size(); ++j) {
+        const KeyInfo& key = keys_[group[j]];
+        for (uint32_t i = key.begin; i < key.end; ++i) claims.emplace_back(piece(i).rank, j);
+      }
+      std::sort(claims.begin(), claims.end());
+      claims.erase(std::unique(claims.begin(), claims.end()), claims.end());
+      RETURN_IF_ERROR(CompareStateKeySets(group, claims));
+      g = h;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status CompareStateKeySets(absl::Span<const uint32_t> group,
+                                   const std::vector<std::pair<uint32_t, uint32_t>>& claims) {
+    const bool has_absent = keys_[group[0]].ref.absent;  // absent sorts first
+    // Runs of `claims` per rank; the first rank's run is the reference.
+    auto run_end = [&](size_t i) {
+      size_t j = i;
+      while (j < claims.size() && claims[j].first == claims[i].first) ++j;
+      return j;
+    };
+    auto describe = [&](size_t i, size_t j) {
+      if (has_absent && claims[i].second == 0 && j - i == 1)
+        return std::string("no state (absent)");
+      std::vector<std::string> names;
+      for (size_t x = i; x < j; ++x) {
+        const KeyRef& r = keys_[group[claims[x].second]].ref;
+        names.push_back(r.absent ? "absent" : std::string(r.state_key));
+      }
+      return absl::StrCat("[", absl::StrJoin(names, ", "), "]");
+    };
+    const size_t ref_end = run_end(0);
+    for (size_t i = 0; i < claims.size();) {
+      const size_t j = run_end(i);
+      const bool mixed = has_absent && claims[i].second == 0 && j - i > 1;
+      const bool same = std::equal(
+          claims.begin() + i, claims.begin() + j, claims.begin(), claims.begin() + ref_end,
+          [](const auto& x, const auto& y) { return x.second == y.second; });
+      if (same && !mixed) {
+        i = j;
+        continue;
+      }
+      const uint32_t ref_rank = claims[0].first, rank = claims[i].first;
+      // A state key on one side only, for ErrorDetail.state_key.
+      std::vector<uint32_t> a, b, diff;
+      for (size_t x = 0; x < ref_end; ++x) a.push_back(claims[x].second);
+      for (size_t x = i; x < j; ++x) b.push_back(claims[x].second);
+      std::set_symmetric_difference(a.begin(), a.end(), b.begin(), b.end(),
+                                    std::back_inserter(diff));
+      if (mixed) diff.assign(b.begin() + 1, b.end());
+      PlanError error(layout_, v1::ERROR_CODE_OPTIMIZER_STATE_MISMATCH);
+      const absl::string_view fqn = keys_[group[0]].ref.fqn;
+      error.Fqn(fqn).Rank(ref_rank).Rank(rank);
+      for (uint32_t d : diff) {
+        if (!keys_[group[d]].ref.absent) {
+          error.StateKey(keys_[group[d]].ref.state_key);
+          break;
+        }
+      }
+      if (mixed) {
+        return error.Build(absl::StrCat("Optimizer state of \"", fqn,
+                                        "\" is both declared absent and present (", describe(i, j),
+                                        ") on ", RankName(layout_, rank),
+                                        "; a rank either has state for a parameter or not."));
+      }
+      return error.Build(absl::StrCat(
+          "Optimizer state of \"", fqn, "\" is ", describe(0, ref_end), " on ",
+          RankName(layout_, ref_rank), " but ", describe(i, j), " on ", RankName(layout_, rank),
+          "; every rank holding the parameter must declare the same state keys, or all must "
+          "declare the state absent."));
+    }
+    return absl::OkStatus();
+  }
+
+  // Rules 4 and 5 for every key, producing the distinct chunks in key order, then box order.
+  // Sorts each key's pieces in place: non-empty ones by (box, range, rank), empty ones last.
+  absl::Status BuildChunks() {
+    std::vector<BoxView> views;
+    for (uint32_t k : sorted_keys_) {
+      const KeyInfo& key = keys_[k];
+      if (key.ref.absent) continue;  // no chunks: nothing is staged
+      if (key.ref.kind == v1::SHARD_KIND_EXTRA) {
+        RETURN_IF_ERROR(ExtraChunk(key));
+        continue;
+      }
+      const size_t first_chunk = chunks_.size();
+      auto begin = pieces_.begin() + key.begin, end = pieces_.begin() + key.end;
+      const uint32_t live_end =
+          key.begin +
+          static_cast<uint32_t>(
+              std::partition(begin, end, [](const Piece& p) { return p.elements() > 0; }) - begin);
+      std::sort(begin, pieces_.begin() + live_end, PieceLess);
+      for (uint32_t i = key.begin; i < live_end;) {
+        uint32_t j = i + 1;
+        while (j < live_end && CompareBoxes(piece(i), piece(j)) == 0) ++j;
+        RETURN_IF_ERROR(BoxChunk(k, i, j));
+        i = j;
+      }
+      views.clear();
+      for (size_t c = first_chunk; c < chunks_.size(); ++c) {
+        views.push_back(piece(chunks_[c].begin).box());
+      }
+      if (!TilesExactly(key.shape, views)) return CoverageError(key, first_chunk, views);
+    }
+    return absl::OkStatus();
+  }
+
+  static bool PieceLess(const Piece& a, const Piece& b) {
+    if (int c = CompareBoxes(a, b); c != 0) return c < 0;
+    if (a.ranged != b.ranged) return !a.ranged;
+    if (a.begin != b.begin) return a.begin < b.begin;
+    if (a.end != b.end) return a.end < b.end;
+    if (a.rank != b.rank) return a.rank < b.rank;
+    return a.local < b.local;
+  }
+  static bool SamePiece(const Piece& a, const Piece& b) {
+    return a.ranged == b.ranged && a.begin == b.begin && a.end == b.end;  // boxes already equal
+  }
+
+  absl::Status ExtraChunk(const KeyInfo& key) {
+    const Piece& p = piece(key.begin);
+    if (key.end - key.begin > 1) {
+      const Piece& q = piece(key.begin + 1);
+      return PlanError(layout_, v1::ERROR_CODE_MALFORMED_SHARD)
+          .Fqn(key.ref.fqn)
+          .Rank(p.rank)
+          .Build(absl::StrCat(RankName(layout_, p.rank), " lists extra \"", key.ref.fqn,
+                              "\" twice (shards ", p.local, " and ", q.local,
+                              "); give each extra piece of a rank its own name."));
+    }
+    if (p.elements() == 0) return absl::OkStatus();
+    chunks_.push_back(Chunk{p.key, key.begin, key.begin + 1, p.shard->nbytes(), p.rank, false});
+    return absl::OkStatus();
+  }
+
+  // The pieces pieces_[i, j) of key `k` share one box: identical ones must be replicas
+  // (rule 4); whole-box and flat-range claims must not mix; flat ranges must tile the box.
+  absl::Status BoxChunk(uint32_t k, uint32_t i, uint32_t j) {
+    const Piece& first = piece(i);
+    const v1::Box& box = first.shard->box();
+    int64_t covered = 0;  // flat elements of the box tiled so far
+    uint32_t prev_claim = i;
+    for (uint32_t c = i; c < j;) {
+      uint32_t d = c + 1;
+      while (d < j && SamePiece(piece(c), piece(d))) ++d;
+      RETURN_IF_ERROR(CheckReplicas(c, d));
+      const Piece& p = piece(c);
+      if (!first.ranged && c != i) {
+        return OverlapError(first, p, absl::StrCat("holds box ", BoxString(box), " whole"),
+                            absl::StrCat("holds flat range [", p.begin, ", ", p.end, ") of it"));
+      }
+      if (first.ranged) {
+        if (p.begin < covered) {
+          const Piece& q = piece(prev_claim);
+          return OverlapError(
+              q, p,
+              absl::StrCat("holds flat range [", q.begin, ", ", q.end, ") of box ", BoxString(box)),
+              absl::StrCat("holds flat range [", p.begin, ", ", p.end, ")"));
+        }
+        if (p.begin > covered) return FlatGapError(i, j, covered, p.begin);
+        covered = p.end;
+      }
+      prev_claim = c;
+      c = d;
+    }
+    const int64_t box_volume =
+        first.ranged ? CheckedVolume(SpanOf(box.lengths())).value() : first.elements();
+    if (first.ranged && covered != box_volume) return FlatGapError(i, j, covered, box_volume);
+    chunks_.push_back(Chunk{k, i, j,
+                            static_cast<uint64_t>(box_volume) * DTypeSize(first.dtype_enum()), 0,
+                            first.ranged});
+    return absl::OkStatus();
+  }
+
+  // Rule 4: identical pieces pieces_[c, d) (sorted by rank) are replicas.
+  absl::Status CheckReplicas(uint32_t c, uint32_t d) {
+    const Piece& first = piece(c);
+    const uint32_t group = layout_.ReplicaGroupKey(first.rank, first.mask);
+    for (uint32_t x = c + 1; x < d; ++x) {
+      const Piece& prev = piece(x - 1);
+      const Piece& p = piece(x);
+      if (p.rank == prev.rank) {
+        return Error(v1::ERROR_CODE_MALFORMED_SHARD, p, p)
+            .Build(absl::StrCat(RankName(layout_, p.rank), " lists ", PieceString(p),
+                                " twice (shards ", prev.local, " and ", p.local,
+                                "); each piece of a tensor must be listed once."));
+      }
+      if (p.mask != first.mask) {
+        return Error(v1::ERROR_CODE_REPLICATION_MISMATCH, first, p)
+            .Build(absl::StrCat(PieceString(p), " is declared replicated over ",
+                                MaskString(layout_, first.mask), " by ",
+                                RankName(layout_, first.rank), " but over ",
+                                MaskString(layout_, p.mask), " by ", RankName(layout_, p.rank),
+                                "; every replica must declare the same replicated_over."));
+      }
+      if (layout_.ReplicaGroupKey(p.rank, p.mask) != group) {
+        return Error(v1::ERROR_CODE_DUPLICATE_FQN, first, p)
+            .Build(absl::StrCat(
+                PieceString(p), " is claimed by both ", RankName(layout_, first.rank), " and ",
+                RankName(layout_, p.rank), ", which differ in ",
+                DifferingDims(layout_, first.rank, p.rank), " outside replicated_over ",
+                MaskString(layout_, first.mask),
+                ", so they cannot be replicas; give the tensors each rank owns distinct names "
+                "(e.g. global layer indices on every pipeline stage), or list the dims a truly "
+                "shared tensor is replicated over."));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // "tensor "k" box [0:4, 0:8]" or "... flat range [0, 16) of box [...]".
+  std::string PieceString(const Piece& p) const {
+    std::string s = absl::StrCat("tensor \"", KeyName(p), "\" box ", BoxString(p.shard->box()));
+    if (p.ranged) absl::StrAppend(&s, " flat range [", p.begin, ", ", p.end, ")");
+    return s;
+  }
+
+  PlanError Error(v1::ErrorCode code, const Piece& a, const Piece& b) const {
+    PlanError error(layout_, code);
+    error.Fqn(Fqn(a)).Rank(a.rank).Rank(b.rank);
+    const KeyRef& ref = keys_[a.key].ref;
+    if (ref.kind == v1::SHARD_KIND_OPTIMIZER && !ref.absent) error.StateKey(ref.state_key);
+    return error;
+  }
+
+  absl::Status OverlapError(const Piece& a, const Piece& b, absl::string_view a_holds,
+                            absl::string_view b_holds) const {
+    return Error(v1::ERROR_CODE_OVERLAPPING_SHARDS, a, b)
+        .Build(absl::StrCat("Pieces of tensor \"", KeyName(a),
+                            "\" overlap: ", RankName(layout_, a.rank), " ", a_holds, " and ",
+                            RankName(layout_, b.rank), " ", b_holds,
+                            "; the pieces of a tensor must be disjoint or exact replicas."));
+  }
+
+  absl::Status FlatGapError(uint32_t i, uint32_t j, int64_t gap_begin, int64_t gap_end) const {
+    const Piece& first = piece(i);
+    PlanError error = Error(v1::ERROR_CODE_INCOMPLETE_COVERAGE, first, first);
+    for (uint32_t x = i; x < j && x < i + 8; ++x) error.Rank(piece(x).rank);
+    error.Region(first.shard->box());
+    return error.Build(absl::StrCat(
+        "Flat elements [", gap_begin, ", ", gap_end, ") of box ", BoxString(first.shard->box()),
+        " of tensor \"", KeyName(first),
+        "\" are held by no rank; the flat ranges of a box must tile it (is a rank's optimizer "
+        "slice missing from its plan?)."));
+  }
+
+  // Rule 5 failed for `key`: find the overlapping pair, else a missing region.
+  absl::Status CoverageError(const KeyInfo& key, size_t first_chunk,
+                             const std::vector<BoxView>& views) const {
+    auto claimant = [&](size_t view) -> const Piece& {
+      return piece(chunks_[first_chunk + view].begin);
+    };
+    if (std::optional<std::pair<size_t, size_t>> pair = FindOverlap(views); pair.has_value()) {
+      const Piece& a = claimant(pair->first);
+      const Piece& b = claimant(pair->second);
+      return OverlapError(a, b, absl::StrCat("holds box ", BoxString(a.shard->box())),
+                          absl::StrCat("holds box ", BoxString(b.shard->box())));
+    }
+    std::optional<Box> gap = FindUncovered(key.shape, views);
+    if (!gap.has_value()) {
+      return absl::InternalError(absl::StrCat("planner: tiling test failed for \"", key.name,
+                                              "\" but no overlap or gap was found"));
+    }
+    PlanError error(layout_, v1::ERROR_CODE_INCOMPLETE_COVERAGE);
+    error.Fqn(key.ref.fqn).Region(BoxToProto(*gap));
+    if (key.ref.kind == v1::SHARD_KIND_OPTIMIZER) error.StateKey(key.ref.state_key);
+    return error.Build(absl::StrCat(
+        "Region ", BoxToString(*gap), " of tensor \"", key.name, "\" (shape [",
+        absl::StrJoin(key.shape, ", "),
+        "]) is held by no rank; the pieces of a tensor must cover it (is a rank or a pipeline "
+        "stage missing this tensor?)."));
+  }
+
+  // Rule 7: one writer per chunk, balancing bytes written per rank. Chunks with one possible
+  // writer are placed first; the others go, largest first, to their least-loaded claimant.
+  void AssignWriters() {
+    load_.assign(layout_.world_size(), 0);
+    std::vector<uint32_t> flexible;
+    for (uint32_t c = 0; c < chunks_.size(); ++c) {
+      Chunk& chunk = chunks_[c];
+      const uint32_t r0 = piece(chunk.begin).rank;
+      bool single = true;
+      for (uint32_t x = chunk.begin + 1; x < chunk.end && single; ++x) {
+        single = piece(x).rank == r0;
+      }
+      if (single) {
+        chunk.writer = r0;
+        load_[r0] += chunk.nbytes;
+      } else {
+        flexible.push_back(c);
+      }
+    }
+    std::stable_sort(flexible.begin(), flexible.end(),
+                     [&](uint32_t a, uint32_t b) { return chunks_[a].nbytes > chunks_[b].nbytes; });
+    for (uint32_t c : flexible) {
+      Chunk& chunk = chunks_[c];
+      uint32_t best = piece(chunk.begin).rank;
+      for (uint32_t x = chunk.begin + 1; x < chunk.end; ++x) {
+        const uint32_t r = piece(x).rank;
+        if (load_[r] < load_[best] || (load_[r] == load_[best] && r < best)) best = r;
+      }
+      chunk.writer = best;
+      load_[best] += chunk.nbytes;
+    }
+  }
+
+  // Picks the pieces each chunk is assembled from: the writer's own piece, or for a gathered
+  // box one piece per distinct flat range — the leader's own copy if it holds one, else the
+  // replica that has sent the fewest bytes so far.
+  void ChooseSources() {
+    std::vector<uint64_t> sent(layout_.world_size(), 0);
+    sources_.reserve(chunks_.size());
+    for (Chunk& chunk : chunks_) {
+      chunk.sources_begin = static_cast<uint32_t>(sources_.size());
+      for (uint32_t x = chunk.begin; x < chunk.end;) {
+        uint32_t y = x + 1;
+        while (y < chunk.end && SamePiece(piece(x), piece(y))) ++y;
+        uint32_t chosen = x;
+        for (uint32_t z = x; z < y; ++z) {
+          const uint32_t candidate = z;
+          if (piece(candidate).rank == chunk.writer) {
+            chosen = candidate;
+            break;
+          }
+          if (sent[piece(candidate).rank] < sent[piece(chosen).rank]) chosen = candidate;
+        }
+        sources_.push_back(chosen);
+        const Piece& p = piece(chosen);
+        if (p.rank != chunk.writer) {
+          sent[p.rank] += static_cast<uint64_t>(p.elements()) * DTypeSize(p.dtype_enum());
+        }
+        x = y;
+      }
+      chunk.sources_end = static_cast<uint32_t>(sources_.size());
+    }
+  }
+
+  // What one rank does for one chunk.
+  enum class ItemKind : uint8_t { kWrite, kHash, kSend };
+  struct Item {  // with its piece's fields copied, so encoding reads items sequentially
+    uint32_t chunk;
+    int32_t local;  // kHash, kSend: the rank's piece
+    int64_t begin;  // kSend, ranged kHash: its flat range
+    int64_t end;
+    ItemKind kind;
+    bool ranged = false;     // kHash of a replicated flat-range slice
+    uint32_t reference = 0;  // ranged kHash: the rank whose slice is gathered
+  };
+
+  // Calls fn(rank, Item) for every item of every rank, in chunk order.
+  template <typename Fn>
+  void ForEachItem(Fn fn) const {
+    for (uint32_t c = 0; c < chunks_.size(); ++c) {
+      const Chunk& chunk = chunks_[c];
+      fn(chunk.writer, Item{c, 0, 0, 0, ItemKind::kWrite});
+      if (chunk.gathered) {
+        for (uint32_t x = chunk.sources_begin; x < chunk.sources_end; ++x) {
+          const Piece& p = piece(sources_[x]);
+          if (p.rank != chunk.writer) fn(p.rank, Item{c, p.local, p.begin, p.end, ItemKind::kSend});
+        }
+        // A slice held by several ranks (replicas of a flat range): every holder hashes it,
+        // so the coordinator can check them against the one that is gathered.
+        uint32_t group = chunk.sources_begin;
+        for (uint32_t x = chunk.begin; x < chunk.end; ++group) {
+          uint32_t y = x + 1;
+          while (y < chunk.end && SamePiece(piece(x), piece(y))) ++y;
+          if (y - x > 1) {
+            const uint32_t reference = piece(sources_[group]).rank;
+            for (uint32_t z = x; z < y; ++z) {
+              const Piece& p = piece(z);
+              fn(p.rank, Item{c, p.local, p.begin, p.end, ItemKind::kHash, true, reference});
+            }
+          }
+          x = y;
+        }
+      } else {
+        for (uint32_t x = chunk.begin; x < chunk.end; ++x) {
+          const Piece& p = piece(x);
+          if (p.rank != chunk.writer) fn(p.rank, Item{c, p.local, 0, 0, ItemKind::kHash});
+        }
+      }
+    }
+  }
+
+  GlobalPlan Emit() {
+    const uint32_t world = layout_.world_size();
+    GlobalPlan plan;
+    plan.fingerprint = CombineFingerprints(layout_, rank_fingerprints_);
+    plan.bytes_written_by_rank = load_;
+    for (uint64_t bytes : load_) plan.total_bytes += bytes;
+    EmitTensors(&plan);
+
+    // Group the items by rank (a counting sort), then encode each rank's assignment straight
+    // into wire format (plan_wire.h): items of one chunk share its pre-encoded key and box.
+    ChooseSources();
+    std::vector<uint32_t> offsets(world + 1, 0);
+    ForEachItem([&](uint32_t rank, const Item&) { ++offsets[rank + 1]; });
+    for (uint32_t r = 0; r < world; ++r) offsets[r + 1] += offsets[r];
+    std::vector<Item> items(offsets[world]);
+    {
+      std::vector<uint32_t> next(offsets.begin(), offsets.end() - 1);
+      ForEachItem([&](uint32_t rank, const Item& item) { items[next[rank]++] = item; });
+    }
+    EncodeChunkBytes();
+    plan.assignments.resize(world);
+    std::string buffer;  // reused: its capacity grows once, not per rank
+    for (uint32_t r = 0; r < world; ++r) {
+      buffer.clear();
+      absl::Span<const Item> mine(items.data() + offsets[r], offsets[r + 1] - offsets[r]);
+      const bool writes = std::any_of(mine.begin(), mine.end(),
+                                      [](const Item& i) { return i.kind == ItemKind::kWrite; });
+      if (writes) {
+        WireWriter(&buffer).String(v1::RankAssignment::kFileFieldNumber, DataFileName(r));
+      }
+      // Fields in number order: writes, hashes, sends.
+      for (ItemKind kind : {ItemKind::kWrite, ItemKind::kHash, ItemKind::kSend}) {
+        for (const Item& item : mine) {
+          if (item.kind == kind) EncodeItem(item, &buffer);
+        }
+      }
+      plan.assignments[r] = buffer;
+    }
+    return plan;
+  }
+
+  void EmitTensors(GlobalPlan* plan) const {
+    plan->tensors.reserve(sorted_keys_.size());
+    size_t c = 0;
+    for (uint32_t k : sorted_keys_) {
+      const KeyInfo& key = keys_[k];
+      v1::TensorEntry& entry = plan->tensors.emplace_back();
+      entry.set_key(key.name);
+      entry.set_fqn(std::string(key.ref.fqn));
+      entry.set_kind(key.ref.kind);
+      if (!key.ref.absent) entry.set_state_key(std::string(key.ref.state_key));
+      entry.set_state_absent(key.ref.absent);
+      if (key.ref.kind == v1::SHARD_KIND_EXTRA) entry.set_rank(key.ref.extra_rank);
+      entry.set_dtype(key.dtype);
+      entry.mutable_global_shape()->Add(key.shape.begin(), key.shape.end());
+      size_t end = c;
+      while (end < chunks_.size() && chunks_[end].key == k) ++end;
+      entry.mutable_chunks()->Reserve(static_cast<int>(end - c));
+      for (; c < end; ++c) {
+        const Chunk& chunk = chunks_[c];
+        v1::ChunkEntry* ce = entry.add_chunks();
+        *ce->mutable_box() = piece(chunk.begin).shard->box();
+        ce->set_file(DataFileName(chunk.writer));
+        ce->set_nbytes(chunk.nbytes);
+        ce->set_writer_rank(chunk.writer);
+      }
+    }
+  }
+
+  // HashItem and GatherSend share field numbers up to the box, so one pre-encoded run of a
+  // chunk's key and box serves both.
+  static_assert(v1::HashItem::kLocalShardFieldNumber == 1 &&
+                    v1::GatherSend::kLocalShardFieldNumber == 1 &&
+                    v1::HashItem::kKeyFieldNumber == 2 && v1::GatherSend::kKeyFieldNumber == 2 &&
+                    v1::HashItem::kBoxFieldNumber == 3 && v1::GatherSend::kBoxFieldNumber == 3,
+                "EncodeItem's shared key-and-box bytes assume these field numbers");
+
+  static uint64_t Int32Varint(int32_t v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
+
+  // A chunk's bytes shared by its items: for HashItem and GatherSend the key and box fields,
+  // and the writer's whole WriteItem.
+  void EncodeChunkBytes() {
+    key_box_bytes_.reserve(chunks_.size());
+    write_bytes_.reserve(chunks_.size());
+    std::string box;
+    for (const Chunk& chunk : chunks_) {
+      const std::string& key = keys_[chunk.key].name;
+      box = EncodeBox(piece(chunk.begin).shard->box());
+      std::string& key_box = key_box_bytes_.emplace_back();
+      WireWriter(&key_box).String(v1::HashItem::kKeyFieldNumber, key);
+      WireWriter(&key_box).Message(v1::HashItem::kBoxFieldNumber, box);
+
+      std::string& write = write_bytes_.emplace_back();
+      WireWriter w(&write);
+      w.String(v1::WriteItem::kKeyFieldNumber, key);
+      w.Message(v1::WriteItem::kBoxFieldNumber, box);
+      w.Varint(v1::WriteItem::kDtypeFieldNumber, piece(chunk.begin).dtype);
+      w.Varint(v1::WriteItem::kNbytesFieldNumber, chunk.nbytes);
+      for (uint32_t x = chunk.sources_begin; x < chunk.sources_end; ++x) {
+        const Piece& p = piece(sources_[x]);
+        WireBuffer source, range;
+        source.Varint(v1::ChunkSource::kRankFieldNumber, p.rank);
+        source.Varint(v1::ChunkSource::kLocalShardFieldNumber, Int32Varint(p.local));
+        if (chunk.gathered) {
+          range.Varint(v1::FlatRange::kBeginFieldNumber, static_cast<uint64_t>(p.begin));
+          range.Varint(v1::FlatRange::kEndFieldNumber, static_cast<uint64_t>(p.end));
+          source.Message(v1::ChunkSource::kRangeFieldNumber, range.view());
+        }
+        w.Message(v1::WriteItem::kSourcesFieldNumber, source.view());
+      }
+    }
+  }
+
+  // Appends `item` to `out`, an encoded v1::RankAssignment.
+  void EncodeItem(const Item& item, std::string* out) const {
+    if (item.kind == ItemKind::kWrite) {
+      WireWriter(out).Message(v1::RankAssignment::kWritesFieldNumber, write_bytes_[item.chunk]);
+      return;
+    }
+    const Chunk& chunk = chunks_[item.chunk];
+    const std::string& shared = key_box_bytes_[item.chunk];
+    WireBuffer head, tail;
+    head.Varint(v1::HashItem::kLocalShardFieldNumber, Int32Varint(item.local));
+    int field;
+    if (item.kind == ItemKind::kHash) {
+      field = v1::RankAssignment::kHashesFieldNumber;
+      tail.Varint(v1::HashItem::kWriterRankFieldNumber, item.ranged ? item.reference : chunk.writer);
+      if (item.ranged) {
+        WireBuffer range;
+        range.Varint(v1::FlatRange::kBeginFieldNumber, static_cast<uint64_t>(item.begin));
+        range.Varint(v1::FlatRange::kEndFieldNumber, static_cast<uint64_t>(item.end));
+        tail.Message(v1::HashItem::kRangeFieldNumber, range.view());
+      }
+    } else {
+      field = v1::RankAssignment::kSendsFieldNumber;
+      WireBuffer range;
+      range.Varint(v1::FlatRange::kBeginFieldNumber, static_cast<uint64_t>(item.begin));
+      range.Varint(v1::FlatRange::kEndFieldNumber, static_cast<uint64_t>(item.end));
+      tail.Message(v1::GatherSend::kRangeFieldNumber, range.view());
+      tail.Varint(v1::GatherSend::kLeaderRankFieldNumber, chunk.writer);
+    }
+    WireBuffer header;
+    header.LengthDelimited(field, head.size() + shared.size() + tail.size());
+    out->append(header.view().data(), header.size());
+    out->append(head.view().data(), head.size());
+    out->append(shared);
+    out->append(tail.view().data(), tail.size());
+  }
+
+  const MeshLayout& layout_;
+  const std::vector<const LocalPlan*> by_rank_;  // index = rank
+  const size_t total_shards_;
+
+  std::vector<uint64_t> rank_fingerprints_;  // FingerprintLocalPlan, index = rank
+  std::vector<Piece> pieces_;                // every shard, grouped by key (see BuildChunks' order)
+  std::vector<KeyInfo> keys_;                // in order of first appearance
+  std::vector<uint32_t> sorted_keys_;        // key indices sorted by name
+  std::vector<Chunk> chunks_;                // in key-name order, then box order
+  std::vector<uint32_t> sources_;            // per chunk, the pieces it is assembled from
+  std::vector<std::string> key_box_bytes_;   // per chunk, see EncodeChunkBytes
+  std::vector<std::string> write_bytes_;     // per chunk, its encoded WriteItem
+  std::vector<uint64_t> load_;               // bytes written per rank
+};
+
+}  // namespace
+
+absl::StatusOr<v1::RankAssignment> GlobalPlan::Assignment(uint32_t rank) const {
+  if (rank >= assignments.size()) {
+    return absl::OutOfRangeError(
+        absl::StrCat("rank ", rank, " is not in a plan of ", assignments.size(), " ranks"));
+  }
+  v1::RankAssignment assignment;
+  if (!assignment.ParseFromString(assignments[rank])) {
+    return absl::DataLossError(absl::StrCat("the assignment of rank ", rank, " does not parse"));
+  }
+  return assignment;
+}
+
+std::string DataFileName(uint32_t rank) { return absl::StrFormat("data-%05u.safetensors", rank); }
+
+uint64_t FingerprintLocalPlan(const LocalPlan& plan) {
+  LocalPlanHasher hasher(plan.rank, plan.shards.size());
+  for (const v1::ShardDesc& s : plan.shards) hasher.Add(s);
+  return hasher.Finish();
+}
+
+uint64_t CombineFingerprints(const MeshLayout& layout, absl::Span<const uint64_t> per_rank) {
+  StreamingHasher hasher;
+  CanonicalEncoder out(&hasher);
+  out.Str("tessera.plan.v1");
+  out.U32(static_cast<uint32_t>(layout.dim_count()));
+  for (size_t i = 0; i < layout.dim_count(); ++i) {
+    out.Str(layout.dim_name(i));
+    out.U32(layout.degree(i));
+  }
+  out.U32(static_cast<uint32_t>(per_rank.size()));
+  for (uint64_t fp : per_rank) out.U64(fp);
+  return out.Finish();
+}
+
+uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>& plans) {
+  std::vector<const LocalPlan*> ordered;
+  ordered.reserve(plans.size());
+  size_t shards = 0;
+  for (const LocalPlan& plan : plans) {
+    ordered.push_back(&plan);
+    shards += plan.shards.size();
+  }
+  std::stable_sort(ordered.begin(), ordered.end(),
+                   [](const LocalPlan* a, const LocalPlan* b) { return a->rank < b->rank; });
+  std::vector<uint64_t> per_rank(ordered.size());
+  // Hashing is bound by memory latency (a shard's fields live in separate allocations), so
+  // large plans are hashed by several threads, each taking every n-th rank.
+  const size_t threads =
+      shards < kParallelFingerprintShards
+          ? 1
+          : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxFingerprintThreads);
+  auto work = [&](size_t first) {
+    for (size_t i = first; i < ordered.size(); i += threads) {
+      per_rank[i] = FingerprintLocalPlan(*ordered[i]);
+    }
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
+  work(0);
+  for (std::thread& t : pool) t.join();
+  return CombineFingerprints(layout, per_rank);
+}
+
+absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
+                                           const std::vector<LocalPlan>& plans,
+                                           const PlannerOptions& options) {
+  const uint32_t world = layout.world_size();
+  std::vector<const LocalPlan*> by_rank(world, nullptr);
+  size_t total = 0;
+  for (const LocalPlan& plan : plans) {
+    if (plan.rank >= world) {
+      return PlanError(layout, v1::ERROR_CODE_LAYOUT_MISMATCH)
+          .Rank(plan.rank)
+          .Build(absl::StrCat("A local plan comes from rank ", plan.rank, " but the mesh has ",
+                              world, " ranks; every rank must run with the job's layout."));
+    }
+    if (by_rank[plan.rank] != nullptr) {
+      return PlanError(layout, v1::ERROR_CODE_LAYOUT_MISMATCH)
+          .Rank(plan.rank)
+          .Build(absl::StrCat(RankName(layout, plan.rank),
+                              " submitted two local plans; each rank submits exactly one."));
+    }
+    by_rank[plan.rank] = &plan;
+    if (plan.shards.size() > options.max_shards_per_rank) {
+      return PlanError(layout, v1::ERROR_CODE_PLAN_TOO_LARGE)
+          .Rank(plan.rank)
+          .Build(absl::StrCat(RankName(layout, plan.rank), " submitted ", plan.shards.size(),
+                              " shards, over the limit of ", options.max_shards_per_rank,
+                              " per rank; merge small tensors or raise the limit."));
+    }
+    total += plan.shards.size();
+  }
+  if (total > options.max_total_shards) {
+    return PlanError(layout, v1::ERROR_CODE_PLAN_TOO_LARGE)
+        .Build(absl::StrCat("The job's plans hold ", total, " shards, over the limit of ",
+                            options.max_total_shards,
+                            " per plan; merge small tensors or raise the limit."));
+  }
+  for (uint32_t rank = 0; rank < world; ++rank) {
+    if (by_rank[rank] == nullptr) {
+      return PlanError(layout, v1::ERROR_CODE_LAYOUT_MISMATCH)
+          .Rank(rank)
+          .Build(absl::StrCat("No local plan from ", RankName(layout, rank),
+                              "; every rank of the mesh must submit one."));
+    }
+  }
+  Planner planner(layout, std::move(by_rank), total);
+  return planner.Run();
+}
+
+// ---------------------------------------------------------------------------------------------
+// PlanCache
+
+PlanCache::PlanCache(PlanCacheOptions options) : options_(options) {}
+
+std::shared_ptr<const GlobalPlan> PlanCache::Lookup(absl::string_view job_id,
+                                                    uint64_t fingerprint) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(job_id);
+  if (it == entries_.end() || it->second.plan->fingerprint != fingerprint) return nullptr;
+  it->second.last_used = ++clock_;
+  return it->second.plan;
+}
+
+void PlanCache::Insert(absl::string_view job_id, std::shared_ptr<const GlobalPlan> plan) {
+  if (plan == nullptr) {
+    Erase(job_id);
+    return;
+  }
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(job_id);
+  if (it == entries_.end() && entries_.size() >= std::max<size_t>(options_.max_jobs, 1)) {
+    // O(jobs) eviction; the cache is small and inserts happen once per changed plan.
+    auto victim = entries_.begin();
+    for (auto e = entries_.begin(); e != entries_.end(); ++e) {
+      if (e->second.last_used < victim->second.last_used) victim = e;
+    }
+    entries_.erase(victim);
+  }
+  Entry& entry = entries_[job_id];
+  entry.plan = std::move(plan);
+  entry.last_used = ++clock_;
+}
+
+void PlanCache::Erase(absl::string_view job_id) {
+  absl::MutexLock lock(&mu_);
+  entries_.erase(job_id);
+}
+
+size_t PlanCache::size() const {
+  absl::MutexLock lock(&mu_);
+  return entries_.size();
+}
+
+}  // namespace tessera

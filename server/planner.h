@@ -1,0 +1,188 @@
+// The global planner: turns every rank's local plan (the tensor pieces it holds) into one
+// validated global save plan — what each rank writes, hashes and sends — and the manifest
+// skeleton of the checkpoint. DESIGN.md "Global planning rules" and "Gathering optimizer state
+// across DP" are implemented here, one rule per function in planner.cc.
+//
+// The rules, in the order they are checked (the first violation is returned, so the error a
+// plan gets is deterministic):
+//   0. One local plan per rank of the layout (LAYOUT_MISMATCH); limits (PLAN_TOO_LARGE).
+//   1. Every shard is well formed (MALFORMED_SHARD): a valid fqn (and state_key), a known kind
+//      and dtype, at most 64 axes, a box inside the global shape, a flat range inside the box,
+//      nbytes = elements x dtype size (0 for state_absent), replicated_over naming mesh dims,
+//      state_key/state_absent on optimizer shards only, extras U8, 1-d and whole; and no rank
+//      lists one piece twice. Extras' replicated_over is ignored: they belong to their rank.
+//   2. All claims of a tensor key agree on dtype and global shape (SHAPE_MISMATCH).
+//   3. Optimizer state: every rank that declares state for a parameter declares the same set of
+//      state keys, or every one declares it absent (OPTIMIZER_STATE_MISMATCH). Checked per
+//      parameter fqn across the job, which is stronger than per DP group and also covers
+//      FSDP-style boxes, where each DP rank holds a different box. A rank that declares nothing
+//      for the parameter is not compared (a distributed optimizer may give it no slice).
+//   4. Identical pieces (key, box and flat range) from several ranks are replicas only if all
+//      claimants declare the same `replicated_over` (else REPLICATION_MISMATCH) and lie in one
+//      replica group of it (else DUPLICATE_FQN — the torchtitan PP bug). The claimants need
+//      not be every member of the group: a tied embedding declared {dp, pp} is held by the
+//      first and last of four stages only. A false replica claim is caught later, when the
+//      replicas' hashes are compared (REPLICA_DIVERGED).
+//   5. Distinct pieces of a key do not overlap (OVERLAPPING_SHARDS), and tile the global shape
+//      exactly (INCOMPLETE_COVERAGE, naming a missing region). The flat ranges of one box tile
+//      the box; such a box becomes one chunk, gathered by a DP leader. Pieces with no element
+//      (FSDP2's empty shards) are legal and produce nothing. EXTRA pieces have no coverage rule.
+// Then every chunk gets one writer: chunks only one rank holds first, then the others largest
+// first, each to its least-loaded holder (bytes written per rank), ties to the lowest rank. A
+// gathered box's writer is its DP leader; each distinct flat range is sourced from the
+// leader's own copy if it has one, else from the replica that has sent the fewest bytes.
+// Non-writing replicas of a whole box get a HashItem. Known gap: replicas of a flat range
+// that do not send (a partially distributed optimizer, replicated over some DP dim) get no
+// item, because v1's HashItem carries no flat range.
+//
+// Complexity: O(n log n) in the number of pieces n, never pairwise across ranks. Pieces are
+// grouped by key with a hash map and sorted by box within a key. Exact tiling of a key by its
+// d-dimensional chunks is decided with signed corner counts (plan_tiling.h): O(c 2^a log c)
+// for c chunks sharded along a axes. Only the error path searches for the overlapping pair or
+// the missing region. At DESIGN.md's scale (1,024 ranks x 1,000 shards) a first plan takes
+// well under a second and the planner's own memory is a fraction of the local plans'
+// (planner_benchmark.cc).
+//
+// Thread-safety: BuildGlobalPlan and the fingerprint functions are pure functions (a large
+// FingerprintPlans runs a few threads of its own). PlanCache is safe for concurrent use.
+#ifndef TESSERA_SERVER_PLANNER_H_
+#define TESSERA_SERVER_PLANNER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/types/span.h"
+#include "common/layout.h"
+#include "tessera/v1/coordinator.pb.h"
+#include "tessera/v1/manifest.pb.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+
+// One rank's local plan: the pieces it holds, in the order it submitted them. Assignment
+// items refer to pieces by their index in `shards`.
+struct LocalPlan {
+  uint32_t rank = 0;
+  std::vector<v1::ShardDesc> shards;
+};
+
+struct PlannerOptions {
+  // Most shards one rank may submit; more is PLAN_TOO_LARGE.
+  // Default: 1 << 20.
+  size_t max_shards_per_rank = size_t{1} << 20;
+  // Most shards all ranks together may submit; more is PLAN_TOO_LARGE.
+  // Default: 1 << 26.
+  size_t max_total_shards = size_t{1} << 26;
+};
+
+// A validated global plan.
+struct GlobalPlan {
+  // FingerprintPlans() of the layout and local plans this plan was built from.
+  uint64_t fingerprint = 0;
+  // Index = rank: the rank's v1::RankAssignment, serialized — what its PinCommand carries and
+  // what the session persists. Kept serialized because at a million pieces the parsed
+  // messages take about three times the memory (DESIGN.md's < 1 GiB target). A rank
+  // that writes anything has file = DataFileName(rank). Assignment(rank) parses one.
+  std::vector<std::string> assignments;
+  // The manifest skeleton, sorted by key: key, fqn, kind, state_key, rank (extras), dtype,
+  // global_shape, state_absent, and chunks (sorted by box) with box, file, nbytes and
+  // writer_rank. Offsets and checksums are filled in when the chunks are reported.
+  // An optimizer state no rank has yet is one entry keyed "<fqn>#" with state_absent = true
+  // and no chunks. A tensor with no element has an entry with no chunks.
+  std::vector<v1::TensorEntry> tensors;
+  // Index = rank: bytes of the chunks the rank writes.
+  std::vector<uint64_t> bytes_written_by_rank;
+  // Sum of all chunk bytes (each byte of the checkpoint counted once).
+  uint64_t total_bytes = 0;
+
+  // assignments[rank], parsed.
+  // Errors: OutOfRange if there is no such rank; DataLoss if the bytes do not parse.
+  absl::StatusOr<v1::RankAssignment> Assignment(uint32_t rank) const;
+};
+
+// "data-00003.safetensors": the data file rank 3 writes.
+std::string DataFileName(uint32_t rank);
+
+// Validates the local plans against the rules above and builds the global plan. `plans` must
+// hold exactly one LocalPlan per rank of `layout`, in any order.
+// Errors: InvalidArgument with an ErrorDetail (common/status.h) for every rule violation:
+// LAYOUT_MISMATCH if a rank's plan is missing, repeated or out of the mesh; PLAN_TOO_LARGE over
+// `options`' limits; MALFORMED_SHARD, SHAPE_MISMATCH, OPTIMIZER_STATE_MISMATCH,
+// REPLICATION_MISMATCH, DUPLICATE_FQN, OVERLAPPING_SHARDS, INCOMPLETE_COVERAGE as described in
+// the header comment. The detail names the fqn(s), the ranks with their mesh coordinates, the
+// state key where it matters, and the missing region for INCOMPLETE_COVERAGE. Internal only
+// on a bug in the planner itself.
+absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
+                                           const std::vector<LocalPlan>& plans,
+                                           const PlannerOptions& options = {});
+
+// A 64-bit XXH3 fingerprint of the layout and the local plans, over a canonical encoding of
+// every field (independent of protobuf's wire format). Plans are taken in rank order whatever
+// their order in `plans`; the order of shards within a plan matters (assignments refer to
+// shards by index). Equal fingerprints mean, up to a 2^-64 collision, an identical global plan.
+// Equals CombineFingerprints(layout, {FingerprintLocalPlan(plan) in rank order}); plans of
+// 65,536 shards or more are hashed on up to 8 threads.
+// Errors: none.
+uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>& plans);
+
+// The fingerprint of one rank's local plan (its rank and its shards, in order). A coordinator
+// computes it when the plan arrives, so that at save time the job's fingerprint is
+// CombineFingerprints over one number per rank — microseconds instead of a pass over every
+// shard. Errors: none.
+uint64_t FingerprintLocalPlan(const LocalPlan& plan);
+
+// The plan fingerprint from the layout and FingerprintLocalPlan of each rank's plan, in rank
+// order. Errors: none.
+uint64_t CombineFingerprints(const MeshLayout& layout, absl::Span<const uint64_t> per_rank);
+
+struct PlanCacheOptions {
+  // Most jobs whose last plan is kept; inserting one more evicts the least recently used.
+  // Default: 1024.
+  size_t max_jobs = 1024;
+};
+
+// The last validated global plan of each job, so that a save whose local plans are unchanged
+// (every save after the first, usually) skips validation. Plans are shared, immutable.
+//
+// Thread-safety: every method may be called concurrently.
+class PlanCache {
+ public:
+  explicit PlanCache(PlanCacheOptions options = {});
+
+  // The cached plan of `job_id` if its fingerprint equals `fingerprint`, else nullptr.
+  // Errors: none.
+  std::shared_ptr<const GlobalPlan> Lookup(absl::string_view job_id, uint64_t fingerprint);
+
+  // Makes `plan` the cached plan of `job_id`, replacing any previous one. A null plan erases.
+  // Errors: none.
+  void Insert(absl::string_view job_id, std::shared_ptr<const GlobalPlan> plan);
+
+  // Forgets `job_id`'s plan (e.g. when the job's layout changes or the job is deleted).
+  // Errors: none.
+  void Erase(absl::string_view job_id);
+
+  // Jobs with a cached plan. Errors: none.
+  size_t size() const;
+
+ private:
+  struct Entry {
+    std::shared_ptr<const GlobalPlan> plan;
+    uint64_t last_used = 0;
+  };
+
+  const PlanCacheOptions options_;
+  mutable absl::Mutex mu_;
+  absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // LRU stamp, bumped on every use
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_PLANNER_H_
