@@ -139,6 +139,10 @@ void SaveExecutor::OnCommand(const v1::Command& command) {
       s->last_seq = command.seq();
     }
   }
+  LogInfo("command ", v1::Command::descriptor()->FindFieldByNumber(command.body_case())
+                          ? v1::Command::descriptor()->FindFieldByNumber(command.body_case())->name()
+                          : "?",
+          " for session ", id);
   switch (command.body_case()) {
     case v1::Command::kPin:
       Post([this, id, pin = command.pin()] { DoPin(id, pin); });
@@ -226,7 +230,11 @@ void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done)
   submit.set_step(request.step());
   *submit.mutable_shards() = request.shards();
   submit.set_plan_fingerprint(request.plan_fingerprint());
-  absl::StatusOr<v1::SubmitLocalPlanResponse> submitted = coordinator_->SubmitLocalPlan(submit);
+  absl::StatusOr<v1::SubmitLocalPlanResponse> submitted;
+  RetryWhileUnavailable(options_.submit_retry_window, [&] {
+    submitted = coordinator_->SubmitLocalPlan(submit);
+    return submitted.status();
+  });
   if (!submitted.ok()) {
     done(submitted.status());
     return;
@@ -332,7 +340,16 @@ void SaveExecutor::DoStaged(const std::string& session_id, uint64_t stall_ns, St
     done(refusal);
     return;
   }
-  done(ReportPhase(session_id, v1::AGENT_PHASE_STAGED, nullptr, 0, stall_ns));
+  absl::Status reported = ReportPhase(session_id, v1::AGENT_PHASE_STAGED, nullptr, 0, stall_ns);
+  if (reported.code() == absl::StatusCode::kUnavailable ||
+      reported.code() == absl::StatusCode::kDeadlineExceeded) {
+    // The snapshot is staged whatever the coordinator's state: the report is kept and re-sent
+    // when the agent re-registers, so the trainer goes back to training.
+    LogWarning("STAGED report for ", session_id, " not delivered (", reported.message(),
+               "); will re-send after reconnecting");
+    reported = absl::OkStatus();
+  }
+  done(reported);
 }
 
 void SaveExecutor::DoGather(const std::string& session_id, const v1::GatherCommand& gather) {
@@ -557,7 +574,8 @@ absl::Status SaveExecutor::ReportPhase(const std::string& session_id, v1::AgentP
     absl::MutexLock lock(&mu_);
     if (Session* s = FindLocked(session_id); s != nullptr) s->phase_reports.push_back(request);
   }
-  return coordinator_->ReportPhase(request).status();
+  return RetryWhileUnavailable(options_.report_retry_window,
+                               [&] { return coordinator_->ReportPhase(request).status(); });
 }
 
 absl::Status SaveExecutor::ReportChunks(const std::string& session_id,
@@ -570,7 +588,8 @@ absl::Status SaveExecutor::ReportChunks(const std::string& session_id,
     absl::MutexLock lock(&mu_);
     if (Session* s = FindLocked(session_id); s != nullptr) s->chunk_reports.push_back(request);
   }
-  return coordinator_->ReportChunks(request).status();
+  return RetryWhileUnavailable(options_.report_retry_window,
+                               [&] { return coordinator_->ReportChunks(request).status(); });
 }
 
 void SaveExecutor::Fail(const std::string& session_id, v1::ErrorCode code,
@@ -582,6 +601,22 @@ void SaveExecutor::Fail(const std::string& session_id, v1::ErrorCode code,
   // Whether or not the coordinator heard it, this rank is out of the session.
   DoEnd(session_id, ErrorFromDetail(detail), "");
   if (!reported.ok()) LogWarning("could not report the failure: ", reported.ToString());
+}
+
+absl::Status SaveExecutor::RetryWhileUnavailable(absl::Duration window,
+                                                 const std::function<absl::Status()>& call) {
+  const absl::Time give_up = absl::Now() + window;
+  Backoff backoff(BackoffOptions{absl::Milliseconds(100), absl::Seconds(2), 2.0, 0.5});
+  while (true) {
+    absl::Status status = call();
+    // NotFound: a restarted coordinator does not know this agent until it re-registers.
+    const bool retriable = status.code() == absl::StatusCode::kUnavailable ||
+                           status.code() == absl::StatusCode::kNotFound;
+    if (!retriable || absl::Now() >= give_up) return status;
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&stop_), std::min(backoff.Next(), give_up - absl::Now()));
+    if (stop_) return status;
+  }
 }
 
 SaveExecutor::Session* SaveExecutor::FindLocked(const std::string& session_id) {

@@ -48,6 +48,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/backoff.h"
 #include "agent/coordinator_client.h"
 #include "agent/peer/peer_transport.h"
 #include "agent/shard_writer.h"
@@ -67,6 +68,12 @@ struct SaveExecutorOptions {
   absl::Duration gather_timeout = absl::Minutes(10);
   // Chunks per ReportChunks call. Default: 1024.
   size_t report_batch = 1024;
+  // How long a plan submission keeps retrying while the coordinator is unreachable or does
+  // not know this agent yet (it may be restarting). Default: 60 s.
+  absl::Duration submit_retry_window = absl::Seconds(60);
+  // Likewise for phase and chunk reports; a longer outage is covered by re-sending every
+  // report after re-registration. Default: 3 s.
+  absl::Duration report_retry_window = absl::Seconds(3);
   // Finished sessions remembered for WaitCommitted. Default: 16.
   size_t remember_sessions = 16;
   ShardWriterOptions writer;
@@ -176,6 +183,12 @@ class SaveExecutor {
       ABSL_LOCKS_EXCLUDED(mu_);
   // Reports a local failure: the session aborts on the coordinator.
   void Fail(const std::string& session_id, v1::ErrorCode code, const absl::Status& cause)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Calls `call` until it returns something other than Unavailable or NotFound (a restarted
+  // coordinator that has not seen this agent re-register yet), `window` passes, or
+  // Shutdown(); waits with backoff between attempts. Returns the last status.
+  absl::Status RetryWhileUnavailable(absl::Duration window,
+                                     const std::function<absl::Status()>& call)
       ABSL_LOCKS_EXCLUDED(mu_);
   Session* FindLocked(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ForgetOldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

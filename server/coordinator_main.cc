@@ -2,6 +2,8 @@
 // only (STYLE.md 11). SIGTERM or SIGINT shuts it down cleanly: in-flight RPCs get a grace
 // period, the state store is closed, and the process exits 0. A restart on the same --db_path
 // resumes unfinished sessions (SessionManager::Recover).
+#include <signal.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -57,6 +59,10 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA that client certificates must chain to (enables mutual TLS)");
+ABSL_FLAG(std::string, crash_in_state, "",
+          "fault injection for tests: SIGKILL the coordinator right after it persists a "
+          "session's entry into this state (PLANNING, PINNING, COPYING, PERSISTING, COMMITTING, "
+          "COMMITTED)");
 ABSL_FLAG(int32_t, shutdown_grace_ms, 2000,
           "on SIGTERM, how long in-flight RPCs may take before they are cancelled");
 
@@ -122,6 +128,14 @@ int main(int argc, char** argv) {
   session_options.max_concurrent_writers =
       static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_max_concurrent_writers)));
   session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));
+  if (const std::string crash = absl::GetFlag(FLAGS_crash_in_state); !crash.empty()) {
+    session_options.on_state_persisted = [crash](tessera::v1::SessionState state) {
+      if (tessera::v1::SessionState_Name(state) == "SESSION_STATE_" + crash) {
+        tessera::LogError("fault injection: crashing in ", crash);
+        raise(SIGKILL);
+      }
+    };
+  }
   tessera::SessionManager sessions(store->get(), &registry, &streams, &committer, clock,
                                    session_options);
   if (absl::Status recovered = sessions.Recover(); !recovered.ok()) {

@@ -96,8 +96,12 @@ grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
     };
     return new Refused(ToGrpcStatus(status));
   }
-  return streams_->Open(request->job_id(), request->rank(),
-                        sessions_->CurrentCommand(request->job_id(), request->rank()));
+  std::optional<v1::Command> replay =
+      sessions_->CurrentCommand(request->job_id(), request->rank());
+  LogInfo("command stream opened by job=", request->job_id(), " rank=", request->rank(),
+          replay.has_value() ? absl::StrCat(" (replaying a command of ", replay->session_id(), ")")
+                             : "");
+  return streams_->Open(request->job_id(), request->rank(), std::move(replay));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportPhase(grpc::CallbackServerContext* context,

@@ -205,11 +205,7 @@ absl::Status SessionManager::Recover() {
         BroadcastLocked(job, c, out);
       } else if (state == v1::SESSION_STATE_PERSISTING) {
         v1::Command c;
-        for (uint32_t r = 0; r < s.ranks.size(); ++r) {
-          if (auto reg = registry_->Get(job_id, r)) {
-            (*c.mutable_gather()->mutable_peer_addresses())[r] = reg->peer_address();
-          }
-        }
+        *c.mutable_gather()->mutable_peer_addresses() = s.record.peer_addresses();
         BroadcastLocked(job, c, out);
       } else if (state == v1::SESSION_STATE_COMMITTING) {
         s.commit_pending = options_.coordinator_commits;
@@ -471,7 +467,8 @@ std::optional<v1::Command> SessionManager::CurrentCommand(const std::string& job
                                                           uint32_t rank) const {
   absl::MutexLock lock(&mu_);
   auto it = jobs_.find(job_id);
-  if (it == jobs_.end() || it->second.current == nullptr) return std::nullopt;
+  if (it == jobs_.end()) return std::nullopt;
+  if (it->second.current == nullptr) return it->second.last_final;
   for (const auto& [r, command] : it->second.current->latest) {
     if (r == rank) return command;
   }
@@ -927,14 +924,15 @@ absl::Status SessionManager::BeginCopyingLocked(Job& job, Outbox& out) {
 
 absl::Status SessionManager::BeginPersistingLocked(Job& job, Outbox& out) {
   Session& s = *job.current;
+  for (uint32_t r = 0; r < s.ranks.size(); ++r) {
+    if (auto reg = registry_->Get(job.record.job_id(), r)) {
+      (*s.record.mutable_peer_addresses())[r] = reg->peer_address();
+    }
+  }
   EnterStateLocked(s, v1::SESSION_STATE_PERSISTING);
   RETURN_IF_ERROR(PersistSessionLocked(job, StoreBatch()));
   v1::Command c;
-  for (uint32_t r = 0; r < s.ranks.size(); ++r) {
-    if (auto reg = registry_->Get(job.record.job_id(), r)) {
-      (*c.mutable_gather()->mutable_peer_addresses())[r] = reg->peer_address();
-    }
-  }
+  *c.mutable_gather()->mutable_peer_addresses() = s.record.peer_addresses();
   BroadcastLocked(job, c, out);
   return absl::OkStatus();
 }
@@ -1104,6 +1102,7 @@ absl::Status SessionManager::MarkCommittedLocked(Job& job, Outbox& out) {
   v1::Command c;
   c.mutable_committed()->set_checkpoint_dir(s.record.checkpoint_dir());
   BroadcastLocked(job, c, out);
+  job.last_final = s.latest.empty() ? std::nullopt : std::optional(s.latest.front().second);
   job.last_ended = std::make_unique<v1::SessionStatus>(StatusLocked(job, s));
   job.current.reset();
   ++version_;
@@ -1127,6 +1126,7 @@ void SessionManager::AbortLocked(Job& job, const v1::ErrorDetail& error, Outbox&
   v1::Command c;
   *c.mutable_abort()->mutable_error() = error;
   BroadcastLocked(job, c, out);
+  job.last_final = s.latest.empty() ? std::nullopt : std::optional(s.latest.front().second);
   if (options_.coordinator_commits && !s.record.tmp_dir().empty()) {
     removals_.push_back(s.record.tmp_dir());  // removed by Tick, outside the lock
     work_pending_ = true;
@@ -1220,7 +1220,9 @@ absl::Status SessionManager::PersistSessionLocked(Job& job, StoreBatch batch) {
   batch.Put(Table::kSessions, SessionKey(job.record.job_id(), s.record.session_id()),
             s.record.SerializeAsString());
   batch.Put(Table::kJobs, job.record.job_id(), job.record.SerializeAsString());
-  return store_->Commit(batch);
+  RETURN_IF_ERROR(store_->Commit(batch));
+  if (options_.on_state_persisted) options_.on_state_persisted(s.record.state());
+  return absl::OkStatus();
 }
 
 absl::Duration SessionManager::PhaseTimeoutLocked(v1::SessionState state) const {

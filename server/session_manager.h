@@ -48,6 +48,7 @@
 #define TESSERA_SERVER_SESSION_MANAGER_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -115,6 +116,9 @@ struct SessionManagerOptions {
   // all. Default: 0.
   int keep_last = 0;
   PlannerOptions planner;
+  // Called after each state transition is persisted, before its commands go out. For fault
+  // injection in tests (the coordinator's --crash_in_state). Default: none.
+  std::function<void(v1::SessionState)> on_state_persisted;
 };
 
 class SessionManager {
@@ -151,8 +155,9 @@ class SessionManager {
   absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The command (job, rank) should be executing now in the job's current session, for
-  // replay when its command stream (re)connects.
+  // The command (job, rank) should be executing now in the job's current session — or, with
+  // no session in flight, the last session's COMMITTED/ABORT — for replay when its command
+  // stream (re)connects.
   std::optional<v1::Command> CurrentCommand(const std::string& job_id, uint32_t rank) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -227,6 +232,9 @@ class SessionManager {
   struct Job {
     v1::JobRecord record;
     std::unique_ptr<Session> current;
+    // The last ended session's final command (COMMITTED or ABORT), replayed to agents whose
+    // command stream reconnects after the end, so none waits for an outcome it missed.
+    std::optional<v1::Command> last_final;
     std::vector<v1::CheckpointInfo> checkpoints;  // newest first
     std::unique_ptr<v1::SessionStatus> last_ended;  // status of the last finished session
   };

@@ -699,7 +699,11 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   for (const v1::Command& c : CommandsTo(3, id)) {
     if (c.has_committed()) EXPECT_EQ(c.committed().checkpoint_dir(), FinalDir(100));
   }
-  EXPECT_FALSE(manager().CurrentCommand(kJob, 0).has_value());
+  // An agent whose stream reconnects now is told the outcome it may have missed.
+  std::optional<v1::Command> replay = manager().CurrentCommand(kJob, 0);
+  ASSERT_TRUE(replay.has_value());
+  EXPECT_TRUE(replay->has_committed());
+  EXPECT_EQ(replay->session_id(), id);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> list = manager().ListCheckpoints(kJob);
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_THAT(*list, SizeIs(1));
@@ -909,7 +913,9 @@ TEST_F(SessionManagerTest, Save_AgentLeaseExpiresWhileCopying_AbortsWithAgentLos
   EXPECT_EQ(LatestStep(), 100);
   EXPECT_THAT(CheckpointSteps(), ElementsAre(100));
   EXPECT_THAT(committer_.commits(), SizeIs(1));
-  EXPECT_FALSE(manager().CurrentCommand(kJob, 0).has_value());
+  std::optional<v1::Command> replay = manager().CurrentCommand(kJob, 0);
+  ASSERT_TRUE(replay.has_value());
+  EXPECT_EQ(replay->abort().error().code(), v1::ERROR_CODE_AGENT_LOST);
 }
 
 TEST_F(SessionManagerTest, Save_PhaseTimeout_AbortsNamingWaitingRanks) {
