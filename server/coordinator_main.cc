@@ -26,6 +26,7 @@
 #include "server/agent_registry.h"
 #include "server/command_streams.h"
 #include "server/coordinator_service.h"
+#include "server/metrics.h"
 #include "server/peer_id_broker.h"
 #include "server/session_manager.h"
 #include "server/storage_committer.h"
@@ -59,6 +60,8 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM server certificate (enables TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
 ABSL_FLAG(std::string, tls_client_ca, "",
           "PEM CA that client certificates must chain to (enables mutual TLS)");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "host:port to serve Prometheus metrics on at /metrics (empty: no metrics endpoint)");
 ABSL_FLAG(std::string, crash_in_state, "",
           "fault injection for tests: SIGKILL the coordinator right after it persists a "
           "session's entry into this state (PLANNING, PINNING, COPYING, PERSISTING, COMMITTING, "
@@ -150,6 +153,17 @@ int main(int argc, char** argv) {
   tessera::CoordinatorService coordinator(&registry, &sessions, &streams, &broker, clock,
                                           service_options);
   tessera::AdminService admin(&registry, &sessions, token);
+
+  std::unique_ptr<prometheus::Exposer> metrics_server;
+  auto metrics = std::make_shared<tessera::CoordinatorMetrics>(&sessions, &registry);
+  if (const std::string listen_metrics = absl::GetFlag(FLAGS_metrics_listen);
+      !listen_metrics.empty()) {
+    absl::StatusOr<std::unique_ptr<prometheus::Exposer>> served =
+        tessera::ServeMetrics(listen_metrics, metrics);
+    if (!served.ok()) return Fail(std::string(served.status().message()));
+    metrics_server = *std::move(served);
+    tessera::LogInfo("metrics on http://", listen_metrics, "/metrics");
+  }
 
   const std::string listen = absl::GetFlag(FLAGS_listen);
   int bound_port = 0;

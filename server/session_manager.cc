@@ -308,6 +308,7 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
     LocalPlan& plan = s.plans[request.rank()];
     plan.rank = request.rank();
     plan.shards.assign(request.shards().begin(), request.shards().end());
+    s.plan_fingerprints[request.rank()] = FingerprintLocalPlan(plan);
     session_id = s.record.session_id();
     ++version_;
     if (s.plans.size() == s.ranks.size()) AdvanceLocked(job, out);
@@ -367,6 +368,10 @@ absl::StatusOr<v1::SessionState> SessionManager::ReportPhase(
             p.pinned_bytes = request.pinned_bytes();
             break;
           case v1::AGENT_PHASE_STAGED:
+            if (p.reached < state) {
+              ++stats_.trainer_stall.count;
+              stats_.trainer_stall.seconds += request.trainer_stall_ns() / 1e9;
+            }
             p.reached = state;
             p.stall_ns = request.trainer_stall_ns();
             break;
@@ -607,6 +612,14 @@ std::vector<v1::JobInfo> SessionManager::ListJobs() const {
   return jobs;
 }
 
+SessionStats SessionManager::Stats() const {
+  absl::MutexLock lock(&mu_);
+  SessionStats stats = stats_;
+  stats.sessions_in_flight = 0;
+  for (const auto& [id, job] : jobs_) stats.sessions_in_flight += job.current != nullptr ? 1 : 0;
+  return stats;
+}
+
 uint64_t SessionManager::version() const {
   absl::MutexLock lock(&mu_);
   return version_;
@@ -831,11 +844,16 @@ absl::Status SessionManager::BeginPinningLocked(Job& job, Outbox& out) {
   Session& s = *job.current;
   ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::FromProto(job.record.layout()));
   std::vector<LocalPlan> plans;
+  std::vector<uint64_t> per_rank;
   plans.reserve(s.plans.size());
-  for (auto& [rank, plan] : s.plans) plans.push_back(std::move(plan));
+  for (auto& [rank, plan] : s.plans) {
+    plans.push_back(std::move(plan));
+    per_rank.push_back(s.plan_fingerprints[rank]);
+  }
   s.plans.clear();
+  s.plan_fingerprints.clear();
 
-  const uint64_t fingerprint = FingerprintPlans(layout, plans);
+  const uint64_t fingerprint = CombineFingerprints(layout, per_rank);
   std::shared_ptr<const GlobalPlan> plan = plan_cache_.Lookup(job.record.job_id(), fingerprint);
   const bool cached = plan != nullptr;
   if (!cached) {
@@ -1097,6 +1115,8 @@ absl::Status SessionManager::MarkCommittedLocked(Job& job, Outbox& out) {
     return persisted;
   }
   job.checkpoints = std::move(checkpoints);
+  ++stats_.commits;
+  stats_.bytes_committed += s.record.manifest().total_bytes();
   LogInfo("session ", s.record.session_id(), ": COMMITTED step ", s.record.step(), " at ",
           s.record.checkpoint_dir());
   v1::Command c;
@@ -1115,6 +1135,7 @@ void SessionManager::AbortLocked(Job& job, const v1::ErrorDetail& error, Outbox&
              StateName(s.record.state()), ": ", ErrorCodeName(error.code()), ": ",
              error.message());
   *s.record.mutable_error() = error;
+  ++stats_.aborts_by_reason[ErrorCodeName(error.code())];
   EnterStateLocked(s, v1::SESSION_STATE_ABORTED);
   job.record.clear_current_session_id();
   absl::Status persisted = PersistSessionLocked(job, StoreBatch());
@@ -1206,6 +1227,9 @@ void SessionManager::EnterStateLocked(Session& session, v1::SessionState state) 
   if (!session.record.phases().empty()) {
     v1::PhaseTiming* last = session.record.mutable_phases(session.record.phases_size() - 1);
     last->set_duration_ms(absl::ToUnixMillis(now) - last->entered_unix_ms());
+    SessionStats::Timing& t = stats_.phase_seconds[StateName(last->state())];
+    ++t.count;
+    t.seconds += last->duration_ms() / 1000.0;
   }
   v1::PhaseTiming* timing = session.record.add_phases();
   timing->set_state(state);

@@ -49,6 +49,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -121,6 +122,20 @@ struct SessionManagerOptions {
   std::function<void(v1::SessionState)> on_state_persisted;
 };
 
+// Counters since the coordinator started, for metrics (server/metrics.h).
+struct SessionStats {
+  uint64_t commits = 0;
+  uint64_t bytes_committed = 0;
+  std::map<std::string, uint64_t> aborts_by_reason;  // "AGENT_LOST" -> count
+  struct Timing {
+    uint64_t count = 0;
+    double seconds = 0;
+  };
+  std::map<std::string, Timing> phase_seconds;  // "PERSISTING" -> completed phases
+  Timing trainer_stall;                         // one sample per rank per save
+  uint64_t sessions_in_flight = 0;
+};
+
 class SessionManager {
  public:
   // Every pointer must outlive the manager.
@@ -185,6 +200,8 @@ class SessionManager {
 
   std::vector<v1::JobInfo> ListJobs() const ABSL_LOCKS_EXCLUDED(mu_);
 
+  SessionStats Stats() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Does the slow and time-driven work: aborts sessions whose phase deadline passed or one of
   // whose agents' lease expired, commits sessions that reached COMMITTING. Returns when done.
   void Tick() ABSL_LOCKS_EXCLUDED(mu_);
@@ -218,6 +235,9 @@ class SessionManager {
     v1::SessionRecord record;
     absl::Time phase_started;
     absl::btree_map<uint32_t, LocalPlan> plans;  // PLANNING
+    // FingerprintLocalPlan of each plan, computed as it arrives so that a save whose plans
+    // are unchanged finds its cached global plan in microseconds.
+    absl::btree_map<uint32_t, uint64_t> plan_fingerprints;
     std::shared_ptr<const GlobalPlan> plan;      // PINNING and later
     std::vector<RankProgress> ranks;
     // (key, box as string) -> index into the plan's chunks, and what was reported.
@@ -289,6 +309,7 @@ class SessionManager {
   bool work_pending_ ABSL_GUARDED_BY(mu_) = false;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t last_seq_ ABSL_GUARDED_BY(mu_) = 0;  // of the last command emitted
+  SessionStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> removals_ ABSL_GUARDED_BY(mu_);  // aborted sessions' directories
 };
 

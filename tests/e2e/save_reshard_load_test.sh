@@ -17,13 +17,28 @@ fail() {
   exit 1
 }
 
-start_coordinator || fail "coordinator"
+metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_coordinator --metrics_listen="127.0.0.1:$metrics_port" || fail "coordinator"
 start_agents llama pp=2,tp=2,dp=2 || fail "agents (save layout)"
 run_trainers llama pp=2,tp=2,dp=2 --mode=save --steps=10,20 --optimizer="$OPTIMIZER" ||
   fail "saving on pp=2,tp=2,dp=2"
 grep -q "step 20 committed" "$DIR/logs/trainer-llama-0.out" || fail "no commit of step 20"
 grep -q "(plan cached)" "$DIR/logs/trainer-llama-0.out" || fail "the second save did not reuse the plan"
 [ -f "$DIR/ckpt/llama/step-000000020/manifest.pb" ] || fail "no committed directory for step 20"
+# The Prometheus endpoint counts what happened.
+/usr/bin/python3 - "$metrics_port" <<'PY' || fail "metrics endpoint"
+import re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
+def value(pattern):
+    m = re.search(r"^" + pattern + r" ([0-9.e+]+)$", text, re.M)
+    assert m, "no " + pattern + " in /metrics"
+    return float(m.group(1))
+assert value("tessera_sessions_committed_total") == 2, text
+assert value("tessera_bytes_committed_total") > 0
+assert value(r'tessera_agents_alive\{job="llama"\}') == 8
+assert value("tessera_trainer_stall_seconds_count") == 16
+assert value(r'tessera_phase_seconds_count\{phase="PERSISTING"\}') == 2
+PY
 stop_agents || fail "agents did not stop cleanly"
 
 for layout in pp=1,tp=2,dp=4 pp=2,tp=1,dp=4; do
