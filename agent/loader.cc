@@ -55,12 +55,24 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   if (!region.ok()) return region.status();
   auto* base = static_cast<unsigned char*>((*region)[0].data);
 
+  // Optimizer state the checkpoint records as absent (one entry "<fqn>#", no chunks) is
+  // reported, not read: the trainer keeps its destination and knows the state is missing.
+  std::vector<bool> absent(request.shards_size(), false);
   std::vector<ReadRequest> reads;
+  std::vector<int> read_index;  // reads[k] serves request shard read_index[k]
   reads.reserve(request.shards_size());
   for (int i = 0; i < request.shards_size(); ++i) {
     const v1::ShardDesc& shard = request.shards(i);
+    const std::string key = TensorKeyOf(shard, rank_);
+    if (shard.kind() == v1::SHARD_KIND_OPTIMIZER && (*reader)->FindTensor(key) == nullptr) {
+      const v1::TensorEntry* marker = (*reader)->FindTensor(shard.fqn() + "#");
+      if (marker != nullptr && marker->state_absent()) {
+        absent[i] = true;
+        continue;
+      }
+    }
     ReadRequest read;
-    read.key = TensorKeyOf(shard, rank_);
+    read.key = key;
     read.dtype = shard.dtype();
     read.global_shape.assign(shard.global_shape().begin(), shard.global_shape().end());
     read.box = shard.has_box() ? BoxFromProto(shard.box()) : FullBox(read.global_shape);
@@ -68,11 +80,15 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
     read.dest = base + slots[i].first;
     read.dest_size = slots[i].second;
     reads.push_back(std::move(read));
+    read_index.push_back(i);
   }
   absl::StatusOr<std::vector<ReadResult>> results = (*reader)->Read(reads);
   if (!results.ok()) {
     staging_->ReleaseAll();
     return results.status();
+  }
+  for (size_t k = 0; k < results->size(); ++k) {
+    if ((*results)[k].state_absent) absent[read_index[k]] = true;
   }
   v1::LoadResponse response;
   response.set_load_id(absl::StrCat("load-", rank_, "-", ++loads_));
@@ -82,8 +98,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   for (int i = 0; i < request.shards_size(); ++i) {
     v1::StagingSlot* slot = response.add_slots();
     slot->set_offset(slots[i].first);
-    slot->set_nbytes(slots[i].second);
-    if ((*results)[i].state_absent) response.add_absent(static_cast<uint32_t>(i));
+    slot->set_nbytes(absent[i] ? 0 : slots[i].second);
+    if (absent[i]) response.add_absent(static_cast<uint32_t>(i));
   }
   current_load_ = response.load_id();
   return response;

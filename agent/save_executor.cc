@@ -234,7 +234,7 @@ void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done)
   RetryWhileUnavailable(options_.submit_retry_window, [&] {
     submitted = coordinator_->SubmitLocalPlan(submit);
     return submitted.status();
-  });
+  }).IgnoreError();  // the outcome is in `submitted`
   if (!submitted.ok()) {
     done(submitted.status());
     return;

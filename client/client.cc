@@ -242,7 +242,9 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
       slot_data[i] = base + response.slots(static_cast<int>(i)).offset();
     }
   }
+  const absl::Time copy_start = absl::Now();
   RETURN_IF_ERROR(CopyLocked(tensors, slot_data, /*to_staging=*/true));
+  const absl::Duration copy = absl::Now() - copy_start;
 
   {
     v1::StagedRequest staged;
@@ -263,6 +265,7 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   result.session_id = response.session_id();
   result.plan_cached = response.plan_cached();
   result.stall = absl::Now() - start;
+  result.copy = copy;
   return result;
 }
 

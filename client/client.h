@@ -100,6 +100,9 @@ struct SaveResult {
   std::string session_id;
   // Wall time from Save()'s entry to its return: how long training was blocked.
   absl::Duration stall = absl::ZeroDuration();
+  // The part of `stall` spent copying into staging; the rest waited for every rank's plan,
+  // the global plan and pinning (a barrier across ranks), and for the Staged report.
+  absl::Duration copy = absl::ZeroDuration();
   // The coordinator reused the job's last validated plan (unchanged tensors).
   bool plan_cached = false;
 };

@@ -50,6 +50,7 @@ echo "== training: 8 trainers save steps 100, 200, 300 (about $MB MiB each, $OPT
 run_trainers demo pp=2,tp=2,dp=2 --mode=save --steps=100,200,300 --total_mb="$MB" \
   --optimizer="$OPTIMIZER" || fail "a trainer failed (see $DIR/logs/trainer-demo-*.out)"
 sed 's/^/   /' "$DIR/logs/trainer-demo-0.out"
+for f in "$DIR"/logs/trainer-demo-*.out; do mv "$f" "${f%.out}.save"; done
 
 echo "== tessera status demo"
 "$TESSERA" status demo | sed 's/^/   /' || fail "tessera status"
@@ -75,20 +76,25 @@ echo "== summary"
 import glob, json, re, sys
 d = sys.argv[1]
 stalls = {}
-for path in glob.glob(d + "/logs/trainer-demo-*.out"):
+for path in glob.glob(d + "/logs/trainer-demo-*.save"):
     for line in open(path):
-        m = re.search(r"step (\d+) staged: ([\d.]+) ms trainer stall for ([\d.]+) MiB", line)
+        m = re.search(r"step (\d+) staged: ([\d.]+) ms trainer stall for ([\d.]+) MiB "
+                      r"\(copy ([\d.]+) ms", line)
         if m:
-            stalls.setdefault(int(m.group(1)), []).append((float(m.group(2)), float(m.group(3))))
+            stalls.setdefault(int(m.group(1)), []).append(
+                (float(m.group(2)), float(m.group(3)), float(m.group(4))))
 for step in sorted(stalls):
-    values = [s for s, _ in stalls[step]]
-    mib = sum(m for _, m in stalls[step])
-    print("   step %d: trainer stall %.0f ms max, %.0f ms mean over %d ranks (%.0f MiB staged)"
-          % (step, max(values), sum(values) / len(values), len(values), mib))
+    values = [s for s, _, _ in stalls[step]]
+    copies = [c for _, _, c in stalls[step]]
+    mib = sum(m for _, m, _ in stalls[step])
+    print("   step %d: trainer stall %.0f ms mean, %.0f ms max over %d ranks; of it copying %.0f MiB "
+          "into staging took %.0f ms mean (the rest waits for the slowest rank to arrive)"
+          % (step, sum(values) / len(values), max(values), len(values), mib,
+             sum(copies) / len(copies)))
 status = json.load(open(d + "/status.json"))
-phases = {p["state"]: int(p.get("durationMs", 0)) for p in status.get("phases", [])}
+phases = {p["state"]: int(p.get("duration_ms", 0)) for p in status.get("phases", [])}
 persist_ms = phases.get("SESSION_STATE_PERSISTING", 0) + phases.get("SESSION_STATE_COMMITTING", 0)
-total = int(status.get("bytesTotal", 0))
+total = int(status.get("bytes_total", 0))
 if persist_ms > 0:
     print("   step %s: %.0f MiB persisted and committed in %.2f s (%.0f MiB/s)"
           % (status.get("step"), total / 2**20, persist_ms / 1000, total / 2**20 / (persist_ms / 1000)))

@@ -66,7 +66,9 @@ absl::Status ValidateTensor(const v1::TensorEntry& tensor) {
   if (absl::Status s = ValidateName(tensor.fqn()); !s.ok()) {
     return Invalid(key, absl::StrCat("bad fqn: ", s.message()));
   }
-  if (tensor.kind() == v1::SHARD_KIND_OPTIMIZER) {
+  // Optimizer state no rank has yet is one entry "<fqn>#" with an empty state key.
+  if (tensor.kind() == v1::SHARD_KIND_OPTIMIZER &&
+      !(tensor.state_absent() && tensor.state_key().empty())) {
     if (absl::Status s = ValidateName(tensor.state_key()); !s.ok()) {
       return Invalid(key, absl::StrCat("bad state_key: ", s.message()));
     }

@@ -174,6 +174,22 @@ TEST_F(ManifestIoTest, Read_Malformed_DataLossSayingWhy) {
   }
 }
 
+// The planner records optimizer state that no rank has yet as one entry "<fqn>#" with an
+// empty state key (server/planner.h); such a manifest must commit and read back.
+TEST_F(ManifestIoTest, Validate_AbsentOptimizerStateWithoutKey_Accepted) {
+  v1::Manifest m = manifest_;
+  v1::TensorEntry* absent = m.add_tensors();
+  absent->set_key("layers.9.w#");
+  absent->set_fqn("layers.9.w");
+  absent->set_kind(v1::SHARD_KIND_OPTIMIZER);
+  absent->set_state_absent(true);
+  absent->set_dtype(v1::DTYPE_F32);
+  absent->add_global_shape(4);
+  EXPECT_TRUE(ValidateManifest(m).ok()) << ValidateManifest(m);
+  absent->set_state_absent(false);  // an empty key is only the absent marker
+  EXPECT_FALSE(ValidateManifest(m).ok());
+}
+
 TEST(IsPlainFileNameTest, OnlyPlainNames) {
   EXPECT_TRUE(IsPlainFileName("data-0.safetensors"));
   EXPECT_TRUE(IsPlainFileName("..data"));

@@ -759,6 +759,12 @@ void SessionManager::Tick() {
       gcs.push_back({JobDir(work.job_id)});
     } else if (GetErrorCode(committed) == v1::ERROR_CODE_STEP_EXISTS) {
       AbortLocked(job, *GetErrorDetail(committed), out);
+    } else if (committed.code() == absl::StatusCode::kInvalidArgument) {
+      // Retrying cannot fix a manifest or directory the commit refuses.
+      AbortLocked(job,
+                  Detail(v1::ERROR_CODE_IO_ERROR,
+                         absl::StrCat("the commit was refused: ", committed.message())),
+                  out);
     } else {
       LogWarning("commit of ", work.session_id, " failed, will retry: ", committed.ToString());
     }

@@ -106,11 +106,13 @@ stop_coordinator() {
   return $rc
 }
 
-# stop_all: for traps.
+# stop_all: for EXIT traps. Never fails: under `set -e` a failing command in a trap would
+# replace the script's exit status.
 stop_all() {
   local p
-  for p in "${TRAINER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
-  stop_agents >/dev/null 2>&1
-  stop_coordinator >/dev/null 2>&1
+  for p in "${TRAINER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  stop_agents >/dev/null 2>&1 || true
+  stop_coordinator >/dev/null 2>&1 || true
   case "$SOCK_DIR" in /tmp/tessera-sock.*) rm -rf "$SOCK_DIR" ;; esac
+  return 0
 }

@@ -98,8 +98,8 @@ for r in 0 1 2 3; do
 done
 logs=$(echo "$dir"/submit/tessera-logs/*)
 for r in 0 1 2 3; do
-  grep -q "starting for job llama at .*rank $r\|starting for job llama" "$logs/agent-$r.log" ||
-    fail "rank $r: no agent log"
+  grep -q "agent\[$r\]: starting for job llama" "$logs/agent-$r.log" ||
+    fail "rank $r: the agent did not log its start as rank $r"
   grep -q "stopped" "$logs/agent-$r.log" || fail "rank $r: the agent did not stop cleanly"
 done
 grep -q "stopped" "$logs/coordinator.log" || fail "the coordinator did not stop cleanly"

@@ -13,7 +13,7 @@ set -euo pipefail
 
 : "${TESSERA_COORDINATOR:?}" "${TESSERA_JOB:?}" "${TESSERA_LAYOUT:?}" "${SLURM_PROCID:?}"
 bin=${TESSERA_BIN:-/usr/local/bin}
-rank=0
+rank=$SLURM_PROCID
 log_dir=${TESSERA_LOG_DIR:-.}
 sock_dir="${TMPDIR:-/tmp}/tessera-${SLURM_JOB_ID:-$$}"
 socket="$sock_dir/agent-$rank.sock"

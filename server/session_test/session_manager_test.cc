@@ -618,7 +618,9 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
     const v1::RankAssignment a = AssignmentOf(r, id);
     writes += a.writes_size();
     hashes += a.hashes_size();
-    if (!a.writes().empty()) EXPECT_EQ(a.file(), DataFileName(r));
+    if (!a.writes().empty()) {
+      EXPECT_EQ(a.file(), DataFileName(r));
+    }
   }
   EXPECT_EQ(writes, 3);  // wq: two TP chunks; norm: one
   EXPECT_EQ(hashes, 5);  // wq: one replica per chunk; norm: three
@@ -645,7 +647,9 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   GatherAll(id);
   EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ElementsAre(0, 1, 2, 3));
   for (const v1::Command& c : CommandsTo(0, id)) {
-    if (c.has_persist()) EXPECT_EQ(c.persist().tmp_dir(), TmpDir(100, id));
+    if (c.has_persist()) {
+      EXPECT_EQ(c.persist().tmp_dir(), TmpDir(100, id));
+    }
   }
   PersistAll(id);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
@@ -697,7 +701,9 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   // COMMITTED went to everyone; the job's latest is the step.
   EXPECT_THAT(RanksSent(v1::Command::kCommitted, id), ElementsAre(0, 1, 2, 3));
   for (const v1::Command& c : CommandsTo(3, id)) {
-    if (c.has_committed()) EXPECT_EQ(c.committed().checkpoint_dir(), FinalDir(100));
+    if (c.has_committed()) {
+      EXPECT_EQ(c.committed().checkpoint_dir(), FinalDir(100));
+    }
   }
   // An agent whose stream reconnects now is told the outcome it may have missed.
   std::optional<v1::Command> replay = manager().CurrentCommand(kJob, 0);
@@ -1097,7 +1103,9 @@ TEST_F(SessionManagerTest, Save_WriterBound_OnePersistAtATime) {
     done.insert(*writing);
   }
   for (uint32_t r = 0; r < 4; ++r) {
-    if (!is_writer(r)) ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PERSISTED).ok());
+    if (!is_writer(r)) {
+      ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PERSISTED).ok());
+    }
   }
   EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
   AdvanceAndTick(absl::Seconds(1));

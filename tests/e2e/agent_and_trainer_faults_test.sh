@@ -69,4 +69,13 @@ wait_for_line "$DIR/logs/coordinator.log" "COMMITTED step 30" 30 ||
   fail "step 30 did not commit after its trainers exited"
 run_trainers job "$LAYOUT" --mode=load --load_step=30 --layers=2 --dim=128 ||
   fail "step 30 does not load"
-echo "PASS: agent crash in pin/copy/gather/persist aborts with AGENT_LOST and keeps the latest; trainer exit after Save still commits"
+# Saved before the first optimizer step (state declared absent), loaded by a trainer that
+# has an optimizer: the absent states are reported, never a KeyError-style failure.
+run_trainers job "$LAYOUT" --mode=save --steps=40 --layers=2 --dim=128 --optimizer=absent ||
+  fail "saving with absent optimizer state"
+run_trainers job "$LAYOUT" --mode=load --load_step=40 --layers=2 --dim=128 ||
+  fail "loading a checkpoint with absent optimizer state"
+grep -q "optimizer states absent in the checkpoint" "$DIR/logs/trainer-job-0.out" ||
+  fail "the absent optimizer state was not reported on load"
+
+echo "PASS: agent crash in pin/copy/gather/persist aborts with AGENT_LOST and keeps the latest; trainer exit after Save still commits; absent optimizer state saves and loads"
