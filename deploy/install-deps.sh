@@ -11,7 +11,7 @@ PACKAGES=(
   libabsl-dev librocksdb-dev libxxhash-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-torch
-  iproute2 fio procps
+  iproute2 fio procps openssl
 )
 
 quiet=0

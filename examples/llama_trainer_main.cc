@@ -6,6 +6,7 @@
 //         --wait wait for the commit.
 //   load: Load (--load_step, -1 = latest) into this rank's pieces of ITS layout (the agent's),
 //         then check every byte against the deterministic values of the loaded step.
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,8 +39,9 @@ ABSL_FLAG(int64_t, total_mb, 0, "if set: size the model to about this many MiB w
 ABSL_FLAG(bool, wait, true, "save: wait for each save's commit before the next");
 ABSL_FLAG(std::string, expect_error, "",
           "save: expect the save to fail with this error code (e.g. DUPLICATE_FQN); exit 0 if so");
-ABSL_FLAG(bool, exit_after_save, false,
-          "save: exit right after the first Save returns, before its commit (fault tests)");
+ABSL_FLAG(bool, kill_after_save, false,
+          "save: SIGKILL this trainer right after the first Save returns, before its commit "
+          "(fault tests)");
 ABSL_FLAG(std::string, rename_layers_from_stage, "",
           "save: reproduce the torchtitan PP bug: every stage names its layers from 0");
 
@@ -143,7 +145,7 @@ int main(int argc, char** argv) {
           total / 1048576.0 / std::max(1e-9, absl::ToDoubleSeconds(saved->copy)),
           saved->plan_cached ? " (plan cached)" : "");
       std::fflush(stdout);
-      if (absl::GetFlag(FLAGS_exit_after_save)) _exit(0);
+      if (absl::GetFlag(FLAGS_kill_after_save)) raise(SIGKILL);
       if (absl::GetFlag(FLAGS_wait)) {
         absl::StatusOr<std::string> dir = (*client)->WaitCommitted(step, absl::Minutes(10));
         if (!dir.ok()) return Fail(absl::StrCat("step ", step, ": ", dir.status().ToString()));

@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # End-to-end (real processes on loopback): a llama-like model with AdamW state saved by 8
-# ranks as PP2xTP2xDP2, committed, then loaded by new agents and trainers on PP1xTP2xDP4 and
-# PP2xTP1xDP4 and checked byte for byte. With OPTIMIZER=distributed the optimizer state is
-# flat-range slices across DP, gathered to DP leaders before writing.
+# ranks as $SAVE_LAYOUT (default PP2xTP2xDP2), committed, then loaded by new agents and
+# trainers on each of $LOAD_LAYOUTS and checked byte for byte. With OPTIMIZER=distributed the
+# optimizer state is flat-range slices across DP, gathered to DP leaders before writing.
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
 BIN=.
 DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 OPTIMIZER=${OPTIMIZER:-replicated}
+SAVE_LAYOUT=${SAVE_LAYOUT:-pp=2,tp=2,dp=2}
+LOAD_LAYOUTS=${LOAD_LAYOUTS:-pp=1,tp=2,dp=4 pp=2,tp=1,dp=4}
 LEASE_MS=1500
 trap stop_all EXIT
 fail() {
@@ -19,9 +21,9 @@ fail() {
 
 metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 start_coordinator --metrics_listen="127.0.0.1:$metrics_port" || fail "coordinator"
-start_agents llama pp=2,tp=2,dp=2 || fail "agents (save layout)"
-run_trainers llama pp=2,tp=2,dp=2 --mode=save --steps=10,20 --optimizer="$OPTIMIZER" ||
-  fail "saving on pp=2,tp=2,dp=2"
+start_agents llama "$SAVE_LAYOUT" || fail "agents (save layout)"
+run_trainers llama "$SAVE_LAYOUT" --mode=save --steps=10,20 --optimizer="$OPTIMIZER" ||
+  fail "saving on $SAVE_LAYOUT"
 grep -q "step 20 committed" "$DIR/logs/trainer-llama-0.out" || fail "no commit of step 20"
 grep -q "(plan cached)" "$DIR/logs/trainer-llama-0.out" || fail "the second save did not reuse the plan"
 [ -f "$DIR/ckpt/llama/step-000000020/manifest.pb" ] || fail "no committed directory for step 20"
@@ -41,7 +43,7 @@ assert value(r'tessera_phase_seconds_count\{phase="PERSISTING"\}') == 2
 PY
 stop_agents || fail "agents did not stop cleanly"
 
-for layout in pp=1,tp=2,dp=4 pp=2,tp=1,dp=4; do
+for layout in $LOAD_LAYOUTS; do
   sleep $((LEASE_MS / 1000 + 1))  # the previous layout's agents must have expired
   start_agents llama "$layout" || fail "agents ($layout)"
   run_trainers llama "$layout" --mode=load --load_step=-1 --optimizer="$OPTIMIZER" ||
@@ -50,4 +52,4 @@ for layout in pp=1,tp=2,dp=4 pp=2,tp=1,dp=4; do
   stop_agents || fail "agents ($layout) did not stop cleanly"
 done
 stop_coordinator || fail "coordinator did not stop cleanly"
-echo "PASS: saved on pp=2,tp=2,dp=2 ($OPTIMIZER optimizer), loaded byte-identical on pp=1,tp=2,dp=4 and pp=2,tp=1,dp=4"
+echo "PASS: saved on $SAVE_LAYOUT ($OPTIMIZER optimizer), loaded byte-identical on $LOAD_LAYOUTS"
