@@ -400,15 +400,7 @@ void SaveExecutor::DoGather(const std::string& session_id, const v1::GatherComma
       return;
     }
   }
-  {
-    absl::MutexLock lock(&mu_);
-    Session* s = FindLocked(session_id);
-    if (s == nullptr || s->phase != Phase::kStaged) return;
-    s->phase = Phase::kGathered;
-  }
-  if (absl::Status s = ReportPhase(session_id, v1::AGENT_PHASE_GATHERED, nullptr); !s.ok()) {
-    LogWarning("GATHERED report for ", session_id, " failed: ", s.ToString());
-  }
+  AdvanceAndReport(session_id, Phase::kStaged, Phase::kGathered, v1::AGENT_PHASE_GATHERED);
 }
 
 void SaveExecutor::DoPersist(const std::string& session_id, const std::string& tmp_dir) {
@@ -459,14 +451,19 @@ void SaveExecutor::DoPersist(const std::string& session_id, const std::string& t
       }
     }
   }
+  AdvanceAndReport(session_id, Phase::kGathered, Phase::kPersisted, v1::AGENT_PHASE_PERSISTED);
+}
+
+void SaveExecutor::AdvanceAndReport(const std::string& session_id, Phase from, Phase to,
+                                    v1::AgentPhase report) {
   {
     absl::MutexLock lock(&mu_);
     Session* s = FindLocked(session_id);
-    if (s == nullptr || s->phase != Phase::kGathered) return;
-    s->phase = Phase::kPersisted;
+    if (s == nullptr || s->phase != from) return;  // aborted meanwhile
+    s->phase = to;
   }
-  if (absl::Status s = ReportPhase(session_id, v1::AGENT_PHASE_PERSISTED, nullptr); !s.ok()) {
-    LogWarning("PERSISTED report for ", session_id, " failed: ", s.ToString());
+  if (absl::Status s = ReportPhase(session_id, report, nullptr); !s.ok()) {
+    LogWarning(v1::AgentPhase_Name(report), " report for ", session_id, " failed: ", s.ToString());
   }
 }
 

@@ -173,6 +173,9 @@ class SaveExecutor {
   void DoCommit(const std::string& session_id, const v1::CommitCommand& commit);
   void DoEnd(const std::string& session_id, absl::Status outcome, std::string checkpoint_dir);
   void DoResend();
+  // Moves the session from `from` to `to` (unless it left `from` meanwhile) and reports.
+  void AdvanceAndReport(const std::string& session_id, Phase from, Phase to,
+                        v1::AgentPhase report) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Reports a phase (remembering it); on an RPC error returns it. With `error` set the
   // session aborts on the coordinator.

@@ -1,16 +1,11 @@
 #include "agent/trainer_service.h"
 
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 
 namespace tessera {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 }  // namespace
 
@@ -47,7 +42,7 @@ grpc::ServerUnaryReactor* TrainerService::GetInfo(grpc::CallbackServerContext* c
                                                   const v1::GetInfoRequest*,
                                                   v1::AgentIdentity* response) {
   *response = identity_;
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* TrainerService::BeginSave(grpc::CallbackServerContext* context,
@@ -107,7 +102,7 @@ grpc::ServerUnaryReactor* TrainerService::ReleaseLoad(grpc::CallbackServerContex
                                                       const v1::ReleaseLoadRequest* request,
                                                       v1::ReleaseLoadResponse*) {
   loader_->Release(request->load_id());
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 }  // namespace tessera

@@ -4,17 +4,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 
 namespace tessera {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 bool Terminal(v1::SessionState state) {
   return state == v1::SESSION_STATE_COMMITTED || state == v1::SESSION_STATE_ABORTED;
@@ -106,7 +101,7 @@ absl::Status AdminService::Authorize(const grpc::CallbackServerContext* context)
 grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* context,
                                                  const v1::ListJobsRequest*,
                                                  v1::ListJobsResponse* response) {
-  if (absl::Status s = Authorize(context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = Authorize(context); !s.ok()) return FinishUnary(context, s);
   std::vector<v1::JobInfo> jobs = sessions_->ListJobs();
   // Jobs whose agents registered but that never saved are listed too.
   for (const std::string& job_id : registry_->Jobs()) {
@@ -131,61 +126,56 @@ grpc::ServerUnaryReactor* AdminService::ListJobs(grpc::CallbackServerContext* co
     job.set_agents_alive(alive);
     *response->add_jobs() = std::move(job);
   }
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* AdminService::ListAgents(grpc::CallbackServerContext* context,
                                                    const v1::ListAgentsRequest* request,
                                                    v1::ListAgentsResponse* response) {
-  if (absl::Status s = Authorize(context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = Authorize(context); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<std::vector<v1::AgentInfo>> agents = registry_->ListAgents(request->job_id());
   if (agents.ok()) {
     for (v1::AgentInfo& a : *agents) *response->add_agents() = std::move(a);
   }
-  return Finish(context, agents.status());
+  return FinishUnary(context, agents.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::GetSession(grpc::CallbackServerContext* context,
                                                    const v1::GetSessionRequest* request,
                                                    v1::SessionStatus* response) {
-  if (absl::Status s = Authorize(context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = Authorize(context); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<v1::SessionStatus> status =
       sessions_->GetSession(request->job_id(), request->session_id());
   if (status.ok()) *response = *std::move(status);
-  return Finish(context, status.status());
+  return FinishUnary(context, status.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::ListCheckpoints(
     grpc::CallbackServerContext* context, const v1::ListCheckpointsRequest* request,
     v1::ListCheckpointsResponse* response) {
-  if (absl::Status s = Authorize(context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = Authorize(context); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> list =
       sessions_->ListCheckpoints(request->job_id());
   if (list.ok()) {
     for (v1::CheckpointInfo& c : *list) *response->add_checkpoints() = std::move(c);
   }
-  return Finish(context, list.status());
+  return FinishUnary(context, list.status());
 }
 
 grpc::ServerUnaryReactor* AdminService::AbortSession(grpc::CallbackServerContext* context,
                                                      const v1::AbortSessionRequest* request,
                                                      v1::SessionStatus* response) {
-  if (absl::Status s = Authorize(context); !s.ok()) return Finish(context, s);
+  if (absl::Status s = Authorize(context); !s.ok()) return FinishUnary(context, s);
   absl::StatusOr<v1::SessionStatus> status =
       sessions_->AbortSession(request->job_id(), request->reason());
   if (status.ok()) *response = *std::move(status);
-  return Finish(context, status.status());
+  return FinishUnary(context, status.status());
 }
 
 grpc::ServerWriteReactor<v1::SessionStatus>* AdminService::WatchSession(
     grpc::CallbackServerContext* context, const v1::GetSessionRequest* request) {
   if (absl::Status s = Authorize(context); !s.ok()) {
-    class Refused : public grpc::ServerWriteReactor<v1::SessionStatus> {
-     public:
-      explicit Refused(grpc::Status s) { Finish(std::move(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(ToGrpcStatus(s));
+    return new RefusedStream<v1::SessionStatus>(s);
   }
   return new Watch(sessions_, *request);
 }

@@ -4,18 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
 
 namespace tessera {
 namespace {
 
-grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context,
-                                 const absl::Status& status) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  reactor->Finish(ToGrpcStatus(status));
-  return reactor;
-}
 
 absl::Status NoSessions() {
   return absl::UnimplementedError("this coordinator runs without a session manager");
@@ -40,7 +35,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
   if (!registered.ok()) {
     LogWarning("rejected registration job=", request->job_id(), " rank=",
                request->coord().rank(), ": ", registered.status().message());
-    return Finish(context, registered.status());
+    return FinishUnary(context, registered.status());
   }
   LogInfo("registered agent job=", request->job_id(), " rank=", request->coord().rank(),
           " node=", request->node_id(), " incarnation=", absl::Hex(request->incarnation()),
@@ -57,7 +52,7 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(reg.heartbeat_interval)));
   response->set_coordinator_incarnation(options_.coordinator_incarnation);
   response->set_storage_root(options_.storage_root);
-  return Finish(context, absl::OkStatus());
+  return FinishUnary(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
@@ -70,16 +65,16 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
         static_cast<uint32_t>(absl::ToInt64Milliseconds(registry_->options().lease)));
     response->set_coordinator_incarnation(options_.coordinator_incarnation);
   }
-  return Finish(context, status);
+  return FinishUnary(context, status);
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitLocalPlan(
     grpc::CallbackServerContext* context, const v1::SubmitLocalPlanRequest* request,
     v1::SubmitLocalPlanResponse* response) {
-  if (sessions_ == nullptr) return Finish(context, NoSessions());
+  if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
   absl::StatusOr<std::string> session = sessions_->SubmitLocalPlan(*request);
   if (session.ok()) response->set_session_id(*session);
-  return Finish(context, session.status());
+  return FinishUnary(context, session.status());
 }
 
 grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
@@ -88,13 +83,7 @@ grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
       registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
   if (status.ok() && (sessions_ == nullptr || streams_ == nullptr)) status = NoSessions();
   if (!status.ok()) {
-    // A reactor that finishes at once.
-    class Refused : public grpc::ServerWriteReactor<v1::Command> {
-     public:
-      explicit Refused(grpc::Status s) { Finish(std::move(s)); }
-      void OnDone() override { delete this; }
-    };
-    return new Refused(ToGrpcStatus(status));
+    return new RefusedStream<v1::Command>(status);
   }
   std::optional<v1::Command> replay =
       sessions_->CurrentCommand(request->job_id(), request->rank());
@@ -107,19 +96,19 @@ grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
 grpc::ServerUnaryReactor* CoordinatorService::ReportPhase(grpc::CallbackServerContext* context,
                                                           const v1::ReportPhaseRequest* request,
                                                           v1::ReportPhaseResponse* response) {
-  if (sessions_ == nullptr) return Finish(context, NoSessions());
+  if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
   absl::StatusOr<v1::SessionState> state = sessions_->ReportPhase(*request);
   if (state.ok()) response->set_state(*state);
-  return Finish(context, state.status());
+  return FinishUnary(context, state.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportChunks(
     grpc::CallbackServerContext* context, const v1::ReportChunksRequest* request,
     v1::ReportChunksResponse* response) {
-  if (sessions_ == nullptr) return Finish(context, NoSessions());
+  if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
   absl::StatusOr<v1::SessionState> state = sessions_->ReportChunks(*request);
   if (state.ok()) response->set_state(*state);
-  return Finish(context, state.status());
+  return FinishUnary(context, state.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ExchangePeerId(
@@ -132,7 +121,7 @@ grpc::ServerUnaryReactor* CoordinatorService::ExchangePeerId(
     status = broker_->Post(request->session_id(), request->group(), request->unique_id(),
                            clock_->Now());
   }
-  if (!status.ok()) return Finish(context, status);
+  if (!status.ok()) return FinishUnary(context, status);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   absl::Time deadline = clock_->Now() + options_.peer_id_timeout;
   deadline = std::min(deadline, absl::FromChrono(context->deadline()));

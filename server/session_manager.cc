@@ -395,8 +395,7 @@ absl::StatusOr<v1::SessionState> SessionManager::ReportPhase(
         ++version_;
         AdvanceLocked(job, out);
       }  // an earlier phase re-reported after a restart: already counted
-      result = job.current != nullptr && job.current.get() == s ? s->record.state()
-                                                                 : job.last_ended->state();
+      result = StateAfterLocked(job, s);
     }
   }
   Deliver(out);
@@ -461,8 +460,7 @@ absl::StatusOr<v1::SessionState> SessionManager::ReportChunks(
       ++version_;
       AdvanceLocked(job, out);
     }
-    result = job.current != nullptr && job.current.get() == s ? s->record.state()
-                                                               : job.last_ended->state();
+    result = StateAfterLocked(job, s);
   }
   Deliver(out);
   return result;
@@ -1179,6 +1177,12 @@ absl::StatusOr<SessionManager::Session*> SessionManager::FindSessionLocked(
         "session ", session_id, " already ended (", StateName(job.last_ended->state()), ")"));
   }
   return absl::NotFoundError(absl::StrCat("job ", job_id, " has no session ", session_id));
+}
+
+v1::SessionState SessionManager::StateAfterLocked(const Job& job, const Session* session) const {
+  // `session` may have ended (and been destroyed) during the report; compare pointers only.
+  return job.current != nullptr && job.current.get() == session ? job.current->record.state()
+                                                                : job.last_ended->state();
 }
 
 void SessionManager::EmitLocked(Job& job, uint32_t rank, v1::Command command, Outbox& out) {

@@ -275,6 +275,9 @@ class SessionManager {
   absl::StatusOr<Session*> FindSessionLocked(const std::string& job_id,
                                              const std::string& session_id)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The state to answer a report with: the session's, or the ended session's final state.
+  v1::SessionState StateAfterLocked(const Job& job, const Session* session) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EmitLocked(Job& job, uint32_t rank, v1::Command command, Outbox& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BroadcastLocked(Job& job, const v1::Command& command, Outbox& out)
