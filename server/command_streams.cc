@@ -72,19 +72,28 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
 
 CommandStreams::~CommandStreams() { CloseAll(); }
 
-grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(const std::string& job_id,
-                                                            uint32_t rank,
-                                                            std::optional<v1::Command> initial) {
+grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(
+    const std::string& job_id, uint32_t rank,
+    const std::function<std::optional<v1::Command>()>& current) {
   Key key{job_id, rank};
   auto* reactor = new Reactor(this, key);
-  absl::MutexLock lock(&mu_);
-  auto [it, inserted] = streams_.try_emplace(key, reactor);
-  if (!inserted) {
-    it->second->FinishNow(
-        grpc::Status(grpc::StatusCode::UNAVAILABLE, "replaced by a newer command stream"));
-    it->second = reactor;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, inserted] = streams_.try_emplace(key, reactor);
+    if (!inserted) {
+      it->second->FinishNow(
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, "replaced by a newer command stream"));
+      it->second = reactor;
+    }
   }
-  if (initial.has_value()) reactor->Enqueue(*std::move(initial));
+  // Not under mu_: `current` takes the SessionManager's lock. The reactor stays alive until
+  // returned to gRPC (OnDone cannot run before), so it may be used here even if replaced.
+  std::optional<v1::Command> replay = current();
+  if (replay.has_value()) {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(key);
+    if (it != streams_.end() && it->second == reactor) reactor->Enqueue(*std::move(replay));
+  }
   return reactor;
 }
 

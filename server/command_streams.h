@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -34,11 +35,15 @@ class CommandStreams : public CommandSink {
   CommandStreams() = default;
   ~CommandStreams() override;
 
-  // Starts a stream for (job, rank), replaying `initial` first if set. The reactor deletes
-  // itself when the RPC is done.
-  grpc::ServerWriteReactor<v1::Command>* Open(const std::string& job_id, uint32_t rank,
-                                              std::optional<v1::Command> initial)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Starts a stream for (job, rank). Once the stream is registered, calls `current` (the
+  // SessionManager's CurrentCommand) and queues what it returns. Reading it only after
+  // registering is what keeps a command emitted while the agent connects from being lost:
+  // it is either sent to this stream or already what `current` returns. The replay may thus
+  // repeat a command, or follow a newer one; agents ignore a seq they have handled. The
+  // reactor deletes itself when the RPC is done.
+  grpc::ServerWriteReactor<v1::Command>* Open(
+      const std::string& job_id, uint32_t rank,
+      const std::function<std::optional<v1::Command>()>& current) ABSL_LOCKS_EXCLUDED(mu_);
 
   void Send(const std::string& job_id, uint32_t rank, const v1::Command& command) override
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -190,6 +190,7 @@ int main(int argc, char** argv) {
   int signal_number = tessera::WaitForTerminationSignal();
   tessera::LogInfo("received signal ", signal_number, "; shutting down");
   streams.CloseAll();
+  broker.Shutdown();  // releases ExchangePeerId calls waiting for their leader
   server->Shutdown(std::chrono::system_clock::now() +
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->Wait();

@@ -85,12 +85,18 @@ grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
   if (!status.ok()) {
     return new RefusedStream<v1::Command>(status);
   }
-  std::optional<v1::Command> replay =
-      sessions_->CurrentCommand(request->job_id(), request->rank());
-  LogInfo("command stream opened by job=", request->job_id(), " rank=", request->rank(),
-          replay.has_value() ? absl::StrCat(" (replaying a command of ", replay->session_id(), ")")
-                             : "");
-  return streams_->Open(request->job_id(), request->rank(), std::move(replay));
+  // The current command is read after the stream is registered (CommandStreams::Open), so
+  // one emitted while the agent connects is not lost.
+  const std::string job_id = request->job_id();
+  const uint32_t rank = request->rank();
+  return streams_->Open(job_id, rank, [this, &job_id, rank] {
+    std::optional<v1::Command> replay = sessions_->CurrentCommand(job_id, rank);
+    LogInfo("command stream opened by job=", job_id, " rank=", rank,
+            replay.has_value()
+                ? absl::StrCat(" (replaying a command of ", replay->session_id(), ")")
+                : "");
+    return replay;
+  });
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportPhase(grpc::CallbackServerContext* context,

@@ -28,17 +28,21 @@ absl::Status PeerIdBroker::Post(const std::string& session_id, const std::string
 
 void PeerIdBroker::Wait(const std::string& session_id, const std::string& group,
                         absl::Time deadline, Callback done) {
-  std::string id;
+  absl::StatusOr<std::string> id;
   {
     absl::MutexLock lock(&mu_);
-    Group& g = groups_[Key{session_id, group}];
-    if (g.unique_id.empty()) {
-      g.waiters.emplace_back(deadline, std::move(done));
-      return;
+    if (shut_down_) {
+      id = absl::UnavailableError("the coordinator is shutting down");
+    } else {
+      Group& g = groups_[Key{session_id, group}];
+      if (g.unique_id.empty()) {
+        g.waiters.emplace_back(deadline, std::move(done));
+        return;
+      }
+      id = g.unique_id;
     }
-    id = g.unique_id;
   }
-  done(id);
+  done(std::move(id));
 }
 
 void PeerIdBroker::Expire(absl::Time now, absl::Duration retention) {
@@ -83,6 +87,19 @@ void PeerIdBroker::Forget(const std::string& session_id) {
     }
   }
   for (Callback& done : aborted) done(absl::AbortedError("the session ended"));
+}
+
+void PeerIdBroker::Shutdown() {
+  std::vector<Callback> stopped;
+  {
+    absl::MutexLock lock(&mu_);
+    shut_down_ = true;
+    for (auto& [key, g] : groups_) {
+      for (auto& [deadline, done] : g.waiters) stopped.push_back(std::move(done));
+      g.waiters.clear();
+    }
+  }
+  for (Callback& done : stopped) done(absl::UnavailableError("the coordinator is shutting down"));
 }
 
 }  // namespace tessera

@@ -44,6 +44,11 @@ class PeerIdBroker {
   // Fails the session's waiters with Aborted and forgets its ids.
   void Forget(const std::string& session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Fails every waiter with Unavailable, and every later Wait at once: the coordinator is
+  // stopping, and an ExchangePeerId waiting for its leader (up to a minute) would otherwise
+  // hold the server's shutdown past its grace period. Agents retry Unavailable.
+  void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   struct Group {
     std::string unique_id;  // empty until posted
@@ -54,6 +59,7 @@ class PeerIdBroker {
 
   absl::Mutex mu_;
   absl::flat_hash_map<Key, Group> groups_ ABSL_GUARDED_BY(mu_);
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace tessera

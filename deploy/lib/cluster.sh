@@ -46,12 +46,13 @@ start_agent() {
   AGENT_PIDS[$r]=$!
 }
 
-# wait_registered JOB RANK: until the agent's log shows one more lease renewal than before
-# (call mark_agent_log first) — bounded.
-mark_agent_log() { AGENT_MARK=$(count_lines "$DIR/logs/agent-$1-$2.log" "lease renewed"); }
+# mark_agent_log JOB RANK, then wait_registered JOB RANK: waits (bounded) until that agent's
+# log shows one more lease renewal than when it was marked — it registered again.
+declare -A AGENT_MARKS
+mark_agent_log() { AGENT_MARKS["$1-$2"]=$(count_lines "$DIR/logs/agent-$1-$2.log" "lease renewed"); }
 wait_registered() {
   local waited=0
-  until [ "$(count_lines "$DIR/logs/agent-$1-$2.log" "lease renewed")" -gt "${AGENT_MARK:-0}" ]; do
+  until [ "$(count_lines "$DIR/logs/agent-$1-$2.log" "lease renewed")" -gt "${AGENT_MARKS["$1-$2"]:-0}" ]; do
     sleep 0.1
     waited=$((waited + 1))
     [ $waited -lt 300 ] || { echo "agent $2 of $1 did not register" >&2; return 1; }
