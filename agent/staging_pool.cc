@@ -113,7 +113,9 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
     const int err = posix_fallocate(fd, 0, static_cast<off_t>(capacity));
     if (err != 0) return fail(err, "posix_fallocate");
   }
-  void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // MAP_POPULATE faults every page in now, when the region is created (once per pool), instead
+  // of during a save's first copy: a gigabyte of 4 KiB faults costs seconds.
+  void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   if (data == MAP_FAILED) return fail(errno, "mmap");
   close(fd);  // the mapping keeps the object alive
   auto region = std::make_unique<Region>(name, data, capacity);
@@ -238,7 +240,8 @@ absl::StatusOr<std::unique_ptr<MappedStaging>> MappedStaging::Map(const std::str
                                                       " are needed"));
   }
   const uint64_t map_size = size == 0 ? region_size : size;
-  void* data = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  // Faulted in here (the trainer maps a region once and reuses it), not in the copy.
+  void* data = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
   const int err = errno;
   close(fd);
   if (data == MAP_FAILED) return ErrnoToStatus(err, "mmap", name);
