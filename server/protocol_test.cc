@@ -811,7 +811,7 @@ TEST_F(ProtocolTest, Protocol_FullSave_CommitsOverGrpc) {
     const v1::RankProgress& p = status->ranks(r);
     EXPECT_EQ(p.rank(), r);
     EXPECT_EQ(p.coords(), mesh_->CoordString(r));
-    EXPECT_EQ(p.reached(), v1::SESSION_STATE_PERSISTING) << "rank " << r;  // its last phase
+    EXPECT_EQ(p.reached(), v1::SESSION_STATE_COMMITTED) << "rank " << r;
     EXPECT_EQ(p.bytes_written(), p.bytes_planned()) << "rank " << r;
     EXPECT_EQ(p.bytes_staged(), plans[r][0].nbytes() + plans[r][1].nbytes()) << "rank " << r;
     EXPECT_EQ(p.trainer_stall_ns(), agent(r).StallNs()) << "rank " << r;

@@ -1119,6 +1119,7 @@ absl::Status SessionManager::MarkCommittedLocked(Job& job, Outbox& out) {
     return persisted;
   }
   job.checkpoints = std::move(checkpoints);
+  for (RankProgress& p : s.ranks) p.reached = v1::SESSION_STATE_COMMITTED;  // for status
   ++stats_.commits;
   stats_.bytes_committed += s.record.manifest().total_bytes();
   LogInfo("session ", s.record.session_id(), ": COMMITTED step ", s.record.step(), " at ",
