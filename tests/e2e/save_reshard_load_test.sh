@@ -20,13 +20,19 @@ fail() {
 }
 
 metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-start_coordinator --metrics_listen="127.0.0.1:$metrics_port" || fail "coordinator"
+start_coordinator --metrics_listen="127.0.0.1:$metrics_port" --keep_last=1 || fail "coordinator"
 start_agents llama "$SAVE_LAYOUT" || fail "agents (save layout)"
 run_trainers llama "$SAVE_LAYOUT" --mode=save --steps=10,20 --optimizer="$OPTIMIZER" ||
   fail "saving on $SAVE_LAYOUT"
 grep -q "step 20 committed" "$DIR/logs/trainer-llama-0.out" || fail "no commit of step 20"
 grep -q "(plan cached)" "$DIR/logs/trainer-llama-0.out" || fail "the second save did not reuse the plan"
 [ -f "$DIR/ckpt/llama/step-000000020/manifest.pb" ] || fail "no committed directory for step 20"
+# Retention (--keep_last=1): step 10 is deleted once step 20 is committed.
+waited=0
+while [ -e "$DIR/ckpt/llama/step-000000010" ]; do
+  sleep 0.1; waited=$((waited + 1)); [ $waited -lt 100 ] || fail "retention kept step 10"
+done
+ls "$DIR/ckpt/llama" | grep -q '\.tmp-' && fail "a temporary directory was left behind"
 # The Prometheus endpoint counts what happened.
 /usr/bin/python3 - "$metrics_port" <<'PY' || fail "metrics endpoint"
 import re, sys, urllib.request
