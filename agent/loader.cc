@@ -55,8 +55,10 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   if (!region.ok()) return region.status();
   auto* base = static_cast<unsigned char*>((*region)[0].data);
 
-  // Optimizer state the checkpoint records as absent (one entry "<fqn>#", no chunks) is
-  // reported, not read: the trainer keeps its destination and knows the state is missing.
+  // Reported as absent, not read (the trainer keeps its destination and knows): optimizer
+  // state the checkpoint records as absent (one entry "<fqn>#", no chunks), and a per-rank
+  // extra of a rank that did not exist when the checkpoint was saved (a job resumed on more
+  // ranks has no RNG state for its new ones).
   std::vector<bool> absent(request.shards_size(), false);
   std::vector<ReadRequest> reads;
   std::vector<int> read_index;  // reads[k] serves request shard read_index[k]
@@ -64,6 +66,10 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   for (int i = 0; i < request.shards_size(); ++i) {
     const v1::ShardDesc& shard = request.shards(i);
     const std::string key = TensorKeyOf(shard, rank_);
+    if (shard.kind() == v1::SHARD_KIND_EXTRA && (*reader)->FindTensor(key) == nullptr) {
+      absent[i] = true;
+      continue;
+    }
     if (shard.kind() == v1::SHARD_KIND_OPTIMIZER && (*reader)->FindTensor(key) == nullptr) {
       const v1::TensorEntry* marker = (*reader)->FindTensor(shard.fqn() + "#");
       if (marker != nullptr && marker->state_absent()) {

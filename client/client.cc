@@ -346,10 +346,11 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   std::vector<bool> absent(into.size(), false);
   for (uint32_t index : response.absent()) {
     if (index >= into.size() || absent[index] ||
-        request.shards(static_cast<int>(index)).kind() != v1::SHARD_KIND_OPTIMIZER) {
+        request.shards(static_cast<int>(index)).kind() == v1::SHARD_KIND_PARAM) {
       return absl::InternalError(absl::StrCat(
           "the agent's Load reply marks shard ", index,
-          " absent, which is not a distinct optimizer shard of the ", into.size(), " requested"));
+          " absent, which is not a distinct optimizer or extra shard of the ", into.size(),
+          " requested"));
     }
     absent[index] = true;
   }

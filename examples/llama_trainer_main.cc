@@ -161,7 +161,11 @@ int main(int argc, char** argv) {
   const absl::Time start = absl::Now();
   absl::StatusOr<tessera::LoadResult> loaded =
       (*client)->Load(absl::GetFlag(FLAGS_load_step), refs);
-  if (!loaded.ok()) return Fail(absl::StrCat("load: ", loaded.status().ToString()));
+  if (!loaded.ok()) {
+    return Fail(absl::StrCat(
+        "load: ", tessera::ErrorCodeName(tessera::GetErrorCode(loaded.status())), ": ",
+        loaded.status().ToString()));
+  }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   std::vector<bool> absent(pieces->size(), false);
   for (size_t i : loaded->absent) absent[i] = true;
@@ -179,7 +183,8 @@ int main(int argc, char** argv) {
               rank, static_cast<long long>(loaded->step), tessera::LayoutSpec(id.layout()).c_str(),
               total / 1048576.0, seconds);
   if (!loaded->absent.empty()) {
-    std::printf(" (%zu optimizer states absent in the checkpoint)", loaded->absent.size());
+    std::printf(" (%zu optimizer states or extras absent in the checkpoint)",
+                loaded->absent.size());
   }
   std::printf("\n");
   return 0;
