@@ -497,10 +497,9 @@ void SaveExecutor::DoEnd(const std::string& session_id, absl::Status outcome,
     for (auto& [deadline, done] : s->waiters) waiters.push_back(std::move(done));
     s->waiters.clear();
     s->layout.reset();
-    if (s->has_slot) {
-      staging_->ReleaseAll();
-      s->has_slot = false;
-    }
+    // The region stays in the pool for the next save (and mapped in the trainer): recreating
+    // and re-faulting a gigabyte of shared memory per save would land in the trainer's stall.
+    s->has_slot = false;
     s->phase_reports.clear();
     s->chunk_reports.clear();
     if (outcome.ok()) ++committed_;

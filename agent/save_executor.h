@@ -19,7 +19,8 @@
 //   PERSIST  write the data file straight from staging (ShardWriter), report its chunks, then
 //            PERSISTED. Any I/O error is reported as IO_ERROR with the path, which aborts.
 //   COMMIT   (committer agents only) commit the directory (format/commit.h), COMMIT_WRITTEN.
-//   COMMITTED / ABORT  release staging, wake WaitCommitted callers.
+//   COMMITTED / ABORT  wake WaitCommitted callers; the staging region stays in the pool for
+//                      the next save.
 //
 // Every report of the current session is remembered; after a coordinator restart
 // (OnRegistered with a new coordinator incarnation) they are re-sent, and a plan still waiting
