@@ -87,9 +87,10 @@ for step in sorted(stalls):
     values = [s for s, _, _ in stalls[step]]
     copies = [c for _, _, c in stalls[step]]
     mib = sum(m for _, m, _ in stalls[step])
-    print("   step %d: trainer stall %.0f ms mean, %.0f ms max over %d ranks; of it copying %.0f MiB "
-          "into staging took %.0f ms mean (the rest waits for the slowest rank to arrive)"
-          % (step, sum(values) / len(values), max(values), len(values), mib,
+    print("   step %d: trainer stall %.0f ms mean, %.0f ms max over %d ranks; each rank's copy of "
+          "its %.0f MiB into staging took %.0f ms of it on average (the rest waits for the "
+          "slowest rank to arrive)"
+          % (step, sum(values) / len(values), max(values), len(values), mib / len(values),
              sum(copies) / len(copies)))
 status = json.load(open(d + "/status.json"))
 phases = {p["state"]: int(p.get("duration_ms", 0)) for p in status.get("phases", [])}
