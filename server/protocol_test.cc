@@ -41,6 +41,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/testing/plan_fixtures.h"
 #include "server/admin_service.h"
 #include "server/agent_registry.h"
 #include "server/command_streams.h"
@@ -68,23 +69,6 @@ constexpr absl::Duration kWait = absl::Seconds(30);
 // ---------------------------------------------------------------------------------------------
 // Plans and bytes
 
-v1::ShardDesc Param(const std::string& fqn, std::vector<int64_t> shape,
-                    std::vector<int64_t> offsets, std::vector<int64_t> lengths,
-                    std::vector<std::string> replicated_over) {
-  v1::ShardDesc s;
-  s.set_fqn(fqn);
-  s.set_kind(v1::SHARD_KIND_PARAM);
-  s.set_dtype(v1::DTYPE_F32);
-  s.mutable_global_shape()->Add(shape.begin(), shape.end());
-  s.mutable_box()->mutable_offsets()->Add(offsets.begin(), offsets.end());
-  s.mutable_box()->mutable_lengths()->Add(lengths.begin(), lengths.end());
-  for (std::string& dim : replicated_over) s.add_replicated_over(std::move(dim));
-  int64_t elements = 1;
-  for (int64_t l : lengths) elements *= l;
-  s.set_nbytes(elements * 4);
-  return s;
-}
-
 // tp=2,dp=2: a TP-sharded weight (replicated over dp) and a norm replicated over the mesh.
 std::vector<std::vector<v1::ShardDesc>> TpDpPlans(const MeshLayout& mesh) {
   std::vector<std::vector<v1::ShardDesc>> plans(mesh.world_size());
@@ -94,30 +78,6 @@ std::vector<std::vector<v1::ShardDesc>> TpDpPlans(const MeshLayout& mesh) {
                 Param("norm.weight", {4}, {0}, {4}, {"tp", "dp"})};
   }
   return plans;
-}
-
-uint64_t BoxBytes(const v1::Box& box) {
-  uint64_t elements = 1;
-  for (int64_t l : box.lengths()) elements *= l;
-  return elements * 4;  // every tensor of these tests is F32
-}
-
-// The bytes every holder of (key, box) stages: a pattern seeded by the piece, so replicas
-// agree and distinct pieces differ. A non-zero `salt` gives other bytes (a diverged replica).
-std::string ChunkBytes(const std::string& key, const v1::Box& box, uint32_t salt = 0) {
-  const std::string seed = absl::StrCat(key, "|", absl::StrJoin(box.offsets(), ","), "|",
-                                        absl::StrJoin(box.lengths(), ","), "|", salt);
-  uint64_t x = Xxh3(seed.data(), seed.size());
-  std::string bytes(BoxBytes(box), '\0');
-  for (char& b : bytes) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    b = static_cast<char>(x >> 56);
-  }
-  return bytes;
-}
-
-std::vector<uint64_t> Blocks(const std::string& bytes) {
-  return BlockChecksums(bytes.data(), bytes.size(), kDefaultBlockSize);
 }
 
 std::string BodyName(v1::Command::BodyCase body) {
@@ -439,7 +399,7 @@ class FakeAgent {
         bytes = bytes.substr(item.range().begin() * 4,
                              (item.range().end() - item.range().begin()) * 4);
       }
-      hash->set_xxh3(ChunkDigest(Blocks(bytes)));
+      hash->set_xxh3(ChunkDigest(Blocks(bytes, kDefaultBlockSize)));
     }
     absl::StatusOr<v1::ReportChunksResponse> response = client_.ReportChunks(request);
     if (!response.ok()) return response.status();
@@ -472,7 +432,7 @@ class FakeAgent {
     entry.set_offset(offset);
     entry.set_nbytes(w.nbytes());
     entry.set_block_size(kDefaultBlockSize);
-    for (uint64_t b : Blocks(ChunkBytes(w.key(), w.box()))) entry.add_block_xxh3(b);
+    for (uint64_t b : Blocks(ChunkBytes(w.key(), w.box()), kDefaultBlockSize)) entry.add_block_xxh3(b);
     return entry;
   }
 
@@ -755,7 +715,7 @@ TEST_F(ProtocolTest, Protocol_FullSave_CommitsOverGrpc) {
       chunk_bytes += c.nbytes();
       EXPECT_FALSE(c.file().empty()) << t.key();
       EXPECT_EQ(c.block_size(), kDefaultBlockSize) << t.key();
-      const std::vector<uint64_t> expected = Blocks(ChunkBytes(t.key(), c.box()));
+      const std::vector<uint64_t> expected = Blocks(ChunkBytes(t.key(), c.box()), kDefaultBlockSize);
       EXPECT_THAT(c.block_xxh3(), ::testing::ElementsAreArray(expected)) << t.key();
       ASSERT_LT(c.writer_rank(), 4u);
       bool writer_was_told = false;

@@ -32,6 +32,7 @@
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/testing/plan_fixtures.h"
 #include "server/agent_registry.h"
 #include "server/planner.h"
 #include "server/store/memory_state_store.h"
@@ -151,55 +152,6 @@ class FakeCommitter : public Committer {
 
 // ---------------------------------------------------------------------------------------------
 // Plans and bytes
-
-// An F32 piece of `fqn`: `lengths` at `offsets` of a tensor of `shape`.
-v1::ShardDesc Param(const std::string& fqn, std::vector<int64_t> shape,
-                    std::vector<int64_t> offsets, std::vector<int64_t> lengths,
-                    std::vector<std::string> replicated_over) {
-  v1::ShardDesc s;
-  s.set_fqn(fqn);
-  s.set_kind(v1::SHARD_KIND_PARAM);
-  s.set_dtype(v1::DTYPE_F32);
-  s.mutable_global_shape()->Add(shape.begin(), shape.end());
-  s.mutable_box()->mutable_offsets()->Add(offsets.begin(), offsets.end());
-  s.mutable_box()->mutable_lengths()->Add(lengths.begin(), lengths.end());
-  for (std::string& dim : replicated_over) s.add_replicated_over(std::move(dim));
-  int64_t elements = 1;
-  for (int64_t l : lengths) elements *= l;
-  s.set_nbytes(elements * 4);
-  return s;
-}
-
-v1::ShardDesc Whole(const std::string& fqn, std::vector<int64_t> shape,
-                    std::vector<std::string> replicated_over) {
-  std::vector<int64_t> zeros(shape.size(), 0);
-  return Param(fqn, shape, zeros, shape, std::move(replicated_over));
-}
-
-// Bytes of an F32 box (every tensor of these tests is F32).
-uint64_t BoxBytes(const v1::Box& box) {
-  uint64_t elements = 1;
-  for (int64_t l : box.lengths()) elements *= l;
-  return elements * 4;
-}
-
-// The bytes every holder of (key, box) stages: a pseudo-random pattern seeded by the piece, so
-// that replicas agree and distinct pieces differ. A non-zero `salt` gives other bytes.
-std::string ChunkBytes(const std::string& key, const v1::Box& box, uint32_t salt = 0) {
-  const std::string seed = absl::StrCat(key, "|", absl::StrJoin(box.offsets(), ","), "|",
-                                        absl::StrJoin(box.lengths(), ","), "|", salt);
-  uint64_t x = Xxh3(seed.data(), seed.size());
-  std::string bytes(BoxBytes(box), '\0');
-  for (char& b : bytes) {
-    x = x * 6364136223846793005ull + 1442695040888963407ull;
-    b = static_cast<char>(x >> 56);
-  }
-  return bytes;
-}
-
-std::vector<uint64_t> Blocks(const std::string& bytes) {
-  return BlockChecksums(bytes.data(), bytes.size(), kBlockSize);
-}
 
 bool SameBox(const v1::Box& a, const v1::Box& b) {
   return std::equal(a.offsets().begin(), a.offsets().end(), b.offsets().begin(),
@@ -471,7 +423,7 @@ class SessionManagerTest : public ::testing::Test {
       hash->set_key(item.key());
       *hash->mutable_box() = item.box();
       hash->set_xxh3(
-          ChunkDigest(Blocks(ChunkBytes(item.key(), item.box(), item.key() == corrupt_key))));
+          ChunkDigest(Blocks(ChunkBytes(item.key(), item.box(), item.key() == corrupt_key), kBlockSize)));
     }
     return manager().ReportChunks(request);
   }
@@ -485,7 +437,7 @@ class SessionManagerTest : public ::testing::Test {
     entry.set_offset(offset);
     entry.set_nbytes(w.nbytes());
     entry.set_block_size(kBlockSize);
-    for (uint64_t b : Blocks(ChunkBytes(w.key(), w.box()))) entry.add_block_xxh3(b);
+    for (uint64_t b : Blocks(ChunkBytes(w.key(), w.box()), kBlockSize)) entry.add_block_xxh3(b);
     return entry;
   }
 
