@@ -134,6 +134,12 @@ absl::Status SessionManager::Recover() {
       const std::string job_id = record.job_id();
       Job& job = jobs_[job_id];
       job.record = std::move(record);
+      absl::StatusOr<MeshLayout> mesh = MeshLayout::FromProto(job.record.layout());
+      if (!mesh.ok()) {
+        return absl::DataLossError(absl::StrCat("the layout of job ", job_id,
+                                                " in the state store is invalid"));
+      }
+      job.mesh = *std::move(mesh);
       RETURN_IF_ERROR(store_->Scan(
           Table::kCheckpoints, KeyPrefix({job_id}),
           [&](absl::string_view, absl::string_view v) {
@@ -158,12 +164,7 @@ absl::Status SessionManager::Recover() {
         continue;
       }
       session->phase_started = clock_->Now();
-      std::optional<MeshLayout> layout = MeshLayout::FromProto(job.record.layout()).ok()
-                                             ? std::optional<MeshLayout>(
-                                                   *MeshLayout::FromProto(job.record.layout()))
-                                             : std::nullopt;
-      if (!layout.has_value()) return absl::DataLossError("job layout in the store is invalid");
-      session->ranks.resize(layout->world_size());
+      session->ranks.resize(job.mesh->world_size());
       if (state != v1::SESSION_STATE_PLANNING) {
         ASSIGN_OR_RETURN(std::optional<std::string> plan_raw,
                          store_->Get(Table::kPlans,
@@ -242,6 +243,12 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
                                   options_.planner.max_shards_per_rank));
   }
 
+  // Copy and fingerprint the plan before taking the lock every rank's RPCs share.
+  LocalPlan plan;
+  plan.rank = request.rank();
+  plan.shards.assign(request.shards().begin(), request.shards().end());
+  const uint64_t plan_fingerprint = FingerprintLocalPlan(plan);
+
   Outbox out;
   std::string session_id;
   {
@@ -254,7 +261,10 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
     }
     // The registry's layout is the job's now (a job may resume on another mesh); a session in
     // flight keeps the layout it started with.
-    if (job.current == nullptr) *job.record.mutable_layout() = layout->proto();
+    if (job.current == nullptr) {
+      *job.record.mutable_layout() = layout->proto();
+      job.mesh = *layout;
+    }
     for (const v1::CheckpointInfo& c : job.checkpoints) {
       if (c.step() == request.step()) {
         return MakeError(absl::StatusCode::kFailedPrecondition, v1::ERROR_CODE_STEP_EXISTS,
@@ -305,10 +315,8 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
               " step ", request.step());
     }
     Session& s = *job.current;
-    LocalPlan& plan = s.plans[request.rank()];
-    plan.rank = request.rank();
-    plan.shards.assign(request.shards().begin(), request.shards().end());
-    s.plan_fingerprints[request.rank()] = FingerprintLocalPlan(plan);
+    s.plans[request.rank()] = std::move(plan);
+    s.plan_fingerprints[request.rank()] = plan_fingerprint;
     session_id = s.record.session_id();
     ++version_;
     if (s.plans.size() == s.ranks.size()) AdvanceLocked(job, out);
@@ -340,13 +348,7 @@ absl::StatusOr<v1::SessionState> SessionManager::ReportPhase(
       result = s->record.state();
     } else if (request.has_error() && request.error().code() != v1::ERROR_CODE_UNSPECIFIED) {
       v1::ErrorDetail error = request.error();
-      if (error.ranks().empty()) {
-        v1::RankRef* ref = error.add_ranks();
-        ref->set_rank(rank);
-        if (auto l = MeshLayout::FromProto(job.record.layout()); l.ok()) {
-          ref->set_coords(l->CoordString(rank));
-        }
-      }
+      if (error.ranks().empty()) AddRankRef(job, rank, &error);
       AbortLocked(job, error, out);
       result = v1::SESSION_STATE_ABORTED;
     } else {
@@ -499,11 +501,7 @@ void SessionManager::OnAgentRegistered(const std::string& job_id, uint32_t rank,
           v1::ERROR_CODE_AGENT_LOST,
           absl::StrCat("the agent of rank ", rank, " restarted during ",
                        StateName(job.current->record.state()), "; its staged data is gone"));
-      v1::RankRef* ref = error.add_ranks();
-      ref->set_rank(rank);
-      if (auto l = MeshLayout::FromProto(job.record.layout()); l.ok()) {
-        ref->set_coords(l->CoordString(rank));
-      }
+      AddRankRef(job, rank, &error);
       AbortLocked(job, error, out);
     }
   }
@@ -597,9 +595,7 @@ std::vector<v1::JobInfo> SessionManager::ListJobs() const {
     v1::JobInfo info;
     info.set_job_id(id);
     *info.mutable_layout() = job.record.layout();
-    if (auto l = MeshLayout::FromProto(job.record.layout()); l.ok()) {
-      info.set_world_size(l->world_size());
-    }
+    if (job.mesh.has_value()) info.set_world_size(job.mesh->world_size());
     info.set_latest_committed_step(job.record.latest_committed_step());
     if (job.current != nullptr) {
       info.set_current_session_id(job.current->record.session_id());
@@ -651,8 +647,6 @@ void SessionManager::Tick() {
       if (job.current == nullptr) continue;
       Session& s = *job.current;
       const v1::SessionState state = s.record.state();
-      std::optional<MeshLayout> layout;
-      if (auto l = MeshLayout::FromProto(job.record.layout()); l.ok()) layout = *l;
 
       // Lease expiry. In COMMITTING no rank's staging is needed any more; a lost committer
       // agent is replaced by another one that has the storage mounted.
@@ -680,11 +674,7 @@ void SessionManager::Tick() {
                    absl::StrCat("lost the agent of rank", lost.size() > 1 ? "s " : " ",
                                 absl::StrJoin(lost, ", "), " during ", StateName(state),
                                 " (no heartbeat within the lease)"));
-        for (uint32_t r : lost) {
-          v1::RankRef* ref = error.add_ranks();
-          ref->set_rank(r);
-          if (layout.has_value()) ref->set_coords(layout->CoordString(r));
-        }
+        for (uint32_t r : lost) AddRankRef(job, r, &error);
         AbortLocked(job, error, out);
         continue;
       }
@@ -708,11 +698,7 @@ void SessionManager::Tick() {
         if (!waiting.empty()) {
           absl::StrAppend(error.mutable_message(), "; waiting for rank",
                           waiting.size() > 1 ? "s " : " ", absl::StrJoin(waiting, ", "));
-          for (uint32_t r : waiting) {
-            v1::RankRef* ref = error.add_ranks();
-            ref->set_rank(r);
-            if (layout.has_value()) ref->set_coords(layout->CoordString(r));
-          }
+          for (uint32_t r : waiting) AddRankRef(job, r, &error);
         }
         AbortLocked(job, error, out);
         continue;
@@ -846,7 +832,7 @@ void SessionManager::AdvanceLocked(Job& job, Outbox& out) {
 
 absl::Status SessionManager::BeginPinningLocked(Job& job, Outbox& out) {
   Session& s = *job.current;
-  ASSIGN_OR_RETURN(MeshLayout layout, MeshLayout::FromProto(job.record.layout()));
+  const MeshLayout& layout = *job.mesh;
   std::vector<LocalPlan> plans;
   std::vector<uint64_t> per_rank;
   plans.reserve(s.plans.size());
@@ -980,8 +966,6 @@ void SessionManager::HandOutPersistLocked(Job& job, Outbox& out) {
 
 v1::ErrorDetail SessionManager::CheckReplicaHashesLocked(const Job& job,
                                                          const Session& session) const {
-  std::optional<MeshLayout> layout;
-  if (auto l = MeshLayout::FromProto(job.record.layout()); l.ok()) layout = *l;
   for (uint32_t r = 0; r < session.plan->assignments.size(); ++r) {
     absl::StatusOr<v1::RankAssignment> assignment = session.plan->Assignment(r);
     if (!assignment.ok()) {
@@ -1021,11 +1005,7 @@ v1::ErrorDetail SessionManager::CheckReplicaHashesLocked(const Job& job,
         continue;
       }
       error.add_fqns(item.key());
-      for (uint32_t rank : {item.writer_rank(), r}) {
-        v1::RankRef* ref = error.add_ranks();
-        ref->set_rank(rank);
-        if (layout.has_value()) ref->set_coords(layout->CoordString(rank));
-      }
+      for (uint32_t rank : {item.writer_rank(), r}) AddRankRef(job, rank, &error);
       return error;
     }
   }
@@ -1205,6 +1185,12 @@ void SessionManager::EmitLocked(Job& job, uint32_t rank, v1::Command command, Ou
   out.emplace_back(job.record.job_id(), rank, std::move(command));
 }
 
+void SessionManager::AddRankRef(const Job& job, uint32_t rank, v1::ErrorDetail* error) {
+  v1::RankRef* ref = error->add_ranks();
+  ref->set_rank(rank);
+  if (job.mesh.has_value()) ref->set_coords(job.mesh->CoordString(rank));
+}
+
 bool SessionManager::PickCommitterLocked(Job& job) {
   Session& s = *job.current;
   const std::vector<uint32_t> expired = registry_->ExpiredRanks(job.record.job_id());
@@ -1293,15 +1279,13 @@ v1::SessionStatus SessionManager::StatusLocked(const Job& job, const Session& s)
                                 ? s.record.checkpoint_dir()
                                 : "");
   status.set_plan_cached(s.record.plan_cached());
-  std::optional<MeshLayout> layout;
-  if (auto l = MeshLayout::FromProto(job.record.layout()); l.ok()) layout = *l;
   const v1::SessionState state = s.record.state();
   uint64_t written = 0;
   for (uint32_t r = 0; r < s.ranks.size(); ++r) {
     const RankProgress& p = s.ranks[r];
     v1::RankProgress* rp = status.add_ranks();
     rp->set_rank(r);
-    if (layout.has_value()) rp->set_coords(layout->CoordString(r));
+    if (job.mesh.has_value()) rp->set_coords(job.mesh->CoordString(r));
     rp->set_reached(p.reached);
     rp->set_bytes_staged(p.reached >= v1::SESSION_STATE_COPYING ? p.pinned_bytes : 0);
     rp->set_bytes_planned(s.plan != nullptr && r < s.plan->bytes_written_by_rank.size()

@@ -251,6 +251,7 @@ class SessionManager {
   };
   struct Job {
     v1::JobRecord record;
+    std::optional<MeshLayout> mesh;  // record.layout(), parsed once
     std::unique_ptr<Session> current;
     // The last ended session's final command (COMMITTED or ABORT), replayed to agents whose
     // command stream reconnects after the end, so none waits for an outcome it missed.
@@ -282,6 +283,8 @@ class SessionManager {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BroadcastLocked(Job& job, const v1::Command& command, Outbox& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Appends `rank` with its mesh coordinates to the ranks an error names.
+  static void AddRankRef(const Job& job, uint32_t rank, v1::ErrorDetail* error);
   // Sets the session's committer_rank to a live agent with the storage mounted; false if none.
   bool PickCommitterLocked(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void SendCommitLocked(Job& job, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
