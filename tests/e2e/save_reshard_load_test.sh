@@ -27,12 +27,16 @@ run_trainers llama "$SAVE_LAYOUT" --mode=save --steps=10,20 --optimizer="$OPTIMI
 grep -q "step 20 committed" "$DIR/logs/trainer-llama-0.out" || fail "no commit of step 20"
 grep -q "(plan cached)" "$DIR/logs/trainer-llama-0.out" || fail "the second save did not reuse the plan"
 [ -f "$DIR/ckpt/llama/step-000000020/manifest.pb" ] || fail "no committed directory for step 20"
-# Retention (--keep_last=1): step 10 is deleted once step 20 is committed.
+# Retention (--keep_last=1): step 10 is deleted once step 20 is committed. Deletion renames
+# the directory to .tmp-gc-* first and then removes it: wait for both to be gone.
 waited=0
-while [ -e "$DIR/ckpt/llama/step-000000010" ]; do
-  sleep 0.1; waited=$((waited + 1)); [ $waited -lt 100 ] || fail "retention kept step 10"
+while [ -e "$DIR/ckpt/llama/step-000000010" ] || ls "$DIR/ckpt/llama" | grep -q '\.tmp-'; do
+  sleep 0.1; waited=$((waited + 1))
+  if [ $waited -ge 100 ]; then
+    [ -e "$DIR/ckpt/llama/step-000000010" ] && fail "retention kept step 10"
+    fail "a temporary directory was left behind"
+  fi
 done
-ls "$DIR/ckpt/llama" | grep -q '\.tmp-' && fail "a temporary directory was left behind"
 # The Prometheus endpoint counts what happened.
 /usr/bin/python3 - "$metrics_port" <<'PY' || fail "metrics endpoint"
 import re, sys, urllib.request
