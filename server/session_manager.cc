@@ -148,19 +148,42 @@ absl::Status SessionManager::Recover() {
             return true;
           }));
       std::reverse(job.checkpoints.begin(), job.checkpoints.end());  // newest first
-      if (job.record.current_session_id().empty()) continue;
+      // The session in flight, or else the last one that ended (for its outcome).
+      const std::string session_id = job.record.current_session_id().empty()
+                                         ? job.record.last_session_id()
+                                         : job.record.current_session_id();
+      if (session_id.empty()) continue;
 
       ASSIGN_OR_RETURN(std::optional<std::string> raw,
-                       store_->Get(Table::kSessions,
-                                   SessionKey(job_id, job.record.current_session_id())));
+                       store_->Get(Table::kSessions, SessionKey(job_id, session_id)));
       auto session = std::make_unique<Session>();
       if (!raw.has_value() || !session->record.ParseFromString(*raw)) {
-        return absl::DataLossError(absl::StrCat("session ", job.record.current_session_id(),
-                                                " of job ", job_id, " is missing or corrupt"));
+        return absl::DataLossError(absl::StrCat("session ", session_id, " of job ", job_id,
+                                                " is missing or corrupt"));
       }
       const v1::SessionState state = session->record.state();
       if (state == v1::SESSION_STATE_COMMITTED || state == v1::SESSION_STATE_ABORTED) {
+        // The session ended just before the crash: its agents may not have heard the outcome.
+        // Replay it to reconnecting agents as ended sessions are (CurrentCommand), or their
+        // trainers would wait in WaitCommitted for a command that never comes.
         job.record.clear_current_session_id();
+        v1::Command final;
+        final.set_session_id(session->record.session_id());
+        final.set_step(session->record.step());
+        last_seq_ = std::max(last_seq_ + 1,
+                             static_cast<uint64_t>(absl::ToUnixMicros(clock_->Now())));
+        final.set_seq(last_seq_);
+        if (state == v1::SESSION_STATE_COMMITTED) {
+          final.mutable_committed()->set_checkpoint_dir(session->record.checkpoint_dir());
+        } else {
+          *final.mutable_abort()->mutable_error() = session->record.error();
+        }
+        job.last_final = std::move(final);
+        session->ranks.resize(job.mesh->world_size());
+        for (RankProgress& p : session->ranks) p.reached = state;  // for status
+        job.last_ended = std::make_unique<v1::SessionStatus>(StatusLocked(job, *session));
+        LogInfo("session ", session_id, " of job ", job_id, " step ", session->record.step(),
+                " ended ", StateName(state), "; its outcome is replayed to reconnecting agents");
         continue;
       }
       session->phase_started = clock_->Now();
@@ -1071,7 +1094,9 @@ absl::Status SessionManager::MarkCommittedLocked(Job& job, Outbox& out) {
 
   const int64_t previous_latest = job.record.latest_committed_step();
   job.record.set_latest_committed_step(std::max(previous_latest, s.record.step()));
+  const std::string previous_last_session = job.record.last_session_id();
   job.record.clear_current_session_id();
+  job.record.set_last_session_id(s.record.session_id());
   std::vector<v1::CheckpointInfo> checkpoints = job.checkpoints;
   checkpoints.push_back(info);
   std::sort(checkpoints.begin(), checkpoints.end(),
@@ -1096,6 +1121,7 @@ absl::Status SessionManager::MarkCommittedLocked(Job& job, Outbox& out) {
     s.commit_pending = !s.record.committer_is_agent();
     job.record.set_latest_committed_step(previous_latest);
     job.record.set_current_session_id(s.record.session_id());
+    job.record.set_last_session_id(previous_last_session);
     return persisted;
   }
   job.checkpoints = std::move(checkpoints);
@@ -1123,6 +1149,7 @@ void SessionManager::AbortLocked(Job& job, const v1::ErrorDetail& error, Outbox&
   ++stats_.aborts_by_reason[ErrorCodeName(error.code())];
   EnterStateLocked(s, v1::SESSION_STATE_ABORTED);
   job.record.clear_current_session_id();
+  job.record.set_last_session_id(s.record.session_id());
   absl::Status persisted = PersistSessionLocked(job, StoreBatch());
   if (!persisted.ok()) {
     // The session is gone from memory either way; after a restart it is recovered in its

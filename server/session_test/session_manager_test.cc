@@ -1422,6 +1422,44 @@ TEST_F(SessionManagerTest, Recover_InCommitting_TickCommits) {
   EXPECT_EQ(State(first), v1::SESSION_STATE_COMMITTED);  // read back from the store
 }
 
+// The coordinator dies right after persisting COMMITTED, before its agents heard it: after the
+// restart, an agent whose stream reconnects is told COMMITTED (or its trainer would wait in
+// WaitCommitted forever), and the status shows the ended session.
+TEST_F(SessionManagerTest, Recover_AfterCommitted_ReplaysCommittedToReconnectingAgents) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SaveAndCommit(10);
+  RestartCoordinator();
+  for (uint32_t rank = 0; rank < world(); ++rank) {
+    std::optional<v1::Command> replay = manager().CurrentCommand(kJob, rank);
+    ASSERT_TRUE(replay.has_value()) << "rank " << rank;
+    EXPECT_EQ(replay->session_id(), id);
+    EXPECT_EQ(replay->step(), 10);
+    ASSERT_TRUE(replay->has_committed());
+    EXPECT_EQ(replay->committed().checkpoint_dir(), FinalDir(10));
+  }
+  EXPECT_EQ(Status().session_id(), id);
+  EXPECT_EQ(Status().state(), v1::SESSION_STATE_COMMITTED);
+  // The next save is not disturbed by the replayed outcome.
+  EXPECT_NE(SaveAndCommit(20), id);
+  EXPECT_EQ(LatestStep(), 20);
+}
+
+TEST_F(SessionManagerTest, Recover_AfterAborted_ReplaysAbortWithItsReason) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(9);
+  ASSERT_TRUE(manager().AbortSession(kJob, "operator says no").ok());
+  RestartCoordinator();
+  std::optional<v1::Command> replay = manager().CurrentCommand(kJob, 3);
+  ASSERT_TRUE(replay.has_value());
+  EXPECT_EQ(replay->session_id(), id);
+  ASSERT_TRUE(replay->has_abort());
+  EXPECT_EQ(replay->abort().error().code(), v1::ERROR_CODE_ABORTED_BY_USER);
+  EXPECT_THAT(replay->abort().error().message(), HasSubstr("operator says no"));
+  EXPECT_EQ(Status().state(), v1::SESSION_STATE_ABORTED);
+}
+
 TEST_F(SessionManagerTest, Recover_InPlanning_AgentsResubmit) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
