@@ -51,6 +51,15 @@ using PeerResolver =
 // A resolver over a fixed map. Errors: NotFound for a rank not in `addresses`.
 PeerResolver StaticPeerResolver(std::map<uint32_t, std::string> addresses);
 
+// The "host:port" other agents dial to reach a Peer service that listens on `listen_address`
+// ("host:port", "[v6]:port") and is bound to `port`. The host is `peer_host` if given; else
+// the listen host when it is one specific address (an agent bound to 10.0.0.5 only is reachable
+// only there); else `hostname` (a wildcard listen: 0.0.0.0, ::, *, or no host). An IPv6
+// literal is bracketed ("[fd00::5]:7000"), so the result always parses as host:port.
+std::string AdvertisedPeerAddress(const std::string& peer_host,
+                                  const std::string& listen_address, int port,
+                                  const std::string& hostname);
+
 struct GrpcPeerTransportOptions {
   // This agent's rank: the from_rank of everything it sends. Default: 0.
   uint32_t rank = 0;

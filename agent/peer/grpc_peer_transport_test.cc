@@ -328,6 +328,27 @@ TEST(GrpcPeerTransport, Exchange_UnknownLeaderAddress_NotFound) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(AdvertisedPeerAddress, PeerHostGiven_UsedWhateverTheListenAddress) {
+  EXPECT_EQ(AdvertisedPeerAddress("node7", "0.0.0.0:0", 7000, "h"), "node7:7000");
+  EXPECT_EQ(AdvertisedPeerAddress("10.0.0.9", "10.0.0.5:0", 7000, "h"), "10.0.0.9:7000");
+}
+
+TEST(AdvertisedPeerAddress, SpecificListenHost_AdvertisedInsteadOfHostname) {
+  EXPECT_EQ(AdvertisedPeerAddress("", "10.77.0.11:0", 41000, "shared-name"), "10.77.0.11:41000");
+  EXPECT_EQ(AdvertisedPeerAddress("", "[fd00::5]:0", 41000, "h"), "[fd00::5]:41000");
+}
+
+TEST(AdvertisedPeerAddress, WildcardListen_Hostname) {
+  for (const char* listen : {"0.0.0.0:0", "[::]:0", "*:0", ":0", "0"}) {
+    EXPECT_EQ(AdvertisedPeerAddress("", listen, 7000, "node3"), "node3:7000") << listen;
+  }
+}
+
+TEST(AdvertisedPeerAddress, Ipv6PeerHost_Bracketed) {
+  EXPECT_EQ(AdvertisedPeerAddress("fd00::7", "[::]:0", 7000, "h"), "[fd00::7]:7000");
+  EXPECT_EQ(AdvertisedPeerAddress("[fd00::7]", "[::]:0", 7000, "h"), "[fd00::7]:7000");
+}
+
 TEST(GrpcPeerTransport, Create_ChunkTooLargeForMessageLimit_InvalidArgument) {
   GrpcPeerTransportOptions options;
   options.resolve_peer = StaticPeerResolver({});

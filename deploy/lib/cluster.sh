@@ -4,6 +4,20 @@
 # directory under /tmp, since a unix socket path is limited to 107 bytes).
 
 SOCK_DIR=${SOCK_DIR:-$(mktemp -d /tmp/tessera-sock.XXXXXX)}
+# Several hosts (tests/hosts/): by default everything runs here, on 127.0.0.1. A caller may
+# set COORD_HOST (the address the coordinator listens on and agents dial), COORD_WRAP (an
+# array: the command prefix the coordinator runs under, e.g. (ip netns exec ns0)), and, after
+# sourcing this file, redefine place_rank RANK to set PLACE_WRAP (array: the prefix that
+# rank's agent and trainer run under), PLACE_ADDR (the address its agent's peer service binds
+# and advertises) and PLACE_NODE (its --node_id; empty: the agent's default, the hostname).
+COORD_HOST=${COORD_HOST:-127.0.0.1}
+declare -p COORD_WRAP >/dev/null 2>&1 || COORD_WRAP=()
+PLACE_WRAP=()
+PLACE_ADDR=127.0.0.1
+PLACE_NODE=""
+place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
+# coordinator_address: host:port agents and the CLI dial (after start_coordinator).
+coordinator_address() { echo "$COORD_HOST:$COORD_PORT"; }
 COORD_PID=""
 COORD_PORT=""
 AGENT_PIDS=()
@@ -14,7 +28,8 @@ start_coordinator() {
   mkdir -p "$DIR/logs"
   local log="$DIR/logs/coordinator.log" before waited=0
   before=$(count_lines "$log" "listening on")  # a restart appends to the same log
-  "$BIN/server/tessera-coordinator" --listen="127.0.0.1:${COORD_PORT:-0}" --db_path="$DIR/db" \
+  "${COORD_WRAP[@]}" "$BIN/server/tessera-coordinator" --listen="$COORD_HOST:${COORD_PORT:-0}" \
+    --db_path="$DIR/db" \
     --storage_root="$DIR/ckpt" --lease_ms="${LEASE_MS:-3000}" --heartbeat_interval_ms=300 \
     "$@" 2>>"$log" &
   COORD_PID=$!
@@ -40,9 +55,11 @@ world_size() {
 start_agent() {
   local job=$1 layout=$2 r=$3; shift 3
   mkdir -p "$SOCK_DIR" "$DIR/logs"
-  "$BIN/agent/tessera-agent" --coordinator="127.0.0.1:$COORD_PORT" --job="$job" --rank="$r" \
-    --layout="$layout" --socket="$SOCK_DIR/$job-$r.sock" --peer_listen=127.0.0.1:0 \
-    --peer_host=127.0.0.1 "$@" 2>>"$DIR/logs/agent-$job-$r.log" &
+  place_rank "$r"
+  "${PLACE_WRAP[@]}" "$BIN/agent/tessera-agent" --coordinator="$(coordinator_address)" \
+    --job="$job" --rank="$r" --layout="$layout" --socket="$SOCK_DIR/$job-$r.sock" \
+    --peer_listen="$PLACE_ADDR:0" --peer_host="$PLACE_ADDR" \
+    ${PLACE_NODE:+"--node_id=$PLACE_NODE"} "$@" 2>>"$DIR/logs/agent-$job-$r.log" &
   AGENT_PIDS[$r]=$!
 }
 
@@ -83,7 +100,8 @@ run_trainers() {
   n=$(world_size "$layout")
   TRAINER_PIDS=()
   for r in $(seq 0 $((n - 1))); do
-    timeout "${TRAINER_TIMEOUT:-300}" "$BIN/examples/tessera-llama-trainer" \
+    place_rank "$r"
+    "${PLACE_WRAP[@]}" timeout "${TRAINER_TIMEOUT:-300}" "$BIN/examples/tessera-llama-trainer" \
       --agent_socket="$SOCK_DIR/$job-$r.sock" "$@" >"$DIR/logs/trainer-$job-$r.out" 2>&1 &
     TRAINER_PIDS+=($!)
   done

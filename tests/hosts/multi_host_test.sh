@@ -1,0 +1,271 @@
+#!/usr/bin/env bash
+# Several hosts (real processes): the coordinator and the agents run on separate "hosts",
+# Linux network namespaces joined by veth pairs to a bridge in a hub namespace, each with its
+# own private address (10.77.0.0/24) and its own hostname (a UTS namespace per process); the
+# agent hosts' loopback is left DOWN, so no agent or trainer can work by reaching 127.0.0.1.
+# Storage is the shared filesystem (the namespaces share the mount namespace).
+#
+#   coord 10.77.0.1   tessera-coordinator, listening on 10.77.0.1 only; the CLI
+#   a     10.77.0.11  save: ranks 0, 2 (dp=0)   load: rank 1
+#   b     10.77.0.12  save: ranks 1, 3 (dp=1)   load: rank 2
+#   c     10.77.0.13  load: ranks 0, 3 (a host that did not save)
+#
+# Saves tp=2,dp=2 with the distributed optimizer (its DP gather crosses hosts a and b), commits,
+# `tessera verify` in the coordinator's namespace, reloads on tp=1,dp=4 over hosts c, a, b and
+# checks every byte. Asserts: every TCP listener of every namespace is bound to that host's
+# private address (none on 127.0.0.1, 0.0.0.0 or [::]); every agent's advertised peer address
+# is its host's address and is listening there; agents on different hosts report different
+# node ids (their hostnames); the gather's bytes crossed the links between hosts a and b.
+#
+# Needs root and `ip netns`. Where the machine does not allow network namespaces the test
+# SKIPS visibly: it prints "SKIP: <why>" and writes a JUnit report with a <skipped> case to
+# $XML_OUTPUT_FILE (tests/summarize.py counts it as skipped). Namespaces are named
+# tsrh-<pid>-<random>-*, so parallel runs never collide; a trap deletes them.
+set -uo pipefail
+source deploy/lib/procs.sh
+source deploy/lib/cluster.sh
+BIN=.
+DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
+mkdir -p "$DIR/logs"
+JOB=hosts-$$  # staging regions in the shared /dev/shm are named by job and rank
+SAVE_LAYOUT=tp=2,dp=2
+LOAD_LAYOUT=tp=1,dp=4
+MODEL=(--layers=2 --dim=128)
+LEASE_MS=1500
+TAG=tsrh-$$-$RANDOM
+HOSTS=(coord a b c)
+declare -A ADDR=([coord]=10.77.0.1 [a]=10.77.0.11 [b]=10.77.0.12 [c]=10.77.0.13)
+NAMESPACES=()
+
+skip() {
+  echo "SKIP: $*"
+  if [ -n "${XML_OUTPUT_FILE:-}" ]; then
+    local msg
+    msg=$(printf '%s' "$*" | sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g')
+    cat >"$XML_OUTPUT_FILE" <<EOF
+<?xml version="1.0" encoding="UTF-8"?>
+<testsuites>
+  <testsuite name="${TEST_TARGET:-tests/hosts/multi_host_test}" tests="1" failures="0" errors="0" skipped="1">
+    <testcase name="multi_host_test" classname="tests.hosts" time="0">
+      <skipped message="$msg"/>
+    </testcase>
+  </testsuite>
+</testsuites>
+EOF
+  fi
+  exit 0
+}
+
+fail() {
+  echo "FAIL: $*"
+  tail -n 5 "$DIR"/logs/*.out "$DIR"/logs/*.log 2>/dev/null
+  exit 1
+}
+
+cleanup() {
+  stop_all
+  local ns pid
+  for ns in "${NAMESPACES[@]}"; do
+    # Anything still inside one of this run's namespaces was started by this run.
+    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
+    ip netns del "$ns" 2>/dev/null  # its veth ends go with it
+  done
+  # Staging regions of agents that had to be killed (the job id is this run's own).
+  rm -f /dev/shm/tessera-"$JOB"-r* /dev/shm/tessera-"$JOB".load-r*
+  return 0
+}
+trap cleanup EXIT
+trap 'exit 143' TERM INT
+
+# Namespaces left by a run that was killed (its pid gone, nothing inside): removed.
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^tsrh-[0-9]+-'); do
+  pid=${ns#tsrh-}; pid=${pid%%-*}
+  if ! kill -0 "$pid" 2>/dev/null && [ -z "$(ip netns pids "$ns" 2>/dev/null)" ]; then
+    ip netns del "$ns" 2>/dev/null
+  fi
+done
+
+# ---- can this machine make hosts? ----------------------------------------------------------
+[ "$(id -u)" -eq 0 ] || skip "network namespaces need root (running as uid $(id -u))"
+for tool in ip ss unshare hostname; do
+  command -v "$tool" >/dev/null || skip "$tool is not installed (iproute2/util-linux/hostname)"
+done
+ns_add() {
+  local out
+  out=$(ip netns add "$1" 2>&1) || skip "ip netns add is not allowed here: $out"
+  NAMESPACES+=("$1")
+}
+HUB=$TAG-hub
+ns_add "$HUB"
+out=$(ip -n "$HUB" link add br0 type bridge 2>&1) || skip "cannot create a bridge: $out"
+ip -n "$HUB" link set br0 up || fail "bridge up"
+for h in "${HOSTS[@]}"; do
+  ns_add "$TAG-$h"
+  out=$(ip -n "$HUB" link add "v-$h" type veth peer name eth0 netns "$TAG-$h" 2>&1) ||
+    skip "cannot create a veth pair: $out"
+  ip -n "$HUB" link set "v-$h" master br0 up || fail "v-$h up"
+  ip -n "$TAG-$h" addr add "${ADDR[$h]}/24" dev eth0 || fail "address of $h"
+  ip -n "$TAG-$h" link set eth0 up || fail "eth0 up on $h"
+done
+# The agent hosts keep their loopback down (as a new namespace has it): an agent or trainer
+# that assumed one host and dialled 127.0.0.1 would fail. The coordinator's host has it up,
+# as a real host does: the CLI there reaches the coordinator at the host's own address, which
+# Linux routes through lo.
+ip -n "$TAG-coord" link set lo up || fail "lo up on coord"
+for h in a b c; do
+  ip -n "$TAG-$h" link show lo | grep -q 'state DOWN' || fail "lo is up on host $h"
+done
+echo "hosts: $(for h in "${HOSTS[@]}"; do printf '%s=%s ' "$TAG-$h" "${ADDR[$h]}"; done)"
+
+# host_wrap HOST: WRAP=(the command prefix that runs a command on HOST: its network namespace,
+# its own hostname). Every step execs the next, so a background process's $! is the program's
+# own pid and stop_process signals the program itself.
+host_wrap() {
+  WRAP=(ip netns exec "$TAG-$1" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$TAG-$1")
+}
+# on HOST CMD...: runs CMD on HOST in the foreground.
+on() {
+  local WRAP
+  host_wrap "$1"; shift
+  "${WRAP[@]}" "$@"
+}
+tessera() { on coord "$BIN/client/cli/tessera" --coordinator="$(coordinator_address)" "$@"; }
+
+# Ranks go round-robin over RANK_HOSTS (save: rank % 2 is the dp index, so each DP group
+# spans hosts a and b).
+RANK_HOSTS=(a b)
+place_rank() {
+  local h=${RANK_HOSTS[$(($1 % ${#RANK_HOSTS[@]}))]}
+  host_wrap "$h"
+  PLACE_WRAP=("${WRAP[@]}")
+  PLACE_ADDR=${ADDR[$h]}
+  PLACE_NODE=""  # the agent's default: its hostname, which differs per host
+}
+host_of_rank() { echo "${RANK_HOSTS[$(($1 % ${#RANK_HOSTS[@]}))]}"; }
+
+# ---- the coordinator on its own host -------------------------------------------------------
+COORD_HOST=${ADDR[coord]}
+host_wrap coord
+COORD_WRAP=("${WRAP[@]}")
+start_coordinator --keep_last=2 || fail "coordinator"
+echo "coordinator on $(coordinator_address) in $TAG-coord"
+for h in a b c; do
+  on "$h" timeout 10 /bin/bash -c "exec 3<>/dev/tcp/${ADDR[coord]}/$COORD_PORT" 2>/dev/null ||
+    fail "host $h cannot reach the coordinator at $(coordinator_address)"
+done
+for h in coord a; do
+  if on "$h" timeout 10 /bin/bash -c "exec 3<>/dev/tcp/127.0.0.1/$COORD_PORT" 2>/dev/null; then
+    fail "127.0.0.1:$COORD_PORT answers on host $h: not listening on ${ADDR[coord]} only"
+  fi
+done
+
+# agents_json FILE: `tessera agents` of the job as JSON.
+agents_json() { tessera agents "$JOB" --json >"$1" 2>&1 || fail "tessera agents: $(cat "$1")"; }
+
+# check_listeners: every TCP listener of every host is on that host's private address.
+check_listeners() {
+  local h out bad
+  for h in "${HOSTS[@]}"; do
+    out=$(ip netns exec "$TAG-$h" ss -Hltn) || fail "ss on $h"
+    echo "$out" >"$DIR/logs/listeners-$1-$h.txt"
+    # gRPC binds a dual-stack socket where IPv6 works: 10.77.0.1 shows as [::ffff:10.77.0.1].
+    bad=$(echo "$out" | awk -v a="${ADDR[$h]}" \
+      'NF >= 4 && index($4, a ":") != 1 && index($4, "[::ffff:" a "]:") != 1 {print $4}')
+    [ -z "$bad" ] || fail "host $h has TCP listeners off its address ${ADDR[$h]}: $bad"
+  done
+}
+
+# check_agents FILE: each rank's node id is its host's hostname and its peer address is its
+# host's address, listening there; different hosts, different node ids.
+check_agents() {
+  local json=$1 r h
+  local expect=()
+  for r in $(seq 0 $(($(world_size "$2") - 1))); do
+    h=$(host_of_rank "$r")
+    expect+=("$r=$TAG-$h=${ADDR[$h]}=$DIR/logs/listeners-$3-$h.txt")
+  done
+  /usr/bin/python3 - "$json" "${expect[@]}" <<'PY' || fail "agents on the wrong hosts (see $json)"
+import json, sys
+agents = {a["coord"]["rank"]: a for a in json.load(open(sys.argv[1]))["agents"]}
+expected = [e.split("=", 3) for e in sys.argv[2:]]
+assert len(agents) == len(expected), "%d agents registered, %d expected" % (len(agents), len(expected))
+node_of_host = {}
+for rank, node, addr, listeners in expected:
+    a = agents[int(rank)]
+    assert a["alive"], "rank %s not alive" % rank
+    assert a["node_id"] == node, "rank %s reports node %r, not %r" % (rank, a["node_id"], node)
+    host, _, port = a["peer_address"].rpartition(":")
+    assert host == addr, "rank %s advertises %s, not its host's %s" % (rank, a["peer_address"], addr)
+    listening = [l.split()[3].replace("[::ffff:", "").replace("]", "") for l in open(listeners) if l.strip()]
+    assert a["peer_address"] in listening, "%s is not listening on its host: %s" % (a["peer_address"], listening)
+    node_of_host.setdefault(addr, set()).add(a["node_id"])
+nodes = [n for ns in node_of_host.values() for n in ns]
+assert len(node_of_host) >= 2 and len(set(nodes)) == len(node_of_host), "node ids per host: %s" % node_of_host
+print("agents:", ", ".join("rank %d on %s (%s)" % (r, a["node_id"], a["peer_address"]) for r, a in sorted(agents.items())))
+PY
+}
+
+# wait_no_agents_alive: the previous layout's agents have expired (bounded).
+wait_no_agents_alive() {
+  local waited=0
+  while :; do
+    agents_json "$DIR/logs/agents-expiring.json"
+    /usr/bin/python3 -c 'import json, sys
+sys.exit(any(a["alive"] for a in json.load(open(sys.argv[1])).get("agents", [])))' \
+      "$DIR/logs/agents-expiring.json" && return 0
+    sleep 0.2
+    waited=$((waited + 1))
+    [ $waited -lt 100 ] || fail "the $SAVE_LAYOUT agents did not expire"
+  done
+}
+
+tx_bytes() { ip netns exec "$TAG-$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
+
+# ---- save on hosts a and b -----------------------------------------------------------------
+start_agents "$JOB" "$SAVE_LAYOUT" || fail "agents ($SAVE_LAYOUT)"
+check_listeners save
+agents_json "$DIR/logs/agents-save.json"
+check_agents "$DIR/logs/agents-save.json" "$SAVE_LAYOUT" save
+a_tx_before=$(tx_bytes a)
+b_tx_before=$(tx_bytes b)
+run_trainers "$JOB" "$SAVE_LAYOUT" --mode=save --steps=10,20 --optimizer=distributed "${MODEL[@]}" ||
+  fail "saving on $SAVE_LAYOUT across hosts a and b"
+b_tx=$(($(tx_bytes b) - b_tx_before))
+a_tx=$(($(tx_bytes a) - a_tx_before))
+grep -q "step 20 committed" "$DIR/logs/trainer-$JOB-0.out" || fail "no commit of step 20"
+dir20="$DIR/ckpt/$JOB/step-000000020"
+[ -f "$dir20/manifest.pb" ] || fail "no committed directory for step 20"
+# Each DP group is one rank on a and one on b, and leaders are spread over the DP ranks, so
+# optimizer slices cross in both directions; the rest (plans, heartbeats) is a few KiB.
+echo "during the saves host a sent $a_tx bytes over its link, host b $b_tx"
+[ "$a_tx" -gt $((1 << 20)) ] && [ "$b_tx" -gt $((1 << 20)) ] ||
+  fail "hosts a and b sent $a_tx and $b_tx bytes: the DP gather did not cross hosts"
+check_listeners save-after
+stop_agents || fail "agents did not stop cleanly"
+
+# ---- verify and list from other hosts ------------------------------------------------------
+tessera verify "$dir20" >"$DIR/logs/verify.out" 2>&1 || fail "verify: $(cat "$DIR/logs/verify.out")"
+grep -q "^OK: " "$DIR/logs/verify.out" || fail "verify printed no OK: $(cat "$DIR/logs/verify.out")"
+on c "$BIN/client/cli/tessera" --coordinator="$(coordinator_address)" checkpoints "$JOB" \
+  >"$DIR/logs/checkpoints.out" 2>&1 || fail "tessera checkpoints from host c: $(cat "$DIR/logs/checkpoints.out")"
+grep -q "20" "$DIR/logs/checkpoints.out" || fail "step 20 not listed: $(cat "$DIR/logs/checkpoints.out")"
+echo "verify (on $TAG-coord): $(cat "$DIR/logs/verify.out")"
+
+# ---- reload on another layout, over hosts c, a, b ------------------------------------------
+wait_no_agents_alive
+RANK_HOSTS=(c a b)
+start_agents "$JOB" "$LOAD_LAYOUT" || fail "agents ($LOAD_LAYOUT)"
+check_listeners load
+agents_json "$DIR/logs/agents-load.json"
+check_agents "$DIR/logs/agents-load.json" "$LOAD_LAYOUT" load
+run_trainers "$JOB" "$LOAD_LAYOUT" --mode=load --load_step=-1 --optimizer=distributed "${MODEL[@]}" ||
+  fail "loading on $LOAD_LAYOUT"
+for r in $(seq 0 $(($(world_size "$LOAD_LAYOUT") - 1))); do
+  grep -q "loaded step 20 on $LOAD_LAYOUT" "$DIR/logs/trainer-$JOB-$r.out" ||
+    fail "rank $r did not load step 20 byte for byte: $(cat "$DIR/logs/trainer-$JOB-$r.out")"
+done
+stop_agents || fail "agents ($LOAD_LAYOUT) did not stop cleanly"
+stop_coordinator || fail "coordinator did not stop cleanly"
+echo "PASS: coordinator and agents on separate hosts ($TAG-*); saved $SAVE_LAYOUT on a+b" \
+  "(distributed optimizer, gather across hosts), verified, reloaded byte-identical on" \
+  "$LOAD_LAYOUT on c+a+b"
