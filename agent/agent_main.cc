@@ -46,7 +46,8 @@ ABSL_FLAG(std::string, socket, "",
 ABSL_FLAG(std::string, peer_listen, "0.0.0.0:0",
           "host:port for DP-gather transfers from other agents (port 0: a free one)");
 ABSL_FLAG(std::string, peer_host, "",
-          "host name or address other agents use to reach this one (default: hostname)");
+          "host name or address other agents use to reach this one (default: the host of "
+          "--peer_listen if it names one address, else the hostname)");
 ABSL_FLAG(std::string, node_id, "",
           "identity of this host; ranks on one node share its RAM budget (default: hostname)");
 ABSL_FLAG(int64_t, host_ram_budget_mb, 0,
@@ -59,6 +60,15 @@ ABSL_FLAG(bool, storage_root_mounted, true,
 ABSL_FLAG(std::string, crash_on, "",
           "fault injection for tests: SIGKILL this agent when it receives this command "
           "(pin, copy, gather, persist, commit)");
+ABSL_FLAG(std::string, freeze_on, "",
+          "fault injection for tests: SIGSTOP this agent (the whole process freezes until "
+          "SIGCONT) when it receives this command (pin, copy, gather, persist, commit)");
+ABSL_FLAG(std::string, inject_storage_fault, "",
+          "fault injection for tests only: make this agent's storage fail. ';'-separated: "
+          "ERR:after_bytes=N (writes fail once N bytes were written, as a full disk does), "
+          "ERR:write=N (the N-th write fails), ERR:sync, ERR:syncdir, ERR:rename, readonly "
+          "(every mutation fails with EROFS); ERR is enospc, eio, edquot, erofs or eacces. "
+          "Counts start when the agent starts and cover every save");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA to verify the coordinator (enables TLS)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM key of --tls_cert");
@@ -171,7 +181,18 @@ int main(int argc, char** argv) {
       tessera::StagingPool::Create(pool_options);
   if (!load_pool.ok()) return Fail(load_pool.status().ToString());
 
-  tessera::PosixStorage storage;
+  tessera::PosixStorage posix_storage;
+  tessera::FaultInjectingStorage faulty_storage(&posix_storage);
+  const std::string storage_fault = absl::GetFlag(FLAGS_inject_storage_fault);
+  if (absl::Status armed = faulty_storage.Configure(storage_fault); !armed.ok()) {
+    return Fail(absl::StrCat("--inject_storage_fault: ", armed.message()));
+  }
+  if (!storage_fault.empty()) {
+    tessera::LogWarning("fault injection: storage faults armed: ", storage_fault);
+  }
+  tessera::Storage& storage = storage_fault.empty()
+                                  ? static_cast<tessera::Storage&>(posix_storage)
+                                  : static_cast<tessera::Storage&>(faulty_storage);
   AddressBook addresses;
   tessera::GrpcPeerTransportOptions peer_options;
   peer_options.rank = urank;
@@ -182,10 +203,15 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<tessera::GrpcPeerTransport>> peers =
       tessera::GrpcPeerTransport::Create(peer_options);
   if (!peers.ok()) return Fail(absl::StrCat("peer transport: ", peers.status().ToString()));
-  const std::string peer_host =
-      absl::GetFlag(FLAGS_peer_host).empty() ? Hostname() : absl::GetFlag(FLAGS_peer_host);
 
+  // The executor asks the lifeline whether this agent's lease is still current before
+  // writing; the lifeline is created below, before the executor runs any command.
+  tessera::Lifeline* lifeline_for_lease = nullptr;
   tessera::SaveExecutorOptions executor_options;
+  executor_options.lease_generation = [&lifeline_for_lease]() -> std::optional<uint64_t> {
+    if (lifeline_for_lease == nullptr) return std::nullopt;
+    return lifeline_for_lease->LeaseGeneration();
+  };
   executor_options.job_id = job;
   executor_options.rank = urank;
   executor_options.incarnation = incarnation;
@@ -207,7 +233,9 @@ int main(int argc, char** argv) {
   registration.set_node_id(node.empty() ? Hostname() : node);
   registration.set_node_host_ram_budget(
       static_cast<uint64_t>(absl::GetFlag(FLAGS_host_ram_budget_mb)) << 20);
-  registration.set_peer_address(absl::StrCat(peer_host, ":", (*peers)->port()));
+  registration.set_peer_address(tessera::AdvertisedPeerAddress(
+      absl::GetFlag(FLAGS_peer_host), absl::GetFlag(FLAGS_peer_listen), (*peers)->port(),
+      Hostname()));
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);
 
@@ -217,18 +245,27 @@ int main(int argc, char** argv) {
     executor.OnRegistered(response.coordinator_incarnation());
   };
   tessera::Lifeline lifeline(&coordinator, registration, lifeline_options);
+  lifeline_for_lease = &lifeline;
 
   tessera::v1::CommandsRequest commands;
   commands.set_job_id(job);
   commands.set_rank(urank);
   commands.set_incarnation(incarnation);
   const std::string crash_on = absl::GetFlag(FLAGS_crash_on);
+  const std::string freeze_on = absl::GetFlag(FLAGS_freeze_on);
+  bool frozen_once = false;  // only the command-stream thread reads and writes it
   tessera::CommandStream stream(
       coordinator.stub(), &lifeline, commands,
-      [&executor, &crash_on](const tessera::v1::Command& c) {
+      [&executor, &crash_on, &freeze_on, &frozen_once](const tessera::v1::Command& c) {
         if (!crash_on.empty() && CommandName(c) == crash_on) {
           tessera::LogError("fault injection: crashing on ", crash_on);
           raise(SIGKILL);
+        }
+        if (!freeze_on.empty() && !frozen_once && CommandName(c) == freeze_on) {
+          frozen_once = true;
+          tessera::LogError("fault injection: freezing on ", freeze_on);
+          raise(SIGSTOP);
+          tessera::LogWarning("fault injection: resumed after freezing on ", freeze_on);
         }
         executor.OnCommand(c);
       });

@@ -74,11 +74,24 @@ void Lifeline::SetPinnedBytes(uint64_t bytes) {
   pinned_bytes_ = bytes;
 }
 
+std::optional<uint64_t> Lifeline::LeaseGeneration() const {
+  absl::MutexLock lock(&mu_);
+  if (state_ != State::kRegistered) return std::nullopt;
+  if (absl::FromChrono(std::chrono::steady_clock::now() - renewed_) > lease_) return std::nullopt;
+  return leases_lost_;
+}
+
+uint64_t Lifeline::leases_lost() const {
+  absl::MutexLock lock(&mu_);
+  return leases_lost_;
+}
+
 void Lifeline::Run() {
   Backoff backoff(options_.backoff);
   const uint32_t rank = registration_.coord().rank();
   while (true) {
     // CONNECTING: register until it works.
+    auto sent = std::chrono::steady_clock::now();
     absl::StatusOr<v1::RegisterAgentResponse> registered = client_->Register(registration_);
     if (!registered.ok()) {
       if (registered.status().code() == absl::StatusCode::kInvalidArgument) {
@@ -92,6 +105,9 @@ void Lifeline::Run() {
       absl::MutexLock lock(&mu_);
       ++registrations_;
       state_ = State::kRegistered;
+      renewed_ = sent;
+      lease_ = registered->lease_ms() > 0 ? absl::Milliseconds(registered->lease_ms())
+                                          : absl::InfiniteDuration();
     }
     LogInfo("registered with coordinator (lease ", registered->lease_ms(), " ms, heartbeat ",
             registered->heartbeat_interval_ms(), " ms)");
@@ -103,7 +119,24 @@ void Lifeline::Run() {
 
     // REGISTERED: heartbeat until it fails.
     bool first_beat = true;
+    bool lapsed = false;
     while (WaitFor(interval)) {
+      {
+        absl::MutexLock lock(&mu_);
+        const absl::Duration gap = absl::FromChrono(std::chrono::steady_clock::now() - renewed_);
+        if (gap > lease_) {
+          // This thread did not run for longer than the lease (the process was frozen, e.g.
+          // SIGSTOP, or starved): the coordinator has expired this agent and aborted any
+          // save it was part of. Register again rather than carry on as if nothing happened.
+          ++leases_lost_;
+          state_ = State::kConnecting;
+          lapsed = true;
+          LogError("lease lapsed: no renewal for ", absl::FormatDuration(gap), " (lease ",
+                   absl::FormatDuration(lease_),
+                   "); this agent was frozen or cut off and is stale: registering again");
+        }
+      }
+      if (lapsed) break;
       v1::HeartbeatRequest request;
       request.set_job_id(registration_.job_id());
       request.set_rank(rank);
@@ -112,12 +145,14 @@ void Lifeline::Run() {
         absl::MutexLock lock(&mu_);
         request.set_pinned_bytes(pinned_bytes_);
       }
+      sent = std::chrono::steady_clock::now();
       absl::StatusOr<v1::HeartbeatResponse> beat = client_->Heartbeat(request);
       if (beat.ok()) {
         if (first_beat) LogInfo("lease renewed by the first heartbeat");
         first_beat = false;
         absl::MutexLock lock(&mu_);
         ++heartbeats_ok_;
+        renewed_ = sent;
         continue;
       }
       if (GetErrorCode(beat.status()) == v1::ERROR_CODE_STALE_INCARNATION) {

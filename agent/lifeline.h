@@ -4,8 +4,12 @@
 //   CONNECTING ───────────► REGISTERED ──────────────────────────────► CONNECTING
 //     │  ▲ register fails:     │  heartbeat ok: stay
 //     └──┘ backoff + jitter    │
-//                              └── STALE_INCARNATION ──► SUPERSEDED (terminal: a newer process
-//                                                        of this rank took over)
+//                              ├── STALE_INCARNATION ──► SUPERSEDED (terminal: a newer process
+//                              │                         of this rank took over)
+//                              └── no renewal for longer than the lease (the process was frozen,
+//                                  e.g. SIGSTOP, or cut off) ──► CONNECTING: the coordinator
+//                                  has given this agent up, so it registers again, and the
+//                                  lease generation moves on (LeaseGeneration)
 //   any state ── Stop() ──► STOPPED (terminal)
 //
 // Runs on its own thread. Waits use absl::Mutex conditions with timeouts, so Stop() returns
@@ -15,8 +19,10 @@
 #ifndef TESSERA_AGENT_LIFELINE_H_
 #define TESSERA_AGENT_LIFELINE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -67,6 +73,15 @@ class Lifeline {
   // Reported in heartbeats.
   void SetPinnedBytes(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The lease generation if the lease is current now (registered, and renewed within the
+  // lease by the coordinator's clock as far as this process can tell), else nullopt. The
+  // generation grows each time the lease was found lapsed, so work begun under one generation
+  // must not write under another: the coordinator gave this agent up in between.
+  std::optional<uint64_t> LeaseGeneration() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Times the lease was found lapsed (the agent re-registered because of it).
+  uint64_t leases_lost() const ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   void Run();
   // Waits `delay` or until Stop(); returns false if stopping.
@@ -83,6 +98,11 @@ class Lifeline {
   uint64_t heartbeats_ok_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Monotonic time of the last renewal (registration or heartbeat, taken when it was sent),
+  // and the lease the coordinator granted.
+  std::chrono::steady_clock::time_point renewed_ ABSL_GUARDED_BY(mu_);
+  absl::Duration lease_ ABSL_GUARDED_BY(mu_) = absl::InfiniteDuration();
+  uint64_t leases_lost_ ABSL_GUARDED_BY(mu_) = 0;
 
   std::thread thread_;  // last: joins before the fields above go away
 };

@@ -73,9 +73,33 @@ void SaveExecutor::Post(Task task) {
   tasks_.push_back(std::move(task));
 }
 
-void SaveExecutor::BeginSave(v1::BeginSaveRequest request, BeginSaveDone done) {
-  Post([this, request = std::move(request), done = std::move(done)]() mutable {
-    DoBeginSave(std::move(request), std::move(done));
+uint64_t SaveExecutor::BeginSave(v1::BeginSaveRequest request, BeginSaveDone done) {
+  uint64_t ticket;
+  {
+    absl::MutexLock lock(&mu_);
+    ticket = next_ticket_++;
+  }
+  Post([this, request = std::move(request), done = std::move(done), ticket]() mutable {
+    DoBeginSave(std::move(request), std::move(done), ticket);
+  });
+  return ticket;
+}
+
+void SaveExecutor::TrainerGone(uint64_t ticket) {
+  // Posted after the call's DoBeginSave, so its session exists by then (if the plan was
+  // accepted at all).
+  Post([this, ticket] {
+    std::string session_id;
+    {
+      absl::MutexLock lock(&mu_);
+      for (auto& [id, s] : sessions_) {
+        if (s->begin_ticket == ticket && s->phase < Phase::kStaged) session_id = id;
+      }
+    }
+    if (session_id.empty()) return;
+    Fail(session_id, v1::ERROR_CODE_AGENT_LOST,
+         absl::AbortedError(absl::StrCat("the trainer of rank ", options_.rank,
+                                         " went away before its snapshot was staged")));
   });
 }
 
@@ -111,22 +135,6 @@ void SaveExecutor::WaitCommitted(int64_t step, absl::Time deadline, CommitDone d
   } else {
     done(outcome);
   }
-}
-
-void SaveExecutor::TrainerLost(const std::string& session_id) {
-  Post([this, session_id] {
-    bool open;
-    {
-      absl::MutexLock lock(&mu_);
-      Session* s = FindLocked(session_id);
-      open = s != nullptr && s->phase < Phase::kStaged;
-    }
-    if (open) {
-      Fail(session_id, v1::ERROR_CODE_AGENT_LOST,
-           absl::AbortedError(absl::StrCat("the trainer of rank ", options_.rank,
-                                           " went away before its snapshot was staged")));
-    }
-  });
 }
 
 void SaveExecutor::OnCommand(const v1::Command& command) {
@@ -165,6 +173,12 @@ void SaveExecutor::OnCommand(const v1::Command& command) {
       });
       break;
     case v1::Command::kAbort:
+      {
+        absl::MutexLock lock(&mu_);
+        if (Session* s = FindLocked(id); s != nullptr && !s->coordinator_abort.has_value()) {
+          s->coordinator_abort = ErrorFromDetail(command.abort().error());
+        }
+      }
       peers_->CancelSession(id);  // wake an exchange in progress now, not after it
       Post([this, id, error = command.abort().error()] {
         DoEnd(id, ErrorFromDetail(error), "");
@@ -222,7 +236,8 @@ void SaveExecutor::RunWorker() {
   }
 }
 
-void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done) {
+void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done,
+                               uint64_t ticket) {
   v1::SubmitLocalPlanRequest submit;
   submit.set_job_id(options_.job_id);
   submit.set_rank(options_.rank);
@@ -239,6 +254,7 @@ void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done)
     done(submitted.status());
     return;
   }
+  LogInfo("plan of step ", request.step(), " submitted: session ", submitted->session_id());
   absl::MutexLock lock(&mu_);
   std::unique_ptr<Session>& slot = sessions_[submitted->session_id()];
   if (slot != nullptr && slot->begin_done) {
@@ -250,6 +266,22 @@ void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done)
   slot->step = request.step();
   slot->request = std::move(request);
   slot->begin_done = std::move(done);
+  slot->begin_ticket = ticket;
+  if (options_.lease_generation) slot->lease_generation = options_.lease_generation();
+}
+
+absl::Status SaveExecutor::CheckLease(const std::string& session_id, absl::string_view what) {
+  if (!options_.lease_generation) return absl::OkStatus();
+  const std::optional<uint64_t> now = options_.lease_generation();
+  std::optional<uint64_t> began;
+  {
+    absl::MutexLock lock(&mu_);
+    if (Session* s = FindLocked(session_id); s != nullptr) began = s->lease_generation;
+  }
+  if (now.has_value() && began.has_value() && *now == *began) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat(
+      "the lease of rank ", options_.rank, "'s agent lapsed during the save (the agent was frozen "
+      "or cut off from the coordinator); it does not ", what, " for a save it was given up for"));
 }
 
 void SaveExecutor::DoPin(const std::string& session_id, const v1::PinCommand& pin) {
@@ -423,6 +455,10 @@ void SaveExecutor::DoPersist(const std::string& session_id, const std::string& t
     ReportPhase(session_id, v1::AGENT_PHASE_PERSISTED, nullptr).IgnoreError();
     return;
   }
+  if (absl::Status lease = CheckLease(session_id, "write its shards"); !lease.ok()) {
+    Fail(session_id, v1::ERROR_CODE_AGENT_LOST, lease);
+    return;
+  }
   if (layout->file.has_value()) {
     absl::Status dirs = storage_->CreateDirs(tmp_dir);
     if (!dirs.ok()) {
@@ -468,6 +504,10 @@ void SaveExecutor::AdvanceAndReport(const std::string& session_id, Phase from, P
 }
 
 void SaveExecutor::DoCommit(const std::string& session_id, const v1::CommitCommand& commit) {
+  if (absl::Status lease = CheckLease(session_id, "commit"); !lease.ok()) {
+    Fail(session_id, v1::ERROR_CODE_AGENT_LOST, lease);
+    return;
+  }
   absl::Status committed =
       CommitCheckpoint(*storage_, commit.tmp_dir(), commit.final_dir(), commit.manifest());
   if (!committed.ok()) {
@@ -485,6 +525,7 @@ void SaveExecutor::DoEnd(const std::string& session_id, absl::Status outcome,
                          std::string checkpoint_dir) {
   BeginSaveDone begin;
   std::vector<CommitDone> waiters;
+  std::string tmp_dir;
   {
     absl::MutexLock lock(&mu_);
     Session* s = FindLocked(session_id);
@@ -496,6 +537,7 @@ void SaveExecutor::DoEnd(const std::string& session_id, absl::Status outcome,
     s->begin_done = nullptr;
     for (auto& [deadline, done] : s->waiters) waiters.push_back(std::move(done));
     s->waiters.clear();
+    tmp_dir = std::move(s->tmp_dir);
     s->layout.reset();
     // The region stays in the pool for the next save (and mapped in the trainer): recreating
     // and re-faulting a gigabyte of shared memory per save would land in the trainer's stall.
@@ -510,6 +552,14 @@ void SaveExecutor::DoEnd(const std::string& session_id, absl::Status outcome,
     LogInfo("session ", session_id, " committed at ", checkpoint_dir);
   } else {
     LogWarning("session ", session_id, " aborted: ", outcome.message());
+    // This rank wrote (or began writing) into the session's temporary directory. The
+    // coordinator removes it too, but it may have done so before this rank's write created
+    // it again: an aborted session leaves nothing behind either way.
+    if (!tmp_dir.empty()) {
+      if (absl::Status removed = storage_->RemoveTree(tmp_dir); !removed.ok()) {
+        LogWarning("could not remove ", tmp_dir, " of the aborted session: ", removed.ToString());
+      }
+    }
   }
   if (begin) begin(outcome.ok() ? absl::InternalError("committed before the copy") : outcome);
   for (CommitDone& done : waiters) {
@@ -591,11 +641,37 @@ absl::Status SaveExecutor::ReportChunks(const std::string& session_id,
 void SaveExecutor::Fail(const std::string& session_id, v1::ErrorCode code,
                         const absl::Status& cause) {
   v1::ErrorDetail detail = DetailFor(code, cause);
+  auto aborted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    Session* s = FindLocked(session_id);
+    return s != nullptr && s->coordinator_abort.has_value();
+  };
+  std::optional<absl::Status> prior;
+  {
+    absl::MutexLock lock(&mu_);
+    if (aborted()) prior = FindLocked(session_id)->coordinator_abort;
+  }
+  if (prior.has_value()) {
+    // Already aborted by the coordinator (which may have removed the directory this rank was
+    // writing to): that reason stands, this failure is a consequence.
+    LogWarning("session ", session_id, " failed on this rank after the coordinator aborted it: ",
+               detail.message());
+    DoEnd(session_id, *prior, "");
+    return;
+  }
   LogError("session ", session_id, " failed on this rank: ", ErrorCodeName(detail.code()), ": ",
            detail.message());
   absl::Status reported = ReportPhase(session_id, v1::AGENT_PHASE_UNSPECIFIED, &detail);
+  absl::Status outcome = ErrorFromDetail(detail);
+  if (reported.code() == absl::StatusCode::kFailedPrecondition) {
+    // The session already ended on the coordinator: its ABORT (with the real reason) is on
+    // the way. Wait for it a little (the command stream records it without this thread), so
+    // the trainer hears the cause, not this consequence.
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithTimeout(absl::Condition(&aborted), absl::Seconds(2));
+    if (aborted()) outcome = *FindLocked(session_id)->coordinator_abort;
+  }
   // Whether or not the coordinator heard it, this rank is out of the session.
-  DoEnd(session_id, ErrorFromDetail(detail), "");
+  DoEnd(session_id, outcome, "");
   if (!reported.ok()) LogWarning("could not report the failure: ", reported.ToString());
 }
 

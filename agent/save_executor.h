@@ -78,6 +78,12 @@ struct SaveExecutorOptions {
   // Finished sessions remembered for WaitCommitted. Default: 16.
   size_t remember_sessions = 16;
   ShardWriterOptions writer;
+  // The agent's lease generation if its lease is current, else nullopt (Lifeline::
+  // LeaseGeneration). Before writing (PERSIST, COMMIT) the executor checks it is current and
+  // unchanged since the session began on this agent; otherwise the agent was frozen or cut
+  // off past its lease, the coordinator has given it up, and the session is failed with
+  // AGENT_LOST instead of writing. Default: none (the lease is always taken as current).
+  std::function<std::optional<uint64_t>()> lease_generation;
   // Told the peers' addresses of a session before its DP exchange (GatherCommand), so the
   // transport's resolver can find them. Default: none.
   std::function<void(const std::string& session_id, const std::map<uint32_t, std::string>&)>
@@ -99,7 +105,15 @@ class SaveExecutor {
   // the error: the planner's (InvalidArgument + DUPLICATE_FQN ...) before any copy,
   // FailedPrecondition (STEP_EXISTS, SESSION_IN_PROGRESS), Aborted (AGENT_LOST, TIMEOUT ...),
   // Unavailable if the coordinator cannot be reached.
-  void BeginSave(v1::BeginSaveRequest request, BeginSaveDone done) ABSL_LOCKS_EXCLUDED(mu_);
+  // Returns a ticket naming this call for TrainerGone.
+  uint64_t BeginSave(v1::BeginSaveRequest request, BeginSaveDone done) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Trainer: the BeginSave call `ticket` was cancelled — the trainer died (or gave up) while
+  // waiting for its slots, or before it received them. If that call's session has not been
+  // staged, it is failed with AGENT_LOST naming this rank, so the save aborts at once instead
+  // of at the coordinator's COPYING timeout. A later call of the same step (a retry) is not
+  // affected.
+  void TrainerGone(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Trainer: finished copying into `session_id`'s slots. `done` once STAGED is reported.
   // Errors: NotFound for an unknown session; Aborted if it aborted; what ReportPhase returns.
@@ -110,10 +124,6 @@ class SaveExecutor {
   // COMMITTED, the abort error when ABORTED, DeadlineExceeded at `deadline`, NotFound if no
   // session of that step is known. Called at once if the outcome is already known.
   void WaitCommitted(int64_t step, absl::Time deadline, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Trainer went away while a save was open (its BeginSave or Staged call was cancelled):
-  // reports the failure so the session aborts at once instead of at its timeout.
-  void TrainerLost(const std::string& session_id) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Coordinator: a command from the Commands stream.
   void OnCommand(const v1::Command& command) ABSL_LOCKS_EXCLUDED(mu_);
@@ -149,8 +159,14 @@ class SaveExecutor {
     StagingSlot slot;
     bool has_slot = false;
     BeginSaveDone begin_done;  // until COPY or the end
+    uint64_t begin_ticket = 0;  // the BeginSave call that owns begin_done (or got the slots)
     std::vector<std::pair<absl::Time, CommitDone>> waiters;
     absl::Status outcome;      // set when COMMITTED (OK) or ABORTED
+    // The coordinator's ABORT reason, recorded as soon as the command arrives (before its
+    // task runs), so a local failure caused by the abort (the coordinator removed the
+    // temporary directory under a writer) does not replace the real reason.
+    std::optional<absl::Status> coordinator_abort;
+    std::optional<uint64_t> lease_generation;  // when the session began on this agent
     std::string checkpoint_dir;
     // Everything reported, for re-sending after a coordinator restart.
     std::vector<v1::ReportPhaseRequest> phase_reports;
@@ -165,7 +181,7 @@ class SaveExecutor {
   void RunWorker();
 
   // Worker-thread steps.
-  void DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done);
+  void DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done, uint64_t ticket);
   void DoPin(const std::string& session_id, const v1::PinCommand& pin);
   void DoCopy(const std::string& session_id);
   void DoStaged(const std::string& session_id, uint64_t stall_ns, StatusDone done);
@@ -184,6 +200,10 @@ class SaveExecutor {
                            const v1::ErrorDetail* error, uint64_t pinned_bytes = 0,
                            uint64_t stall_ns = 0) ABSL_LOCKS_EXCLUDED(mu_);
   absl::Status ReportChunks(const std::string& session_id, v1::ReportChunksRequest request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // OK if this agent's lease is current and unchanged since the session began; else the
+  // AGENT_LOST status to fail the session with before `what` (a write).
+  absl::Status CheckLease(const std::string& session_id, absl::string_view what)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Reports a local failure: the session aborts on the coordinator.
   void Fail(const std::string& session_id, v1::ErrorCode code, const absl::Status& cause)
@@ -210,6 +230,7 @@ class SaveExecutor {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t coordinator_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
 
   std::thread worker_;  // last: started when everything above exists
 };

@@ -9,9 +9,16 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <functional>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "common/status.h"
 #include "tessera/v1/types.pb.h"
 
@@ -508,6 +515,53 @@ void FaultInjectingStorage::Reset() {
   sync_errno_ = 0;
   sync_dir_errno_ = 0;
   rename_errno_ = 0;
+}
+
+absl::Status FaultInjectingStorage::Configure(absl::string_view spec) {
+  static constexpr std::pair<absl::string_view, int> kErrnos[] = {
+      {"enospc", ENOSPC}, {"eio", EIO}, {"edquot", EDQUOT}, {"erofs", EROFS}, {"eacces", EACCES}};
+  std::vector<std::function<void()>> arm;
+  for (absl::string_view item : absl::StrSplit(spec, ';', absl::SkipWhitespace())) {
+    item = absl::StripAsciiWhitespace(item);
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("storage fault \"", item, "\": ", why,
+                       " (expected ERR:after_bytes=N, ERR:write=N, ERR:sync, ERR:syncdir, "
+                       "ERR:rename or readonly; ERR one of enospc, eio, edquot, erofs, "
+                       "eacces)"));
+    };
+    if (absl::EqualsIgnoreCase(item, "readonly")) {
+      arm.push_back([this] { SetReadOnly(true); });
+      continue;
+    }
+    const size_t colon = item.find(':');
+    if (colon == absl::string_view::npos) return bad("no ':'");
+    const absl::string_view name = item.substr(0, colon);
+    const absl::string_view what = item.substr(colon + 1);
+    int err = 0;
+    for (const auto& [n, e] : kErrnos) {
+      if (absl::EqualsIgnoreCase(name, n)) err = e;
+    }
+    if (err == 0) return bad(absl::StrCat("unknown error \"", name, "\""));
+    uint64_t n = 0;
+    if (absl::StartsWith(what, "after_bytes=")) {
+      if (!absl::SimpleAtoi(what.substr(12), &n)) return bad("after_bytes needs a number");
+      arm.push_back([this, n, err] { FailWritesAfterBytes(n, err); });
+    } else if (absl::StartsWith(what, "write=")) {
+      if (!absl::SimpleAtoi(what.substr(6), &n) || n == 0) return bad("write needs a number >= 1");
+      arm.push_back([this, n, err] { FailNthWrite(n, err); });
+    } else if (what == "sync") {
+      arm.push_back([this, err] { FailSync(err); });
+    } else if (what == "syncdir") {
+      arm.push_back([this, err] { FailSyncDir(err); });
+    } else if (what == "rename") {
+      arm.push_back([this, err] { FailRename(err); });
+    } else {
+      return bad(absl::StrCat("unknown fault \"", what, "\""));
+    }
+  }
+  for (auto& a : arm) a();
+  return absl::OkStatus();
 }
 
 uint64_t FaultInjectingStorage::bytes_written() const {

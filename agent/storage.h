@@ -206,6 +206,18 @@ class FaultInjectingStorage : public Storage {
   // Clears every fault.
   void Reset();
 
+  // Arms the faults a spec names (the agent's test-only --inject_storage_fault flag), each
+  // fault one `;`-separated item:
+  //   ERR:after_bytes=N   writes fail with ERR once N bytes were written (FailWritesAfterBytes)
+  //   ERR:write=N         the N-th write fails with ERR (FailNthWrite)
+  //   ERR:sync            every fsync of a written file fails (FailSync)
+  //   ERR:syncdir         every directory fsync fails (FailSyncDir)
+  //   ERR:rename          every rename fails (FailRename)
+  //   readonly            every mutation fails with EROFS (SetReadOnly)
+  // ERR is one of enospc, eio, edquot, erofs, eacces (case-insensitive). An empty spec arms
+  // nothing. Errors: InvalidArgument naming the item that does not parse (nothing is armed).
+  absl::Status Configure(absl::string_view spec);
+
   uint64_t bytes_written() const;
   uint64_t writes() const;
 

@@ -335,6 +335,40 @@ TEST(FaultInjectingStorage, FailNthWrite_OnlyThatWriteFails) {
   EXPECT_EQ(storage.writes(), 3u);
 }
 
+TEST(FaultInjectingStorage, Configure_SpecArmsFaults_BadSpecArmsNothing) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  EXPECT_TRUE(storage.Configure("").ok());
+  for (const char* bad : {"enospc", "enospc:after_bytes=x", "ebogus:sync", "eio:write=0",
+                          "eio:sometimes", "eio:sync;readonly;enospc:after_bytes="}) {
+    absl::Status status = storage.Configure(bad);
+    EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  // Nothing of the rejected specs was armed.
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  EXPECT_TRUE((*file)->WriteAt(0, "abcdef", 6).ok());
+  EXPECT_TRUE((*file)->Sync().ok());
+
+  ASSERT_TRUE(storage.Configure("EIO:after_bytes=8; enospc:write=3").ok());
+  // The byte limit counts from arming: 8 more bytes may be written.
+  absl::Status status = (*file)->WriteAt(6, "abcdef", 6);  // 6 of 8
+  EXPECT_TRUE(status.ok()) << status;
+  status = (*file)->WriteAt(12, "abcdef", 6);  // 2 more fit, then EIO
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("at offset 14"));
+  status = (*file)->WriteAt(18, "x", 1);  // the 3rd write since arming: ENOSPC
+  EXPECT_EQ(status.code(), absl::StatusCode::kResourceExhausted) << status;
+
+  storage.Reset();
+  ASSERT_TRUE(storage.Configure("readonly").ok());
+  EXPECT_EQ(storage.CreateDirs(dir + "/d").code(), absl::StatusCode::kFailedPrecondition);
+  storage.Reset();
+  ASSERT_TRUE(storage.Configure("eio:sync").ok());
+  EXPECT_EQ((*file)->Sync().code(), absl::StatusCode::kDataLoss);
+}
+
 TEST(FaultInjectingStorage, ReadOnly_EveryMutationFailsReadsWork) {
   const std::string dir = MakeTempDir();
   PosixStorage posix;

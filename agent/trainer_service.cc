@@ -1,11 +1,53 @@
 #include "agent/trainer_service.h"
 
+#include <memory>
+
 #include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 
 namespace tessera {
 namespace {
 
+// BeginSave blocks until every rank pinned. If the trainer dies (or cancels) meanwhile, or
+// before the slots reach it, the executor is told at once (OnCancel), so the session aborts
+// with AGENT_LOST instead of waiting for the coordinator's COPYING timeout.
+class BeginSaveReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit BeginSaveReactor(SaveExecutor* executor)
+      : executor_(executor), call_(std::make_shared<Call>()) {}
+
+  void Start(const v1::BeginSaveRequest& request, v1::BeginSaveResponse* response) {
+    // Once BeginSave is called the reactor may finish and be deleted at any moment: only
+    // locals are used afterwards.
+    SaveExecutor* const executor = executor_;
+    const std::shared_ptr<Call> call = call_;
+    const uint64_t ticket =
+        executor->BeginSave(request, [this, response](absl::StatusOr<v1::BeginSaveResponse> r) {
+          if (r.ok()) *response = *std::move(r);
+          Finish(ToGrpcStatus(r.status()));
+        });
+    absl::MutexLock lock(&call->mu);
+    call->ticket = ticket;
+    if (call->cancelled) executor->TrainerGone(ticket);
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&call_->mu);
+    call_->cancelled = true;
+    if (call_->ticket != 0) executor_->TrainerGone(call_->ticket);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  struct Call {
+    absl::Mutex mu;
+    uint64_t ticket ABSL_GUARDED_BY(mu) = 0;
+    bool cancelled ABSL_GUARDED_BY(mu) = false;
+  };
+  SaveExecutor* const executor_;
+  const std::shared_ptr<Call> call_;
+};
 
 }  // namespace
 
@@ -48,11 +90,8 @@ grpc::ServerUnaryReactor* TrainerService::GetInfo(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* TrainerService::BeginSave(grpc::CallbackServerContext* context,
                                                     const v1::BeginSaveRequest* request,
                                                     v1::BeginSaveResponse* response) {
-  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  executor_->BeginSave(*request, [reactor, response](absl::StatusOr<v1::BeginSaveResponse> r) {
-    if (r.ok()) *response = *std::move(r);
-    reactor->Finish(ToGrpcStatus(r.status()));
-  });
+  auto* reactor = new BeginSaveReactor(executor_);
+  reactor->Start(*request, response);
   return reactor;
 }
 

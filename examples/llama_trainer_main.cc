@@ -7,6 +7,7 @@
 //   load: Load (--load_step, -1 = latest) into this rank's pieces of ITS layout (the agent's),
 //         then check every byte against the deterministic values of the loaded step.
 #include <signal.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -42,10 +43,40 @@ ABSL_FLAG(std::string, expect_error, "",
 ABSL_FLAG(bool, kill_after_save, false,
           "save: SIGKILL this trainer right after the first Save returns, before its commit "
           "(fault tests)");
+ABSL_FLAG(bool, kill_during_copy, false,
+          "save: SIGKILL this trainer in the middle of the first Save's copy into staging, "
+          "before Save returns (fault tests): the largest tensor's buffer is made unreadable "
+          "and the fault handler kills the process");
 ABSL_FLAG(std::string, rename_layers_from_stage, "",
           "save: reproduce the torchtitan PP bug: every stage names its layers from 0");
 
 namespace {
+
+// --kill_during_copy: the client's copy touches a protected page; die like kill -9.
+void KillOnFault(int) {
+  static const char kMessage[] = "fault injection: killed during the copy into staging\n";
+  (void)!write(STDOUT_FILENO, kMessage, sizeof(kMessage) - 1);
+  raise(SIGKILL);
+}
+
+// Makes the page-aligned middle of the largest buffer unreadable. False if none is big enough.
+bool ArmKillDuringCopy(std::vector<std::vector<unsigned char>>& buffers) {
+  const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  std::vector<unsigned char>* largest = nullptr;
+  for (auto& b : buffers) {
+    if (largest == nullptr || b.size() > largest->size()) largest = &b;
+  }
+  if (largest == nullptr) return false;
+  const auto begin = reinterpret_cast<uintptr_t>(largest->data());
+  const uintptr_t first = (begin + largest->size() / 2 + page - 1) / page * page;
+  if (first + page > begin + largest->size()) return false;
+  struct sigaction action = {};
+  action.sa_handler = KillOnFault;
+  sigaction(SIGSEGV, &action, nullptr);
+  sigaction(SIGBUS, &action, nullptr);
+  return mprotect(reinterpret_cast<void*>(first), page, PROT_NONE) == 0;
+}
+
 
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tessera-llama-trainer: %s\n", message.c_str());
@@ -125,6 +156,9 @@ int main(int argc, char** argv) {
       if (!absl::SimpleAtoi(part, &step)) return Fail(absl::StrCat("bad step \"", part, "\""));
       for (size_t i = 0; i < pieces->size(); ++i) {
         tessera::FillPiece((*pieces)[i], rank, step, buffers[i].data());
+      }
+      if (absl::GetFlag(FLAGS_kill_during_copy) && !ArmKillDuringCopy(buffers)) {
+        return Fail("--kill_during_copy: no buffer spans a whole page");
       }
       absl::StatusOr<tessera::SaveResult> saved = (*client)->Save(step, refs);
       const std::string expected = absl::GetFlag(FLAGS_expect_error);

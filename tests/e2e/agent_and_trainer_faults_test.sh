@@ -2,7 +2,8 @@
 # End-to-end fault tests (real processes, loopback, PP1xTP2xDP2, distributed-style DP replicas):
 # - an agent killed (SIGKILL) on receiving each command — pin, copy, gather, persist — aborts
 #   the session with AGENT_LOST naming its rank; no checkpoint of that step appears; the
-#   previous checkpoint stays the latest and still loads byte for byte;
+#   previous checkpoint stays the latest and still loads byte for byte; `tessera status` shows
+#   the abort (AGENT_LOST and the rank);
 # - trainers SIGKILLed right after Save returns: the checkpoint still commits.
 set -uo pipefail
 source deploy/lib/procs.sh
@@ -49,13 +50,30 @@ for phase in pin copy gather persist; do
     fail "abort after crash on $phase is not AGENT_LOST: $(grep ABORTED "$DIR/logs/coordinator.log" | tail -n 1)"
   grep "ABORTED" "$DIR/logs/coordinator.log" | tail -n 1 | grep -q "rank $victim" ||
     fail "the abort does not name rank $victim"
+  # ... and visible in `tessera status`: ABORTED, AGENT_LOST, naming the rank.
+  "$BIN/client/cli/tessera" status --json --coordinator="127.0.0.1:$COORD_PORT" job \
+    >"$DIR/logs/status-$phase.json" 2>&1 || fail "tessera status failed after a crash on $phase"
+  /usr/bin/python3 - "$DIR/logs/status-$phase.json" "$step" "$victim" <<'PY' ||
+import json, sys
+s = json.load(open(sys.argv[1]))
+e = s.get("error", {})
+ranks = [r.get("rank", 0) for r in e.get("ranks", [])]
+ok = (s.get("state") == "SESSION_STATE_ABORTED" and s.get("step") == sys.argv[2]
+      and e.get("code") == "ERROR_CODE_AGENT_LOST" and int(sys.argv[3]) in ranks)
+sys.exit(0 if ok else 1)
+PY
+    fail "tessera status does not show step $step ABORTED AGENT_LOST rank $victim: $(cat "$DIR/logs/status-$phase.json")"
+  "$BIN/client/cli/tessera" status --coordinator="127.0.0.1:$COORD_PORT" job \
+    >"$DIR/logs/status-$phase.txt" 2>&1 || fail "tessera status (table) failed after $phase"
+  grep -q "aborted: AGENT_LOST" "$DIR/logs/status-$phase.txt" ||
+    fail "the status table does not show AGENT_LOST after $phase"
   [ "$(latest_step)" = "step-000000010" ] || fail "latest changed after a crash on $phase"
   ls "$DIR/ckpt/job" | grep -q "step-0*$step\$" && fail "a checkpoint of step $step exists"
   # Bring the victim back healthy.
   mark_agent_log job $victim
   start_agent job "$LAYOUT" $victim
   wait_registered job $victim || fail "victim did not come back ($phase)"
-  echo "ok: agent killed on $phase -> AGENT_LOST, step 10 still latest"
+  echo "ok: agent killed on $phase -> AGENT_LOST (in tessera status), step 10 still latest"
 done
 
 run_trainers job "$LAYOUT" --mode=load --load_step=-1 --layers=2 --dim=128 ||
