@@ -11,6 +11,7 @@ PACKAGES=(
   libabsl-dev librocksdb-dev libxxhash-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev python3-numpy python3-torch
+  python3-matplotlib  # the chart of tests/bench/run.sh
   iproute2 fio procps openssl
 )
 

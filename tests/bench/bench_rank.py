@@ -1,0 +1,289 @@
+"""One trainer rank of the Tessera benchmark (tests/bench/run.sh starts one process per rank).
+
+  bench_rank.py save --agent SOCK --rank R --world N --mib S --steps K --barrier DIR
+                     --torch-dir DIR --out FILE.json
+  bench_rank.py load --agent SOCK --rank R --world N' --saved-world N --mib S --barrier DIR
+                     --out FILE.json                 (S: MiB per rank of the save)
+  bench_rank.py gpu  --agent SOCK --rank 0 --world 1 --mib S --steps K --barrier DIR
+                     --torch-dir DIR --out FILE.json (needs a CUDA device)
+
+The state: this rank's row block of `S / tensor_mib` int32 tensors of tensor_mib MiB each (rows
+of 1,024 elements; tensor i, global row g holds i * 2**20 + g), described as tessera.Shard with
+no replication, so N ranks hold N distinct blocks (a tp=N layout) and every byte is written.
+
+save, in order (ranks meet at a file barrier before each timed step, so no rank's time includes
+waiting for a late one to start):
+  1. memcpy baseline: ctypes.memmove (libc memcpy, one thread) of every tensor into one
+     pre-faulted buffer of the same size; best of 3. The buffer is freed afterwards.
+  2. Tessera: K saves of the same tensors (step 1 plans from scratch and sizes staging; later
+     steps reuse the plan and the staging pool). Per step: time blocked in client.save()
+     (Python wall, and the client's own SaveResult stall), and the time until client.wait()
+     returned (COMMITTED), with wall-clock stamps so run.sh can take spans across ranks.
+  3. Peer: torch.save of the same tensors (plain dict fqn -> tensor) into --torch-dir, then
+     flush + os.fsync: blocked time (torch.save returned) and durable time (after fsync).
+load: this rank's row block in the N'-rank layout (a different TP degree than the N of the
+save: resharding), destinations pre-allocated and pre-faulted as a resumed model's are; one
+timed client.load(), then every byte is checked.
+gpu: the same tensors on the CUDA device. Baseline: device->host copy of every tensor into one
+pinned host buffer (copy_(non_blocking=True) + synchronize; best of 3), i.e. D2H at the
+pinned-memory bandwidth. Tessera: K saves of the CUDA tensors (blocked, and until COMMITTED).
+Peer, where this PyTorch has it: torch.distributed.checkpoint.async_save of the same tensors
+(a one-process gloo group): blocked = the async_save() call, durable = its future's result().
+
+Writes one JSON object to --out.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+
+import torch
+
+import tessera
+
+COLS = 1024  # int32 elements per row: 4 KiB rows
+
+
+def layout(mib, tensor_mib):
+    """[(tensor index, bytes per rank)] for `mib` MiB per rank in tensors of tensor_mib."""
+    total = mib << 20
+    step = tensor_mib << 20
+    out = []
+    i = 0
+    while total > 0:
+        n = min(step, total)
+        out.append((i, n))
+        total -= n
+        i += 1
+    return out
+
+
+def fill(t, index, row0):
+    rows = t.shape[0]
+    col = torch.arange(row0, row0 + rows, dtype=torch.int32) + (index << 20)
+    t.copy_(col.unsqueeze(1).expand(rows, COLS))
+
+
+def make_state(rank, world, mib, tensor_mib, saved_world=None, values=True):
+    """{fqn: tessera.Shard} of this rank's row blocks. With saved_world, the global shapes are
+    those of the save (N ranks), split here across `world` ranks."""
+    state = {}
+    tensors = {}
+    for index, nbytes in layout(mib, tensor_mib):
+        rows_saved = nbytes // (4 * COLS)
+        rows_global = rows_saved * (saved_world or world)
+        if rows_global % world:
+            raise SystemExit("%d rows of tensor %d do not split across %d ranks"
+                             % (rows_global, index, world))
+        rows = rows_global // world
+        t = torch.empty((rows, COLS), dtype=torch.int32)
+        if values:
+            fill(t, index, rank * rows)
+        else:
+            t.fill_(-1)  # pre-fault, as a resumed model's freshly initialised tensors are
+        fqn = "bench.w%03d" % index
+        tensors[fqn] = t
+        state[fqn] = tessera.Shard(t, (rows_global, COLS), offsets=(rank * rows, 0),
+                                   replicated_over=[])
+    return state, tensors
+
+
+def barrier(directory, name, rank, world, timeout=600):
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, "%s.%d" % (name, rank)), "w").close()
+    deadline = time.monotonic() + timeout
+    while True:
+        if all(os.path.exists(os.path.join(directory, "%s.%d" % (name, r)))
+               for r in range(world)):
+            return
+        if time.monotonic() > deadline:
+            raise SystemExit("barrier %s: not every rank arrived in %d s" % (name, timeout))
+        time.sleep(0.001)
+
+
+def memcpy_baseline(tensors, total):
+    dst = torch.empty(total, dtype=torch.uint8)
+    dst.fill_(1)  # pre-fault every page
+    base = dst.data_ptr()
+    best = None
+    for _ in range(3):
+        off = 0
+        t0 = time.perf_counter()
+        for t in tensors.values():
+            n = t.numel() * t.element_size()
+            ctypes.memmove(base + off, t.data_ptr(), n)
+            off += n
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    del dst
+    return best
+
+
+def connect(agent):
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            return tessera.Client(agent=agent)
+        except tessera.UnavailableError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def do_save(a):
+    state, tensors = make_state(a.rank, a.world, a.mib, a.tensor_mib)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    report = {"rank": a.rank, "world": a.world, "bytes": total, "tensors": len(tensors)}
+
+    barrier(a.barrier, "memcpy", a.rank, a.world)
+    report["memcpy_s"] = memcpy_baseline(tensors, total)
+
+    client = connect(a.agent)
+    saves = []
+    for step in range(1, a.steps + 1):
+        barrier(a.barrier, "save-%d" % step, a.rank, a.world)
+        wall0 = time.time()
+        t0 = time.perf_counter()
+        result = client.save(step, state)
+        t1 = time.perf_counter()
+        client.wait(step, timeout=3600)
+        t2 = time.perf_counter()
+        saves.append({"step": step, "start": wall0, "blocked_s": t1 - t0,
+                      "stall_s": result.stall_seconds, "committed_s": t2 - t0,
+                      "committed_at": wall0 + (t2 - t0), "plan_cached": result.plan_cached})
+    report["saves"] = saves
+
+    if a.torch_dir:
+        os.makedirs(a.torch_dir, exist_ok=True)
+        path = os.path.join(a.torch_dir, "rank-%d.pt" % a.rank)
+        plain = dict(tensors)
+        barrier(a.barrier, "torch", a.rank, a.world)
+        wall0 = time.time()
+        t0 = time.perf_counter()
+        with open(path, "wb") as f:
+            torch.save(plain, f)
+            f.flush()
+            t1 = time.perf_counter()
+            os.fsync(f.fileno())
+        t2 = time.perf_counter()
+        report["torch"] = {"start": wall0, "blocked_s": t1 - t0, "durable_s": t2 - t0,
+                           "durable_at": wall0 + (t2 - t0), "file_bytes": os.path.getsize(path)}
+        os.unlink(path)
+    return report
+
+
+def do_gpu(a):
+    if not torch.cuda.is_available():
+        return {"skipped": "torch.cuda.is_available() is False (torch %s)" % torch.__version__}
+    state, tensors = make_state(0, 1, a.mib, a.tensor_mib)
+    for fqn in list(tensors):
+        t = tensors[fqn].cuda()
+        tensors[fqn] = t
+        state[fqn] = tessera.Shard(t, tuple(t.shape), offsets=(0, 0), replicated_over=[])
+    torch.cuda.synchronize()
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    report = {"rank": 0, "world": 1, "bytes": total, "torch": torch.__version__,
+              "device": torch.cuda.get_device_name(0)}
+    host = torch.empty(total, dtype=torch.uint8, pin_memory=True)
+    host.fill_(1)
+    best = None
+    for _ in range(3):
+        off = 0
+        t0 = time.perf_counter()
+        for t in tensors.values():
+            n = t.numel() * t.element_size()
+            host[off:off + n].view(torch.int32).view(t.shape).copy_(t, non_blocking=True)
+            off += n
+        torch.cuda.synchronize()
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    del host
+    report["d2h_s"] = best
+    client = connect(a.agent)
+    saves = []
+    for step in range(1, a.steps + 1):
+        t0 = time.perf_counter()
+        result = client.save(step, state)
+        t1 = time.perf_counter()
+        client.wait(step, timeout=3600)
+        t2 = time.perf_counter()
+        saves.append({"step": step, "blocked_s": t1 - t0, "stall_s": result.stall_seconds,
+                      "committed_s": t2 - t0, "plan_cached": result.plan_cached})
+    report["saves"] = saves
+    try:
+        import torch.distributed as dist
+        import torch.distributed.checkpoint as dcp
+        if not hasattr(dcp, "async_save"):
+            raise ImportError("torch.distributed.checkpoint has no async_save")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        runs = []
+        for k in range(a.steps):
+            path = os.path.join(a.torch_dir, "dcp-%d" % k)
+            t0 = time.perf_counter()
+            future = dcp.async_save(dict(tensors), checkpoint_id=path)
+            t1 = time.perf_counter()
+            future.result()
+            t2 = time.perf_counter()
+            runs.append({"blocked_s": t1 - t0, "durable_s": t2 - t0})
+        dist.destroy_process_group()
+        report["dcp"] = runs
+    except Exception as e:  # reported, not fatal: the Tessera figures stand on their own
+        report["dcp_error"] = "%s: %s" % (type(e).__name__, e)
+    return report
+
+
+def do_load(a):
+    state, tensors = make_state(a.rank, a.world, a.mib, a.tensor_mib,
+                                saved_world=a.saved_world, values=False)
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    client = connect(a.agent)
+    barrier(a.barrier, "load", a.rank, a.world)
+    wall0 = time.time()
+    t0 = time.perf_counter()
+    step = client.load("latest", into=state)
+    dt = time.perf_counter() - t0
+    # Check every byte against what the save wrote.
+    bad = []
+    for index, _ in layout(a.mib, a.tensor_mib):
+        fqn = "bench.w%03d" % index
+        t = tensors[fqn]
+        expected = torch.empty_like(t)
+        fill(expected, index, a.rank * t.shape[0])
+        if not torch.equal(t, expected):
+            bad.append(fqn)
+    return {"rank": a.rank, "world": a.world, "bytes": total, "step": step, "start": wall0,
+            "load_s": dt, "end": wall0 + dt, "mismatched": bad}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("mode", choices=["save", "load", "gpu"])
+    p.add_argument("--agent", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world", type=int, required=True)
+    p.add_argument("--saved-world", type=int, default=None)
+    p.add_argument("--mib", type=int, required=True)
+    p.add_argument("--tensor-mib", type=int, default=64)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--barrier", required=True)
+    p.add_argument("--torch-dir", default="")
+    p.add_argument("--out", required=True)
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    report = {"save": do_save, "load": do_load, "gpu": do_gpu}[a.mode](a)
+    with open(a.out, "w") as f:
+        json.dump(report, f)
+    if a.mode == "load" and report["mismatched"]:
+        print("rank %d: loaded tensors differ: %s" % (a.rank, report["mismatched"]),
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""Turns tests/bench/run.sh's raw measurements (<results>/raw) into <results>/results.md and
+<results>/chart.png.
+
+  report.py RESULTS_DIR [--steps K]
+
+Every row is figure, Tessera, baseline, ratio, target, met? (DESIGN.md "Performance
+targets"). Definitions, as measured by bench_rank.py / tessera-plan-load:
+  stall    Tessera: the slowest rank's time blocked in client.save() (Python wall clock),
+           median over the steady-state saves (steps >= 2: plan cached, staging pool reused).
+           Baseline: the slowest rank's ctypes.memmove (libc memcpy, one thread) of the same
+           tensors into a pre-faulted buffer, best of 3, all ranks copying at once as they
+           do in a save. Ratio = Tessera / baseline.
+  persist  Tessera: all ranks' bytes / (first rank's save() call -> last rank's wait()
+           returned COMMITTED), median over the steady-state saves. Baseline: fio sequential
+           write of the same directory (options in the table's notes). Ratio = Tessera / fio.
+  peer     torch.save per rank of the same tensors (a dict fqn -> tensor) + flush + fsync.
+           blocked: the slowest rank's torch.save() call vs Tessera's stall (above);
+           durable: first start -> last fsync returned vs Tessera's save() -> COMMITTED span.
+           Ratio = torch.save / Tessera (how many times longer torch.save takes).
+  load     all loaders' bytes / (first load() call -> last load() returned), loading the
+           checkpoint onto another TP degree (rows resharded), destinations pre-faulted, page
+           cache dropped before (or not: the row says). Baseline: fio sequential read
+           (O_DIRECT, after dropping the cache). Ratio = Tessera / fio.
+  plan     through a real tessera-coordinator over gRPC with fake agents: first plan = start
+           of the last SubmitLocalPlan -> last PIN received (validated, persisted to RocksDB,
+           delivered); cached = the same for the next save with identical plans; RSS = the
+           coordinator's VmHWM. No baseline: the targets are absolute.
+"""
+
+import argparse
+import datetime
+import glob
+import json
+import os
+import statistics
+import sys
+
+
+def load_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def read_env(path):
+    out = {}
+    try:
+        with open(path) as f:
+            for line in f:
+                if "=" in line:
+                    k, v = line.rstrip("\n").split("=", 1)
+                    out[k] = v
+    except OSError:
+        pass
+    return out
+
+
+def mib(n):
+    return n / 2**20
+
+
+def fmt_s(seconds):
+    if seconds is None:
+        return "-"
+    if seconds < 1:
+        return "%.1f ms" % (seconds * 1000)
+    return "%.2f s" % seconds
+
+
+def fmt_bw(bps):
+    return "-" if bps is None else "%.0f MiB/s" % mib(bps)
+
+
+def fmt_size(m):
+    return "%d GiB" % (m // 1024) if m >= 1024 and m % 1024 == 0 else "%d MiB" % m
+
+
+def fio_bw(raw, name, key):
+    data = load_json(os.path.join(raw, name))
+    try:
+        return float(data["jobs"][0][key]["bw_bytes"])
+    except (TypeError, KeyError, IndexError, ValueError):
+        return None
+
+
+class Row:
+    def __init__(self, figure, tessera="-", baseline="-", ratio=None, target="-", met=None,
+                 ratio_text=None, chart=None):
+        self.figure, self.tessera, self.baseline = figure, tessera, baseline
+        self.ratio, self.target, self.met = ratio, target, met
+        self.ratio_text = ratio_text
+        self.chart = chart  # (label, ratio, target, higher_is_better) for the chart
+
+    def cells(self):
+        ratio = self.ratio_text or ("-" if self.ratio is None else "%.2f" % self.ratio)
+        met = {True: "yes", False: "**no**", None: "-"}[self.met]
+        return [self.figure, self.tessera, self.baseline, ratio, self.target, met]
+
+
+def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
+    tag = "%dM-x%d" % (mib_per_rank, ranks)
+    name = "%s x %d rank%s" % (fmt_size(mib_per_rank), ranks, "s" if ranks > 1 else "")
+    saves = [load_json(p) for p in sorted(glob.glob(os.path.join(raw, "save-%s-*.json" % tag)))]
+    saves = [s for s in saves if s]
+    rows = []
+    if len(saves) < ranks:
+        rows.append(Row("1-3 stall/persist/peer, %s" % name,
+                        tessera="failed: %d of %d ranks reported (see logs/%s)"
+                        % (len(saves), ranks, tag)))
+        return rows
+    total = sum(s["bytes"] for s in saves)
+    steps = sorted({x["step"] for s in saves for x in s["saves"]})
+    steady = [st for st in steps if st >= 2] or steps
+
+    def per_step(step):
+        xs = [x for s in saves for x in s["saves"] if x["step"] == step]
+        return {"blocked": max(x["blocked_s"] for x in xs),
+                "stall": max(x["stall_s"] for x in xs),
+                "span": max(x["committed_at"] for x in xs) - min(x["start"] for x in xs),
+                "cached": all(x["plan_cached"] for x in xs)}
+
+    by_step = {st: per_step(st) for st in steps}
+    blocked = statistics.median(by_step[st]["blocked"] for st in steady)
+    client_stall = statistics.median(by_step[st]["stall"] for st in steady)
+    span = statistics.median(by_step[st]["span"] for st in steady)
+    memcpy = max(s["memcpy_s"] for s in saves)
+    first = by_step[steps[0]]
+    notes.append("%s: %d tensors of <= 64 MiB per rank; per step (slowest rank): %s" % (
+        name, saves[0]["tensors"], "; ".join(
+            "step %d blocked %s (client stall %s), save->COMMITTED %s%s" % (
+                st, fmt_s(v["blocked"]), fmt_s(v["stall"]), fmt_s(v["span"]),
+                ", plan cached" if v["cached"] else "") for st, v in sorted(by_step.items()))))
+
+    ratio = blocked / memcpy if memcpy > 0 else None
+    rows.append(Row("1 stall, %s" % name,
+                    "%s (client: %s; first save %s)" % (fmt_s(blocked), fmt_s(client_stall),
+                                                       fmt_s(first["blocked"])),
+                    "memcpy %s (%s)" % (fmt_s(memcpy), fmt_bw(mib(total / ranks) * 2**20 / memcpy)
+                                        if memcpy else "-"),
+                    ratio, "<= 1.2", None if ratio is None else ratio <= 1.2,
+                    chart=("stall %s" % name, ratio, 1.2, False)))
+    bw = total / span if span > 0 else None
+    ratio = bw / fio_w if bw and fio_w else None
+    rows.append(Row("2 persist, %s" % name,
+                    "%s (%s in %s)" % (fmt_bw(bw), fmt_size(int(mib(total))), fmt_s(span)),
+                    "fio write %s" % fmt_bw(fio_w), ratio, ">= 0.90",
+                    None if ratio is None else ratio >= 0.9,
+                    chart=("persist %s" % name, ratio, 0.9, True)))
+    torch = [s.get("torch") for s in saves]
+    if all(torch):
+        t_blocked = max(t["blocked_s"] for t in torch)
+        t_durable = max(t["durable_at"] for t in torch) - min(t["start"] for t in torch)
+        rb = t_blocked / blocked if blocked > 0 else None
+        rd = t_durable / span if span > 0 else None
+        rows.append(Row("3 peer blocked, %s" % name, fmt_s(blocked),
+                        "torch.save %s" % fmt_s(t_blocked), rb,
+                        "> 25x (torchsnapshot's claim)", None if rb is None else rb > 25,
+                        ratio_text=None if rb is None else "%.1fx" % rb,
+                        chart=("peer blocked %s" % name, rb, 25, True)))
+        rows.append(Row("3 peer durable, %s" % name, fmt_s(span),
+                        "torch.save+fsync %s" % fmt_s(t_durable), rd, "> 1x (report)",
+                        None if rd is None else rd > 1,
+                        ratio_text=None if rd is None else "%.2fx" % rd))
+    loads = [load_json(p) for p in sorted(glob.glob(os.path.join(raw, "load-%s-*.json" % tag)))]
+    loads = [x for x in loads if x]
+    layout_file = os.path.join(raw, "load-layout-%s.txt" % tag)
+    if os.path.exists(layout_file):
+        saved_world, load_world = open(layout_file).read().split()
+        cache = open(os.path.join(raw, "load-cache-%s.txt" % tag)).read().strip()
+        if len(loads) < int(load_world) or any(x["mismatched"] for x in loads):
+            rows.append(Row("4 load, %s" % name, "failed (see logs/%s)" % tag))
+        else:
+            lbytes = sum(x["bytes"] for x in loads)
+            lspan = max(x["end"] for x in loads) - min(x["start"] for x in loads)
+            lbw = lbytes / lspan if lspan > 0 else None
+            ratio = lbw / fio_r if lbw and fio_r else None
+            rows.append(Row("4 load tp=%s -> tp=%s, %s" % (saved_world, load_world, name),
+                            "%s (%s in %s; page cache %s)" % (fmt_bw(lbw), fmt_size(int(mib(lbytes))),
+                                                               fmt_s(lspan), cache),
+                            "fio read %s" % fmt_bw(fio_r), ratio, ">= 0.90",
+                            None if ratio is None else ratio >= 0.9,
+                            chart=("load %s" % name, ratio, 0.9, True)))
+    return rows
+
+
+def plan_rows(raw):
+    data = load_json(os.path.join(raw, "plan.json"))
+    if data is None:
+        return [] if not os.path.exists(os.path.join(raw, "plan.json")) else [
+            Row("5 plan", "failed (see logs/plan-load.log)")]
+    if not data.get("ok"):
+        return [Row("5 plan", "failed: %s" % data.get("error", "?"))]
+    full = data["ranks"] >= 1024 and data["shards_per_rank"] >= 1000
+    scale = "%d ranks x %d shards" % (data["ranks"], data["shards_per_rank"])
+    judge = (lambda ok: ok) if full else (lambda ok: None)
+    suffix = "" if full else " (scaled down: not judged)"
+    hwm = data["hwm_kib_after_first"] / 1024
+    # The coordinator's own log: when it logged "plan validated" / "plan reused" (PINNING).
+    events = []
+    try:
+        with open(os.path.join(raw, "plan-events.txt")) as f:
+            for line in f:
+                stamp = line.split()[0].rstrip("Z")
+                events.append(datetime.datetime.fromisoformat(stamp).replace(
+                    tzinfo=datetime.timezone.utc).timestamp())
+    except (OSError, ValueError, IndexError):
+        pass
+
+    def split(prefix, i):
+        submit, pin = data.get(prefix + "_last_submit_unix"), data.get(prefix + "_last_pin_unix")
+        if len(events) <= i or not submit or not pin:
+            return ""
+        return "; coordinator logged PINNING %s after the last submission, last PIN %s later" % (
+            fmt_s(events[i] - submit), fmt_s(pin - events[i]))
+
+    rows = [
+        Row("5 plan first, %s" % scale, fmt_s(data["first_plan_s"]),
+            "(first submit->last PIN %s%s)" % (fmt_s(data["first_span_s"]), split("first", 0)),
+            None, "< 2 s" + suffix, judge(data["first_plan_s"] < 2)),
+        Row("5 plan cached, %s" % scale, fmt_s(data["cached_plan_s"]),
+            "(first submit->last PIN %s%s)" % (fmt_s(data["cached_span_s"]), split("cached", 1)),
+            None, "< 50 ms" + suffix, judge(data["cached_plan_s"] < 0.05)),
+        Row("5 plan peak RSS, %s" % scale, "%.0f MiB VmHWM after the first save" % hwm,
+            "(after registration: %.0f MiB RSS; VmHWM after the cached plan: %.0f MiB)"
+            % (data["rss_kib_registered"] / 1024, data["hwm_kib_after_cached"] / 1024), None,
+            "< 1 GiB" + suffix, judge(hwm < 1024)),
+    ]
+    return rows
+
+
+def gpu_rows(raw, device):
+    data = load_json(os.path.join(raw, "gpu-0.json"))
+    if data is None:
+        return [Row("6 GPU", "failed on %s (see logs/gpu)" % device)]
+    if "skipped" in data:
+        return [Row("6 GPU", "skipped: " + data["skipped"])]
+    steady = [x for x in data["saves"] if x["step"] >= 2] or data["saves"]
+    blocked = statistics.median(x["blocked_s"] for x in steady)
+    committed = statistics.median(x["committed_s"] for x in steady)
+    name = "%s on %s" % (fmt_size(int(mib(data["bytes"]))), data.get("device", device))
+    ratio = blocked / data["d2h_s"] if data["d2h_s"] > 0 else None
+    rows = [Row("6 GPU stall, %s" % name, fmt_s(blocked),
+                "pinned D2H %s (%s)" % (fmt_s(data["d2h_s"]), fmt_bw(data["bytes"] / data["d2h_s"])),
+                ratio, "<= 1.2", None if ratio is None else ratio <= 1.2,
+                chart=("GPU stall %s" % name, ratio, 1.2, False))]
+    if data.get("dcp"):
+        runs = data["dcp"][1:] or data["dcp"]
+        d_blocked = statistics.median(x["blocked_s"] for x in runs)
+        d_durable = statistics.median(x["durable_s"] for x in runs)
+        rows.append(Row("6 GPU vs DCP async_save blocked, %s" % name, fmt_s(blocked),
+                        "async_save %s (torch %s)" % (fmt_s(d_blocked), data["torch"]),
+                        d_blocked / blocked if blocked > 0 else None, "> 1x (report)",
+                        d_blocked > blocked,
+                        ratio_text="%.1fx" % (d_blocked / blocked) if blocked > 0 else None))
+        rows.append(Row("6 GPU vs DCP async_save durable, %s" % name, fmt_s(committed),
+                        "async_save done %s" % fmt_s(d_durable),
+                        d_durable / committed if committed > 0 else None, "> 1x (report)",
+                        d_durable > committed,
+                        ratio_text="%.2fx" % (d_durable / committed) if committed > 0 else None))
+    else:
+        rows.append(Row("6 GPU vs DCP async_save", "not run: %s" % data.get("dcp_error", "?")))
+    return rows
+
+
+def chart(rows, path):
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is missing (deploy/install-deps.sh installs python3-matplotlib)"
+    items = [r.chart for r in rows if r.chart and r.chart[1] is not None]
+    if not items:
+        return "nothing to chart"
+    fig, ax = plt.subplots(figsize=(9, 0.45 * len(items) + 1.5))
+    labels = [i[0] for i in items]
+    values = [i[1] for i in items]
+    colors = []
+    for label, value, target, higher in items:
+        met = value >= target if higher else value <= target
+        colors.append("tab:green" if met else "tab:red")
+    y = range(len(items))
+    ax.barh(y, values, color=colors)
+    for yi, (_, _, target, _) in zip(y, items):
+        ax.plot([target, target], [yi - 0.4, yi + 0.4], color="black", linewidth=2)
+    ax.set_yticks(list(y))
+    ax.set_yticklabels(labels)
+    ax.invert_yaxis()
+    ax.set_xscale("log")
+    ax.set_xlabel("ratio (log scale); black tick = target; green = met")
+    ax.set_title("Tessera vs same-run baselines")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("results")
+    p.add_argument("--steps", type=int, default=3)
+    a = p.parse_args()
+    raw = os.path.join(a.results, "raw")
+    env = read_env(os.path.join(raw, "machine.env"))
+    fio_w = fio_bw(raw, "fio-write.json", "write")
+    fio_r = fio_bw(raw, "fio-read.json", "read")
+    notes = []
+    rows = []
+    configs = []
+    try:
+        with open(os.path.join(raw, "configs.txt")) as f:
+            configs = [line.split() for line in f if line.strip()]
+    except OSError:
+        pass
+    for m, r, verdict, need in configs:
+        m, r, need = int(m), int(r), int(need)
+        if verdict != "run":
+            rows.append(Row("1-4 %s x %d rank%s" % (fmt_size(m), r, "s" if r > 1 else ""),
+                            "not run: needs %.1f GiB (3 x %s x %d ranks + 1 GiB), %.1f GiB "
+                            "available" % (need / 1024, fmt_size(m), r,
+                                           int(env.get("mem_available_kib", 0)) / 2**20)))
+            continue
+        if glob.glob(os.path.join(raw, "save-%dM-x%d-*.json" % (m, r))) or \
+                os.path.exists(os.path.join(raw, "load-layout-%dM-x%d.txt" % (m, r))):
+            rows += config_rows(raw, m, r, fio_w, fio_r, notes)
+        elif os.path.exists(os.path.join(raw, "fio-write.json")):
+            rows.append(Row("1-4 %s x %d ranks" % (fmt_size(m), r), "failed (see logs)"))
+    rows += plan_rows(raw)
+    gpu = ""
+    try:
+        gpu = open(os.path.join(raw, "gpu.txt")).read().strip()
+    except OSError:
+        pass
+    if gpu:
+        if gpu.startswith("skipped"):
+            rows.append(Row("6 GPU", gpu))
+        else:
+            rows += gpu_rows(raw, gpu.splitlines()[0])
+
+    chart_error = chart(rows, os.path.join(a.results, "chart.png"))
+    mem = int(env.get("mem_kib", 0)) / 2**20
+    out = []
+    out.append("# Tessera benchmark results")
+    out.append("")
+    out.append("| machine | |")
+    out.append("|---|---|")
+    for label, value in [
+            ("CPU", "%s, %s cores" % (env.get("cpu", "?"), env.get("cores", "?"))),
+            ("memory", "%.1f GiB (%.1f GiB available at start)" % (
+                mem, int(env.get("mem_available_kib", 0)) / 2**20)),
+            ("disk", env.get("disk", "?") + " (" + env.get("disk_source", "?") + ")"),
+            ("file system of the bench dir", "%s at %s" % (env.get("fs", "?"),
+                                                           env.get("data_dir", "?"))),
+            ("kernel", env.get("kernel", "?")),
+            ("load average at start", env.get("loadavg", "?")),
+            ("taken", "%s, commit %s" % (env.get("date", "?"), env.get("commit", "?"))),
+            ("software", "torch %s, %s" % (env.get("torch", "?"), env.get("fio", "?"))),
+            ("run.sh arguments", env.get("args", "") or "(defaults)")]:
+        out.append("| %s | %s |" % (label, value))
+    out.append("")
+    out.append("| figure | tessera | baseline | ratio | target | met? |")
+    out.append("|---|---|---|---|---|---|")
+    for r in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "/") for c in r.cells()) + " |")
+    out.append("")
+    if chart_error is None:
+        out.append("![ratios against targets](chart.png)")
+        out.append("")
+    out.append("Notes:")
+    out.append("")
+    fio_opts = ""
+    try:
+        fio_opts = open(os.path.join(raw, "fio-options.txt")).read().strip()
+    except OSError:
+        pass
+    if fio_opts:
+        out.append("- fio: `%s`" % fio_opts)
+        try:
+            out.append("- fio read page cache: %s" % open(os.path.join(raw, "fio-read-cache.txt")).read().strip())
+        except OSError:
+            pass
+    out.append("- Tessera saves: %d per configuration; the stall, persist and peer rows use the "
+               "median of steps >= 2 (plan cached, staging pool reused); step 1 is shown for "
+               "reference. Layout of the save: tp=N (each rank holds distinct rows; every byte "
+               "is written once)." % a.steps)
+    for n in notes:
+        out.append("- " + n)
+    if chart_error:
+        out.append("- chart: " + chart_error)
+    out.append("- Definitions: tests/bench/report.py (module docstring).")
+    with open(os.path.join(a.results, "results.md"), "w") as f:
+        f.write("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

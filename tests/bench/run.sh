@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# Tessera benchmarks: every figure as a ratio against a baseline measured in the same run, on
+# the same machine and the same disk (issue 7; targets in DESIGN.md "Performance targets").
+# Not a pass/fail test: it always exits 0 when it could measure, and reports whether each
+# target was met. Run it on a quiet machine.
+#
+#   ./tests/bench/run.sh                          all figures, default sizes
+#   ./tests/bench/run.sh --sizes=64M --ranks=1,2 --plan=2x2x2 --plan-shards=10   (quick)
+#   ./tests/bench/run.sh --reference=<machine>    also write docs/benchmarks/reference-<machine>.{md,png}
+#
+# Figures (results.md explains each row):
+#   1 stall    save() blocked time / memcpy of the same bytes into pre-faulted memory
+#   2 persist  bytes / (first save() call -> last rank sees COMMITTED) vs fio sequential write
+#   3 peer     torch.save per rank + fsync vs Tessera: blocked time and time to durable
+#   4 load     bytes / load time onto another TP degree vs fio sequential read, caches dropped
+#   5 plan     1,024 ranks x 1,000 shards through a real coordinator over gRPC: first and
+#              cached plan time, coordinator peak RSS (VmHWM)
+#   6 gpu      only where nvidia-smi sees a GPU (else a "skipped: no GPU" row)
+#
+# Options (environment variable in brackets):
+#   --sizes=256M,1G,4G     MiB per rank, suffix M or G          [TESSERA_BENCH_SIZES]
+#   --ranks=1,4            rank counts                          [TESSERA_BENCH_RANKS]
+#   --steps=3              saves per configuration (step 1 plans from scratch; the stall and
+#                          persist figures use the median of the later, steady-state steps)
+#                                                               [TESSERA_BENCH_STEPS]
+#   --plan=4x8x32          planning mesh pp x tp x dp            [TESSERA_BENCH_PLAN]
+#   --plan-shards=1000     shards per rank for planning          [TESSERA_BENCH_PLAN_SHARDS]
+#   --fio-size=4G          fio file size (default: the largest configuration's total bytes,
+#                          at least 1 GiB, at most 8 GiB)         [TESSERA_BENCH_FIO_SIZE]
+#   --only=stall,plan,...  run only these figures (stall covers 1-3, load is 4, plan 5, gpu 6)
+#   --data-dir=DIR         where checkpoints and the fio file go (the disk measured; default
+#                          <results>/data, removed at the end)  [TESSERA_BENCH_DATA_DIR]
+#   --out=DIR              results directory (default tests/bench/results/<timestamp>; also
+#                          linked as tests/bench/results/latest)
+#   --reference=NAME       also copy results.md / chart.png to docs/benchmarks/reference-NAME.*
+#   --no-build             use binaries already built (with --bin=DIR: a bazel-bin directory)
+#   --bazel="bazel --output_base=..."  the Bazel command line to build and locate binaries
+#                                                               [TESSERA_BENCH_BAZEL]
+#   GPU figure: TESSERA_BENCH_GPU_SIZE (default 1G of CUDA tensors), TESSERA_BENCH_GPU_PYTHON
+#   (default /usr/bin/python3; must be the Python 3.11 the module was built for, with a CUDA
+#   PyTorch — 2.x for the DCP async_save side).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+source deploy/lib/procs.sh
+
+SIZES=${TESSERA_BENCH_SIZES:-256M,1G,4G}
+RANKS=${TESSERA_BENCH_RANKS:-1,4}
+STEPS=${TESSERA_BENCH_STEPS:-3}
+PLAN=${TESSERA_BENCH_PLAN:-4x8x32}
+PLAN_SHARDS=${TESSERA_BENCH_PLAN_SHARDS:-1000}
+FIO_SIZE=${TESSERA_BENCH_FIO_SIZE:-}
+DATA_DIR=${TESSERA_BENCH_DATA_DIR:-}
+BAZEL=${TESSERA_BENCH_BAZEL:-bazel}
+ONLY=stall,load,plan,gpu
+OUT=""
+REFERENCE=""
+BUILD=1
+BIN=""
+for arg in "$@"; do
+  case "$arg" in
+    --sizes=*) SIZES=${arg#*=} ;;
+    --ranks=*) RANKS=${arg#*=} ;;
+    --steps=*) STEPS=${arg#*=} ;;
+    --plan=*) PLAN=${arg#*=} ;;
+    --plan-shards=*) PLAN_SHARDS=${arg#*=} ;;
+    --fio-size=*) FIO_SIZE=${arg#*=} ;;
+    --only=*) ONLY=${arg#*=} ;;
+    --data-dir=*) DATA_DIR=${arg#*=} ;;
+    --out=*) OUT=${arg#*=} ;;
+    --reference=*) REFERENCE=${arg#*=} ;;
+    --no-build) BUILD=0 ;;
+    --bin=*) BIN=${arg#*=} ;;
+    --bazel=*) BAZEL=${arg#*=} ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "run.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
+  esac
+done
+wants() { [[ ",$ONLY," == *",$1,"* ]]; }
+say() { echo "bench: $*" >&2; }
+# to_mib 256M|1G|64 -> MiB
+to_mib() {
+  case "$1" in
+    *G|*g) echo $(( ${1%?} * 1024 )) ;;
+    *M|*m) echo "${1%?}" ;;
+    *) echo "$1" ;;
+  esac
+}
+
+STAMP=$(date +%Y%m%d-%H%M%S)
+OUT=${OUT:-tests/bench/results/$STAMP}
+mkdir -p "$OUT/raw" "$OUT/logs" || exit 1
+OUT=$(cd "$OUT" && pwd)
+if [[ "$OUT" == "$ROOT/tests/bench/results/"* ]]; then
+  ln -sfn "$OUT" "$ROOT/tests/bench/results/latest"
+fi
+DATA_DIR=${DATA_DIR:-$OUT/data}
+mkdir -p "$DATA_DIR" || exit 1
+DATA_DIR=$(cd "$DATA_DIR" && pwd)
+say "results in $OUT; data (the disk measured) in $DATA_DIR"
+
+# --- Build
+if [ "$BUILD" = 1 ]; then
+  ./deploy/install-deps.sh --quiet || exit 1
+  say "building"
+  $BAZEL build //server:tessera-coordinator //agent:tessera-agent //client/python:site \
+    //tests/bench:tessera-plan-load >"$OUT/logs/build.log" 2>&1 \
+    || { tail -n 30 "$OUT/logs/build.log" >&2; exit 1; }
+fi
+BIN=${BIN:-$($BAZEL info bazel-bin 2>/dev/null)}
+for b in server/tessera-coordinator agent/tessera-agent client/python/site/tessera/_tessera.so; do
+  [ -e "$BIN/$b" ] || { echo "run.sh: $BIN/$b is missing (build first)" >&2; exit 1; }
+done
+export PYTHONPATH="$BIN/client/python/site"
+PY="/usr/bin/python3 -P"
+
+# --- The machine (results.md's header)
+{
+  echo "cpu=$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -n 1)"
+  echo "cores=$(nproc)"
+  echo "mem_kib=$(sed -n 's/^MemTotal: *\([0-9]*\) kB/\1/p' /proc/meminfo)"
+  echo "mem_available_kib=$(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo)"
+  src=$(df --output=source "$DATA_DIR" | tail -n 1)
+  echo "disk_source=$src"
+  dev=$(basename "$(readlink -f "$src" 2>/dev/null || echo "$src")")
+  parent=$(lsblk -no PKNAME "/dev/$dev" 2>/dev/null | head -n 1)
+  model=$(cat "/sys/block/${parent:-$dev}/device/model" 2>/dev/null | xargs)
+  rot=$(cat "/sys/block/${parent:-$dev}/queue/rotational" 2>/dev/null)
+  size=$(lsblk -dno SIZE "/dev/${parent:-$dev}" 2>/dev/null | xargs)
+  echo "disk=/dev/${parent:-$dev}${model:+ ($model)}${size:+, $size}${rot:+, rotational=$rot}"
+  echo "fs=$(df --output=fstype "$DATA_DIR" | tail -n 1)"
+  echo "data_dir=$DATA_DIR"
+  echo "kernel=$(uname -srm)"
+  echo "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"
+  echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo "+changes")"
+  echo "torch=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  echo "fio=$(fio --version 2>/dev/null)"
+  echo "args=$*"
+} >"$OUT/raw/machine.env"
+
+# drop_caches: drops the page cache if we may (root); echoes what was done.
+drop_caches() {
+  sync
+  if [ -w /proc/sys/vm/drop_caches ] && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+    echo dropped
+  else
+    echo "not dropped (not root)"
+  fi
+}
+
+# --- Configurations and what fits
+wants stall || wants load || SIZES=""
+IFS=',' read -ra size_list <<<"$SIZES"
+IFS=',' read -ra rank_list <<<"$RANKS"
+mem_avail_mib=$(( $(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024 ))
+largest_total=0
+: >"$OUT/raw/configs.txt"
+for s in "${size_list[@]}"; do
+  mib=$(to_mib "$s")
+  for r in "${rank_list[@]}"; do
+    # Per rank at the peak: its tensors + its agent's staging + the memcpy baseline buffer; the
+    # load needs the same per loader; plus 1 GiB for the processes themselves.
+    need=$(( 3 * mib * r + 1024 ))
+    if [ "$need" -le "$mem_avail_mib" ]; then
+      echo "$mib $r run $need" >>"$OUT/raw/configs.txt"
+      [ $((mib * r)) -gt "$largest_total" ] && largest_total=$((mib * r))
+    else
+      echo "$mib $r skip $need" >>"$OUT/raw/configs.txt"
+      say "not run: $mib MiB x $r ranks needs $need MiB of memory, $mem_avail_mib MiB available"
+    fi
+  done
+done
+
+# --- fio: the disk's sequential write and read bandwidth in DATA_DIR
+FIO_COMMON="--directory=$DATA_DIR --filename=fio-seq.dat --ioengine=psync --bs=4M --direct=1 --numjobs=1"
+if wants stall || wants load; then
+  fio_mib=$(to_mib "${FIO_SIZE:-$(( largest_total < 1024 ? 1024 : (largest_total > 8192 ? 8192 : largest_total) ))M}")
+  say "fio: sequential write and read of $fio_mib MiB in $DATA_DIR"
+  echo "$FIO_COMMON --size=${fio_mib}M; write: --rw=write --end_fsync=1; read: --rw=read after drop_caches" \
+    >"$OUT/raw/fio-options.txt"
+  # shellcheck disable=SC2086
+  fio --name=seqwrite $FIO_COMMON --size="${fio_mib}M" --rw=write --end_fsync=1 \
+    --output-format=json --output="$OUT/raw/fio-write.json" >"$OUT/logs/fio.log" 2>&1 \
+    || say "fio write failed (see $OUT/logs/fio.log)"
+  echo "$(drop_caches)" >"$OUT/raw/fio-read-cache.txt"
+  # shellcheck disable=SC2086
+  fio --name=seqread $FIO_COMMON --size="${fio_mib}M" --rw=read \
+    --output-format=json --output="$OUT/raw/fio-read.json" >>"$OUT/logs/fio.log" 2>&1 \
+    || say "fio read failed (see $OUT/logs/fio.log)"
+  rm -f "$DATA_DIR/fio-seq.dat"
+fi
+
+# --- Figures 1-4: one cluster per configuration
+source deploy/lib/cluster.sh
+LEASE_MS=2000
+RANK_PIDS=()
+bench_stop_all() {
+  local p
+  for p in "${RANK_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
+  stop_all
+}
+trap bench_stop_all EXIT
+
+# run_ranks MODE JOB WORLD OUTPREFIX [bench_rank.py args...]: one process per rank; waits.
+run_ranks() {
+  local mode=$1 job=$2 world=$3 prefix=$4 r rc=0
+  shift 4
+  RANK_PIDS=()
+  for r in $(seq 0 $((world - 1))); do
+    timeout 3600 $PY tests/bench/bench_rank.py "$mode" --agent="$SOCK_DIR/$job-$r.sock" \
+      --rank="$r" --world="$world" --out="$prefix-$r.json" "$@" \
+      </dev/null >"$DIR/logs/$mode-$r.out" 2>&1 &
+    RANK_PIDS+=($!)
+  done
+  for p in "${RANK_PIDS[@]}"; do wait "$p" || rc=1; done
+  RANK_PIDS=()
+  return $rc
+}
+
+if wants stall || wants load; then
+  while read -r mib r verdict need <&3; do
+    [ "$verdict" = run ] || continue
+    tag="${mib}M-x$r"
+    DIR="$DATA_DIR/run-$tag"
+    rm -rf "$DIR"
+    mkdir -p "$DIR/logs"
+    job="bench$r"
+    say "== $mib MiB per rank x $r ranks: ${STEPS} Tessera saves (tp=$r), torch.save, load"
+    COORD_PORT=""
+    if ! start_coordinator; then
+      say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
+    fi
+    if ! start_agents "$job" "tp=$r"; then
+      say "$tag: agents did not register"; stop_all; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
+    fi
+    if ! run_ranks save "$job" "$r" "$OUT/raw/save-$tag" --mib="$mib" --steps="$STEPS" \
+        --barrier="$DIR/barrier-save" --torch-dir="$DIR/torch"; then
+      say "$tag: a save rank failed (logs in $OUT/logs/$tag)"
+    fi
+    stop_agents >/dev/null 2>&1
+    rm -rf "$DIR/torch"
+    if wants load; then
+      lr=$(( r > 1 ? r / 2 : 2 ))
+      sleep $((LEASE_MS / 1000 + 1))  # the old layout's leases must expire before the mesh changes
+      if start_agents "$job" "tp=$lr"; then
+        echo "$(drop_caches)" >"$OUT/raw/load-cache-$tag.txt"
+        echo "$r $lr" >"$OUT/raw/load-layout-$tag.txt"
+        run_ranks load "$job" "$lr" "$OUT/raw/load-$tag" --mib="$mib" \
+          --saved-world="$r" --barrier="$DIR/barrier-load" \
+          || say "$tag: a load rank failed (logs in $OUT/logs/$tag)"
+        stop_agents >/dev/null 2>&1
+      else
+        say "$tag: load agents did not register"
+      fi
+    fi
+    stop_coordinator >/dev/null 2>&1
+    cp -r "$DIR/logs" "$OUT/logs/$tag"
+    rm -rf "$DIR"
+  done 3<"$OUT/raw/configs.txt"
+fi
+
+# --- Figure 5: planning through the real coordinator
+if wants plan; then
+  IFS='x' read -r ppd tpd dpd <<<"$PLAN"
+  say "== planning: pp=$ppd x tp=$tpd x dp=$dpd ranks x $PLAN_SHARDS shards, real coordinator"
+  DIR="$DATA_DIR/plan"
+  rm -rf "$DIR"
+  mkdir -p "$DIR/logs"
+  COORD_PORT=""
+  # Leases long enough that 1,024 fake agents heartbeating from one process on a loaded
+  # machine never expire: this figure is about planning, not leases.
+  LEASE_MS=600000
+  if start_coordinator --heartbeat_interval_ms=5000; then
+    timeout 1800 "$BIN/tests/bench/tessera-plan-load" --coordinator="127.0.0.1:$COORD_PORT" \
+      --coordinator_pid="$COORD_PID" --pp="$ppd" --tp="$tpd" --dp="$dpd" \
+      --shards_per_rank="$PLAN_SHARDS" >"$OUT/raw/plan.json" 2>"$OUT/logs/plan-load.log" \
+      || say "planning failed (see $OUT/logs/plan-load.log)"
+    grep -E "plan (validated|reused)" "$DIR/logs/coordinator.log" >"$OUT/raw/plan-events.txt"
+    stop_coordinator >/dev/null 2>&1
+  else
+    say "planning: the coordinator did not start"
+  fi
+  LEASE_MS=2000
+  cp "$DIR/logs/coordinator.log" "$OUT/logs/plan-coordinator.log" 2>/dev/null
+  rm -rf "$DIR"
+fi
+
+# --- Figure 6: GPU
+if wants gpu; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >"$OUT/raw/gpu.txt" 2>&1; then
+    gpu_mib=$(to_mib "${TESSERA_BENCH_GPU_SIZE:-1G}")
+    say "== GPU: $gpu_mib MiB of CUDA tensors, 1 rank: D2H baseline, Tessera, DCP async_save"
+    DIR="$DATA_DIR/gpu"
+    rm -rf "$DIR"
+    mkdir -p "$DIR/logs"
+    COORD_PORT=""
+    if start_coordinator && start_agents benchgpu "tp=1"; then
+      PY="${TESSERA_BENCH_GPU_PYTHON:-/usr/bin/python3} -P" run_ranks gpu benchgpu 1 \
+        "$OUT/raw/gpu" --mib="$gpu_mib" --steps="$STEPS" --barrier="$DIR/barrier" \
+        --torch-dir="$DIR/torch" || say "GPU: the rank failed (see $OUT/logs/gpu)"
+    else
+      say "GPU: the cluster did not start"
+    fi
+    stop_agents >/dev/null 2>&1
+    stop_coordinator >/dev/null 2>&1
+    cp -r "$DIR/logs" "$OUT/logs/gpu"
+    rm -rf "$DIR"
+  else
+    echo "skipped: no GPU (nvidia-smi absent or sees none)" >"$OUT/raw/gpu.txt"
+  fi
+fi
+
+[ "$DATA_DIR" = "$OUT/data" ] && rm -rf "$DATA_DIR"
+
+# --- Report
+/usr/bin/python3 tests/bench/report.py "$OUT" --steps="$STEPS" || exit 1
+if [ -n "$REFERENCE" ]; then
+  mkdir -p docs/benchmarks
+  sed "s|chart.png|reference-$REFERENCE.png|" "$OUT/results.md" >"docs/benchmarks/reference-$REFERENCE.md"
+  [ -f "$OUT/chart.png" ] && cp "$OUT/chart.png" "docs/benchmarks/reference-$REFERENCE.png"
+  say "reference written: docs/benchmarks/reference-$REFERENCE.md"
+fi
+cat "$OUT/results.md"
