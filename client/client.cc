@@ -99,6 +99,20 @@ absl::StatusOr<uint64_t> CheckSlots(
   return total;
 }
 
+// PLAN_TOO_LARGE if a request of `bytes` serialized bytes describing `shards` pieces is over
+// `limit`: refused here, with a message, rather than by the transport of the agent or the
+// coordinator (RESOURCE_EXHAUSTED naming no tensor).
+absl::Status CheckRequestSize(absl::string_view rpc, size_t bytes, int shards, size_t limit) {
+  if (bytes <= limit) return absl::OkStatus();
+  return MakeError(
+      absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_PLAN_TOO_LARGE,
+      absl::StrCat("This rank's ", rpc, " request describes ", shards, " tensor pieces in ", bytes,
+                   " bytes, over the limit of ", limit,
+                   " bytes one request may carry (the agent and the coordinator accept 256 MiB "
+                   "messages); merge small tensors into fewer, larger ones or shorten their "
+                   "names."));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& agent_socket,
@@ -110,6 +124,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& agent
     return absl::InvalidArgumentError(absl::StrCat(
         "ClientOptions: copy_threads (", options.copy_threads, ") and max_receive_message_bytes (",
         options.max_receive_message_bytes, ") must be positive"));
+  }
+  if (options.max_plan_request_bytes < 1 ||
+      options.max_plan_request_bytes > kMaxPlanRequestBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ClientOptions: max_plan_request_bytes (", options.max_plan_request_bytes,
+                     ") must be 1..", kMaxPlanRequestBytes));
   }
   const std::string target =
       absl::StartsWith(agent_socket, "unix:") ? agent_socket : "unix:" + agent_socket;
@@ -218,6 +238,8 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
   shards.clear();
+  RETURN_IF_ERROR(CheckRequestSize("save", request.ByteSizeLong(), request.shards_size(),
+                                   options_.max_plan_request_bytes));
 
   absl::MutexLock lock(&mu_);
   v1::BeginSaveResponse response;
@@ -314,6 +336,8 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
   shards.clear();
+  RETURN_IF_ERROR(CheckRequestSize("load", request.ByteSizeLong(), request.shards_size(),
+                                   options_.max_plan_request_bytes));
 
   absl::MutexLock lock(&mu_);
   v1::LoadResponse response;

@@ -48,6 +48,12 @@
 
 namespace tessera {
 
+// Largest BeginSave or Load request one rank may send, in serialized bytes. The agent and the
+// coordinator accept messages of up to 256 MiB, and the agent wraps the plan in its own
+// SubmitLocalPlan request, so a rank's plan must stay a little below that. A larger plan is
+// refused before any RPC with PLAN_TOO_LARGE rather than failing in the transport.
+inline constexpr size_t kMaxPlanRequestBytes = (size_t{256} << 20) - (size_t{64} << 10);
+
 struct ClientOptions {
   // Deadline of GetInfo (in Connect). Default: 10 s.
   absl::Duration get_info_timeout = absl::Seconds(10);
@@ -94,6 +100,10 @@ struct ClientOptions {
   // Largest reply accepted from the agent (a Load reply carries a slot per shard).
   // Default: 256 MiB.
   int max_receive_message_bytes = 256 << 20;
+
+  // Largest request Save or Load sends (see kMaxPlanRequestBytes); 1..kMaxPlanRequestBytes.
+  // Default: kMaxPlanRequestBytes.
+  size_t max_plan_request_bytes = kMaxPlanRequestBytes;
 };
 
 struct SaveResult {
@@ -145,7 +155,8 @@ class Client {
   // bytes are staged. `tensors` is the whole of what this rank holds; their memory may change
   // again as soon as Save returns.
   // Errors: InvalidArgument + MALFORMED_SHARD naming the fqn for a piece that fails the local
-  // checks (DescribeShards), or if `step` is negative; FailedPrecondition for a CUDA tensor
+  // checks (DescribeShards), or if `step` is negative; InvalidArgument + PLAN_TOO_LARGE if
+  // the request would exceed options.max_plan_request_bytes; FailedPrecondition for a CUDA tensor
   // without a GPU, InvalidArgument if its pointer is not device memory — all before any RPC.
   // From BeginSave, before any copy: InvalidArgument with the plan's ErrorDetail
   // (DUPLICATE_FQN, INCOMPLETE_COVERAGE, OVERLAPPING_SHARDS, ...); FailedPrecondition
@@ -171,7 +182,8 @@ class Client {
   // piece in the current layout and the memory to fill (nbytes = its size). Optimizer shards
   // the checkpoint records as absent are listed in LoadResult::absent and left untouched.
   // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
-  // state_absent set, or if `step` < -1; FailedPrecondition / InvalidArgument for CUDA
+  // state_absent set, or if `step` < -1; InvalidArgument + PLAN_TOO_LARGE over
+  // options.max_plan_request_bytes; FailedPrecondition / InvalidArgument for CUDA
   // tensors as in Save. From the agent: NotFound + CHECKPOINT_NOT_FOUND; DataLoss +
   // CHECKSUM_MISMATCH naming tensor and file; InvalidArgument if a requested tensor is
   // missing from the checkpoint or its shape differs; Unavailable; DeadlineExceeded after

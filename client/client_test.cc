@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/cuda_host.h"
@@ -26,6 +27,7 @@
 #include "common/dtype.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "common/tensor_key.h"
 #include "cuda_runtime_api.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"
@@ -485,6 +487,37 @@ TEST_F(ClientTest, Save_MalformedTensor_InvalidArgumentBeforeAnyRpc) {
       {"dtype", [](TensorRef* t) { t->dtype = v1::DTYPE_UNSPECIFIED; }, "dtype 0 is not known"},
       {"kind", [](TensorRef* t) { t->kind = v1::SHARD_KIND_UNSPECIFIED; }, "not a shard kind"},
       {"fqn", [](TensorRef* t) { t->fqn.clear(); }, "fqn must be 1..1024 bytes"},
+      {"fqn not UTF-8", [](TensorRef* t) { t->fqn = "layers.\xff\xfe.w"; },
+       "bad fqn: name is not valid UTF-8 at byte 7"},
+      {"fqn control character", [](TensorRef* t) { t->fqn = "layers.2\n.w"; },
+       "bad fqn: name has a control character at byte 8"},
+      {"fqn reserved character", [](TensorRef* t) { t->fqn = "layers.2@w"; },
+       "bad fqn: name contains reserved character '@'"},
+      {"state key not UTF-8",
+       [](TensorRef* t) {
+         t->kind = v1::SHARD_KIND_OPTIMIZER;
+         t->state_key = "exp\xc3";
+       },
+       "bad state_key: name is not valid UTF-8 at byte 3"},
+      {"too many axes",
+       [](TensorRef* t) {
+         t->global_shape.assign(65, 1);
+         t->global_shape[0] = 24;
+         t->box = Box{};
+       },
+       "the tensor has 65 axes; at most 64 are supported"},
+      {"negative dim",
+       [](TensorRef* t) {
+         t->global_shape = {-4, 6};
+         t->box = Box{};
+       },
+       "axis 0 has negative size -4"},
+      {"volume overflows int64",
+       [](TensorRef* t) {
+         t->global_shape = {int64_t{1} << 40, int64_t{1} << 40};
+         t->box = Box{{0, 0}, {4, 6}};
+       },
+       "overflows int64"},
       {"state on param", [](TensorRef* t) { t->state_key = "exp_avg"; },
        "only optimizer shards have a state_key"},
       {"no state key", [](TensorRef* t) { t->kind = v1::SHARD_KIND_OPTIMIZER; },
@@ -508,14 +541,50 @@ TEST_F(ClientTest, Save_MalformedTensor_InvalidArgumentBeforeAnyRpc) {
     EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument) << c.name;
     EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_MALFORMED_SHARD) << c.name;
     EXPECT_THAT(result.status().message(), HasSubstr(c.message)) << c.name;
-    EXPECT_THAT(result.status().message(), HasSubstr("Tensor 1 (\"" + t.fqn + "\"")) << c.name;
+    // A name that is not UTF-8 is shown C-escaped: messages and ErrorDetail stay valid UTF-8.
+    const std::string shown = ValidateName(t.fqn).ok() ? t.fqn : absl::CHexEscape(t.fqn);
+    EXPECT_THAT(result.status().message(), HasSubstr("Tensor 1 (\"" + shown + "\"")) << c.name;
     std::optional<v1::ErrorDetail> detail = GetErrorDetail(result.status());
     ASSERT_TRUE(detail.has_value()) << c.name;
-    EXPECT_THAT(detail->fqns(), ElementsAre(t.fqn)) << c.name;
+    EXPECT_THAT(detail->fqns(), ElementsAre(shown)) << c.name;
   }
   EXPECT_EQ(client->Save(-1, {}).status().code(), absl::StatusCode::kInvalidArgument);
   absl::MutexLock lock(&fake_->mu);
   EXPECT_THAT(fake_->begin_requests, IsEmpty());
+}
+
+TEST_F(ClientTest, Save_RequestOverSizeLimit_PlanTooLargeBeforeAnyRpc) {
+  ClientOptions options;
+  options.max_plan_request_bytes = 64 << 10;
+  std::unique_ptr<Client> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> bytes = Pattern(4, 3);
+  std::vector<TensorRef> tensors;
+  for (int i = 0; i < 1000; ++i) {  // ~100 bytes of description each: over 64 KiB
+    tensors.push_back(HostRef(absl::StrCat("layers.", i, ".", std::string(64, 'w')), &bytes));
+  }
+  absl::StatusOr<SaveResult> result = client->Save(3, tensors);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_PLAN_TOO_LARGE);
+  EXPECT_THAT(result.status().message(), HasSubstr("describes 1000 tensor pieces in "));
+  EXPECT_THAT(result.status().message(), HasSubstr("over the limit of 65536 bytes"));
+  EXPECT_EQ(GetErrorCode(client->Load(-1, tensors).status()), v1::ERROR_CODE_PLAN_TOO_LARGE);
+  // Under the limit the same client saves.
+  tensors.resize(10);
+  EXPECT_TRUE(client->Save(3, tensors).ok());
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_EQ(fake_->begin_requests.size(), 1u);
+}
+
+TEST_F(ClientTest, Connect_PlanRequestLimitOutOfRange_InvalidArgument) {
+  for (size_t limit : {size_t{0}, kMaxPlanRequestBytes + 1}) {
+    ClientOptions options;
+    options.max_plan_request_bytes = limit;
+    EXPECT_EQ(Client::Connect(socket_, options).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << limit;
+  }
 }
 
 TEST(DescribeShards, DefaultReplicatedOver_DpForParamsOnlyWhenMeshHasDp) {

@@ -2,25 +2,35 @@
 
 #include <string>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/checksum.h"
 #include "common/dtype.h"
 #include "common/status.h"
+#include "common/tensor_key.h"
 
 namespace tessera {
 namespace {
 
+// `name` as it may appear in a message and in ErrorDetail's string fields: C-escaped if it
+// is not valid UTF-8 (proto3 strings must be, and Python decodes them).
+std::string Printable(absl::string_view name) {
+  return ValidateName(name).ok() ? std::string(name) : absl::CHexEscape(name);
+}
+
 // A MALFORMED_SHARD error naming tensor `index`.
 absl::Status Malformed(size_t index, const TensorRef& t, absl::string_view why) {
+  const std::string fqn = Printable(t.fqn);
+  const std::string state_key = Printable(t.state_key);
   v1::ErrorDetail detail;
   detail.set_code(v1::ERROR_CODE_MALFORMED_SHARD);
   detail.set_message(
-      absl::StrCat("Tensor ", index, " (\"", t.fqn, "\"",
-                   t.state_key.empty() ? "" : absl::StrCat(", state \"", t.state_key, "\""),
+      absl::StrCat("Tensor ", index, " (\"", fqn, "\"",
+                   t.state_key.empty() ? "" : absl::StrCat(", state \"", state_key, "\""),
                    ") is malformed: ", why));
-  detail.add_fqns(t.fqn);
-  if (!t.state_key.empty()) detail.set_state_key(t.state_key);
+  detail.add_fqns(fqn);
+  if (!t.state_key.empty()) detail.set_state_key(state_key);
   return MakeError(absl::StatusCode::kInvalidArgument, detail);
 }
 
@@ -37,11 +47,19 @@ absl::StatusOr<v1::ShardDesc> Describe(const v1::Layout& layout, size_t index, c
     return malformed(
         absl::StrCat("the fqn must be 1..", kMaxFqnBytes, " bytes, not ", t.fqn.size()));
   }
+  if (absl::Status st = ValidateName(t.fqn); !st.ok()) {
+    return malformed(absl::StrCat("bad fqn: ", st.message(),
+                                  " (an fqn is printable UTF-8 without '#' or '@')"));
+  }
   if (t.kind == v1::SHARD_KIND_UNSPECIFIED || !v1::ShardKind_IsValid(t.kind)) {
     return malformed(absl::StrCat("kind ", static_cast<int>(t.kind), " is not a shard kind"));
   }
   if (!IsKnownDType(t.dtype)) {
     return malformed(absl::StrCat("dtype ", static_cast<int>(t.dtype), " is not known"));
+  }
+  if (t.global_shape.size() > kMaxTensorAxes) {
+    return malformed(absl::StrCat("the tensor has ", t.global_shape.size(), " axes; at most ",
+                                  kMaxTensorAxes, " are supported"));
   }
   const bool default_box = t.box.offsets.empty() && t.box.lengths.empty();
   const Box box = default_box ? FullBox(t.global_shape) : t.box;
@@ -69,6 +87,12 @@ absl::StatusOr<v1::ShardDesc> Describe(const v1::Layout& layout, size_t index, c
   }
   if (optimizer && !t.state_absent && t.state_key.empty()) {
     return malformed("optimizer shards need a state_key (or state_absent)");
+  }
+  if (optimizer && !t.state_absent) {
+    if (absl::Status st = ValidateName(t.state_key); !st.ok()) {
+      return malformed(absl::StrCat("bad state_key: ", st.message(),
+                                    " (a state key is printable UTF-8 without '#' or '@')"));
+    }
   }
   if (t.kind == v1::SHARD_KIND_EXTRA &&
       (t.dtype != v1::DTYPE_U8 || t.global_shape.size() != 1 || box != FullBox(t.global_shape) ||

@@ -17,6 +17,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/box.h"
+#include "common/tensor_key.h"
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {
@@ -57,17 +58,21 @@ struct TensorRef {
   Memory memory = Memory::kHost;
 };
 
-// Longest fqn accepted (types.proto ShardDesc.fqn).
-inline constexpr size_t kMaxFqnBytes = 1024;
+// Longest fqn accepted: kMaxFqnBytes (common/tensor_key.h, types.proto ShardDesc.fqn).
+
+// Most axes a tensor may have; the coordinator's planner refuses more (MALFORMED_SHARD).
+inline constexpr size_t kMaxTensorAxes = 64;
 
 // The ShardDescs of `tensors`, in order, for a job whose mesh is `layout`: the default box and
 // replicated_over filled in, nbytes copied. Checks each piece as the coordinator's planner
-// would check its form: known kind and dtype, box inside global_shape, flat range inside the
-// box, state_key/state_absent only on optimizer shards (and a state_key unless absent), extra
+// would check its form: fqn and state_key valid names (common/tensor_key.h ValidateName:
+// 1..1024 bytes of UTF-8 without control characters, '#' or '@'), known kind and dtype, at
+// most kMaxTensorAxes axes, box inside global_shape, flat range inside the box, state_key/state_absent only on optimizer shards (and a state_key unless absent), extra
 // shards U8 1-d whole, replicated_over dims in the mesh, nbytes == elements x dtype size (0 for
 // absent state), data non-null when nbytes > 0.
 // Errors: InvalidArgument with an ErrorDetail MALFORMED_SHARD naming the fqn (and the
-// tensor's index) for the first piece that breaks a rule. The memory kind is not checked here.
+// tensor's index; a name that is not valid UTF-8 is shown C-escaped, "\\xff") for the first
+// piece that breaks a rule. The memory kind is not checked here.
 absl::StatusOr<std::vector<v1::ShardDesc>> DescribeShards(const v1::Layout& layout,
                                                           absl::Span<const TensorRef> tensors);
 
