@@ -163,9 +163,17 @@ int main(int argc, char** argv) {
   tessera::GrpcCoordinatorClient coordinator(channel);
 
   // Staging: one pool for saves, one for loads (each Acquire replaces its pool's regions).
-  if (absl::StatusOr<int> stale = tessera::StagingPool::RemoveStaleRegions(job, urank, incarnation);
-      stale.ok() && *stale > 0) {
-    tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
+  // Claim (job, rank) on this host first: regions of other incarnations then belong to dead
+  // agents only, and a second agent for the same rank is refused instead of deleting them.
+  absl::StatusOr<std::unique_ptr<tessera::StagingOwnership>> ownership =
+      tessera::StagingOwnership::Acquire(job, urank);
+  if (!ownership.ok()) return Fail(std::string(ownership.status().message()));
+  for (const std::string& pool_job : {job, job + ".load"}) {
+    absl::StatusOr<int> stale = tessera::StagingPool::RemoveStaleRegions(pool_job, urank,
+                                                                        incarnation);
+    if (stale.ok() && *stale > 0) {
+      tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
+    }
   }
   tessera::StagingPoolOptions pool_options;
   pool_options.job_id = job;

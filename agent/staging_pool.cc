@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,6 +12,7 @@
 #include <cstring>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -261,5 +263,36 @@ MappedStaging::~MappedStaging() {
   if (pinned_) (void)UnregisterHost(data_);
   munmap(data_, size_);
 }
+
+// ---------------------------------------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<StagingOwnership>> StagingOwnership::Acquire(
+    absl::string_view job_id, uint32_t rank) {
+  const std::string name = absl::StrCat("/tessera-", SanitizeJob(job_id), "-r", rank, ".owner");
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
+  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int err = errno;
+    char pid[32] = {0};
+    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
+    close(fd);
+    if (err == EWOULDBLOCK) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "another agent (pid ", n > 0 ? absl::StripAsciiWhitespace(pid) : "unknown",
+          ") serves job ", job_id, " rank ", rank, " on this host (it holds /dev/shm", name,
+          "); stop it first, or give this job a distinct --job"));
+    }
+    return ErrnoToStatus(err, "flock", name);
+  }
+  const std::string pid = absl::StrCat(getpid(), "\n");
+  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
+    const int err = errno;
+    close(fd);
+    return ErrnoToStatus(err, "write", name);
+  }
+  return std::unique_ptr<StagingOwnership>(new StagingOwnership(fd));
+}
+
+StagingOwnership::~StagingOwnership() { close(fd_); }
 
 }  // namespace tessera

@@ -112,7 +112,9 @@ class StagingPool {
 
   // Unlinks shared-memory objects of (job_id, rank) left by other incarnations (an agent
   // that crashed cannot unlink its regions). Returns how many were removed. Mappings other
-  // processes still hold stay valid. Errors: Internal if /dev/shm cannot be listed.
+  // processes still hold stay valid. Call it only while holding the StagingOwnership of
+  // (job_id, rank): then every other incarnation is dead. Errors: Internal if /dev/shm cannot
+  // be listed.
   static absl::StatusOr<int> RemoveStaleRegions(absl::string_view job_id, uint32_t rank,
                                                 uint64_t keep_incarnation);
 
@@ -170,6 +172,27 @@ inline absl::StatusOr<std::unique_ptr<MappedStaging>> MapStaging(const std::stri
                                                                  bool pin = false) {
   return MappedStaging::Map(name, size, pin);
 }
+
+// The exclusive claim of one process on the staging of (job_id, rank) on this host: an
+// flock(2) on the shared-memory object "/tessera-<job>-r<rank>.owner", which holds the
+// owner's pid as text. The kernel releases it when the process ends, however it ends, so a
+// crashed agent never blocks its successor. An agent takes it at start, before
+// RemoveStaleRegions, and keeps it for its lifetime: a second agent for the same rank and
+// job on the host is refused instead of deleting the staging the first one is using.
+class StagingOwnership {
+ public:
+  // Errors: AlreadyExists if another live process holds it (the message names its pid and
+  // the object); Internal (with errno) if the object cannot be opened or locked.
+  static absl::StatusOr<std::unique_ptr<StagingOwnership>> Acquire(absl::string_view job_id,
+                                                                   uint32_t rank);
+  ~StagingOwnership();  // releases the claim; the tiny object stays for the next owner
+  StagingOwnership(const StagingOwnership&) = delete;
+  StagingOwnership& operator=(const StagingOwnership&) = delete;
+
+ private:
+  explicit StagingOwnership(int fd) : fd_(fd) {}
+  int fd_;
+};
 
 }  // namespace tessera
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "agent/cuda_host.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
@@ -282,6 +283,27 @@ TEST(StagingPool, RemoveStaleRegions_RemovesOtherIncarnationsOnly) {
   EXPECT_TRUE(MapStaging(odd, 0).ok());
   shm_unlink(other_rank.c_str());
   shm_unlink(odd.c_str());
+}
+
+TEST(StagingOwnership, SecondClaimRefusedNamingTheOwnerUntilReleased) {
+  const std::string job = TestJob("owner");
+  absl::StatusOr<std::unique_ptr<StagingOwnership>> first = StagingOwnership::Acquire(job, 2);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // flock locks belong to the open file description: a second open in this process conflicts
+  // exactly as another process's would.
+  absl::StatusOr<std::unique_ptr<StagingOwnership>> second = StagingOwnership::Acquire(job, 2);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(second.status().message()),
+              HasSubstr(absl::StrCat("pid ", getpid())));
+  EXPECT_THAT(std::string(second.status().message()), HasSubstr("rank 2"));
+  // Another rank is independent.
+  EXPECT_TRUE(StagingOwnership::Acquire(job, 3).ok());
+  first->reset();
+  absl::StatusOr<std::unique_ptr<StagingOwnership>> third = StagingOwnership::Acquire(job, 2);
+  EXPECT_TRUE(third.ok()) << third.status();
+  third->reset();
+  shm_unlink(absl::StrCat("/tessera-", job, "-r2.owner").c_str());
+  shm_unlink(absl::StrCat("/tessera-", job, "-r3.owner").c_str());
 }
 
 }  // namespace
