@@ -149,6 +149,37 @@ class FlattenStateTest(unittest.TestCase):
         refs = describe([("pp", 2)], flat)
         self.assertEqual(refs[1][4:6], ([2, 0], [2, 3]))
 
+    def test_FlattenState_ShardedParameterStep_ReplicaOverWholeMesh(self):
+        # FSDP x TP: every rank holds a different box of "w", but the same AdamW step count;
+        # as a replica of "w"'s (empty) replicated_over it would be a DUPLICATE_FQN.
+        w = torch.nn.Parameter(torch.zeros(1, 3))
+        optimizer = torch.optim.AdamW([w], lr=0.1)
+        w.grad = torch.ones(1, 3)
+        optimizer.step()
+        model_sd = {"w": tessera.Shard(w.data, (4, 6), offsets=(1, 3), replicated_over=[])}
+        flat = tessera.flatten_state(model_sd, optimizer)
+        mesh = [("dp_shard", 2), ("tp", 2)]
+        refs = dict((r[0] + "#" + r[8], r) for r in describe(mesh, flat))
+        self.assertEqual(refs["w#step"][3:8], ([], [], [], None, ["dp_shard", "tp"]))
+        self.assertEqual(refs["w#exp_avg"][3:8], ([4, 6], [1, 3], [1, 3], None, []))
+
+    def test_FlattenState_EmptyShardsOfOneShape_EachNamedOnce(self):
+        # An FSDP2 rank past the last chunk of two small parameters holds two empty shards of
+        # the same shape; both have data pointer 0, yet each keeps its own optimizer state.
+        a, b = torch.nn.Parameter(torch.zeros(0, 8)), torch.nn.Parameter(torch.zeros(0, 8))
+        optimizer = torch.optim.AdamW([a, b], lr=0.1)
+        a.grad, b.grad = torch.zeros(0, 8), torch.zeros(0, 8)
+        optimizer.step()
+        model_sd = {"a": tessera.Shard(a.data, (2, 8), offsets=(2, 0), replicated_over=[]),
+                    "b": tessera.Shard(b.data, (3, 8), offsets=(3, 0), replicated_over=[])}
+        flat = tessera.flatten_state(model_sd, optimizer)
+        for name, rows in (("a", 2), ("b", 3)):
+            for key in ("exp_avg", "exp_avg_sq", "step"):
+                self.assertIn("%s#%s" % (name, key), flat)
+            self.assertEqual(flat[name + "#exp_avg"].global_shape, (rows, 8))
+            self.assertEqual(flat[name + "#exp_avg"].local_shape, (0, 8))
+        describe([("dp_shard", 3)], flat)  # the native checks accept the empty boxes
+
     def test_FlattenState_NumberState_StagedAsTensorAndWrittenBack(self):
         class CountingSgd(torch.optim.Optimizer):
             def __init__(self, params):
@@ -423,6 +454,8 @@ class ShardTest(unittest.TestCase):
         self.assertEqual(describe([("dp", 2)], {"a#m": t})[0][7], ["dp"])
         tp = tessera.Shard(t, (4,), offsets=(2,), replicated_over="tp")
         self.assertEqual(describe([("tp", 2)], {"a": tp})[0][7], ["tp"])
+        everywhere = tessera.Shard(t, (2,), replicated_over=shards.ALL_DIMS)
+        self.assertEqual(describe([("pp", 2), ("tp", 2)], {"a": everywhere})[0][7], ["pp", "tp"])
 
     def test_Native_ReplicatedOverUnknownDim_MalformedShard(self):
         s = tessera.Shard(torch.zeros(2), (2,), replicated_over=["cp"])
@@ -441,6 +474,50 @@ class ShardTest(unittest.TestCase):
                          ((4, 3), (2, 0), (2, 3), "BF16", ()))
         with self.assertRaisesRegex(tessera.InvalidArgumentError, "without a state key"):
             describe([("dp", 2)], {"w#exp_avg": a})
+
+
+class MalformedNameAndShapeTest(unittest.TestCase):
+    """Inputs Python can carry but the wire cannot: a clear MALFORMED_SHARD before any RPC,
+    never pybind11's "Unable to cast Python instance to C++ type"."""
+
+    def test_Ref_FqnWithLoneSurrogate_MalformedNamingIt(self):
+        fqn = b"layers.\xff.weight".decode("utf-8", "surrogateescape")  # as os.fsdecode gives
+        with self.assertRaises(tessera.InvalidArgumentError) as ctx:
+            describe([("dp", 2)], {fqn: torch.zeros(2)})
+        self.assertEqual(ctx.exception.code, "MALFORMED_SHARD")
+        self.assertIn("not valid UTF-8", ctx.exception.message)
+        self.assertIn("layers.\\udcff.weight", ctx.exception.message)
+        self.assertEqual(ctx.exception.fqns, ["layers.\\udcff.weight"])
+        with self.assertRaisesRegex(tessera.InvalidArgumentError, "state_key .*not valid UTF-8"):
+            describe([("dp", 2)], {"w#exp\udcc3": torch.zeros(2)})
+        from tessera.client import _check_object_name
+        with self.assertRaisesRegex(tessera.InvalidArgumentError, "object name .*UTF-8"):
+            _check_object_name("rng\udcff")
+
+    def test_Ref_FqnNotUtf8OrReserved_NativeCheckNamesIt(self):
+        for key, why in (("", "fqn must be 1..1024 bytes"),
+                         ("layers.0\n.w", "control character"),
+                         ("layers@0", "reserved character '@'")):
+            with self.assertRaises(tessera.InvalidArgumentError, msg=repr(key)) as ctx:
+                describe([("dp", 2)], {key: torch.zeros(2)})
+            self.assertEqual(ctx.exception.code, "MALFORMED_SHARD")
+            self.assertIn(why, ctx.exception.message)
+
+    def test_Shard_DimOutsideInt64_Malformed(self):
+        with self.assertRaisesRegex(tessera.InvalidArgumentError,
+                                    r"global_shape\[0\] = 18446744073709551616 does not fit"):
+            tessera.Shard(torch.zeros(1), (1 << 64,), local_shape=(1,))
+        with self.assertRaisesRegex(tessera.InvalidArgumentError, "must not be negative"):
+            tessera.Shard(torch.zeros(1), (-4, 8), local_shape=(1, 1))
+
+    def test_Native_VolumeOverflowAndTooManyAxes_Malformed(self):
+        big = tessera.Shard(torch.zeros(1, 1), (1 << 40, 1 << 40))
+        with self.assertRaisesRegex(tessera.InvalidArgumentError, "overflows int64"):
+            describe([("dp", 2)], {"big": big})
+        deep = tessera.Shard(torch.zeros(1), (1,) * 65, flat_range=(0, 1))
+        with self.assertRaisesRegex(tessera.InvalidArgumentError,
+                                    "65 axes; at most 64 are supported"):
+            describe([("dp", 2)], {"deep": deep})
 
 
 class ErrorMappingTest(unittest.TestCase):

@@ -10,7 +10,7 @@ import typing
 from . import _tessera
 from . import errors
 from . import objects as objects_codec
-from .shards import KIND_EXTRA, to_ref
+from .shards import KIND_EXTRA, check_name, to_ref
 from .state import write_back_numbers
 
 __all__ = ["Client", "SaveResult"]
@@ -75,6 +75,7 @@ class _Buffer:
 def _check_object_name(name):
     if not isinstance(name, str) or not name:
         raise errors.malformed("objects= names must be non-empty strings, not %r" % (name,))
+    check_name(name, "object name", "objects=")
     if len(name.encode("utf-8")) > _MAX_NAME_BYTES or any(
             c in "#@" or ord(c) < 0x20 or 0x7f <= ord(c) <= 0x9f for c in name):
         raise errors.malformed("object name %r must be at most %d bytes without '#', '@' or "

@@ -12,6 +12,8 @@ A mapping passed to ``Client.save`` / ``Client.load`` goes from a key to one of:
 ``replicated_over`` left as None means: ``["dp"]`` when the job's mesh has a ``dp`` dim and the
 piece has no flat range, else ``[]`` — for parameters and optimizer state alike (plain DDP
 replicates both over dp; a distributed optimizer's flat-range slices are not replicas).
+``replicated_over="*"`` (ALL_DIMS) means every dim of the job's mesh: a value every holder
+shares, such as the step count of a sharded parameter's optimizer state.
 
 Memory rules: a tensor must be C-contiguous, strided, on the CPU or a CUDA device, of a dtype
 listed in ``DTYPES``. Nothing is copied implicitly: a non-contiguous tensor is refused (for
@@ -23,7 +25,10 @@ import math
 
 from . import errors
 
-__all__ = ["Shard", "Absent", "DTYPES"]
+__all__ = ["Shard", "Absent", "DTYPES", "ALL_DIMS"]
+
+# replicated_over=ALL_DIMS: a replica over every dim of the job's mesh (resolved in to_ref).
+ALL_DIMS = "*"
 
 # types.proto ShardKind.
 KIND_PARAM = 1
@@ -145,6 +150,9 @@ def tensor_info(value, where, for_load=False):
                            "or tessera.Absent" % (where, type(value).__name__))
 
 
+_INT64_MAX = (1 << 63) - 1
+
+
 def _int_tuple(values, what, allow_negative=False):
     if values is None:
         return None
@@ -156,7 +164,30 @@ def _int_tuple(values, what, allow_negative=False):
         raise errors.malformed("%s must be a sequence of ints, not %r" % (what, values)) from None
     if not allow_negative and any(v < 0 for v in out):
         raise errors.malformed("%s must not be negative: %r" % (what, out))
+    for i, v in enumerate(out):
+        if not -_INT64_MAX - 1 <= v <= _INT64_MAX:
+            raise errors.malformed("%s[%d] = %d does not fit in a signed 64-bit integer: %r"
+                                   % (what, i, v, out))
     return out
+
+
+def check_name(name, what, where, fqn=None):
+    """Raises MALFORMED_SHARD unless `name` (an fqn or state key) can go on the wire: a str
+    that encodes as UTF-8. A str decoded from non-UTF-8 bytes with surrogateescape (as
+    os.fsdecode does) holds lone surrogates and cannot; the other rules (length, control
+    characters, '#' and '@') are checked by the native client, as the coordinator would."""
+    if not isinstance(name, str):
+        raise errors.malformed("%s: the %s must be a str, not %r" % (where, what, name),
+                               fqn=fqn if isinstance(fqn, str) else None)
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError as e:
+        shown = name.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
+        raise errors.malformed(
+            "%s: the %s \"%s\" is not valid UTF-8 (character %d is the lone surrogate %s; was "
+            "it decoded from bytes with surrogateescape?); names must be UTF-8 text"
+            % (where, what, shown, e.start, ascii(name[e.start])),
+            fqn=shown if fqn is None else fqn) from None
 
 
 def _dims(replicated_over):
@@ -192,8 +223,9 @@ class Shard:
       flat_range: ``(begin, end)``: the tensor holds only elements [begin, end) of the box
         flattened row-major (a distributed optimizer's slice); it must have end - begin
         elements, of any shape.
-      replicated_over: mesh dims along which this piece is a replica. Default: see the module
-        docstring (``["dp"]`` if the mesh has dp and there is no flat range, else ``[]``).
+      replicated_over: mesh dims along which this piece is a replica; ``"*"`` (ALL_DIMS): all
+        of them. Default: see the module docstring (``["dp"]`` if the mesh has dp and there is
+        no flat range, else ``[]``).
       kind: ``"param"`` (parameters and buffers) or ``"optimizer"``.
       state_key: optimizer state key ("exp_avg"); for kind="optimizer" it may instead come from
         the mapping key "<fqn>#<state_key>".
@@ -316,6 +348,14 @@ def _default_replication(mesh_dims, flat_range):
     return ["dp"] if "dp" in mesh_dims and flat_range is None else []
 
 
+def _replication(replicated, mesh_dims, flat_range):
+    if replicated is None:
+        return _default_replication(mesh_dims, flat_range)
+    if tuple(replicated) == (ALL_DIMS,):
+        return list(mesh_dims)
+    return list(replicated)
+
+
 def to_ref(key, value, mesh_dims, for_load=False):
     """The native client's 13-tuple (tessera_module.cc) for one mapping entry.
 
@@ -323,7 +363,8 @@ def to_ref(key, value, mesh_dims, for_load=False):
     Raises InvalidArgumentError (MALFORMED_SHARD) naming `key`.
     """
     fqn, key_state = split_key(key)
-    where = "tensor %r" % key
+    where = "tensor %s" % ascii(key)
+    check_name(fqn, "fqn", where)
     if _is_torch_tensor(value) and hasattr(value, "placements") and hasattr(value, "device_mesh"):
         value = _from_dtensor(value, key_state is not None, where)
     if isinstance(value, Absent):
@@ -335,11 +376,9 @@ def to_ref(key, value, mesh_dims, for_load=False):
         if key_state:
             raise errors.malformed("%s: an Absent marker goes under the key %r or %r, without a "
                                    "state key" % (where, fqn, fqn + "#"), fqn=fqn)
-        replicated = value.replicated_over
-        if replicated is None:
-            replicated = _default_replication(mesh_dims, None)
+        replicated = _replication(value.replicated_over, mesh_dims, None)
         ref = (fqn, KIND_OPTIMIZER, value.dtype, list(value.global_shape), list(value.offsets),
-               list(value.local_shape), None, list(replicated), "", True, 0, 0, False)
+               list(value.local_shape), None, replicated, "", True, 0, 0, False)
         return ref, None
     if isinstance(value, Shard):
         kind = _KINDS[value.kind]
@@ -355,17 +394,19 @@ def to_ref(key, value, mesh_dims, for_load=False):
         if kind == KIND_OPTIMIZER and not state_key:
             raise errors.malformed("%s: optimizer state needs a state_key (Shard(state_key=...) "
                                    "or the key '<fqn>#<state_key>')" % where, fqn=fqn)
+        if state_key:
+            check_name(state_key, "state_key", where, fqn=fqn)
         info = tensor_info(value.tensor, where, for_load)
-        replicated = value.replicated_over
-        if replicated is None:
-            replicated = _default_replication(mesh_dims, value.flat_range)
+        replicated = _replication(value.replicated_over, mesh_dims, value.flat_range)
         ref = (fqn, kind, info.dtype, list(value.global_shape), list(value.offsets),
-               list(value.local_shape), value.flat_range, list(replicated), state_key or "",
+               list(value.local_shape), value.flat_range, replicated, state_key or "",
                False, info.data_ptr, info.nbytes, info.cuda)
         return ref, value.tensor
     if key_state == "":
         raise errors.malformed("%s: the key ends in '#' but the value is not tessera.Absent"
                                % where, fqn=fqn)
+    if key_state:
+        check_name(key_state, "state_key", where, fqn=fqn)
     info = tensor_info(value, where, for_load)
     kind = KIND_OPTIMIZER if key_state else KIND_PARAM
     ref = (fqn, kind, info.dtype, list(info.shape), None, None, None,

@@ -3,7 +3,7 @@
 import numbers
 
 from . import errors
-from .shards import Absent, Shard, is_tensor
+from .shards import ALL_DIMS, Absent, Shard, is_tensor
 
 __all__ = ["flatten_state", "init_optimizer_state"]
 
@@ -57,12 +57,17 @@ def _param_fqns(model_state_dict, optimizer, param_names, num_params):
     # Match each optimizer parameter to the model state_dict entry viewing the same memory
     # (state_dict() tensors are detached views of the parameters). The first key wins for tied
     # weights, as in named_parameters().
+    # Empty tensors all have data pointer 0 (an FSDP2 rank past the last chunk of a small
+    # parameter holds one): an entry already matched is skipped, so same-shaped empty
+    # parameters are named in order rather than all after the first.
     entries = [(k, _tensor_of(v)) for k, v in model_state_dict.items()]
     names = []
+    used = set()
     for group in optimizer.param_groups:
         for p in group["params"]:
-            match = next((k for k, t in entries
-                          if isinstance(t, torch.Tensor) and _same_memory(t, p)), None)
+            match = next((k for k, t in entries if k not in used
+                          and isinstance(t, torch.Tensor) and _same_memory(t, p)), None)
+            used.add(match)
             if match is None:
                 raise errors.malformed(
                     "an optimizer parameter of shape %s has no entry in the model state_dict "
@@ -84,8 +89,11 @@ def _state_shard(key, value, param):
             return Shard(t, param.global_shape, param.offsets, flat_range=param.flat_range,
                          replicated_over=param.replicated_over, kind="optimizer", state_key=key,
                          local_shape=param.local_shape)
-        # Anything else (a scalar "step") is replicated like the parameter.
-        return Shard(t, tuple(t.shape), replicated_over=param.replicated_over, kind="optimizer",
+        # A scalar ("step") is the same on every rank holding a piece of the parameter, which
+        # may be sharded over any dim (FSDP, TP): a replica over the whole mesh. Anything else
+        # is replicated like the parameter.
+        replicated = ALL_DIMS if t.dim() == 0 else param.replicated_over
+        return Shard(t, tuple(t.shape), replicated_over=replicated, kind="optimizer",
                      state_key=key)
     return value
 
@@ -100,9 +108,10 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
         ``<fqn>`` becomes ``"<fqn>#<state_key>"`` entries (kind=optimizer, e.g.
         ``"w#exp_avg"``, ``"w#step"``; 0-d tensors such as AdamW's step are fine). A parameter
         with no state yet (before the first step) becomes ``"<fqn>#": tessera.Absent``. State
-        shaped like a sharded parameter's piece inherits its Shard metadata. Python-number
-        state is saved as a 0-d tensor (and written back after a load); None values are
-        skipped.
+        shaped like a sharded parameter's piece inherits its Shard metadata; a sharded
+        parameter's scalar state (step) is a replica over the whole mesh (ALL_DIMS).
+        Python-number state is saved as a 0-d tensor (and written back after a load); None
+        values are skipped.
       param_names: how to name the optimizer's integer param ids: a list of fqns in the
         optimizer's parameter order, a dict {id: fqn}, or the ``nn.Module`` (matched by
         identity). Default: match each optimizer parameter to the model state_dict entry that
@@ -158,7 +167,7 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
                 raise errors.malformed("optimizer state key %r of %r is not usable" % (key, fqn),
                                        fqn=fqn)
             if isinstance(value, numbers.Number):
-                replicated = param.replicated_over if isinstance(param, Shard) else None
+                replicated = ALL_DIMS if isinstance(param, Shard) else None
                 flat[fqn + "#" + key] = _NumberShard(value, optimizer if is_optimizer else None,
                                                      live_params[pid], key, replicated)
             elif is_tensor(value):
