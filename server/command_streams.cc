@@ -1,5 +1,7 @@
 #include "server/command_streams.h"
 
+#include "google/protobuf/unknown_field_set.h"
+
 namespace tessera {
 
 // One agent's stream. Writes go out one at a time from `queue_`. Lifetime: created by Open(),
@@ -70,6 +72,17 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+v1::Command PinWithEncodedAssignment(const v1::Command& pin, absl::string_view assignment) {
+  v1::Command c = pin;
+  v1::PinCommand* body = c.mutable_pin();
+  body->clear_assignment();
+  body->GetReflection()
+      ->MutableUnknownFields(body)
+      ->AddLengthDelimited(v1::PinCommand::kAssignmentFieldNumber)
+      ->assign(assignment.data(), assignment.size());
+  return c;
+}
+
 CommandStreams::~CommandStreams() { CloseAll(); }
 
 grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(
@@ -102,6 +115,18 @@ void CommandStreams::Send(const std::string& job_id, uint32_t rank,
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(Key{job_id, rank});
   if (it != streams_.end()) it->second->Enqueue(command);
+}
+
+void CommandStreams::SendPin(const std::string& job_id, uint32_t rank,
+                             const v1::Command& command, absl::string_view assignment) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!streams_.contains(Key{job_id, rank})) return;  // replayed when it connects
+  }
+  v1::Command pin = PinWithEncodedAssignment(command, assignment);  // a copy: not under mu_
+  absl::MutexLock lock(&mu_);
+  auto it = streams_.find(Key{job_id, rank});
+  if (it != streams_.end()) it->second->Enqueue(std::move(pin));
 }
 
 void CommandStreams::CloseAll() {

@@ -23,12 +23,19 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/session_manager.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
 
 namespace tessera {
+
+// `pin` (a Command whose PinCommand has no assignment) with `assignment`, an encoded
+// v1::RankAssignment, as its PinCommand.assignment in wire format: its serialization parses as
+// the same Command with that assignment parsed. In-process readers of the result see the
+// assignment as an unknown field, not as pin().assignment(); it is for serialization only.
+v1::Command PinWithEncodedAssignment(const v1::Command& pin, absl::string_view assignment);
 
 class CommandStreams : public CommandSink {
  public:
@@ -47,6 +54,13 @@ class CommandStreams : public CommandSink {
 
   void Send(const std::string& job_id, uint32_t rank, const v1::Command& command) override
       ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Queues the PIN with `assignment`'s bytes appended to it as they are: they are written as
+  // field PinCommand.assignment (as an unknown field of the PinCommand, which serializes
+  // verbatim), so the agent parses the same message it would from a parsed assignment, and the
+  // coordinator never parses nor re-encodes it. See PinWithEncodedAssignment.
+  void SendPin(const std::string& job_id, uint32_t rank, const v1::Command& command,
+               absl::string_view assignment) override ABSL_LOCKS_EXCLUDED(mu_);
 
   // Finishes every open stream with UNAVAILABLE (coordinator shutting down).
   void CloseAll() ABSL_LOCKS_EXCLUDED(mu_);

@@ -7,6 +7,7 @@
 #include "agent/coordinator_client.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
+#include "server/command_streams.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -112,6 +113,40 @@ TEST_F(CoordinatorServiceTest, Heartbeat_Unregistered_NotFound) {
   beat.set_rank(0);
   beat.set_incarnation(1);
   EXPECT_EQ(client_->Heartbeat(beat).status().code(), absl::StatusCode::kNotFound);
+}
+
+
+// CommandStreams sends a PIN's assignment as the plan's encoded bytes: what goes on the wire
+// must parse as the same Command with the assignment parsed.
+TEST(PinWithEncodedAssignment, SerializesAsTheParsedCommand) {
+  v1::RankAssignment assignment;
+  assignment.set_file("data-00001.safetensors");
+  v1::WriteItem* write = assignment.add_writes();
+  write->set_key("w#exp_avg");
+  write->mutable_box()->add_offsets(0);
+  write->mutable_box()->add_lengths(8);
+  write->add_sources()->set_rank(3);
+  assignment.add_sends()->set_leader_rank(2);
+  for (bool empty : {false, true}) {
+    v1::Command header;
+    header.set_session_id("s-1");
+    header.set_step(7);
+    header.set_seq(42);
+    header.mutable_pin()->set_plan_cached(true);
+    v1::Command expected = header;
+    if (!empty) *expected.mutable_pin()->mutable_assignment() = assignment;
+    const std::string bytes = empty ? "" : assignment.SerializeAsString();
+
+    v1::Command parsed;
+    ASSERT_TRUE(parsed.ParseFromString(PinWithEncodedAssignment(header, bytes).SerializeAsString()));
+    EXPECT_EQ(parsed.session_id(), "s-1");
+    EXPECT_EQ(parsed.seq(), 42u);
+    EXPECT_TRUE(parsed.pin().plan_cached());
+    EXPECT_EQ(parsed.pin().assignment().SerializeAsString(), bytes);
+    EXPECT_EQ(parsed.pin().assignment().SerializeAsString(),
+              expected.pin().assignment().SerializeAsString());
+    EXPECT_EQ(parsed.pin().GetReflection()->GetUnknownFields(parsed.pin()).field_count(), 0);
+  }
 }
 
 }  // namespace

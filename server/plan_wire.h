@@ -16,7 +16,9 @@
 #include <cstdint>
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "tessera/v1/types.pb.h"
@@ -96,6 +98,14 @@ class WireWriter {
 
 // The encoded body of a v1::Box.
 std::string EncodeBox(const v1::Box& box);
+
+// The ranks an encoded v1::RankAssignment exchanges DP slices with: the leaders of its
+// GatherSends and the peers its WriteItems' ChunkSources name, sorted and distinct, without
+// `self`. Reads the wire format directly (nothing is parsed into messages), so that a
+// coordinator can tell every rank of a million-piece plan whom it talks to in one pass over
+// the bytes. Errors: DataLoss if `assignment` is not a valid encoding.
+absl::StatusOr<std::vector<uint32_t>> AssignmentPeers(absl::string_view assignment,
+                                                      uint32_t self);
 
 }  // namespace tessera
 

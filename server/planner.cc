@@ -21,6 +21,7 @@
 #include "common/tensor_key.h"
 #include "server/plan_tiling.h"
 #include "server/plan_wire.h"
+#include "tessera/v1/coordinator_state.pb.h"
 
 namespace tessera {
 namespace {
@@ -1114,6 +1115,55 @@ absl::StatusOr<v1::RankAssignment> GlobalPlan::Assignment(uint32_t rank) const {
 
 std::string DataFileName(uint32_t rank) { return absl::StrFormat("data-%05u.safetensors", rank); }
 
+absl::Status FillPeers(GlobalPlan* plan) {
+  std::vector<std::vector<uint32_t>> peers(plan->assignments.size());
+  for (uint32_t r = 0; r < plan->assignments.size(); ++r) {
+    absl::StatusOr<std::vector<uint32_t>> mine = AssignmentPeers(plan->assignments[r], r);
+    if (!mine.ok()) {
+      plan->peers.clear();
+      return absl::DataLossError(
+          absl::StrCat("the assignment of rank ", r, " does not parse: ", mine.status().message()));
+    }
+    peers[r] = *std::move(mine);
+  }
+  plan->peers = std::move(peers);
+  return absl::OkStatus();
+}
+
+std::string EncodePlanRecord(const GlobalPlan& plan) {
+  size_t size = 64 + 11 * plan.bytes_written_by_rank.size();
+  for (const std::string& a : plan.assignments) size += a.size() + 6;
+  std::string out;
+  out.reserve(size);
+  WireWriter w(&out);
+  if (plan.fingerprint != 0) {  // fixed64
+    WireBuffer tag;
+    tag.RawVarint((uint64_t{v1::PlanRecord::kFingerprintFieldNumber} << 3) | 1);
+    out.append(tag.view().data(), tag.size());
+    for (int i = 0; i < 8; ++i) out.push_back(static_cast<char>(plan.fingerprint >> (8 * i)));
+  }
+  for (const std::string& a : plan.assignments) {
+    w.Message(v1::PlanRecord::kAssignmentsFieldNumber, a);  // repeated bytes: empty ones too
+  }
+  std::string tensor;
+  for (const v1::TensorEntry& t : plan.tensors) {
+    tensor.clear();
+    t.AppendToString(&tensor);
+    w.Message(v1::PlanRecord::kTensorsFieldNumber, tensor);
+  }
+  if (!plan.bytes_written_by_rank.empty()) {  // packed
+    std::string packed;
+    for (uint64_t b : plan.bytes_written_by_rank) {
+      WireBuffer v;
+      v.RawVarint(b);
+      packed.append(v.view().data(), v.size());
+    }
+    w.Message(v1::PlanRecord::kBytesWrittenByRankFieldNumber, packed);
+  }
+  w.Varint(v1::PlanRecord::kTotalBytesFieldNumber, plan.total_bytes);
+  return out;
+}
+
 uint64_t FingerprintLocalPlan(const LocalPlan& plan) {
   LocalPlanHasher hasher(plan.rank, plan.shards.size());
   for (const v1::ShardDesc& s : plan.shards) hasher.Add(s);
@@ -1207,7 +1257,14 @@ absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
     }
   }
   Planner planner(layout, std::move(by_rank), total);
-  return planner.Run();
+  absl::StatusOr<GlobalPlan> plan = planner.Run();
+  if (plan.ok()) {
+    if (absl::Status peers = FillPeers(&*plan); !peers.ok()) {
+      return absl::InternalError(absl::StrCat("the planner produced an assignment that does not "
+                                              "parse: ", peers.message()));
+    }
+  }
+  return plan;
 }
 
 // ---------------------------------------------------------------------------------------------

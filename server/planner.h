@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
@@ -101,6 +102,10 @@ struct GlobalPlan {
   std::vector<uint64_t> bytes_written_by_rank;
   // Sum of all chunk bytes (each byte of the checkpoint counted once).
   uint64_t total_bytes = 0;
+  // Index = rank: the ranks it exchanges DP slices with (AssignmentPeers of its assignment:
+  // the leaders it sends to, the peers it gathers from), sorted. What the rank's
+  // GatherCommand.peer_addresses covers. Filled by BuildGlobalPlan and FillPeers.
+  std::vector<std::vector<uint32_t>> peers;
 
   // assignments[rank], parsed.
   // Errors: OutOfRange if there is no such rank; DataLoss if the bytes do not parse.
@@ -109,6 +114,15 @@ struct GlobalPlan {
 
 // "data-00003.safetensors": the data file rank 3 writes.
 std::string DataFileName(uint32_t rank);
+
+// Sets plan->peers from plan->assignments (for a plan restored from its record).
+// Errors: DataLoss if an assignment does not parse (plan->peers is then left empty).
+absl::Status FillPeers(GlobalPlan* plan);
+
+// The v1::PlanRecord (coordinator_state.proto) of `plan`, encoded: fingerprint, assignments,
+// tensors, bytes_written_by_rank, total_bytes; the bytes of building the record and
+// serializing it, without the record's copy of every assignment and tensor. Errors: none.
+std::string EncodePlanRecord(const GlobalPlan& plan);
 
 // Validates the local plans against the rules above and builds the global plan. `plans` must
 // hold exactly one LocalPlan per rank of `layout`, in any order.

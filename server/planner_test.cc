@@ -17,6 +17,8 @@
 #include "common/tensor_key.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "server/plan_wire.h"
+#include "tessera/v1/coordinator_state.pb.h"
 
 namespace tessera {
 namespace {
@@ -198,6 +200,26 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
   ASSERT_EQ(plan.assignments.size(), layout.world_size());
   const std::vector<v1::RankAssignment> assignments = Assignments(plan);
   ASSERT_EQ(plan.bytes_written_by_rank.size(), layout.world_size());
+
+  // plan.peers: the ranks each rank exchanges DP slices with, as its parsed assignment says.
+  ASSERT_EQ(plan.peers.size(), layout.world_size());
+  for (uint32_t r = 0; r < layout.world_size(); ++r) {
+    std::set<uint32_t> peers;
+    for (const v1::GatherSend& g : assignments[r].sends()) peers.insert(g.leader_rank());
+    for (const v1::WriteItem& w : assignments[r].writes()) {
+      for (const v1::ChunkSource& s : w.sources()) peers.insert(s.rank());
+    }
+    peers.erase(r);
+    EXPECT_EQ(plan.peers[r], std::vector<uint32_t>(peers.begin(), peers.end())) << "rank " << r;
+  }
+  // The plan's record encodes as the message would.
+  v1::PlanRecord record;
+  record.set_fingerprint(plan.fingerprint);
+  for (const std::string& a : plan.assignments) record.add_assignments(a);
+  for (const v1::TensorEntry& t : plan.tensors) *record.add_tensors() = t;
+  for (uint64_t b : plan.bytes_written_by_rank) record.add_bytes_written_by_rank(b);
+  record.set_total_bytes(plan.total_bytes);
+  EXPECT_EQ(EncodePlanRecord(plan), record.SerializeAsString());
 
   // Every element of every tensor lies in exactly one chunk.
   uint64_t chunk_bytes = 0;
@@ -470,6 +492,47 @@ TEST(Planner, Plan_DistributedOptimizerSlices_GatheredToLeader) {
     }
   }
   EXPECT_EQ(sends, 3);
+  // The leader exchanges slices with every other rank; each of them with the leader only.
+  for (uint32_t r = 0; r < 4; ++r) {
+    if (r == leader) {
+      std::vector<uint32_t> others;
+      for (uint32_t o = 0; o < 4; ++o) {
+        if (o != leader) others.push_back(o);
+      }
+      EXPECT_EQ(plan.peers[r], others);
+    } else {
+      EXPECT_THAT(plan.peers[r], ElementsAre(leader)) << "rank " << r;
+    }
+  }
+}
+
+TEST(PlanWire, AssignmentPeers_SendsAndSources_SortedWithoutSelf) {
+  v1::RankAssignment a;
+  v1::WriteItem* w = a.add_writes();
+  w->set_key("k");
+  w->add_sources()->set_rank(2);   // self
+  w->add_sources();                // rank 0: a field proto3 leaves out
+  w->add_sources()->set_rank(7);
+  a.add_sends()->set_leader_rank(5);
+  a.add_sends()->set_leader_rank(7);
+  a.add_hashes()->set_writer_rank(9);  // hashing needs no peer
+  absl::StatusOr<std::vector<uint32_t>> peers = AssignmentPeers(a.SerializeAsString(), 2);
+  ASSERT_TRUE(peers.ok()) << peers.status();
+  EXPECT_THAT(*peers, ElementsAre(0, 5, 7));
+
+  EXPECT_THAT(*AssignmentPeers("", 0), IsEmpty());
+  const std::string bytes = a.SerializeAsString();
+  EXPECT_EQ(AssignmentPeers(bytes.substr(0, bytes.size() - 1), 2).status().code(),
+            absl::StatusCode::kDataLoss);
+  EXPECT_EQ(AssignmentPeers("\x22\x05\x28", 2).status().code(), absl::StatusCode::kDataLoss);
+
+  GlobalPlan plan;
+  plan.assignments = {bytes, "\xff"};
+  EXPECT_EQ(FillPeers(&plan).code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(plan.peers, IsEmpty());
+  plan.assignments.pop_back();
+  ASSERT_TRUE(FillPeers(&plan).ok());
+  EXPECT_THAT(plan.peers, ElementsAre(ElementsAre(2, 5, 7)));  // as rank 0: 0 is self
 }
 
 // Megatron's "KeyError: 'exp_avg'": one DP rank has no optimizer state yet.

@@ -676,20 +676,31 @@ TEST_F(ProtocolTest, Protocol_FullSave_CommitsOverGrpc) {
 
   // Every agent saw every command in protocol order, with increasing seq (a command may come
   // twice, as a replay on connect and as sent: agents ignore a seq they have handled); every
-  // GATHER named every rank's peer address.
+  // GATHER named the peer address of each rank the agent exchanges slices with (its PIN's
+  // sends' leaders and its writes' other sources), and no other.
   for (uint32_t r = 0; r < 4; ++r) {
     std::vector<std::string> bodies;
     uint64_t last_seq = 0;
+    std::map<uint32_t, std::string> peers;
     for (const v1::Command& c : agent(r).Commands(id)) {
       if (c.seq() == last_seq) continue;
       bodies.push_back(BodyName(c.body_case()));
       EXPECT_GT(c.seq(), last_seq) << "rank " << r;
       last_seq = c.seq();
-      if (c.has_gather()) {
-        ASSERT_THAT(c.gather().peer_addresses(), SizeIs(4));
-        for (uint32_t p = 0; p < 4; ++p) {
-          EXPECT_EQ(c.gather().peer_addresses().at(p), agent(p).peer_address());
+      if (c.has_pin()) {
+        for (const v1::GatherSend& g : c.pin().assignment().sends()) {
+          peers[g.leader_rank()] = agent(g.leader_rank()).peer_address();
         }
+        for (const v1::WriteItem& w : c.pin().assignment().writes()) {
+          for (const v1::ChunkSource& s : w.sources()) {
+            if (s.rank() != r) peers[s.rank()] = agent(s.rank()).peer_address();
+          }
+        }
+      }
+      if (c.has_gather()) {
+        const std::map<uint32_t, std::string> named(c.gather().peer_addresses().begin(),
+                                                    c.gather().peer_addresses().end());
+        EXPECT_EQ(named, peers) << "rank " << r;
       }
     }
     EXPECT_THAT(bodies, ElementsAre("PIN", "COPY", "GATHER", "PERSIST", "COMMITTED"))

@@ -56,16 +56,6 @@ v1::ErrorDetail Detail(v1::ErrorCode code, std::string message) {
   return detail;
 }
 
-v1::PlanRecord PlanToRecord(const GlobalPlan& plan) {
-  v1::PlanRecord record;
-  record.set_fingerprint(plan.fingerprint);
-  for (const auto& a : plan.assignments) *record.add_assignments() = a;
-  for (const auto& t : plan.tensors) *record.add_tensors() = t;
-  for (uint64_t b : plan.bytes_written_by_rank) record.add_bytes_written_by_rank(b);
-  record.set_total_bytes(plan.total_bytes);
-  return record;
-}
-
 std::shared_ptr<const GlobalPlan> PlanFromRecord(const v1::PlanRecord& record) {
   auto plan = std::make_shared<GlobalPlan>();
   plan->fingerprint = record.fingerprint();
@@ -74,6 +64,8 @@ std::shared_ptr<const GlobalPlan> PlanFromRecord(const v1::PlanRecord& record) {
   plan->bytes_written_by_rank.assign(record.bytes_written_by_rank().begin(),
                                      record.bytes_written_by_rank().end());
   plan->total_bytes = record.total_bytes();
+  // Left empty if an assignment does not parse; the PIN replay reports that as DataLoss.
+  FillPeers(plan.get()).IgnoreError();
   return plan;
 }
 
@@ -216,21 +208,23 @@ absl::Status SessionManager::Recover() {
       Session& s = *job.current;
       // Re-issue the current phase's command so reconnecting agents resume.
       if (state == v1::SESSION_STATE_PINNING) {
+        if (s.plan->peers.size() != s.plan->assignments.size() ||
+            s.plan->assignments.size() < s.ranks.size()) {
+          return absl::DataLossError("a stored plan assignment does not parse");
+        }
         for (uint32_t r = 0; r < s.ranks.size(); ++r) {
           v1::Command c;
-          if (!c.mutable_pin()->mutable_assignment()->ParseFromString(s.plan->assignments[r])) {
-            return absl::DataLossError("a stored plan assignment does not parse");
-          }
-          EmitLocked(job, r, std::move(c), out);
+          c.mutable_pin();  // the assignment goes out encoded, from s.plan
+          EmitLocked(job, r, std::move(c), out, s.plan);
         }
       } else if (state == v1::SESSION_STATE_COPYING) {
         v1::Command c;
         c.mutable_copy();
         BroadcastLocked(job, c, out);
       } else if (state == v1::SESSION_STATE_PERSISTING) {
-        v1::Command c;
-        *c.mutable_gather()->mutable_peer_addresses() = s.record.peer_addresses();
-        BroadcastLocked(job, c, out);
+        for (uint32_t r = 0; r < s.ranks.size(); ++r) {
+          EmitLocked(job, r, GatherCommandLocked(s, r), out);
+        }
       } else if (state == v1::SESSION_STATE_COMMITTING) {
         s.commit_pending = options_.coordinator_commits;
         if (!options_.coordinator_commits) {
@@ -255,6 +249,11 @@ absl::Status SessionManager::Recover() {
 
 absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
     const v1::SubmitLocalPlanRequest& request) {
+  return SubmitLocalPlan(v1::SubmitLocalPlanRequest(request));
+}
+
+absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
+    v1::SubmitLocalPlanRequest&& request) {
   const std::string& job_id = request.job_id();
   RETURN_IF_ERROR(registry_->CheckIncarnation(job_id, request.rank(), request.incarnation()));
   std::optional<MeshLayout> layout = registry_->JobLayout(job_id);
@@ -266,11 +265,17 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
                                   options_.planner.max_shards_per_rank));
   }
 
-  // Copy and fingerprint the plan before taking the lock every rank's RPCs share.
+  // Take and fingerprint the plan before taking the lock every rank's RPCs share. The shards
+  // are moved out of the request, not copied: at 1,000 shards per rank a copy of every plan
+  // would be half a GiB more for a moment, and a second of allocation.
   LocalPlan plan;
   plan.rank = request.rank();
-  plan.shards.assign(request.shards().begin(), request.shards().end());
+  plan.shards.reserve(request.shards_size());
+  for (v1::ShardDesc& shard : *request.mutable_shards()) plan.shards.push_back(std::move(shard));
+  request.clear_shards();
   const uint64_t plan_fingerprint = FingerprintLocalPlan(plan);
+  uint64_t plan_bytes = 0;
+  for (const v1::ShardDesc& shard : plan.shards) plan_bytes += shard.nbytes();
 
   Outbox out;
   std::string session_id;
@@ -340,6 +345,7 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
     Session& s = *job.current;
     s.plans[request.rank()] = std::move(plan);
     s.plan_fingerprints[request.rank()] = plan_fingerprint;
+    s.plan_bytes[request.rank()] = plan_bytes;
     session_id = s.record.session_id();
     ++version_;
     if (s.plans.size() == s.ranks.size()) AdvanceLocked(job, out);
@@ -493,14 +499,25 @@ absl::StatusOr<v1::SessionState> SessionManager::ReportChunks(
 
 std::optional<v1::Command> SessionManager::CurrentCommand(const std::string& job_id,
                                                           uint32_t rank) const {
-  absl::MutexLock lock(&mu_);
-  auto it = jobs_.find(job_id);
-  if (it == jobs_.end()) return std::nullopt;
-  if (it->second.current == nullptr) return it->second.last_final;
-  for (const auto& [r, command] : it->second.current->latest) {
-    if (r == rank) return command;
+  std::optional<v1::Command> command;
+  std::shared_ptr<const GlobalPlan> plan;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(job_id);
+    if (it == jobs_.end()) return std::nullopt;
+    if (it->second.current == nullptr) return it->second.last_final;
+    for (const auto& [r, latest] : it->second.current->latest) {
+      if (r == rank) command = latest;
+    }
+    plan = it->second.current->plan;
   }
-  return std::nullopt;
+  // A PIN is kept without its assignment (see Session::latest); parsed here, off the lock.
+  if (command.has_value() && command->has_pin() && plan != nullptr &&
+      rank < plan->assignments.size() &&
+      !command->mutable_pin()->mutable_assignment()->ParseFromString(plan->assignments[rank])) {
+    LogError("the PIN assignment of rank ", rank, " of job ", job_id, " does not parse");
+  }
+  return command;
 }
 
 void SessionManager::OnAgentRegistered(const std::string& job_id, uint32_t rank,
@@ -865,6 +882,8 @@ absl::Status SessionManager::BeginPinningLocked(Job& job, Outbox& out) {
   }
   s.plans.clear();
   s.plan_fingerprints.clear();
+  const absl::btree_map<uint32_t, uint64_t> staged = std::move(s.plan_bytes);
+  s.plan_bytes.clear();
 
   const uint64_t fingerprint = CombineFingerprints(layout, per_rank);
   std::shared_ptr<const GlobalPlan> plan = plan_cache_.Lookup(job.record.job_id(), fingerprint);
@@ -878,12 +897,15 @@ absl::Status SessionManager::BeginPinningLocked(Job& job, Outbox& out) {
     }
     plan = std::make_shared<const GlobalPlan>(*std::move(built));
   }
+  // The local plans are in the global plan now: free them before its record and the PINs
+  // are built, which would otherwise add to the coordinator's peak.
+  std::vector<LocalPlan>().swap(plans);
 
   // Host-RAM admission: the staging every rank of a node pins must fit the node's budget.
   absl::flat_hash_map<std::string, std::pair<uint64_t, uint64_t>> node_need;  // need, budget
-  for (uint32_t r = 0; r < plans.size(); ++r) {
-    uint64_t need = 0;
-    for (const v1::ShardDesc& shard : plans[r].shards) need += shard.nbytes();
+  for (const auto& [r, shard_bytes] : staged) {
+    if (r >= plan->bytes_written_by_rank.size()) continue;
+    uint64_t need = shard_bytes;
     need += plan->bytes_written_by_rank[r];  // a leader's whole gathered boxes
     std::optional<v1::RegisterAgentRequest> reg = registry_->Get(job.record.job_id(), r);
     if (!reg.has_value()) continue;
@@ -921,7 +943,7 @@ absl::Status SessionManager::BeginPinningLocked(Job& job, Outbox& out) {
   if (stored_fingerprint != fingerprint) {
     batch.DeletePrefix(Table::kPlans, KeyPrefix({job.record.job_id()}));
     batch.Put(Table::kPlans, PlanKey(job.record.job_id(), fingerprint),
-              PlanToRecord(*plan).SerializeAsString());
+              EncodePlanRecord(*plan));
     job.record.set_plan_fingerprint(fingerprint);
   }
   if (absl::Status persisted = PersistSessionLocked(job, std::move(batch)); !persisted.ok()) {
@@ -933,13 +955,12 @@ absl::Status SessionManager::BeginPinningLocked(Job& job, Outbox& out) {
   if (!cached) plan_cache_.Insert(job.record.job_id(), plan);
   LogInfo("session ", s.record.session_id(), ": plan ", cached ? "reused" : "validated", " (",
           chunk_count, " chunks, ", plan->total_bytes, " bytes); PINNING");
+  // Each PIN carries its assignment as the plan's encoded bytes (CommandSink::SendPin): a
+  // million-piece plan parsed back into messages would cost more than planning it.
   for (uint32_t r = 0; r < s.ranks.size(); ++r) {
     v1::Command c;
-    if (!c.mutable_pin()->mutable_assignment()->ParseFromString(plan->assignments[r])) {
-      return absl::InternalError("the planner produced an assignment that does not parse");
-    }
     c.mutable_pin()->set_plan_cached(cached);
-    EmitLocked(job, r, std::move(c), out);
+    EmitLocked(job, r, std::move(c), out, plan);
   }
   return absl::OkStatus();
 }
@@ -962,10 +983,26 @@ absl::Status SessionManager::BeginPersistingLocked(Job& job, Outbox& out) {
   }
   EnterStateLocked(s, v1::SESSION_STATE_PERSISTING);
   RETURN_IF_ERROR(PersistSessionLocked(job, StoreBatch()));
-  v1::Command c;
-  *c.mutable_gather()->mutable_peer_addresses() = s.record.peer_addresses();
-  BroadcastLocked(job, c, out);
+  // Each rank gets the addresses of the ranks it exchanges slices with, not all of them:
+  // all of them to every rank is ranks^2 entries (a million at 1,024 ranks).
+  for (uint32_t r = 0; r < s.ranks.size(); ++r) EmitLocked(job, r, GatherCommandLocked(s, r), out);
   return absl::OkStatus();
+}
+
+v1::Command SessionManager::GatherCommandLocked(const Session& session, uint32_t rank) const {
+  v1::Command c;
+  v1::GatherCommand* gather = c.mutable_gather();
+  const auto& all = session.record.peer_addresses();
+  if (session.plan == nullptr || session.plan->peers.size() != session.plan->assignments.size() ||
+      rank >= session.plan->peers.size()) {
+    *gather->mutable_peer_addresses() = all;  // whom it talks to is unknown: everyone
+    return c;
+  }
+  for (uint32_t peer : session.plan->peers[rank]) {
+    auto it = all.find(peer);
+    if (it != all.end()) (*gather->mutable_peer_addresses())[peer] = it->second;
+  }
+  return c;
 }
 
 void SessionManager::HandOutPersistLocked(Job& job, Outbox& out) {
@@ -1193,7 +1230,8 @@ v1::SessionState SessionManager::StateAfterLocked(const Job& job, const Session*
                                                                 : job.last_ended->state();
 }
 
-void SessionManager::EmitLocked(Job& job, uint32_t rank, v1::Command command, Outbox& out) {
+void SessionManager::EmitLocked(Job& job, uint32_t rank, v1::Command command, Outbox& out,
+                                std::shared_ptr<const GlobalPlan> pin_plan) {
   Session& s = *job.current;
   command.set_session_id(s.record.session_id());
   command.set_step(s.record.step());
@@ -1209,7 +1247,7 @@ void SessionManager::EmitLocked(Job& job, uint32_t rank, v1::Command command, Ou
     }
   }
   if (!replaced) s.latest.emplace_back(rank, command);
-  out.emplace_back(job.record.job_id(), rank, std::move(command));
+  out.push_back(Outgoing{job.record.job_id(), rank, std::move(command), std::move(pin_plan)});
 }
 
 void SessionManager::AddRankRef(const Job& job, uint32_t rank, v1::ErrorDetail* error) {
@@ -1332,8 +1370,25 @@ v1::SessionStatus SessionManager::StatusLocked(const Job& job, const Session& s)
 }
 
 void SessionManager::Deliver(Outbox& out) {
-  for (auto& [job_id, rank, command] : out) sink_->Send(job_id, rank, command);
+  for (Outgoing& o : out) {
+    if (o.pin_plan != nullptr && o.rank < o.pin_plan->assignments.size()) {
+      sink_->SendPin(o.job_id, o.rank, o.command, o.pin_plan->assignments[o.rank]);
+    } else {
+      sink_->Send(o.job_id, o.rank, o.command);
+    }
+    o = Outgoing();  // free each command as soon as it is handed over
+  }
   out.clear();
+}
+
+void CommandSink::SendPin(const std::string& job_id, uint32_t rank, const v1::Command& command,
+                          absl::string_view assignment) {
+  v1::Command c = command;
+  if (!c.mutable_pin()->mutable_assignment()->ParseFromArray(
+          assignment.data(), static_cast<int>(assignment.size()))) {
+    LogError("the PIN assignment of rank ", rank, " of job ", job_id, " does not parse");
+  }
+  Send(job_id, rank, c);
 }
 
 }  // namespace tessera

@@ -79,6 +79,13 @@ class CommandSink {
  public:
   virtual ~CommandSink() = default;
   virtual void Send(const std::string& job_id, uint32_t rank, const v1::Command& command) = 0;
+  // Sends `command`, a PIN whose pin().assignment() is left empty, with `assignment` (an
+  // encoded v1::RankAssignment, the plan's bytes) as its assignment. This default parses the
+  // assignment into a copy of the command and calls Send; a sink that serializes anyway can
+  // append the bytes instead (CommandStreams), so that a million-piece plan is never parsed
+  // back into messages to be sent.
+  virtual void SendPin(const std::string& job_id, uint32_t rank, const v1::Command& command,
+                       absl::string_view assignment);
 };
 
 // Commits a checkpoint directory where the coordinator has the storage mounted.
@@ -154,6 +161,9 @@ class SessionManager {
   // than the latest); FailedPrecondition + SESSION_IN_PROGRESS if another step is in flight;
   // InvalidArgument + PLAN_TOO_LARGE over the limits; Unavailable if the store failed.
   absl::StatusOr<std::string> SubmitLocalPlan(const v1::SubmitLocalPlanRequest& request)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // The same, taking the request's shards instead of copying them.
+  absl::StatusOr<std::string> SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Records that a rank reached a phase (or failed in it: `error` aborts the session).
@@ -238,6 +248,9 @@ class SessionManager {
     // FingerprintLocalPlan of each plan, computed as it arrives so that a save whose plans
     // are unchanged finds its cached global plan in microseconds.
     absl::btree_map<uint32_t, uint64_t> plan_fingerprints;
+    // Bytes of each plan's shards (what the rank stages), for the host-RAM admission after
+    // the plans themselves are freed.
+    absl::btree_map<uint32_t, uint64_t> plan_bytes;
     std::shared_ptr<const GlobalPlan> plan;      // PINNING and later
     std::vector<RankProgress> ranks;
     // (key, box as string) -> index into the plan's chunks, and what was reported.
@@ -246,7 +259,9 @@ class SessionManager {
     // (key, box) -> hashes reported by replicas: rank -> digest.
     absl::flat_hash_map<std::string, std::vector<std::pair<uint32_t, uint64_t>>> replica_hashes;
     uint32_t writers_active = 0;
-    std::vector<std::pair<uint32_t, v1::Command>> latest;  // rank -> last command sent
+    // rank -> last command sent. A PIN is kept without its assignment (plan->assignments
+    // has it); CurrentCommand fills it in.
+    std::vector<std::pair<uint32_t, v1::Command>> latest;
     bool commit_pending = false;  // COMMITTING, Tick() must (re)do the commit
   };
   struct Job {
@@ -259,7 +274,15 @@ class SessionManager {
     std::vector<v1::CheckpointInfo> checkpoints;  // newest first
     std::unique_ptr<v1::SessionStatus> last_ended;  // status of the last finished session
   };
-  using Outbox = std::vector<std::tuple<std::string, uint32_t, v1::Command>>;
+  // A command to deliver. A PIN's assignment is `pin_plan->assignments[rank]`, still encoded
+  // (CommandSink::SendPin).
+  struct Outgoing {
+    std::string job_id;
+    uint32_t rank = 0;
+    v1::Command command;
+    std::shared_ptr<const GlobalPlan> pin_plan;
+  };
+  using Outbox = std::vector<Outgoing>;
 
   // Transitions (numbered as in the diagram). Each persists, then queues commands.
   absl::Status BeginPinningLocked(Job& job, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -279,7 +302,13 @@ class SessionManager {
   // The state to answer a report with: the session's, or the ended session's final state.
   v1::SessionState StateAfterLocked(const Job& job, const Session* session) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EmitLocked(Job& job, uint32_t rank, v1::Command command, Outbox& out)
+  // Queues `command` for `rank`. With `pin_plan`, `command` is a PIN without its assignment,
+  // which is pin_plan->assignments[rank].
+  void EmitLocked(Job& job, uint32_t rank, v1::Command command, Outbox& out,
+                  std::shared_ptr<const GlobalPlan> pin_plan = nullptr)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // GATHER for `rank`: the peer addresses of the ranks it exchanges slices with.
+  v1::Command GatherCommandLocked(const Session& session, uint32_t rank) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void BroadcastLocked(Job& job, const v1::Command& command, Outbox& out)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -589,10 +590,8 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
   EXPECT_THAT(RanksSent(v1::Command::kGather, id), ElementsAre(0, 1, 2, 3));
   for (const v1::Command& c : CommandsTo(1, id)) {
-    if (c.has_gather()) {
-      EXPECT_THAT(c.gather().peer_addresses(), SizeIs(4));
-      EXPECT_EQ(c.gather().peer_addresses().at(3), "10.0.0.3:7070");
-    }
+    // No DP-sliced state in these plans: no rank exchanges slices, none needs an address.
+    if (c.has_gather()) EXPECT_THAT(c.gather().peer_addresses(), IsEmpty());
   }
 
   clock_.Advance(absl::Seconds(4));
@@ -810,6 +809,95 @@ TEST_F(SessionManagerTest, Save_SecondSaveSamePlan_PlanCached) {
   const std::string third = SaveAndCommit(30);
   EXPECT_FALSE(Status(third).plan_cached());
   EXPECT_EQ(Status(third).chunks_total(), 4u);
+}
+
+// A distributed optimizer: each DP rank holds a flat slice of its TP box's exp_avg, gathered by
+// one DP leader per box. GATHER tells each rank only the addresses of the ranks it exchanges
+// slices with (its leader, or its senders) — also when replayed after a coordinator restart.
+TEST_F(SessionManagerTest, Save_DpSlicedOptimizerState_GatherNamesOnlyPeers) {
+  StartJob("tp=2,dp=2");
+  for (uint32_t r = 0; r < world(); ++r) {
+    const int64_t tp = mesh_->Coords(r)[0], dp = mesh_->Coords(r)[1];
+    v1::ShardDesc state = Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {});
+    state.set_kind(v1::SHARD_KIND_OPTIMIZER);
+    state.set_state_key("exp_avg");
+    state.mutable_flat_range()->set_begin(8 * dp);
+    state.mutable_flat_range()->set_end(8 * dp + 8);
+    state.set_nbytes(8 * 4);
+    plans_[r] = {Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {"dp"}), state};
+  }
+  const std::string id = SubmitAll(100);
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  PhaseAll(id, v1::AGENT_PHASE_STAGED);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+
+  // Whom each rank exchanges slices with, from its assignment.
+  std::vector<std::map<uint32_t, std::string>> expected(world());
+  int sends = 0;
+  for (uint32_t r = 0; r < world(); ++r) {
+    const v1::RankAssignment a = AssignmentOf(r, id);
+    for (const v1::GatherSend& g : a.sends()) {
+      ++sends;
+      EXPECT_EQ(mesh_->Coords(g.leader_rank())[0], mesh_->Coords(r)[0]);
+      expected[r][g.leader_rank()] = absl::StrCat("10.0.0.", g.leader_rank(), ":7070");
+    }
+    for (const v1::WriteItem& w : a.writes()) {
+      for (const v1::ChunkSource& s : w.sources()) {
+        if (s.rank() != r) expected[r][s.rank()] = absl::StrCat("10.0.0.", s.rank(), ":7070");
+      }
+    }
+    EXPECT_THAT(expected[r], SizeIs(1)) << "rank " << r;  // its DP partner, leader or sender
+  }
+  EXPECT_EQ(sends, 2);  // one slice per TP box travels
+  auto gathers = [&](uint32_t r) {
+    std::vector<std::map<uint32_t, std::string>> seen;
+    for (const v1::Command& c : CommandsTo(r, id)) {
+      if (c.has_gather()) {
+        seen.emplace_back(c.gather().peer_addresses().begin(), c.gather().peer_addresses().end());
+      }
+    }
+    return seen;
+  };
+  for (uint32_t r = 0; r < world(); ++r) {
+    EXPECT_THAT(gathers(r), ElementsAre(expected[r])) << "rank " << r;
+  }
+
+  RestartCoordinator();
+  for (uint32_t r = 0; r < world(); ++r) {
+    EXPECT_THAT(gathers(r), ElementsAre(expected[r])) << "rank " << r << " after a restart";
+    std::optional<v1::Command> replay = manager().CurrentCommand(kJob, r);
+    ASSERT_TRUE(replay.has_value() && replay->has_gather());
+    EXPECT_EQ(replay->gather().peer_addresses_size(), 1);
+  }
+}
+
+// After a restart in PINNING, the replayed PIN carries the whole assignment, as sent first.
+TEST_F(SessionManagerTest, Save_RestartWhilePinning_PinReplayedWithAssignment) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(100);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  std::vector<std::string> first(world());
+  for (uint32_t r = 0; r < world(); ++r) {
+    first[r] = AssignmentOf(r, id).SerializeAsString();
+    std::optional<v1::Command> current = manager().CurrentCommand(kJob, r);
+    ASSERT_TRUE(current.has_value() && current->has_pin());
+    EXPECT_EQ(current->pin().assignment().SerializeAsString(), first[r]);
+  }
+  RestartCoordinator();
+  for (uint32_t r = 0; r < world(); ++r) {
+    std::vector<v1::Command> pins;
+    for (const v1::Command& c : CommandsTo(r, id)) {
+      if (c.has_pin()) pins.push_back(c);
+    }
+    ASSERT_THAT(pins, SizeIs(1)) << "rank " << r;
+    EXPECT_EQ(pins[0].pin().assignment().SerializeAsString(), first[r]);
+    std::optional<v1::Command> current = manager().CurrentCommand(kJob, r);
+    ASSERT_TRUE(current.has_value() && current->has_pin());
+    EXPECT_EQ(current->pin().assignment().SerializeAsString(), first[r]);
+  }
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
 }
 
 TEST_F(SessionManagerTest, Submit_UnknownAgentOrStaleIncarnation_Rejected) {
