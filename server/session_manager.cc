@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <tuple>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -278,6 +279,8 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
   for (const v1::ShardDesc& shard : plan.shards) plan_bytes += shard.nbytes();
 
   Outbox out;
+  // Also on the error returns below: a superseded session's ABORT must reach its agents.
+  absl::Cleanup deliver = [this, &out] { Deliver(out); };
   std::string session_id;
   {
     absl::MutexLock lock(&mu_);
@@ -307,6 +310,29 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
                        absl::StrCat("job ", job_id, " has committed step ",
                                     job.record.latest_committed_step(), "; step ",
                                     request.step(), " is not newer"));
+    }
+    // A late plan re-opened a step that had already aborted (an agent frozen past its lease
+    // submits, after resuming, the step every other rank saw abort), and now a newer step
+    // arrives: the others have moved on, so the re-opened session is superseded rather than
+    // refusing every save until the planning timeout. Only then: otherwise a newer step while
+    // one is PLANNING is a trainer out of step, refused with SESSION_IN_PROGRESS below.
+    // Nothing of a PLANNING session is staged or written.
+    if (job.current != nullptr && job.current->record.state() == v1::SESSION_STATE_PLANNING &&
+        request.step() > job.current->record.step() && job.last_ended != nullptr &&
+        job.last_ended->state() == v1::SESSION_STATE_ABORTED &&
+        job.last_ended->step() == job.current->record.step()) {
+      std::vector<std::string> submitted;
+      for (const auto& [r, unused] : job.current->plans) submitted.push_back(absl::StrCat(r));
+      v1::ErrorDetail superseded = Detail(
+          v1::ERROR_CODE_SUPERSEDED,
+          absl::StrCat("step ", job.current->record.step(), " had already aborted (session ",
+                       job.last_ended->session_id(), ") when rank(s) ",
+                       absl::StrJoin(submitted, ", "), " submitted it again; step ",
+                       request.step(), " from rank ", request.rank(), " supersedes it"));
+      for (const auto& [r, unused] : job.current->plans) AddRankRef(job, r, &superseded);
+      AbortLocked(job, superseded, out);
+      *job.record.mutable_layout() = layout->proto();
+      job.mesh = *layout;
     }
     if (job.current != nullptr) {
       Session& s = *job.current;
@@ -350,7 +376,6 @@ absl::StatusOr<std::string> SessionManager::SubmitLocalPlan(
     ++version_;
     if (s.plans.size() == s.ranks.size()) AdvanceLocked(job, out);
   }
-  Deliver(out);
   return session_id;
 }
 

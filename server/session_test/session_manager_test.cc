@@ -780,6 +780,30 @@ TEST_F(SessionManagerTest, Save_OtherStepInFlight_SessionInProgress) {
   EXPECT_EQ(State(*first), v1::SESSION_STATE_PINNING);
 }
 
+// An agent frozen past its lease submits, after resuming, the step every other rank saw
+// abort. When the others move on to a newer step, that re-opened session gives way.
+TEST_F(SessionManagerTest, Save_LatePlanReopensAbortedStep_NewerStepSupersedesIt) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string aborted = SubmitAll(10);
+  ASSERT_TRUE(manager().AbortSession(kJob, "lost rank 3").ok());
+  absl::StatusOr<std::string> late = Submit(3, 10);  // the late plan opens step 10 again
+  ASSERT_TRUE(late.ok()) << late.status();
+  ASSERT_NE(*late, aborted);
+
+  absl::StatusOr<std::string> newer = Submit(0, 20);
+  ASSERT_TRUE(newer.ok()) << newer.status();
+  EXPECT_EQ(State(*late), v1::SESSION_STATE_ABORTED);
+  const v1::ErrorDetail error = AbortErrorOf(3, *late);
+  EXPECT_EQ(error.code(), v1::ERROR_CODE_SUPERSEDED);
+  EXPECT_THAT(error.message(), HasSubstr("step 20 from rank 0 supersedes it"));
+  ASSERT_EQ(error.ranks_size(), 1);
+  EXPECT_EQ(error.ranks(0).rank(), 3u);
+  // Step 20 goes on normally.
+  for (uint32_t r = 1; r < 4; ++r) ASSERT_TRUE(Submit(r, 20).ok());
+  EXPECT_EQ(State(*newer), v1::SESSION_STATE_PINNING);
+}
+
 TEST_F(SessionManagerTest, Save_StepAlreadyCommitted_StepExists) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
