@@ -79,10 +79,9 @@ TRAINER_TIMEOUT=60
 MODEL=(--layers=2 --dim=128 --optimizer=distributed)
 # A rank frozen past its lease before its plan reached the coordinator submits that plan when
 # it resumes, after the session aborted: the coordinator opens a second session of the same
-# step that only that rank joins, and it waits --planning_timeout_s (default 120 s) while the
-# job's next save is refused with SESSION_IN_PROGRESS. The soak counts these ("orphan
-# sessions") and bounds them with a short planning timeout (SOAK_PLANNING_TIMEOUT_S; set it to
-# 120 to see the default behaviour).
+# step that only that rank joins ("re-opened sessions" in the summary). The next round's save
+# supersedes it (SUPERSEDED); the short planning timeout (SOAK_PLANNING_TIMEOUT_S) only bounds
+# a late plan of the last round.
 COORD_FLAGS=(--keep_last="$KEEP_LAST" --planning_timeout_s="${SOAK_PLANNING_TIMEOUT_S:-8}")
 AGENT_COMMANDS=(pin copy gather persist)  # the coordinator commits itself: no agent gets "commit"
 # COMMITTED included: the restarted coordinator replays the ended session's outcome to the
@@ -122,7 +121,7 @@ summary() {
     "(agents that crashed=$AGENT_CRASHED); saves: committed=$COMMITTED aborted=$ABORTED" \
     "(${reasons%,}) not_started=$NOT_STARTED; verifications run=$VERIFY_RUN passed=$VERIFY_PASS;" \
     "latest reloads run=$LOAD_RUN passed=$LOAD_PASS; retention deferred=$RETENTION_DEFERRED;" \
-    "orphan sessions=$ORPHANS;" \
+    "re-opened sessions=$ORPHANS;" \
     "wall=$((SECONDS - START_S))s; invariants: $verdict"
 }
 
