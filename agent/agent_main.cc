@@ -24,6 +24,7 @@
 #include "agent/lifeline.h"
 #include "agent/loader.h"
 #include "agent/peer/grpc_peer_transport.h"
+#include "agent/peer/peer_address_book.h"
 #include "agent/save_executor.h"
 #include "agent/staging_pool.h"
 #include "agent/storage.h"
@@ -86,28 +87,6 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-// Peer addresses per session, filled from GATHER commands, read by the peer transport.
-class AddressBook {
- public:
-  void Set(const std::string& session, const std::map<uint32_t, std::string>& addresses) {
-    absl::MutexLock lock(&mu_);
-    sessions_[session] = addresses;
-    if (sessions_.size() > 8) sessions_.erase(sessions_.begin());
-  }
-  absl::StatusOr<std::string> Resolve(const std::string& session, uint32_t rank) {
-    absl::MutexLock lock(&mu_);
-    auto s = sessions_.find(session);
-    if (s != sessions_.end()) {
-      auto a = s->second.find(rank);
-      if (a != s->second.end() && !a->second.empty()) return a->second;
-    }
-    return absl::UnavailableError(absl::StrCat("no address known for rank ", rank));
-  }
-
- private:
-  absl::Mutex mu_;
-  std::map<std::string, std::map<uint32_t, std::string>> sessions_ ABSL_GUARDED_BY(mu_);
-};
 
 std::string CommandName(const tessera::v1::Command& c) {
   switch (c.body_case()) {
@@ -201,7 +180,7 @@ int main(int argc, char** argv) {
   tessera::Storage& storage = storage_fault.empty()
                                   ? static_cast<tessera::Storage&>(posix_storage)
                                   : static_cast<tessera::Storage&>(faulty_storage);
-  AddressBook addresses;
+  tessera::PeerAddressBook addresses;  // filled from GATHER commands
   tessera::GrpcPeerTransportOptions peer_options;
   peer_options.rank = urank;
   peer_options.listen_address = absl::GetFlag(FLAGS_peer_listen);
