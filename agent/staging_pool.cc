@@ -117,7 +117,8 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
   }
   // MAP_POPULATE faults every page in now, when the region is created (once per pool), instead
   // of during a save's first copy: a gigabyte of 4 KiB faults costs seconds.
-  void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
+                    MAP_SHARED | (options_.populate ? MAP_POPULATE : 0), fd, 0);
   if (data == MAP_FAILED) return fail(errno, "mmap");
   close(fd);  // the mapping keeps the object alive
   auto region = std::make_unique<Region>(name, data, capacity);

@@ -62,6 +62,12 @@ struct StagingPoolOptions {
   // is a ResourceExhausted error from Acquire() rather than a SIGBUS in the trainer later.
   // Default: true.
   bool reserve = true;
+
+  // Fault every page of a new region in when it is created (MAP_POPULATE), so a save's first
+  // copy into staging takes no page faults. A pool filled by O_DIRECT reads (loads) turns it
+  // off: the reads fault the pages in themselves, overlapped with the device's transfers,
+  // instead of a serial pass that zeroes the whole region first. Default: true.
+  bool populate = true;
 };
 
 // One staging region as handed to a save.

@@ -9,9 +9,12 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -241,6 +244,150 @@ TEST(PosixStorage, ReadAt_PastEnd_OutOfRange) {
   EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
   EXPECT_EQ(IoPath(status), dir + "/short");
   EXPECT_EQ(storage.OpenForRead(dir).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+PosixStorageOptions ReadOptions(bool direct, uint64_t direct_min, bool refuse = false) {
+  PosixStorageOptions options;
+  options.direct_io = direct;
+  options.direct_read_min_bytes = direct_min;
+  options.refuse_direct_reads_for_testing = refuse;
+  return options;
+}
+
+// A file of `size` bytes with a varying pattern, written through the page cache and synced.
+std::string WritePatternFile(const std::string& path, size_t size) {
+  std::string data(size, '\0');
+  for (size_t i = 0; i < size; ++i) data[i] = static_cast<char>(i * 131 + (i >> 12) * 7 + 1);
+  PosixStorage writer(ReadOptions(/*direct=*/false, 0));
+  auto file = writer.OpenForWrite(path);
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return "";
+  EXPECT_TRUE((*file)->WriteAt(0, data.data(), data.size()).ok());
+  EXPECT_TRUE((*file)->Sync().ok());
+  EXPECT_TRUE((*file)->Close().ok());
+  return data;
+}
+
+// Reads [offset, offset + size) into a page-aligned buffer at `misalign` bytes past a page
+// boundary and compares with `data`.
+void ExpectReadMatches(ReadableFile& file, const std::string& data, uint64_t offset,
+                       size_t size, size_t misalign) {
+  SCOPED_TRACE(absl::StrCat("offset ", offset, " size ", size, " misalign ", misalign));
+  auto buf = AlignedBytes(size + misalign + 1, 0);
+  char* dest = buf.get() + misalign;
+  dest[size] = '\x5a';
+  absl::Status s = file.ReadAt(offset, dest, size);
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_TRUE(std::string(dest, size) == data.substr(offset, size)) << "bytes differ";
+  EXPECT_EQ(dest[size], '\x5a') << "wrote past the end";
+}
+
+// Offsets and sizes around 4 KiB boundaries and the file's unaligned tail, into destinations
+// equally aligned with the offset (read in place) and not (through the bounce buffer).
+void CheckDirectReadEdges(const std::string& dir) {
+  const size_t kSize = (9 << 20) + 1234;  // more than two bounce buffers, tail not aligned
+  const std::string data = WritePatternFile(dir + "/data", kSize);
+  ASSERT_EQ(data.size(), kSize);
+  PosixStorage storage(ReadOptions(/*direct=*/true, 0));
+  auto file = storage.OpenForRead(dir + "/data");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const uint64_t k = kDirectIoAlignment;
+  const std::vector<std::pair<uint64_t, size_t>> ranges = {
+      {0, k},               {0, 3 * k},          {k, 5 * k},          // aligned
+      {1, k},               {100, 10},           {k - 1, 2},          // within and across a page
+      {k + 7, 3 * k},       {5, 2 * k - 5},      {3 * k, k + 1},      // unaligned head or tail
+      {k - 3, 8 * k + 6},   {kSize - 1234, 1234}, {kSize - 1, 1},     // both; the tail
+      {kSize - 5000, 5000}, {0, kSize},          {4097, kSize - 4097},  // to the end; all
+  };
+  for (const auto& [offset, size] : ranges) {
+    ExpectReadMatches(**file, data, offset, size, offset % k);  // in place where aligned
+    ExpectReadMatches(**file, data, offset, size, (offset + 1) % k);  // always bounced
+  }
+  if (SupportsDirectIo(dir)) {
+    EXPECT_GT(storage.direct_bytes_read(), 0u);
+    EXPECT_EQ(storage.buffered_bytes_read(), 0u);
+  } else {
+    EXPECT_EQ(storage.direct_bytes_read(), 0u);
+  }
+  // Past the end: OutOfRange naming the path, whether the interior or the tail is missing.
+  for (const auto& [offset, size] : std::vector<std::pair<uint64_t, size_t>>{
+           {kSize - 1234, 1235}, {kSize - 4 * k, 8 * k}, {kSize + 10, 1}, {kSize - 1, 2}}) {
+    auto buf = AlignedBytes(size + 1, 0);
+    for (size_t misalign : {size_t{0}, size_t{1}}) {
+      absl::Status s = (*file)->ReadAt(offset, buf.get() + misalign, size);
+      EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << offset << " " << size << ": " << s;
+      EXPECT_EQ(IoPath(s), dir + "/data");
+    }
+  }
+}
+
+TEST(PosixStorage, DirectReads_AlignmentEdgesAndTail_MatchFile) {
+  CheckDirectReadEdges(MakeTempDir());
+}
+
+TEST(PosixStorage, DirectReads_Tmpfs_AlignmentEdgesAndTail_MatchFile) {
+  struct stat st;
+  if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
+  const std::string dir = MakeTempDir("/dev/shm");
+  CheckDirectReadEdges(dir);
+  PosixStorage storage;
+  EXPECT_TRUE(storage.RemoveTree(dir).ok());
+}
+
+TEST(PosixStorage, DirectReads_Refused_FallBackToPageCache) {
+  const std::string dir = MakeTempDir();
+  const std::string data = WritePatternFile(dir + "/data", (1 << 20) + 100);
+  PosixStorage storage(ReadOptions(/*direct=*/true, 0, /*refuse=*/true));
+  auto file = storage.OpenForRead(dir + "/data");
+  ASSERT_TRUE(file.ok());
+  ExpectReadMatches(**file, data, 0, 1 << 20, 0);
+  ExpectReadMatches(**file, data, 4095, 10000, 4095);
+  ExpectReadMatches(**file, data, 7, (1 << 20) + 93, 0);
+  EXPECT_EQ(storage.direct_bytes_read(), 0u);
+  EXPECT_EQ(storage.buffered_bytes_read(), (1u << 20) + 10000 + (1 << 20) + 93);
+  char c;
+  EXPECT_EQ((*file)->ReadAt(data.size(), &c, 1).code(), absl::StatusCode::kOutOfRange);
+}
+
+TEST(PosixStorage, Reads_DirectIoDisabledOrSmall_ThroughPageCache) {
+  const std::string dir = MakeTempDir();
+  const std::string data = WritePatternFile(dir + "/data", 1 << 20);
+  PosixStorage disabled(ReadOptions(/*direct=*/false, 0));
+  auto file = disabled.OpenForRead(dir + "/data");
+  ASSERT_TRUE(file.ok());
+  ExpectReadMatches(**file, data, 0, 1 << 20, 0);
+  EXPECT_EQ(disabled.direct_bytes_read(), 0u);
+  EXPECT_EQ(disabled.buffered_bytes_read(), 1u << 20);
+
+  // Defaults: small reads through the page cache, large ones around it.
+  PosixStorage storage;
+  file = storage.OpenForRead(dir + "/data");
+  ASSERT_TRUE(file.ok());
+  ExpectReadMatches(**file, data, 4096, 4096, 0);
+  EXPECT_EQ(storage.buffered_bytes_read(), 4096u);
+  ExpectReadMatches(**file, data, 0, 1 << 20, 0);
+  if (SupportsDirectIo(dir)) {
+    EXPECT_EQ(storage.direct_bytes_read(), 1u << 20);
+  }
+}
+
+TEST(PosixStorage, DirectReads_ConcurrentUnalignedRanges_EachMatches) {
+  const std::string dir = MakeTempDir();
+  const size_t kPiece = (1 << 20) + 333;
+  const std::string data = WritePatternFile(dir + "/data", 4 * kPiece);
+  PosixStorage storage(ReadOptions(/*direct=*/true, 0));
+  auto file = storage.OpenForRead(dir + "/data");
+  ASSERT_TRUE(file.ok());
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (size_t misalign : {size_t{0}, size_t{17}}) {
+        ExpectReadMatches(**file, data, t * kPiece, kPiece, misalign);
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(storage.direct_bytes_read() + storage.buffered_bytes_read(), 8 * kPiece);
 }
 
 TEST(PosixStorage, WriteAfterClose_ErrorNotCrash) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 #include <utility>
@@ -71,19 +72,28 @@ struct WorkItem {
   std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
 };
 
-// A reusable scratch buffer, uninitialized.
+// A reusable scratch buffer, uninitialized, aligned for O_DIRECT (agent/storage.h) so spans
+// read through it still bypass the page cache without a second bounce in the storage.
 class Bounce {
  public:
+  // nullptr if memory is exhausted.
   char* Get(uint64_t size) {
     if (size > capacity_) {
-      data_.reset(new char[size]);
+      data_.reset();
+      capacity_ = 0;
+      void* mem = nullptr;
+      if (posix_memalign(&mem, kDirectIoAlignment, size) != 0) return nullptr;
+      data_.reset(static_cast<char*>(mem));
       capacity_ = size;
     }
     return data_.get();
   }
 
  private:
-  std::unique_ptr<char[]> data_;
+  struct Free {
+    void operator()(char* p) const { free(p); }
+  };
+  std::unique_ptr<char, Free> data_;
   uint64_t capacity_ = 0;
 };
 
@@ -118,6 +128,10 @@ absl::Status ServeWorkItem(const WorkItem& item, ReadableFile& file, Bounce& bou
     const bool direct = pos == begin && run_end(r) >= end;
     char* target = direct ? item.dest + runs[r].dest_offset + (begin - runs[r].chunk_offset)
                           : bounce.Get(end - begin);
+    if (target == nullptr) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "no memory for a ", end - begin, "-byte read buffer (", file.path(), ")"));
+    }
     RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
     stats.read_calls.fetch_add(1, std::memory_order_relaxed);
     stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);

@@ -15,8 +15,12 @@
 // blocks are grouped into spans of consecutive blocks, read with one ReadAt each (at most
 // max_read_bytes), verified against the manifest's XXH3 of every block, and only then copied
 // to the destination. A span that one run covers entirely is read straight into the
-// destination (the common case: whole chunks, row slices); otherwise it goes through a bounce
-// buffer. Cost of verifying: a run that covers part of a block still reads the whole block —
+// destination (the common case: whole chunks, row slices); otherwise it goes through a
+// page-aligned bounce buffer. `parallelism` threads serve the spans, so that many reads are in
+// flight while a thread verifies what it has read. With PosixStorage, large reads bypass the
+// page cache (agent/storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data files, so
+// whole chunks and row slices land in page-aligned destinations (the agent's staging) with no
+// copy at all. Cost of verifying: a run that covers part of a block still reads the whole block —
 // up to 2 x block_size extra bytes per span (4 MiB blocks by default), which matters only for
 // scattered small reads such as a narrow column slice of a row-major matrix, where each row
 // touches its own block.
@@ -100,12 +104,15 @@ struct ReadStats {
 };
 
 struct CheckpointReaderOptions {
-  // Largest single ReadAt, rounded down to whole checksum blocks (at least one block).
-  // Default: 64 MiB.
-  uint64_t max_read_bytes = 64ull << 20;
+  // Largest single ReadAt, rounded down to whole checksum blocks (at least one block). Large
+  // enough for the device to stream (fio reaches full sequential bandwidth from 4 MiB
+  // requests), small enough that `parallelism` reads stay in flight while a thread verifies
+  // the span it has just read, and that the last span's checksum, verified after the I/O
+  // ends, is short. Default: 8 MiB.
+  uint64_t max_read_bytes = 8ull << 20;
 
-  // Chunks read concurrently by one Read call (each thread holds one bounce buffer of up to
-  // max_read_bytes). Default: 4.
+  // Read windows served concurrently by one Read call: the reads in flight (each thread
+  // holds one bounce buffer of up to max_read_bytes). Default: 4.
   int parallelism = 4;
 };
 

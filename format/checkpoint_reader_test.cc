@@ -3,7 +3,10 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <cstdlib>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -54,8 +57,20 @@ v1::FlatRange Range(int64_t begin, int64_t end) {
 // A checkpoint saved with a PP2 x TP2 style layout: every 2-d weight cut into a 2 x 2 grid
 // with one piece per rank file, plus optimizer state gathered per row block, a 3-d tensor, a
 // replicated norm, a scalar, an extra and an absent optimizer state.
-class CheckpointReaderTest : public ::testing::Test {
+//
+// Parameter: whether every read, however small, bypasses the page cache (O_DIRECT with the
+// storage's bounce buffers for unaligned ends) or none does.
+PosixStorageOptions StorageOptions(bool direct) {
+  PosixStorageOptions options;
+  options.direct_io = direct;
+  options.direct_read_min_bytes = 0;
+  return options;
+}
+
+class CheckpointReaderTest : public ::testing::TestWithParam<bool> {
  protected:
+  CheckpointReaderTest() : storage_(StorageOptions(GetParam())) {}
+
   void SetUp() override {
     dir_ = MakeTempDir("checkpoint_reader_test");
     ASSERT_FALSE(dir_.empty());
@@ -153,7 +168,7 @@ class CheckpointReaderTest : public ::testing::Test {
   v1::Manifest manifest_;
 };
 
-TEST_F(CheckpointReaderTest, Read_WholeTensors_MatchSavedBytes) {
+TEST_P(CheckpointReaderTest, Read_WholeTensors_MatchSavedBytes) {
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   for (const TestTensor& t : tensors_) {
@@ -162,7 +177,7 @@ TEST_F(CheckpointReaderTest, Read_WholeTensors_MatchSavedBytes) {
   }
 }
 
-TEST_F(CheckpointReaderTest, Read_ReshardedBoxes_MatchReference) {
+TEST_P(CheckpointReaderTest, Read_ReshardedBoxes_MatchReference) {
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   // Row slice crossing the row-chunk boundary at 4 (e.g. loading on PP1 x TP4 along rows).
@@ -183,7 +198,7 @@ TEST_F(CheckpointReaderTest, Read_ReshardedBoxes_MatchReference) {
   ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({3, 4}, {0, 8}));
 }
 
-TEST_F(CheckpointReaderTest, Read_RandomRegions_MatchReference) {
+TEST_P(CheckpointReaderTest, Read_RandomRegions_MatchReference) {
   std::mt19937_64 gen(2024);
   auto uniform = [&](int64_t lo, int64_t hi) {  // [lo, hi]
     return std::uniform_int_distribution<int64_t>(lo, hi)(gen);
@@ -215,7 +230,7 @@ TEST_F(CheckpointReaderTest, Read_RandomRegions_MatchReference) {
   }
 }
 
-TEST_F(CheckpointReaderTest, Read_SeveralRequestsAtOnce_EachFilled) {
+TEST_P(CheckpointReaderTest, Read_SeveralRequestsAtOnce_EachFilled) {
   std::unique_ptr<CheckpointReader> reader = Open(CheckpointReaderOptions{64, 3});
   ASSERT_NE(reader, nullptr);
   std::string a, b, c, d, e;
@@ -235,7 +250,7 @@ TEST_F(CheckpointReaderTest, Read_SeveralRequestsAtOnce_EachFilled) {
   EXPECT_EQ(e, Tensor("rng#rank3").data);
 }
 
-TEST_F(CheckpointReaderTest, Plan_RowSlice_RunsFromBothRowChunks) {
+TEST_P(CheckpointReaderTest, Plan_RowSlice_RunsFromBothRowChunks) {
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   std::string dest;
@@ -261,7 +276,7 @@ TEST_F(CheckpointReaderTest, Plan_RowSlice_RunsFromBothRowChunks) {
   }
 }
 
-TEST_F(CheckpointReaderTest, Read_StateAbsent_FlagSetAndDestinationUntouched) {
+TEST_P(CheckpointReaderTest, Read_StateAbsent_FlagSetAndDestinationUntouched) {
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   std::string dest;
@@ -281,7 +296,7 @@ TEST_F(CheckpointReaderTest, Read_StateAbsent_FlagSetAndDestinationUntouched) {
   EXPECT_EQ(absent_dest, std::string(absent_dest.size(), '\x77'));
 }
 
-TEST_F(CheckpointReaderTest, Read_BadRequests_InvalidArgumentNamingKey) {
+TEST_P(CheckpointReaderTest, Read_BadRequests_InvalidArgumentNamingKey) {
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   std::string dest;
@@ -320,7 +335,7 @@ TEST_F(CheckpointReaderTest, Read_BadRequests_InvalidArgumentNamingKey) {
   EXPECT_EQ(reader->Read({range}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(CheckpointReaderTest, Read_FlippedByte_ChecksumMismatchNamingTensorChunkFileBlock) {
+TEST_P(CheckpointReaderTest, Read_FlippedByte_ChecksumMismatchNamingTensorChunkFileBlock) {
   // Chunk 1 of wq: rows 0..3, columns 6..11, 96 bytes in blocks of 64: flip a byte of block 1.
   const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
   ASSERT_EQ(chunk.block_xxh3_size(), 2);
@@ -347,7 +362,7 @@ TEST_F(CheckpointReaderTest, Read_FlippedByte_ChecksumMismatchNamingTensorChunkF
   ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 6}, {2, 6}));
 }
 
-TEST_F(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
+TEST_P(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
   // Drop the chunk holding wq rows 4..7, columns 0..5.
   RewriteManifest([](v1::Manifest& m) {
     m.mutable_tensors(0)->mutable_chunks()->DeleteSubrange(2, 1);
@@ -366,7 +381,7 @@ TEST_F(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
   ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({4, 6}, {4, 6}));
 }
 
-TEST_F(CheckpointReaderTest, Read_OverlappingChunks_DataLoss) {
+TEST_P(CheckpointReaderTest, Read_OverlappingChunks_DataLoss) {
   RewriteManifest([](v1::Manifest& m) {
     *m.mutable_tensors(0)->add_chunks() = m.tensors(0).chunks(0);
   });
@@ -378,7 +393,7 @@ TEST_F(CheckpointReaderTest, Read_OverlappingChunks_DataLoss) {
   EXPECT_THAT(s.message(), HasSubstr("more than one chunk"));
 }
 
-TEST_F(CheckpointReaderTest, Read_TruncatedFile_DataLossNamingFile) {
+TEST_P(CheckpointReaderTest, Read_TruncatedFile_DataLossNamingFile) {
   const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(3);
   const std::string path = JoinPath(dir_, chunk.file());
   ASSERT_EQ(truncate(path.c_str(), chunk.offset() + 10), 0);
@@ -392,7 +407,7 @@ TEST_F(CheckpointReaderTest, Read_TruncatedFile_DataLossNamingFile) {
   EXPECT_EQ(GetErrorDetail(s)->path(), path);
 }
 
-TEST_F(CheckpointReaderTest, Read_MissingFile_DataLossNamingFile) {
+TEST_P(CheckpointReaderTest, Read_MissingFile_DataLossNamingFile) {
   ASSERT_TRUE(storage_.RemoveTree(JoinPath(dir_, DataFileName(2))).ok());
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
@@ -404,11 +419,16 @@ TEST_F(CheckpointReaderTest, Read_MissingFile_DataLossNamingFile) {
   ExpectReadMatches(*reader, "norm.weight", FullBox({12}));
 }
 
-TEST_F(CheckpointReaderTest, Open_NoManifest_NotFound) {
+TEST_P(CheckpointReaderTest, Open_NoManifest_NotFound) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
       CheckpointReader::Open(&storage_, JoinPath(dir_, "missing"));
   EXPECT_EQ(GetErrorCode(reader.status()), v1::ERROR_CODE_CHECKPOINT_NOT_FOUND);
 }
+
+INSTANTIATE_TEST_SUITE_P(PageCacheAndDirect, CheckpointReaderTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "Direct" : "PageCache";
+                         });
 
 // Block-level accounting on a 64 x 16 F32 tensor in one chunk, one 64-byte block per row.
 TEST(CheckpointReaderIoTest, Read_PartOfChunk_ReadsOnlyTouchedBlocks) {
@@ -453,6 +473,58 @@ TEST(CheckpointReaderIoTest, Read_PartOfChunk_ReadsOnlyTouchedBlocks) {
   stats = read(MakeBox({0, 3}, {64, 1}), std::nullopt);
   EXPECT_EQ(stats.bytes_read, 64u * 64);
   EXPECT_EQ(stats.bytes_copied, 64u * 4);
+}
+
+// A 1 MiB tensor in two row chunks with 4 KiB blocks, the shape of a real load: whole chunks
+// and row slices go to the destination in place with O_DIRECT, column slices through the
+// reader's aligned bounce buffer; page-aligned and misaligned destinations match alike.
+TEST(CheckpointReaderIoTest, Read_LargeChunksDirect_InPlaceAndBounced_MatchReference) {
+  PosixStorage storage(StorageOptions(/*direct=*/true));
+  const std::string dir = MakeTempDir("checkpoint_reader_direct_test");
+  TestTensor t = RandomTensor("w", v1::DTYPE_F32, {256, 1024}, 9);
+  t.chunks = GridChunks(t.shape, {2, 1}, 1);
+  testing_checkpoint::TestCheckpointOptions options;
+  options.block_size = 4096;
+  ASSERT_TRUE(testing_checkpoint::WriteTestCheckpoint(storage, dir, {t}, options).ok());
+  CheckpointReaderOptions reader_options;
+  reader_options.max_read_bytes = 64 << 10;  // many windows, so several threads read
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::Open(&storage, dir, reader_options);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+
+  const std::vector<std::pair<Box, std::optional<v1::FlatRange>>> regions = {
+      {FullBox(t.shape), std::nullopt},                      // both chunks whole
+      {MakeBox({100, 0}, {60, 1024}), std::nullopt},         // rows across the chunk boundary
+      {MakeBox({3, 0}, {250, 1024}), Range(1000, 200000)},   // a distributed-optimizer slice
+      {MakeBox({0, 512}, {256, 512}), std::nullopt},         // right half: bounced per row
+      {MakeBox({127, 5}, {2, 3}), std::nullopt},             // a few elements
+  };
+  for (const auto& [box, range] : regions) {
+    const std::string want = Reference(t, box, range);
+    for (size_t misalign : {size_t{0}, size_t{4}}) {
+      SCOPED_TRACE(absl::StrCat(BoxToString(box), " misalign ", misalign));
+      void* mem = nullptr;
+      ASSERT_EQ(posix_memalign(&mem, kDirectIoAlignment, want.size() + misalign), 0);
+      std::unique_ptr<char, decltype(&free)> buf(static_cast<char*>(mem), &free);
+      memset(buf.get(), 0x77, want.size() + misalign);
+      ReadRequest r{"w", v1::DTYPE_F32, t.shape, box, range, buf.get() + misalign, want.size()};
+      ReadStats stats;
+      absl::StatusOr<std::vector<ReadResult>> results = (*reader)->Read({r}, &stats);
+      ASSERT_TRUE(results.ok()) << results.status();
+      EXPECT_TRUE(std::string(buf.get() + misalign, want.size()) == want) << "bytes differ";
+      EXPECT_EQ(stats.bytes_copied, want.size());
+    }
+  }
+  EXPECT_GT(storage.direct_bytes_read(), 0u);
+
+  // A corrupt block is still caught on the direct path.
+  const v1::ChunkEntry& second = (*reader)->manifest().tensors(0).chunks(1);
+  FlipByte(JoinPath(dir, second.file()), second.offset() + 5000);
+  std::string dest(Reference(t, FullBox(t.shape)).size(), '\0');
+  ReadRequest r{"w", v1::DTYPE_F32, t.shape, FullBox(t.shape), std::nullopt, dest.data(),
+                dest.size()};
+  absl::StatusOr<std::vector<ReadResult>> results = (*reader)->Read({r});
+  EXPECT_EQ(GetErrorCode(results.status()), v1::ERROR_CODE_CHECKSUM_MISMATCH) << results.status();
 }
 
 }  // namespace
