@@ -291,9 +291,16 @@ absl::StatusOr<std::unique_ptr<StagingOwnership>> StagingOwnership::Acquire(
     close(fd);
     return ErrnoToStatus(err, "write", name);
   }
-  return std::unique_ptr<StagingOwnership>(new StagingOwnership(fd));
+  return std::unique_ptr<StagingOwnership>(new StagingOwnership(fd, name));
 }
 
-StagingOwnership::~StagingOwnership() { close(fd_); }
+StagingOwnership::~StagingOwnership() {
+  // Unlink while still holding the lock: an agent starting now either fails on the lock or
+  // creates a fresh object. (One that opened the old object just before and locks it after
+  // this close would share ownership with a third agent creating the new object: three
+  // agents of one rank racing; not worth a second lock.)
+  shm_unlink(name_.c_str());
+  close(fd_);
+}
 
 }  // namespace tessera

@@ -191,13 +191,14 @@ class StagingOwnership {
   // the object); Internal (with errno) if the object cannot be opened or locked.
   static absl::StatusOr<std::unique_ptr<StagingOwnership>> Acquire(absl::string_view job_id,
                                                                    uint32_t rank);
-  ~StagingOwnership();  // releases the claim; the tiny object stays for the next owner
+  ~StagingOwnership();  // releases the claim and removes the object
   StagingOwnership(const StagingOwnership&) = delete;
   StagingOwnership& operator=(const StagingOwnership&) = delete;
 
  private:
-  explicit StagingOwnership(int fd) : fd_(fd) {}
+  StagingOwnership(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
   int fd_;
+  std::string name_;
 };
 
 }  // namespace tessera
