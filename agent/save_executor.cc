@@ -104,9 +104,31 @@ void SaveExecutor::TrainerGone(uint64_t ticket) {
 }
 
 void SaveExecutor::Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done) {
-  Post([this, session_id, stall_ns, done = std::move(done)]() mutable {
-    DoStaged(session_id, stall_ns, std::move(done));
-  });
+  // Decided here, on the caller's thread, rather than after the worker's queue: the trainer
+  // is blocked until `done`. The snapshot is in staging, so the trainer goes back to training
+  // now, not after the STAGED report's round trip to the coordinator (which persists the state
+  // change: a millisecond or more of blocked time, seconds while it is unreachable). What
+  // becomes of the session from here (the report refused because the coordinator aborted it
+  // meanwhile, or any later failure) reaches the trainer through WaitCommitted, as a failure
+  // while persisting does.
+  absl::Status refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    Session* s = FindLocked(session_id);
+    if (s == nullptr) {
+      refusal = absl::NotFoundError(absl::StrCat("no session ", session_id, " on this agent"));
+    } else if (!s->outcome.ok()) {
+      refusal = s->outcome;
+    } else if (s->coordinator_abort.has_value()) {
+      refusal = *s->coordinator_abort;  // its DoEnd is still queued
+    } else if (s->phase != Phase::kCopying) {
+      refusal = absl::FailedPreconditionError("Staged() before the slots were handed out");
+    } else {
+      s->phase = Phase::kStaged;
+    }
+  }
+  done(refusal);
+  if (refusal.ok()) Post([this, session_id, stall_ns] { DoStaged(session_id, stall_ns); });
 }
 
 void SaveExecutor::WaitCommitted(int64_t step, absl::Time deadline, CommitDone done) {
@@ -156,7 +178,9 @@ void SaveExecutor::OnCommand(const v1::Command& command) {
       Post([this, id, pin = command.pin()] { DoPin(id, pin); });
       break;
     case v1::Command::kCopy:
-      Post([this, id] { DoCopy(id); });
+      // Handed out here, not after the worker's queue: the worker is usually still inside
+      // the PINNED report's RPC when COPY arrives, and the trainer is blocked until then.
+      DoCopy(id);
       break;
     case v1::Command::kGather:
       Post([this, id, gather = command.gather()] { DoGather(id, gather); });
@@ -347,41 +371,29 @@ void SaveExecutor::DoCopy(const std::string& session_id) {
   if (done) {
     done(std::move(response));
   } else {
-    Fail(session_id, v1::ERROR_CODE_AGENT_LOST,
-         absl::AbortedError(absl::StrCat("no trainer of rank ", options_.rank,
-                                         " is waiting to copy its snapshot")));
+    Post([this, session_id] {
+      Fail(session_id, v1::ERROR_CODE_AGENT_LOST,
+           absl::AbortedError(absl::StrCat("no trainer of rank ", options_.rank,
+                                           " is waiting to copy its snapshot")));
+    });
   }
 }
 
-void SaveExecutor::DoStaged(const std::string& session_id, uint64_t stall_ns, StatusDone done) {
-  absl::Status refusal;
+void SaveExecutor::DoStaged(const std::string& session_id, uint64_t stall_ns) {
   {
     absl::MutexLock lock(&mu_);
     Session* s = FindLocked(session_id);
-    if (s == nullptr) {
-      refusal = absl::NotFoundError(absl::StrCat("no session ", session_id, " on this agent"));
-    } else if (!s->outcome.ok()) {
-      refusal = s->outcome;
-    } else if (s->phase != Phase::kCopying) {
-      refusal = absl::FailedPreconditionError("Staged() before the slots were handed out");
-    } else {
-      s->phase = Phase::kStaged;
-    }
-  }
-  if (!refusal.ok()) {
-    done(refusal);
-    return;
+    if (s == nullptr || s->phase != Phase::kStaged) return;  // ended meanwhile
   }
   absl::Status reported = ReportPhase(session_id, v1::AGENT_PHASE_STAGED, nullptr, 0, stall_ns);
   if (reported.code() == absl::StatusCode::kUnavailable ||
       reported.code() == absl::StatusCode::kDeadlineExceeded) {
-    // The snapshot is staged whatever the coordinator's state: the report is kept and re-sent
-    // when the agent re-registers, so the trainer goes back to training.
+    // Kept, and re-sent when the agent re-registers.
     LogWarning("STAGED report for ", session_id, " not delivered (", reported.message(),
                "); will re-send after reconnecting");
-    reported = absl::OkStatus();
+  } else if (!reported.ok()) {
+    LogWarning("STAGED report for ", session_id, " refused: ", reported.ToString());
   }
-  done(reported);
 }
 
 void SaveExecutor::DoGather(const std::string& session_id, const v1::GatherCommand& gather) {

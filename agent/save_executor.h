@@ -27,10 +27,13 @@
 // for its verdict is re-submitted, so the coordinator can resume (SessionManager::Recover).
 //
 // Blocking work (RPCs, peer exchange, writes) runs on one worker thread, in order; commands
-// and trainer calls only enqueue. ABORT also cancels an exchange in progress at once.
+// and trainer calls only enqueue, except the two steps the trainer waits on: COPY hands out
+// the slots and Staged() answers the trainer at once, on the caller's thread (both only
+// change the session under the lock). ABORT also cancels an exchange in progress at once.
 //
-// Thread-safety: all public methods are safe for concurrent use; callbacks run on the worker
-// thread with no lock held.
+// Thread-safety: all public methods are safe for concurrent use; callbacks run with no lock
+// held, on the worker thread or on the thread of the call that decided them (OnCommand for
+// BeginSave's slots, Staged(), WaitCommitted() when the outcome is known).
 #ifndef TESSERA_AGENT_SAVE_EXECUTOR_H_
 #define TESSERA_AGENT_SAVE_EXECUTOR_H_
 
@@ -115,8 +118,12 @@ class SaveExecutor {
   // affected.
   void TrainerGone(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Trainer: finished copying into `session_id`'s slots. `done` once STAGED is reported.
-  // Errors: NotFound for an unknown session; Aborted if it aborted; what ReportPhase returns.
+  // Trainer: finished copying into `session_id`'s slots. Records STAGED and calls `done` at
+  // once, on the calling thread; the STAGED report to the coordinator follows on the worker
+  // (the trainer's blocked time does not include that round trip; a refused report surfaces
+  // through WaitCommitted).
+  // Errors: NotFound for an unknown session; the abort error if it aborted (as this agent
+  // knows); FailedPrecondition before the slots were handed out.
   void Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -183,8 +190,10 @@ class SaveExecutor {
   // Worker-thread steps.
   void DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done, uint64_t ticket);
   void DoPin(const std::string& session_id, const v1::PinCommand& pin);
+  // Runs on the command stream's thread (OnCommand), not the worker; never blocks.
   void DoCopy(const std::string& session_id);
-  void DoStaged(const std::string& session_id, uint64_t stall_ns, StatusDone done);
+  // Reports STAGED (Staged() already moved the session there and answered the trainer).
+  void DoStaged(const std::string& session_id, uint64_t stall_ns);
   void DoGather(const std::string& session_id, const v1::GatherCommand& gather);
   void DoPersist(const std::string& session_id, const std::string& tmp_dir);
   void DoCommit(const std::string& session_id, const v1::CommitCommand& commit);

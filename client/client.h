@@ -17,8 +17,11 @@
 // the session then aborts on the coordinator's COPYING timeout.
 //
 // A load: Load(step | -1 for latest, tensors) sends the pieces wanted in the current layout;
-// the agent reads, reshards and verifies them into staging; the client copies them out into
-// each TensorRef (host memcpy or cudaMemcpy host->device) and releases the staging.
+// the agent reads, reshards and verifies them into staging; the client maps the load region
+// read-only (faulted in by the copy threads, not in advance), copies the pieces out into each
+// TensorRef (host memcpy on the copy threads, or cudaMemcpy host->device), unmaps it and only
+// then releases it: the agent frees the region off the trainer's path, whereas an unmap after
+// the release would be the last reference and pay for freeing its pages inside Load.
 //
 // Lifecycle: Connect() once per trainer process (after the agent registered); the Client is
 // kept for the whole run. The staging mapping of the last save is cached and reused while the
@@ -77,12 +80,14 @@ struct ClientOptions {
   // Default: 5 s.
   absl::Duration wait_committed_grace = absl::Seconds(5);
 
-  // Most threads that copy host tensors into (or out of) staging. Default: 4.
+  // Most threads that copy host tensors into (or out of) staging, the calling thread
+  // included; capped at the CPUs this process may run on (UsableCpus()). Default: 4.
   int copy_threads = 4;
 
-  // Host copies totalling more bytes than this are split across `copy_threads` threads.
-  // Default: 64 MiB.
-  uint64_t parallel_copy_min_bytes = uint64_t{64} << 20;
+  // Host copies totalling more bytes than this are split across the copy threads (starting
+  // the extra threads costs tens of microseconds; one core copies 1 MiB in about 100).
+  // Default: 4 MiB.
+  uint64_t parallel_copy_min_bytes = uint64_t{4} << 20;
 
   // Page-lock the staging mapping in this process (cudaHostRegister) when a save has CUDA
   // tensors, so device->host copies run at full bandwidth. Pinning is per process: the
@@ -211,6 +216,8 @@ class Client {
   void CountMap();
 
   const ClientOptions options_;
+  // options_.copy_threads capped at UsableCpus() (at Connect).
+  const int copy_threads_;
   const std::unique_ptr<v1::Agent::Stub> stub_;  // thread-safe
   const v1::AgentIdentity identity_;
 

@@ -3,8 +3,10 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <fstream>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -12,6 +14,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -78,6 +81,18 @@ std::string SocketDir() {
   return "/tmp";
 }
 
+// How many mappings of shared-memory region `name` ("/tessera-...") this process holds.
+int MappingsOf(const std::string& name) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.size() > name.size() && line.compare(line.size() - name.size(), name.size(), name) == 0) {
+      ++n;
+    }
+  }
+  return n;
+}
+
 // The agent's side of the protocol, scripted: real shared memory from a StagingPool, slots laid
 // out with gaps, and a record of every request.
 class FakeAgent final : public v1::Agent::Service {
@@ -107,6 +122,9 @@ class FakeAgent final : public v1::Agent::Service {
   std::set<std::string> absent_states ABSL_GUARDED_BY(mu);  // "fqn/state_key" absent on load
   std::vector<v1::LoadRequest> load_requests ABSL_GUARDED_BY(mu);
   std::vector<std::string> released ABSL_GUARDED_BY(mu);
+  // At each ReleaseLoad: the mappings of the load region in this process (the fake's own
+  // pool mapping is one; a client that unmaps before releasing adds none).
+  std::vector<int> mappings_at_release ABSL_GUARDED_BY(mu);
 
   // Xxh3 of the whole region of the last BeginSave.
   uint64_t RegionHash() {
@@ -207,6 +225,7 @@ class FakeAgent final : public v1::Agent::Service {
                            v1::ReleaseLoadResponse*) override {
     absl::MutexLock lock(&mu);
     released.push_back(request->load_id());
+    mappings_at_release.push_back(MappingsOf(region_.name));
     return grpc::Status::OK;
   }
 
@@ -737,7 +756,8 @@ TEST_F(ClientTest, Save_LargeTotal_ThreadedCopyByteExact) {
   absl::StatusOr<SaveResult> result =
       client->Save(9, {HostRef("a", &a), HostRef("b", &b), HostRef("c", &c)});
   ASSERT_TRUE(result.ok()) << result.status();
-  EXPECT_EQ(client->stats().last_copy_threads, 4);
+  // The default 4 threads, but no more than this machine's CPUs.
+  EXPECT_EQ(client->stats().last_copy_threads, std::min(4, UsableCpus()));
   absl::MutexLock lock(&fake_->mu);
   const FakeAgent::Snapshot& staged = fake_->staged[0];
   EXPECT_EQ(staged.slot_hashes[0], Xxh3(a.data(), a.size()));
@@ -875,6 +895,27 @@ TEST_F(ClientTest, Load_CopiesSlotsIntoDestinations_ReportsAbsentAndReleases) {
   EXPECT_EQ(request.shards(1).flat_range().end(), 12);
   EXPECT_EQ(request.shards(2).state_key(), "exp_avg_sq");
   EXPECT_THAT(fake_->released, ElementsAre("load-1"));
+  // The client unmapped the load region before releasing it (only the fake's own mapping
+  // is left): after the release its mapping could be the last, and unmapping it free the
+  // region's pages inside Load.
+  EXPECT_THAT(fake_->mappings_at_release, ElementsAre(1));
+}
+
+TEST_F(ClientTest, Load_LargeTotal_ThreadedCopyByteExact) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // Above parallel_copy_min_bytes, odd sizes: per-thread runs start and end inside tensors.
+  std::vector<uint8_t> a(5 * kMiB + 3, 0), b(3 * kMiB + 1, 0), c(7, 0);
+  absl::StatusOr<LoadResult> result =
+      client->Load(3, {HostRef("a", &a), HostRef("b", &b), HostRef("c", &c)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(Xxh3(a.data(), a.size()), Xxh3(Pattern(a.size(), 1000).data(), a.size()));
+  EXPECT_EQ(Xxh3(b.data(), b.size()), Xxh3(Pattern(b.size(), 1001).data(), b.size()));
+  EXPECT_EQ(c, Pattern(c.size(), 1002));
+  EXPECT_EQ(client->stats().staging_maps, 1u);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->released, ElementsAre("load-1"));
+  EXPECT_THAT(fake_->mappings_at_release, ElementsAre(1));
 }
 
 TEST_F(ClientTest, Load_SaveRegionReused_NoExtraMapping) {
@@ -886,6 +927,8 @@ TEST_F(ClientTest, Load_SaveRegionReused_NoExtraMapping) {
   ASSERT_TRUE(client->Load(1, {HostRef("a", &into)}).ok());
   EXPECT_EQ(into, Pattern(4096, 1000));
   EXPECT_EQ(client->stats().staging_maps, 1u);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->mappings_at_release, ElementsAre(2)) << "the cached save mapping is kept";
 }
 
 TEST_F(ClientTest, Load_CheckpointMissing_NotFoundWithDetailAndNoRelease) {
@@ -976,6 +1019,15 @@ TEST(ParallelCopy, ManyItemsAcrossThreads_ByteExact) {
   }
   EXPECT_EQ(ParallelCopy(items, 3, /*parallel_min_bytes=*/0), 3);
   EXPECT_EQ(dst, src);
+}
+
+TEST(ParallelCopy, UsableCpus_AtLeastOneAtMostTheMachines) {
+  const int cpus = UsableCpus();
+  EXPECT_GE(cpus, 1);
+  const unsigned machine = std::thread::hardware_concurrency();
+  if (machine > 0) {
+    EXPECT_LE(cpus, static_cast<int>(machine));
+  }
 }
 
 TEST(ParallelCopy, SmallOrEmpty_SerialOrNothing) {

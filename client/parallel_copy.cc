@@ -1,5 +1,7 @@
 #include "client/parallel_copy.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <functional>
@@ -54,6 +56,16 @@ int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t par
   CopyAll(runs[0]);
   for (std::thread& worker : workers) worker.join();
   return used;
+}
+
+int UsableCpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
+    const int n = CPU_COUNT(&set);
+    if (n > 0) return n;
+  }
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace tessera

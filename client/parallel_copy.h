@@ -26,6 +26,11 @@ struct CopyItem {
 // there was nothing to copy). Errors: none.
 int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t parallel_min_bytes);
 
+// The CPUs this process may run on (sched_getaffinity; std::thread::hardware_concurrency if
+// that fails), at least 1. More copy threads than this only take turns on the same cores: a
+// copy is memory-bound, and on a 2-core machine 4 threads copy slower than 2.
+int UsableCpus();
+
 }  // namespace tessera
 
 #endif  // TESSERA_CLIENT_PARALLEL_COPY_H_
