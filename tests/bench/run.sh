@@ -236,7 +236,8 @@ if wants stall || wants load; then
     job="bench$r"
     say "== $mib MiB per rank x $r ranks: ${STEPS} Tessera saves (tp=$r), torch.save, load"
     COORD_PORT=""
-    if ! start_coordinator; then
+    metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    if ! start_coordinator --metrics_listen="127.0.0.1:$metrics_port"; then
       say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
     if ! start_agents "$job" "tp=$r"; then
@@ -246,6 +247,10 @@ if wants stall || wants load; then
         --barrier="$DIR/barrier-save" --torch-dir="$DIR/torch"; then
       say "$tag: a save rank failed (logs in $OUT/logs/$tag)"
     fi
+    # The coordinator's phase durations (tessera_phase_seconds): the persist-phase row.
+    /usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
+      "http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$metrics_port" \
+      >"$OUT/raw/metrics-$tag.txt" 2>/dev/null || say "$tag: no metrics from the coordinator"
     stop_agents >/dev/null 2>&1
     rm -rf "$DIR/torch"
     if wants load; then
