@@ -356,6 +356,7 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("results")
     p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--data-dir", default="", help="run.sh's data directory (named <data-dir>)")
     a = p.parse_args()
     raw = os.path.join(a.results, "raw")
     env = read_env(os.path.join(raw, "machine.env"))
@@ -445,8 +446,15 @@ def main():
     if chart_error:
         out.append("- chart: " + chart_error)
     out.append("- Definitions: tests/bench/report.py (module docstring).")
+    text = "\n".join(out) + "\n"
+    # Results are shared (a reference is committed): name directories by their role, not by
+    # where this run happened to put them.
+    if a.data_dir:
+        text = text.replace(os.path.abspath(a.data_dir), "<data-dir>")
+    text = text.replace(os.path.abspath(a.results), "<results>")
+    text = re.sub(r"--output_base=\S+", "--output_base=<output-base>", text)
     with open(os.path.join(a.results, "results.md"), "w") as f:
-        f.write("\n".join(out) + "\n")
+        f.write(text)
     return 0
 
 

@@ -327,7 +327,7 @@ fi
 [ "$DATA_DIR" = "$OUT/data" ] && rm -rf "$DATA_DIR"
 
 # --- Report
-/usr/bin/python3 tests/bench/report.py "$OUT" --steps="$STEPS" || exit 1
+/usr/bin/python3 tests/bench/report.py "$OUT" --steps="$STEPS" --data-dir="$DATA_DIR" || exit 1
 if [ -n "$REFERENCE" ]; then
   mkdir -p docs/benchmarks
   sed "s|chart.png|reference-$REFERENCE.png|" "$OUT/results.md" >"docs/benchmarks/reference-$REFERENCE.md"
