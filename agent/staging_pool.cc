@@ -221,13 +221,13 @@ absl::StatusOr<int> StagingPool::RemoveStaleRegions(absl::string_view job_id, ui
 
 // ---------------------------------------------------------------------------------------------
 
-absl::StatusOr<std::unique_ptr<MappedStaging>> MappedStaging::Map(const std::string& name,
-                                                                   uint64_t size, bool pin) {
+absl::StatusOr<std::unique_ptr<MappedStaging>> MappedStaging::Map(
+    const std::string& name, uint64_t size, const MapStagingOptions& options) {
   if (name.empty() || name[0] != '/') {
     return absl::InvalidArgumentError(
         absl::StrCat("staging region name \"", name, "\" must start with '/'"));
   }
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  const int fd = shm_open(name.c_str(), (options.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
   if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
   struct stat st;
   if (fstat(fd, &st) != 0) {
@@ -243,13 +243,13 @@ absl::StatusOr<std::unique_ptr<MappedStaging>> MappedStaging::Map(const std::str
                                                       " are needed"));
   }
   const uint64_t map_size = size == 0 ? region_size : size;
-  // Faulted in here (the trainer maps a region once and reuses it), not in the copy.
-  void* data = mmap(nullptr, map_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
+  void* data = mmap(nullptr, map_size, options.read_only ? PROT_READ : PROT_READ | PROT_WRITE,
+                    MAP_SHARED | (options.populate ? MAP_POPULATE : 0), fd, 0);
   const int err = errno;
   close(fd);
   if (data == MAP_FAILED) return ErrnoToStatus(err, "mmap", name);
   bool pinned = false;
-  if (pin && GpuAvailable()) {
+  if (options.pin && GpuAvailable()) {
     absl::Status status = RegisterHost(data, map_size);
     if (!status.ok()) {
       munmap(data, map_size);

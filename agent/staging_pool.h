@@ -144,15 +144,32 @@ class StagingPool {
 
 // A staging region mapped by another process (the trainer) by name. Unmaps (and unpins) on
 // destruction; never unlinks: the agent owns the name.
+// How MappedStaging::Map maps a region.
+struct MapStagingOptions {
+  // Page-lock the mapping in this process too when a GPU is present (pinning is per process).
+  bool pin = false;
+  // Map read-only (a trainer reading a load region) instead of read-write.
+  bool read_only = false;
+  // Fault every page in at map time (MAP_POPULATE): right for a save region mapped once and
+  // reused; a one-off load mapping is faster faulted in by the parallel copy that reads it.
+  bool populate = true;
+};
+
 class MappedStaging {
  public:
-  // Maps the existing region `name` read-write; `size` = 0 maps all of it. With `pin` and a
-  // GPU present, the mapping is page-locked in this process too (pinning is per process).
+  // Maps the existing region `name`; `size` = 0 maps all of it.
   // Errors: NotFound (+IO_ERROR) if no region has that name; FailedPrecondition if the region
   // is smaller than `size`; InvalidArgument if `name` does not start with '/'; errors of
   // RegisterHost.
   static absl::StatusOr<std::unique_ptr<MappedStaging>> Map(const std::string& name,
-                                                             uint64_t size, bool pin = false);
+                                                             uint64_t size,
+                                                             const MapStagingOptions& options);
+  static absl::StatusOr<std::unique_ptr<MappedStaging>> Map(const std::string& name,
+                                                             uint64_t size, bool pin = false) {
+    MapStagingOptions options;
+    options.pin = pin;
+    return Map(name, size, options);
+  }
   ~MappedStaging();
   MappedStaging(const MappedStaging&) = delete;
   MappedStaging& operator=(const MappedStaging&) = delete;

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -174,6 +175,32 @@ TEST(StagingPool, Incarnations_NamesUniqueAndCoexist) {
   static_cast<char*>((*a)[0].data)[0] = 'o';
   static_cast<char*>((*b)[0].data)[0] = 'n';
   EXPECT_EQ(static_cast<char*>((*a)[0].data)[0], 'o');
+}
+
+TEST(StagingPool, ReadOnlyUnpopulatedMapping_SeesTheBytesAndRefusesWrites) {
+  auto pool = MakePool(TestJob("ro"), 6);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({3 * 4096});
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  char* agent_side = static_cast<char*>((*slots)[0].data);
+  for (int i = 0; i < 3 * 4096; ++i) agent_side[i] = static_cast<char>(i * 7);
+  MapStagingOptions options;
+  options.read_only = true;
+  options.populate = false;
+  absl::StatusOr<std::unique_ptr<MappedStaging>> mapped =
+      MappedStaging::Map((*slots)[0].name, 3 * 4096, options);
+  ASSERT_TRUE(mapped.ok()) << mapped.status();
+  const char* reader = static_cast<const char*>((*mapped)->data());
+  for (int i = 0; i < 3 * 4096; ++i) ASSERT_EQ(reader[i], static_cast<char>(i * 7)) << i;
+  // The mapping really is read-only: a write faults (checked in a child process).
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    static_cast<volatile char*>((*mapped)->data())[0] = 1;
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGSEGV) << "status " << status;
 }
 
 TEST(StagingPool, Destruction_UnlinksRegions) {

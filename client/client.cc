@@ -1,12 +1,7 @@
 #include "client/client.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -15,7 +10,6 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "agent/storage.h"
 #include "client/parallel_copy.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
@@ -119,51 +113,6 @@ absl::Status CheckRequestSize(absl::string_view rpc, size_t bytes, int shards, s
                    "messages); merge small tensors into fewer, larger ones or shorten their "
                    "names."));
 }
-
-// A load region mapped read-only for one Load, without MAP_POPULATE: the copy threads fault
-// its pages in as they read them, in parallel and overlapped with the copy, instead of one
-// serial pass over the whole region before the copy starts. Unmapped on destruction.
-class LoadMapping {
- public:
-  // Errors: InvalidArgument if `name` does not start with '/'; NotFound (+IO_ERROR) if no
-  // region has that name; FailedPrecondition if the region is smaller than `size` (> 0).
-  static absl::StatusOr<std::unique_ptr<LoadMapping>> Map(const std::string& name,
-                                                          uint64_t size) {
-    if (name.empty() || name[0] != '/') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("staging region name \"", name, "\" must start with '/'"));
-    }
-    const int fd = shm_open(name.c_str(), O_RDONLY | O_CLOEXEC, 0);
-    if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
-    struct stat st;
-    if (fstat(fd, &st) != 0) {
-      const int err = errno;
-      close(fd);
-      return ErrnoToStatus(err, "fstat", name);
-    }
-    if (static_cast<uint64_t>(st.st_size) < size || size == 0) {
-      close(fd);
-      return absl::FailedPreconditionError(absl::StrCat(
-          "staging region ", name, " holds ", st.st_size, " bytes, ", size, " are needed"));
-    }
-    void* data = mmap(nullptr, size, PROT_READ, MAP_SHARED, fd, 0);
-    const int err = errno;
-    close(fd);
-    if (data == MAP_FAILED) return ErrnoToStatus(err, "mmap", name);
-    return std::unique_ptr<LoadMapping>(new LoadMapping(static_cast<const char*>(data), size));
-  }
-
-  ~LoadMapping() { munmap(const_cast<char*>(data_), size_); }
-  LoadMapping(const LoadMapping&) = delete;
-  LoadMapping& operator=(const LoadMapping&) = delete;
-
-  const char* data() const { return data_; }
-
- private:
-  LoadMapping(const char* data, uint64_t size) : data_(data), size_(size) {}
-  const char* const data_;
-  const uint64_t size_;
-};
 
 }  // namespace
 
@@ -443,17 +392,23 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   // A load region other than the cached save region is mapped only for this load: loads are
   // rare, and the agent frees that region after ReleaseLoad. Declared after release_on_exit,
   // so on an error return it is unmapped before the release too.
-  std::unique_ptr<LoadMapping> temporary;
+  std::unique_ptr<MappedStaging> temporary;
   if (total > 0) {
     char* base = nullptr;
     if (staging_ != nullptr && staging_->name() == response.shm_name() &&
         staging_->size() >= response.shm_size()) {
       base = static_cast<char*>(staging_->data());
     } else {
-      ASSIGN_OR_RETURN(temporary, LoadMapping::Map(response.shm_name(), response.shm_size()));
+      // Read-only, not pre-faulted: the copy threads fault the pages in as they read them,
+      // in parallel and overlapped with the copy, instead of one serial pass before it.
+      MapStagingOptions map_options;
+      map_options.read_only = true;
+      map_options.populate = false;
+      ASSIGN_OR_RETURN(temporary,
+                       MappedStaging::Map(response.shm_name(), response.shm_size(), map_options));
       CountMap();
       // Only read (CopyLocked with to_staging = false copies out of the slots).
-      base = const_cast<char*>(temporary->data());
+      base = static_cast<char*>(temporary->data());
     }
     for (size_t i = 0; i < into.size(); ++i) {
       if (!absent[i]) slot_data[i] = base + response.slots(static_cast<int>(i)).offset();
