@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end: real tessera-coordinator and tessera-agent processes on loopback.
 # Asserts: the agent registers and heartbeats; after the coordinator is killed with -9 and
-# restarted on the same port the agent registers again by itself; SIGTERM stops both with
-# exit status 0 within a bound.
+# restarted on the same port the agent registers again by itself; a second agent for the same
+# job and rank on this host is refused, naming the first one's pid, and the first goes on;
+# SIGTERM stops both with exit status 0 within a bound, leaving no ownership object behind.
 set -uo pipefail
 source deploy/lib/procs.sh
 
@@ -39,10 +40,20 @@ until [ "$(count_lines "$dir/agent.log" "lease renewed")" -ge 2 ]; do
   [ $SECONDS -lt 120 ] || fail "no heartbeat after the restart"
 done
 
+# A second agent for the same job and rank refuses to start (it would own the same staging).
+timeout 20 "$agent" --coordinator="127.0.0.1:$port" --job=smoke --rank=1 --layout=tp=2,dp=2 \
+  --socket="$sock/agent2.sock" --peer_listen=127.0.0.1:0 2>"$dir/agent2.log"
+rc2=$?
+[ "$rc2" -eq 2 ] || fail "a second agent for smoke rank 1 exited with $rc2, not 2: $(cat "$dir/agent2.log")"
+grep -q "another agent (pid $apid) serves job smoke rank 1" "$dir/agent2.log" ||
+  fail "the refusal does not name the running agent: $(cat "$dir/agent2.log")"
+kill -0 "$apid" 2>/dev/null || fail "the first agent died"
+
 stop_process "$apid" 10; arc=$?
 [ "$arc" -eq 0 ] || fail "agent exited with $arc on SIGTERM"
 grep -Eq "stopping after [1-9][0-9]* heartbeats" "$dir/agent.log" || fail "no heartbeats counted"
+[ -e /dev/shm/tessera-smoke-r1.owner ] && fail "the agent left its ownership object in /dev/shm"
 stop_process "$cpid" 10; crc=$?
 [ "$crc" -eq 0 ] || fail "coordinator exited with $crc on SIGTERM"
 grep -q "stopped" "$dir/coord2.log" || fail "coordinator did not log a clean stop"
-echo "PASS: register, heartbeat, reconnect after coordinator restart, clean SIGTERM"
+echo "PASS: register, heartbeat, reconnect after coordinator restart, second agent refused, clean SIGTERM"

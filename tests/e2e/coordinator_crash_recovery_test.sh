@@ -4,6 +4,8 @@
 # state, then restarted on the same RocksDB and port. Each save must either commit complete and
 # verified (agents re-register and re-report, the commit is redone idempotently) or abort with
 # a reason — never a committed incomplete checkpoint, never a hang (every wait is bounded).
+# COMMITTED too: the crash comes after the commit is persisted and before any agent heard it;
+# the restarted coordinator must replay the outcome, or the trainers wait for it forever.
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
@@ -22,7 +24,7 @@ fail() {
 start_coordinator || fail "coordinator"
 start_agents job "$LAYOUT" || fail "agents"
 step=0
-for state in PLANNING PINNING COPYING PERSISTING COMMITTING; do
+for state in PLANNING PINNING COPYING PERSISTING COMMITTING COMMITTED; do
   step=$((step + 10))
   # Restart the coordinator armed to crash in $state (same port and RocksDB).
   stop_coordinator || fail "coordinator did not stop before $state"
@@ -40,6 +42,8 @@ for state in PLANNING PINNING COPYING PERSISTING COMMITTING; do
   wait $trainers
   rc=$?
   dir="$DIR/ckpt/job/step-$(printf %09d $step)"
+  [ "$state" = COMMITTED ] && [ $rc -ne 0 ] &&
+    fail "step $step was committed before the crash, but its trainers were not told (rc $rc)"
   if [ $rc -eq 0 ]; then
     [ -f "$dir/manifest.pb" ] || fail "trainers succeeded but step $step is not committed ($state)"
     "$BIN/client/cli/tessera" verify "$dir" >"$DIR/logs/verify-$step.out" 2>&1 ||
