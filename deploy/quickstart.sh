@@ -63,7 +63,6 @@ echo "== tessera verify $latest"
 stop_agents || fail "an agent did not stop cleanly"
 
 echo "== resuming on a different layout: 8 agents as PP1 x TP2 x DP4 load step 300"
-sleep $((LEASE_MS / 1000 + 1))  # the old layout's agents must be gone before the mesh changes
 start_agents demo pp=1,tp=2,dp=4 || fail "the agents (PP1 x TP2 x DP4) did not register"
 run_trainers demo pp=1,tp=2,dp=4 --mode=load --load_step=-1 --total_mb="$MB" \
   --optimizer="$OPTIMIZER" || fail "loading on PP1 x TP2 x DP4 failed (see $DIR/logs)"

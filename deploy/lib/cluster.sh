@@ -77,6 +77,8 @@ wait_registered() {
 }
 
 # start_agents JOB LAYOUT [extra flags...]: one agent per rank, and waits for all to register.
+# A job's new layout needs no wait of its own: the coordinator takes a new mesh only once the
+# old agents' leases expired, and the new agents retry their registration until then.
 start_agents() {
   local job=$1 layout=$2; shift 2
   local n r

@@ -255,7 +255,6 @@ if wants stall || wants load; then
     rm -rf "$DIR/torch"
     if wants load; then
       lr=$(( r > 1 ? r / 2 : 2 ))
-      sleep $((LEASE_MS / 1000 + 1))  # the old layout's leases must expire before the mesh changes
       if start_agents "$job" "tp=$lr"; then
         echo "$(drop_caches)" >"$OUT/raw/load-cache-$tag.txt"
         echo "$r $lr" >"$OUT/raw/load-layout-$tag.txt"

@@ -54,7 +54,6 @@ PY
 stop_agents || fail "agents did not stop cleanly"
 
 for layout in $LOAD_LAYOUTS; do
-  sleep $((LEASE_MS / 1000 + 1))  # the previous layout's agents must have expired
   start_agents llama "$layout" || fail "agents ($layout)"
   run_trainers llama "$layout" --mode=load --load_step=-1 --optimizer="$OPTIMIZER" ||
     fail "loading on $layout"

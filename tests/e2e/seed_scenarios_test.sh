@@ -21,8 +21,6 @@ fail() {
   exit 1
 }
 step_dir() { echo "$DIR/ckpt/$1/step-$(printf %09d "$2")"; }
-# wait_leases_expired: the previous agents of a job must have expired before a new layout.
-wait_leases_expired() { sleep $((LEASE_MS / 1000 + 1)); }
 
 start_coordinator || fail "coordinator"
 
@@ -66,7 +64,6 @@ dir=$(step_dir dopt 20)
   fail "verify of the distributed-optimizer checkpoint: $(cat "$DIR/logs/verify-dopt.out")"
 stop_agents || fail "agents ($LAYOUT) did not stop cleanly"
 for layout in tp=1,dp=2 tp=1,dp=8; do
-  wait_leases_expired
   start_agents dopt "$layout" || fail "agents ($layout)"
   run_trainers dopt "$layout" --mode=load --load_step=20 --optimizer=distributed --layers=2 \
     --dim=128

@@ -205,20 +205,6 @@ print("agents:", ", ".join("rank %d on %s (%s)" % (r, a["node_id"], a["peer_addr
 PY
 }
 
-# wait_no_agents_alive: the previous layout's agents have expired (bounded).
-wait_no_agents_alive() {
-  local waited=0
-  while :; do
-    agents_json "$DIR/logs/agents-expiring.json"
-    /usr/bin/python3 -c 'import json, sys
-sys.exit(any(a["alive"] for a in json.load(open(sys.argv[1])).get("agents", [])))' \
-      "$DIR/logs/agents-expiring.json" && return 0
-    sleep 0.2
-    waited=$((waited + 1))
-    [ $waited -lt 100 ] || fail "the $SAVE_LAYOUT agents did not expire"
-  done
-}
-
 tx_bytes() { ip netns exec "$TAG-$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 
 # ---- save on hosts a and b -----------------------------------------------------------------
@@ -252,7 +238,6 @@ grep -q "20" "$DIR/logs/checkpoints.out" || fail "step 20 not listed: $(cat "$DI
 echo "verify (on $TAG-coord): $(cat "$DIR/logs/verify.out")"
 
 # ---- reload on another layout, over hosts c, a, b ------------------------------------------
-wait_no_agents_alive
 RANK_HOSTS=(c a b)
 start_agents "$JOB" "$LOAD_LAYOUT" || fail "agents ($LOAD_LAYOUT)"
 check_listeners load
