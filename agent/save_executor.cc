@@ -267,13 +267,16 @@ void SaveExecutor::DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done,
   submit.set_rank(options_.rank);
   submit.set_incarnation(options_.incarnation);
   submit.set_step(request.step());
-  *submit.mutable_shards() = request.shards();
   submit.set_plan_fingerprint(request.plan_fingerprint());
+  // The shards are lent to the request for the RPC and taken back (the session keeps them
+  // for staging): no copy of every shard on the trainer's blocking path.
+  submit.mutable_shards()->Swap(request.mutable_shards());
   absl::StatusOr<v1::SubmitLocalPlanResponse> submitted;
   RetryWhileUnavailable(options_.submit_retry_window, [&] {
     submitted = coordinator_->SubmitLocalPlan(submit);
     return submitted.status();
   }).IgnoreError();  // the outcome is in `submitted`
+  request.mutable_shards()->Swap(submit.mutable_shards());
   if (!submitted.ok()) {
     done(submitted.status());
     return;
