@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/staging_pool.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "tessera/v1/agent.pb.h"
 
 namespace tessera {

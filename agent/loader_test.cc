@@ -9,7 +9,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/staging_pool.h"
-#include "agent/storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "common/ids.h"
 #include "common/status.h"

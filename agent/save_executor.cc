@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "agent/data_file.h"
+#include "format/data_file.h"
 #include "common/checksum.h"
 #include "common/log.h"
 #include "common/status.h"

@@ -55,10 +55,10 @@
 #include "agent/backoff.h"
 #include "agent/coordinator_client.h"
 #include "agent/peer/peer_transport.h"
-#include "agent/shard_writer.h"
+#include "format/shard_writer.h"
 #include "agent/staging_layout.h"
 #include "agent/staging_pool.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "tessera/v1/agent.pb.h"
 #include "tessera/v1/coordinator.pb.h"
 

@@ -20,7 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "agent/data_file.h"
+#include "format/data_file.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/types.pb.h"
 

@@ -17,7 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/cuda_host.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "common/status.h"
 #include "tessera/v1/types.pb.h"
 

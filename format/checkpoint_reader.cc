@@ -72,7 +72,7 @@ struct WorkItem {
   std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
 };
 
-// A reusable scratch buffer, uninitialized, aligned for O_DIRECT (agent/storage.h) so spans
+// A reusable scratch buffer, uninitialized, aligned for O_DIRECT (storage/posix_storage.h) so spans
 // read through it still bypass the page cache without a second bounce in the storage.
 class Bounce {
  public:

@@ -18,7 +18,7 @@
 // destination (the common case: whole chunks, row slices); otherwise it goes through a
 // page-aligned bounce buffer. `parallelism` threads serve the spans, so that many reads are in
 // flight while a thread verifies what it has read. With PosixStorage, large reads bypass the
-// page cache (agent/storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data files, so
+// page cache (storage/posix_storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data files, so
 // whole chunks and row slices land in page-aligned destinations (the agent's staging) with no
 // copy at all. Cost of verifying: a run that covers part of a block still reads the whole block —
 // up to 2 x block_size extra bytes per span (4 MiB blocks by default), which matters only for
@@ -45,7 +45,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "agent/storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/types.pb.h"
@@ -142,7 +143,7 @@ class CheckpointReader {
   // Plans, reads, verifies and copies every request. `stats`, if given, is filled in.
   // Errors: as Plan; DataLoss + CHECKSUM_MISMATCH naming the tensor key, chunk box, file and
   // block; DataLoss + IO_ERROR naming the file if a data file is missing or shorter than the
-  // manifest says; other I/O errors from the storage (agent/storage.h). On error,
+  // manifest says; other I/O errors from the storage (storage/storage.h). On error,
   // destinations hold unspecified bytes (possibly unverified ones).
   absl::StatusOr<std::vector<ReadResult>> Read(absl::Span<const ReadRequest> requests,
                                                ReadStats* stats = nullptr) const;

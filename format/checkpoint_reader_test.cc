@@ -12,7 +12,8 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "common/status.h"
 #include "format/manifest_io.h"

@@ -17,7 +17,7 @@
 #include <string>
 
 #include "absl/status/status.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "tessera/v1/manifest.pb.h"
 
 namespace tessera {

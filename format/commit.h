@@ -9,7 +9,7 @@
 // if the same session already committed, and STEP_EXISTS if a different one did.
 //
 // Durability: the writers fsynced every data file and the temporary directory (see
-// agent/shard_writer.h), so the commit fsyncs only what it changes: the manifest files, the
+// format/shard_writer.h), so the commit fsyncs only what it changes: the manifest files, the
 // temporary directory (their entries) and, after the rename, the job directory.
 //
 // Garbage collection removes only names Tessera makes: committed step directories beyond the
@@ -31,7 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "tessera/v1/manifest.pb.h"
 
 namespace tessera {
@@ -48,14 +48,14 @@ namespace tessera {
 // session, an unreadable manifest, or is a non-empty directory without a manifest;
 // DataLoss + IO_ERROR naming the file if a data file is missing or shorter than its chunks;
 // NotFound + IO_ERROR if tmp_dir does not exist (and the session did not commit);
-// other I/O errors from `storage` (agent/storage.h). After an error nothing was renamed,
+// other I/O errors from `storage` (storage/storage.h). After an error nothing was renamed,
 // unless the error is the parent's fsync (the checkpoint may then be committed but not yet
 // durable; retrying the commit makes it so).
 absl::Status CommitCheckpoint(Storage& storage, const std::string& tmp_dir,
                               const std::string& final_dir, const v1::Manifest& manifest);
 
 // Steps of the committed checkpoints in `job_dir`, ascending. A job directory that does not
-// exist has none. Errors: I/O errors listing `job_dir` (agent/storage.h).
+// exist has none. Errors: I/O errors listing `job_dir` (storage/storage.h).
 absl::StatusOr<std::vector<int64_t>> ListCheckpoints(Storage& storage, const std::string& job_dir);
 
 // The newest committed step in `job_dir`.

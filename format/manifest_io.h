@@ -23,7 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "tessera/v1/manifest.pb.h"
 
 namespace tessera {
@@ -59,7 +59,7 @@ absl::StatusOr<std::string> ManifestToJson(const v1::Manifest& manifest);
 // fsyncs `dir`. Does not validate: CommitCheckpoint validates before it calls this, and tests
 // write malformed manifests on purpose.
 // Errors: NotFound if `dir` does not exist; I/O errors from `storage` with IO_ERROR and the
-// path (agent/storage.h); Internal if JSON conversion fails. On error no temporary file is
+// path (storage/storage.h); Internal if JSON conversion fails. On error no temporary file is
 // left behind (best effort) and an existing manifest is either untouched or fully replaced.
 absl::Status WriteManifest(Storage& storage, const std::string& dir,
                            const v1::Manifest& manifest);

@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "agent/storage.h"
+#include "storage/fault_injecting_storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "common/status.h"
 #include "format/test_checkpoint.h"

@@ -8,8 +8,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/data_file.h"
-#include "agent/shard_writer.h"
+#include "format/data_file.h"
+#include "format/shard_writer.h"
 #include "common/dtype.h"
 #include "common/status.h"
 #include "common/tensor_key.h"

@@ -1,5 +1,5 @@
 // Test support: builds small checkpoints from whole tensors held in memory, using the real
-// data-file layout (agent/data_file.h) and shard writer (agent/shard_writer.h), and extracts
+// data-file layout (format/data_file.h) and shard writer (format/shard_writer.h), and extracts
 // reference regions from the whole tensors element by element (deliberately not through
 // common/box.h RowMajorRuns, so it can catch a bug there or in the reader).
 //
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/types.pb.h"

@@ -12,7 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/data_file.h"
+#include "format/data_file.h"
 #include "common/box.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -281,7 +281,7 @@ void CheckHeader(const FileTask& task, const std::string& path, ReadableFile& fi
 void CheckChecksums(const FileTask& task, const std::string& path, ReadableFile& file,
                     uint64_t size, const VerifyOptions& options, Problems& problems,
                     uint64_t& bytes_verified) {
-  // Page-aligned, so reads land in it in place with O_DIRECT (agent/storage.h).
+  // Page-aligned, so reads land in it in place with O_DIRECT (storage/posix_storage.h).
   std::unique_ptr<char, decltype(&free)> buffer(nullptr, &free);
   uint64_t capacity = 0;
   for (const auto& [tensor, chunk] : task.chunks) {

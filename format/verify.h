@@ -8,7 +8,7 @@
 //      reported with a missing region when the chunk grid is small enough to locate one;
 //   3. every data file exists and is long enough for its chunks;
 //   4. its safetensors header parses, passes the checks a safetensors reader makes
-//      (agent/data_file.h ValidateSafetensorsLayout), and has for every chunk an entry
+//      (format/data_file.h ValidateSafetensorsLayout), and has for every chunk an entry
 //      "<key>@<offsets>" whose dtype, shape and data_offsets agree with the manifest
 //      (data start + data_offsets.begin == ChunkEntry.offset);
 //   5. every block checksum of every chunk matches (reads every chunk byte once).
@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/strings/string_view.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {

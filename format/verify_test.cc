@@ -7,7 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "agent/storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "common/status.h"
 #include "format/manifest_io.h"

@@ -8,7 +8,9 @@
 
 #include <string>
 
-#include "agent/storage.h"
+#include "storage/fault_injecting_storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "server/session_manager.h"
 
 namespace tessera {

@@ -5,7 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/data_file.h"
+#include "format/data_file.h"
 #include "common/box.h"
 #include "common/dtype.h"
 #include "common/status.h"

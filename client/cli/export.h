@@ -33,7 +33,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "format/checkpoint_reader.h"
 
 namespace tessera {

@@ -8,8 +8,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/data_file.h"
-#include "agent/storage.h"
+#include "format/data_file.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "common/dtype.h"
 #include "common/status.h"

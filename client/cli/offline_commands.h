@@ -12,7 +12,7 @@
 #include <ostream>
 #include <string>
 
-#include "agent/storage.h"
+#include "storage/storage.h"
 #include "client/cli/export.h"
 #include "format/verify.h"
 

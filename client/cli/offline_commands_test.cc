@@ -6,7 +6,8 @@
 #include <sstream>
 #include <string>
 
-#include "agent/storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "client/cli/exit_codes.h"
 #include "format/test_checkpoint.h"
 #include "gmock/gmock.h"

@@ -7,7 +7,7 @@ set -u
 
 TESSERA=client/cli/tessera
 MAKE=client/cli/make_test_checkpoint
-READER=agent/testdata/read_safetensors.py
+READER=format/testdata/read_safetensors.py
 PYTHON=/usr/bin/python3
 WORK=$(mktemp -d "${TEST_TMPDIR:-/tmp}/tessera_cli_test.XXXXXX")
 

@@ -1,4 +1,4 @@
-#include "agent/shard_writer.h"
+#include "format/shard_writer.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -18,8 +18,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "agent/data_file.h"
-#include "agent/storage.h"
+#include "format/data_file.h"
+#include "storage/fault_injecting_storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/box.h"
 #include "common/checksum.h"
 #include "common/dtype.h"
@@ -390,7 +392,7 @@ std::string RunCommand(const std::string& command, int* exit_code) {
 
 TEST(ShardWriter, PythonReader_ParsesWriterOutput_SameBytes) {
   const char* kPython = "/usr/bin/python3";
-  const char* kScript = "agent/testdata/read_safetensors.py";
+  const char* kScript = "format/testdata/read_safetensors.py";
   if (access(kPython, X_OK) != 0) GTEST_SKIP() << "no " << kPython;
   ASSERT_EQ(access(kScript, R_OK), 0) << "run under bazel test (the script is a data dep)";
 
@@ -436,7 +438,7 @@ TEST(ShardWriter, PythonReader_ParsesWriterOutput_SameBytes) {
 
 TEST(ShardWriter, PythonReader_RejectsCorruptTiling) {
   const char* kPython = "/usr/bin/python3";
-  const char* kScript = "agent/testdata/read_safetensors.py";
+  const char* kScript = "format/testdata/read_safetensors.py";
   if (access(kPython, X_OK) != 0) GTEST_SKIP() << "no " << kPython;
   const std::string dir = MakeTempDir();
   PosixStorage storage;

@@ -19,11 +19,11 @@
 //
 // The staging buffer for a file is laid out exactly as its data section: chunk i lives at
 // staging offset items[i].staging_offset = items[i].file_offset - data_start, and the file
-// is written straight from staging (agent/shard_writer.h).
+// is written straight from staging (format/shard_writer.h).
 //
 // Thread-safety: free functions, no shared state.
-#ifndef TESSERA_AGENT_DATA_FILE_H_
-#define TESSERA_AGENT_DATA_FILE_H_
+#ifndef TESSERA_FORMAT_DATA_FILE_H_
+#define TESSERA_FORMAT_DATA_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -160,4 +160,4 @@ absl::Status ValidateSafetensorsLayout(const SafetensorsHeader& header, uint64_t
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_DATA_FILE_H_
+#endif  // TESSERA_FORMAT_DATA_FILE_H_

@@ -10,13 +10,13 @@
 //
 // Failure is never silent: any error returns a Status and no entries, and the partial file is
 // removed (best effort) so it cannot be mistaken for a written one; every I/O error carries
-// ErrorDetail IO_ERROR with the file's path (see agent/storage.h for the errno mapping, e.g.
+// ErrorDetail IO_ERROR with the file's path (see storage/storage.h for the errno mapping, e.g.
 // ENOSPC -> ResourceExhausted).
 //
 // Thread-safety: stateless; WriteFile may run concurrently for different files, on one
 // Storage. The staging buffer must not change while it is being written.
-#ifndef TESSERA_AGENT_SHARD_WRITER_H_
-#define TESSERA_AGENT_SHARD_WRITER_H_
+#ifndef TESSERA_FORMAT_SHARD_WRITER_H_
+#define TESSERA_FORMAT_SHARD_WRITER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -26,8 +26,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "agent/data_file.h"
-#include "agent/storage.h"
+#include "format/data_file.h"
+#include "storage/storage.h"
 #include "common/checksum.h"
 #include "tessera/v1/manifest.pb.h"
 
@@ -90,4 +90,4 @@ class ShardWriter {
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SHARD_WRITER_H_
+#endif  // TESSERA_FORMAT_SHARD_WRITER_H_

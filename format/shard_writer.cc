@@ -1,4 +1,4 @@
-#include "agent/shard_writer.h"
+#include "format/shard_writer.h"
 
 #include <algorithm>
 #include <atomic>

@@ -1,4 +1,6 @@
-#include "agent/storage.h"
+#include "storage/fault_injecting_storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 
 #include <fcntl.h>
 #include <stdlib.h>

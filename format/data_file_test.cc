@@ -1,4 +1,4 @@
-#include "agent/data_file.h"
+#include "format/data_file.h"
 
 #include <algorithm>
 #include <cstring>

@@ -1,0 +1,105 @@
+// FaultInjectingStorage: a Storage decorator that fails chosen operations, for tests and the
+// agent's test-only --inject_storage_fault flag.
+#ifndef TESSERA_STORAGE_FAULT_INJECTING_STORAGE_H_
+#define TESSERA_STORAGE_FAULT_INJECTING_STORAGE_H_
+
+#include <cerrno>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "storage/storage.h"
+
+namespace tessera {
+
+// A Storage decorator for tests that fails chosen operations with a chosen errno, producing
+// exactly the statuses the wrapped storage would (ErrnoToStatus). Thread-safe. The wrapped
+// storage must outlive it and the files it opened.
+class FaultInjectingStorage : public Storage {
+ public:
+  explicit FaultInjectingStorage(Storage* base);
+
+  // Writes fail with `err` once `bytes` bytes have been written in total (all files): the
+  // write that crosses the limit writes the bytes up to it, then fails, as a full disk does.
+  void FailWritesAfterBytes(uint64_t bytes, int err = ENOSPC);
+
+  // The n-th WriteAt (1-based, counted over all files from now) fails with `err` before
+  // writing anything; later writes succeed.
+  void FailNthWrite(uint64_t n, int err = EIO);
+
+  // Every WritableFile::Sync fails with `err` (0 clears).
+  void FailSync(int err = EIO);
+
+  // Every SyncDir fails with `err` (0 clears).
+  void FailSyncDir(int err = EIO);
+
+  // Every Rename fails with `err` (0 clears).
+  void FailRename(int err = EIO);
+
+  // Every mutating operation (CreateDirs, OpenForWrite, WriteAt, Sync, SyncDir, Rename,
+  // RemoveTree) fails with EROFS, as on a file system remounted read-only.
+  void SetReadOnly(bool read_only);
+
+  // Clears every fault.
+  void Reset();
+
+  // Arms the faults a spec names (the agent's test-only --inject_storage_fault flag), each
+  // fault one `;`-separated item:
+  //   ERR:after_bytes=N   writes fail with ERR once N bytes were written (FailWritesAfterBytes)
+  //   ERR:write=N         the N-th write fails with ERR (FailNthWrite)
+  //   ERR:sync            every fsync of a written file fails (FailSync)
+  //   ERR:syncdir         every directory fsync fails (FailSyncDir)
+  //   ERR:rename          every rename fails (FailRename)
+  //   readonly            every mutation fails with EROFS (SetReadOnly)
+  // ERR is one of enospc, eio, edquot, erofs, eacces (case-insensitive). An empty spec arms
+  // nothing. Errors: InvalidArgument naming the item that does not parse (nothing is armed).
+  absl::Status Configure(absl::string_view spec);
+
+  uint64_t bytes_written() const;
+  uint64_t writes() const;
+
+  absl::Status CreateDirs(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) override;
+  absl::Status SyncDir(const std::string& path) override;
+  absl::Status Rename(const std::string& from, const std::string& to) override;
+  absl::Status RemoveTree(const std::string& path) override;
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override;
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override;
+
+ private:
+  friend class FaultInjectingWritableFile;
+
+  // What a WriteAt of `size` bytes may do: write `allowed` bytes (<= size), then fail with
+  // `err` if it is non-zero. Records the bytes as written.
+  struct WritePermit {
+    size_t allowed;
+    int err;
+  };
+  WritePermit AdmitWrite(size_t size);
+  int sync_errno() const;
+  bool read_only() const;
+
+  Storage* const base_;
+  mutable absl::Mutex mu_;
+  bool read_only_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t bytes_written_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t writes_ ABSL_GUARDED_BY(mu_) = 0;
+  // 0 = no limit is armed.
+  int limit_errno_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t limit_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // Fail the write whose 1-based number (counted in writes_) is nth_write_; 0 = disarmed.
+  uint64_t nth_write_ ABSL_GUARDED_BY(mu_) = 0;
+  int nth_errno_ ABSL_GUARDED_BY(mu_) = 0;
+  int sync_errno_ ABSL_GUARDED_BY(mu_) = 0;
+  int sync_dir_errno_ ABSL_GUARDED_BY(mu_) = 0;
+  int rename_errno_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_STORAGE_FAULT_INJECTING_STORAGE_H_
