@@ -42,7 +42,10 @@ mapfile -t libraries < <(find "$PACK/lib" -type f | sort)
 
 # 1. NEEDED entries.
 needed_total=0
+command -v readelf >/dev/null 2>&1 ||
+  echo "check_pack: note: no readelf (binutils) here: NEEDED entries unchecked; ldd -r below still is"
 for f in "${binaries[@]}" "${libraries[@]}"; do
+  command -v readelf >/dev/null 2>&1 || break
   while read -r soname; do
     needed_total=$((needed_total + 1))
     [ -f "$PACK/lib/$soname" ] && continue
