@@ -250,7 +250,10 @@ if wants tests; then
     tmp=$WORK/tmp-$name
     mkdir -p "$tmp"
     if [ "$(left)" -lt 30 ]; then skip "test $name: time budget"; continue; fi
-    timeout "$(( $(bound) < 300 ? $(bound) : 300 ))" env TEST_TMPDIR="$tmp" \
+    # -u: a test runner's own variables (when this runs under one) are not the binary's.
+    timeout "$(( $(bound) < 300 ? $(bound) : 300 ))" env -u XML_OUTPUT_FILE \
+      -u TEST_PREMATURE_EXIT_FILE -u TEST_SHARD_STATUS_FILE -u TEST_TOTAL_SHARDS \
+      -u TEST_SHARD_INDEX -u GTEST_OUTPUT -u GTEST_FILTER TEST_TMPDIR="$tmp" \
       TESSERA_EXPECT_GPU="$gpu_seen" NCCL_DEBUG=WARN LD_LIBRARY_PATH="$LIBPATH" \
       "$t" --gtest_output="xml:$RAW/tests/$name.xml" >"$LOGS/$name.log" 2>&1
     rc=$?

@@ -5,6 +5,8 @@
 #      gRPC and RocksDB in, glibc, the driver library and NCCL out;
 #   2. check_pack.sh passes: every NEEDED entry resolves to the pack or the image's list, and
 #      pack + working tree fit 64 MiB;
+#      in a chroot holding only the pack and what the image provides (glibc, libstdc++, NCCL),
+#      nothing else of this machine's /usr/lib, every binary's libraries resolve and it starts;
 #   3. check_pack.sh fails, naming it, when a needed library is taken out, and when the pack
 #      is over a limit;
 #   4. the GPU run cannot fall back silently: tessera-gpu-bench --memory=cuda refuses a
@@ -46,6 +48,51 @@ bash "$T/pack/scripts/check_pack.sh" --pack="$T/pack" >"$T/check.out" 2>&1 ||
   fail "check_pack.sh failed on a good pack: $(cat "$T/check.out")"
 grep -q "^check_pack: OK$" "$T/check.out" || fail "no OK line: $(cat "$T/check.out")"
 cat "$T/check.out"
+
+# 2b. In a root that has nothing but the pack and what the image provides (glibc, the C++
+# runtime, NCCL), none of this machine's other libraries (gRPC, RocksDB, ...), every packed
+# binary's libraries resolve, to the pack or to those, and every binary starts.
+step "chroot with the image's libraries only"
+PATH=$PATH:/usr/sbin:/sbin  # chroot(8) lives there; Bazel's test PATH leaves them out
+if [ "$(id -u)" != 0 ] || ! command -v chroot >/dev/null 2>&1; then
+  echo "not checked: the chroot needs root and chroot(8) (uid $(id -u))"
+else
+  CHROOT=$(command -v chroot)
+  R=$T/root
+  L=$R/lib/x86_64-linux-gnu
+  mkdir -p "$R/lib64" "$L" "$R/tmp" "$R/dev/shm"
+  cp -L /lib64/ld-linux-x86-64.so.2 "$R/lib64/" || fail "no /lib64/ld-linux-x86-64.so.2"
+  for lib in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libstdc++.so.6 libgcc_s.so.1; do
+    grep -qxF "$lib" tests/gpu/image_libs.txt || fail "$lib is not in image_libs.txt"
+    cp -L "/lib/x86_64-linux-gnu/$lib" "$L/" || fail "cannot copy $lib"
+  done
+  # NCCL stands for the image's (208 MiB: linked, not copied, where the file system allows).
+  nccl=$(readlink -f /usr/local/cuda/lib64/libnccl.so.2)
+  ln "$nccl" "$L/libnccl.so.2" 2>/dev/null || cp "$nccl" "$L/libnccl.so.2" || fail "no NCCL to stand in"
+  cp -r "$T/pack" "$R/pack"
+  # env -i: Bazel's test variables name files outside the chroot.
+  in_root() { env -i LD_LIBRARY_PATH=/pack/lib TESSERA_EXPECT_GPU=0 "$CHROOT" "$R" "$@"; }
+  for p in "${paths[@]}"; do
+    out=$(in_root /lib64/ld-linux-x86-64.so.2 --list "/pack/bin/$p" 2>&1) ||
+      fail "$p in the chroot: $out"
+    echo "$out" | grep "=>" | grep -v "=> /pack/lib/\|=> /lib/x86_64-linux-gnu/" &&
+      fail "$p in the chroot resolves a library outside the pack and the image's"
+    case "$p" in
+      *_test) in_root "/pack/bin/$p" --gtest_list_tests >"$T/list.out" 2>&1 ||
+          fail "$p --gtest_list_tests in the chroot: $(cat "$T/list.out")" ;;
+      *) in_root "/pack/bin/$p" --help >"$T/help.out" 2>&1
+         grep -q "^$(basename "$p"): " "$T/help.out" ||
+           fail "$p --help in the chroot: $(head -c 500 "$T/help.out")" ;;
+    esac
+  done
+  # The CUDA runtime from the pack, with no driver at all: the CPU branch, for real.
+  in_root /pack/bin/agent/cuda_host_test >"$T/cuda_host.out" 2>&1 ||
+    fail "cuda_host_test in the chroot: $(cat "$T/cuda_host.out")"
+  grep -q "^\[  PASSED  \] 2 tests" "$T/cuda_host.out" ||
+    fail "cuda_host_test in the chroot: $(tail -n 5 "$T/cuda_host.out")"
+  rm -rf "$R"
+  echo "chroot: ${#paths[@]} packed binaries resolve and start with only the image's libraries beside the pack"
+fi
 
 # 3. ... and fails where it must.
 step "check, broken"
