@@ -65,11 +65,12 @@ print_call() {
   echo "docs/benchmarks/), tests.txt, memcheck.txt, results.json, run.log, logs.tar.gz."
 }
 
-tree_bytes() {  # what the device tool sends besides carried paths
-  local n
+tree_bytes() {  # what the device tool sends besides carried paths: the tree, and shared/ if here
+  local n s=0
   n=$(git ls-files -z --cached --others --exclude-standard | xargs -0 -r stat -c %s 2>/dev/null |
     awk '{ s += $1 } END { print s + 0 }')
-  echo "$n"
+  if [ -d shared ] && git check-ignore -q shared; then s=$(du -sb shared | cut -f1); fi
+  echo $((n + s))
 }
 mib() { awk -v b="$1" 'BEGIN { printf "%.1f MiB", b / 1048576 }'; }
 
