@@ -16,7 +16,6 @@
 //        Load(-1) into this rank's pieces of ITS layout (destinations allocated and written
 //        first, as a resumed model's are), timed; checks the step is K and every byte.
 // With --barrier every rank waits for the others before each timed pass.
-#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
