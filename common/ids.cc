@@ -52,10 +52,31 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name) {
   return step;
 }
 
-bool IsTmpDirName(absl::string_view name) {
-  size_t pos = name.find(kTmpInfix);
-  return pos != absl::string_view::npos && ParseStepDirName(name.substr(0, pos)).has_value() &&
-         pos + kTmpInfix.size() < name.size();
+bool IsTmpDirName(absl::string_view name) { return ParseTmpDirName(name).has_value(); }
+
+std::optional<std::pair<int64_t, std::string>> ParseTmpDirName(absl::string_view name) {
+  const size_t pos = name.find(kTmpInfix);
+  if (pos == absl::string_view::npos || pos + kTmpInfix.size() >= name.size()) {
+    return std::nullopt;
+  }
+  std::optional<int64_t> step = ParseStepDirName(name.substr(0, pos));
+  if (!step.has_value()) return std::nullopt;
+  return std::make_pair(*step, std::string(name.substr(pos + kTmpInfix.size())));
+}
+
+std::string JobDirPath(absl::string_view root, absl::string_view job_id) {
+  absl::string_view trimmed = root;
+  while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.remove_suffix(1);
+  return absl::StrCat(trimmed, trimmed == "/" ? "" : "/", job_id);
+}
+
+std::string StepDirPath(absl::string_view root, absl::string_view job_id, int64_t step) {
+  return absl::StrCat(JobDirPath(root, job_id), "/", StepDirName(step));
+}
+
+std::string TmpDirPath(absl::string_view root, absl::string_view job_id, int64_t step,
+                       absl::string_view session_id) {
+  return absl::StrCat(JobDirPath(root, job_id), "/", TmpDirName(step, session_id));
 }
 
 bool IsValidJobId(absl::string_view job_id) {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 
 #include "absl/strings/string_view.h"
 
@@ -30,6 +31,19 @@ std::optional<int64_t> ParseStepDirName(absl::string_view name);
 
 // True for names made by TmpDirName.
 bool IsTmpDirName(absl::string_view name);
+
+// The step and session id of a name made by TmpDirName; nullopt for any other name.
+std::optional<std::pair<int64_t, std::string>> ParseTmpDirName(absl::string_view name);
+
+// Where a job's checkpoints live, and a session's directories under it: the one rule for
+// these paths, used by the coordinator that names them and by the agents that check them.
+//   JobDirPath(root, job)              <root>/<job>
+//   StepDirPath(root, job, step)       <root>/<job>/step-000001000
+//   TmpDirPath(root, job, step, id)    <root>/<job>/step-000001000.tmp-<id>
+std::string JobDirPath(absl::string_view root, absl::string_view job_id);
+std::string StepDirPath(absl::string_view root, absl::string_view job_id, int64_t step);
+std::string TmpDirPath(absl::string_view root, absl::string_view job_id, int64_t step,
+                       absl::string_view session_id);
 
 // Job ids name directories under the storage root, so they are restricted:
 // 1..128 characters of [A-Za-z0-9._-], not starting with '.'.

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/ids.h"
@@ -12,8 +13,6 @@
 
 namespace tessera {
 namespace {
-
-constexpr absl::string_view kTmpInfix = ".tmp-";
 
 // `path` without trailing slashes, split into parent and last component.
 std::pair<std::string, std::string> SplitPath(std::string path) {
@@ -37,6 +36,7 @@ enum class FinalState { kAbsent, kSameSession, kOtherSession, kUnreadable };
 struct FinalCheck {
   FinalState state;
   std::string detail;  // the other session id, or why the manifest is unreadable
+  bool io_error = false;  // kUnreadable because reading failed, not because it is garbage
 };
 
 FinalCheck CheckFinal(Storage& storage, const std::string& final_dir,
@@ -47,7 +47,8 @@ FinalCheck CheckFinal(Storage& storage, const std::string& final_dir,
     return {FinalState::kOtherSession, existing->session_id()};
   }
   if (absl::IsNotFound(existing.status())) return {FinalState::kAbsent, ""};
-  return {FinalState::kUnreadable, std::string(existing.status().message())};
+  return {FinalState::kUnreadable, std::string(existing.status().message()),
+          GetErrorCode(existing.status()) == v1::ERROR_CODE_IO_ERROR};
 }
 
 absl::Status FinalStateError(const std::string& final_dir, const FinalCheck& check) {
@@ -59,17 +60,37 @@ absl::Status FinalStateError(const std::string& final_dir, const FinalCheck& che
                                             "); remove it by hand if it is garbage"));
 }
 
+// FailedPrecondition, not DataLoss: retrying cannot bring the data back, and DataLoss is what
+// an EIO maps to (storage/storage.h), which a retry may get past.
 absl::Status MissingData(const std::string& path, absl::string_view why) {
   v1::ErrorDetail detail;
   detail.set_code(v1::ERROR_CODE_IO_ERROR);
   detail.set_path(path);
   detail.set_message(absl::StrCat("cannot commit: data file ", path, " ", why));
-  return MakeError(absl::StatusCode::kDataLoss, detail);
+  return MakeError(absl::StatusCode::kFailedPrecondition, detail);
 }
 
-// Every data file the manifest names exists in `dir` and reaches the end of its last chunk.
-absl::Status CheckDataFiles(Storage& storage, const std::string& dir,
-                            const v1::Manifest& manifest) {
+// Makes a rename in `parent` durable, and `parent`'s own entry in its parent (the storage root
+// holds the job directory, which the first save of a job creates).
+absl::Status SyncParents(Storage& storage, const std::string& parent) {
+  RETURN_IF_ERROR(storage.SyncDir(parent));
+  return storage.SyncDir(SplitPath(parent).first);
+}
+
+// One commit attempt: its status, and whether the session can never commit (nothing of it is
+// under final_dir, and no retry could put it there). Errno-mapped storage errors share status
+// codes with these refusals (EINVAL is InvalidArgument, EROFS FailedPrecondition), so the
+// attempt says which is which rather than its caller guessing from the code.
+struct Attempt {
+  absl::Status status;
+  bool refused_for_good = false;
+};
+
+Attempt Refused(absl::Status status) { return {std::move(status), true}; }
+
+// Every data file the manifest names exists in `dir` and reaches the end of its last chunk;
+// refused for good if one does not.
+Attempt CheckDataFiles(Storage& storage, const std::string& dir, const v1::Manifest& manifest) {
   absl::flat_hash_map<std::string, uint64_t> needed;  // file -> end of its last chunk
   for (const v1::TensorEntry& tensor : manifest.tensors()) {
     for (const v1::ChunkEntry& chunk : tensor.chunks()) {
@@ -82,69 +103,113 @@ absl::Status CheckDataFiles(Storage& storage, const std::string& dir,
   for (const auto& [file, end] : files) {
     const std::string path = JoinPath(dir, file);
     absl::StatusOr<uint64_t> size = storage.FileSize(path);
-    if (absl::IsNotFound(size.status())) return MissingData(path, "does not exist");
-    RETURN_IF_ERROR(size.status());
+    if (absl::IsNotFound(size.status())) return Refused(MissingData(path, "does not exist"));
+    if (!size.ok()) return {size.status()};
     if (*size < end) {
-      return MissingData(path, absl::StrCat("holds ", *size, " bytes but its chunks end at ", end));
+      return Refused(
+          MissingData(path, absl::StrCat("holds ", *size, " bytes but its chunks end at ", end)));
     }
   }
-  return absl::OkStatus();
+  return {};
 }
 
-// The session id of a temporary directory name, or nullopt for any other name.
-std::optional<std::string> TmpSession(absl::string_view name) {
-  if (!IsTmpDirName(name)) return std::nullopt;
-  return std::string(name.substr(name.find(kTmpInfix) + kTmpInfix.size()));
-}
-
-}  // namespace
-
-absl::Status CommitCheckpoint(Storage& storage, const std::string& tmp_dir,
-                              const std::string& final_dir, const v1::Manifest& manifest) {
+Attempt AttemptCommit(Storage& storage, const std::string& tmp_dir, const std::string& final_dir,
+                      const v1::Manifest& manifest) {
   if (absl::Status s = ValidateManifest(manifest); !s.ok()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("refusing to commit a malformed manifest: ", s.message()));
+    return Refused(absl::InvalidArgumentError(
+        absl::StrCat("refusing to commit a malformed manifest: ", s.message())));
   }
   const auto [tmp_parent, tmp_name] = SplitPath(tmp_dir);
   const auto [parent, final_name] = SplitPath(final_dir);
   const std::string want_tmp = TmpDirName(manifest.step(), manifest.session_id());
   const std::string want_final = StepDirName(manifest.step());
   if (tmp_parent != parent || tmp_name != want_tmp || final_name != want_final) {
-    return absl::InvalidArgumentError(absl::StrCat(
+    return Refused(absl::InvalidArgumentError(absl::StrCat(
         "commit of step ", manifest.step(), " session ", manifest.session_id(), " expects ",
         JoinPath(parent, want_tmp), " -> ", JoinPath(parent, want_final), ", not ", tmp_dir,
-        " -> ", final_dir));
+        " -> ", final_dir)));
   }
+  // Whether final_dir holds something that is not this session's checkpoint, for good: an
+  // I/O error reading its manifest may pass, a manifest that does not parse will not.
+  auto not_ours = [&](const FinalCheck& check) -> Attempt {
+    absl::Status error = FinalStateError(final_dir, check);
+    if (check.state == FinalState::kUnreadable && check.io_error) return {error, false};
+    return Refused(error);
+  };
 
   const FinalCheck before = CheckFinal(storage, final_dir, manifest.session_id());
   switch (before.state) {
     case FinalState::kSameSession:
-      // Committed already; the previous attempt may have died before the parent's fsync.
-      return storage.SyncDir(parent);
+      // Committed already; the previous attempt may have died before the parents' fsync.
+      return {SyncParents(storage, parent)};
     case FinalState::kOtherSession:
     case FinalState::kUnreadable:
-      return FinalStateError(final_dir, before);
+      return not_ours(before);
     case FinalState::kAbsent:
       break;
   }
 
-  // ListDir first so a missing tmp_dir reads as NotFound, not as missing data files.
-  absl::Status status = storage.ListDir(tmp_dir).status();
-  if (status.ok()) status = CheckDataFiles(storage, tmp_dir, manifest);
-  if (status.ok()) status = WriteManifest(storage, tmp_dir, manifest);
-  if (status.ok()) status = storage.Rename(tmp_dir, final_dir);
+  // ListDir first so a missing tmp_dir reads as NotFound (the data is gone), not as missing
+  // data files.
+  Attempt step;
+  if (absl::Status listed = storage.ListDir(tmp_dir).status(); !listed.ok()) {
+    step = {listed, absl::IsNotFound(listed)};
+  } else {
+    step = CheckDataFiles(storage, tmp_dir, manifest);
+    if (step.status.ok()) step.status = WriteManifest(storage, tmp_dir, manifest);
+    if (step.status.ok()) step.status = storage.Rename(tmp_dir, final_dir);
+  }
+  const absl::Status& status = step.status;
   if (!status.ok()) {
     // A concurrent committer of the same session may have renamed tmp_dir under us.
     const FinalCheck after = CheckFinal(storage, final_dir, manifest.session_id());
-    if (after.state == FinalState::kSameSession) return storage.SyncDir(parent);
-    if (after.state != FinalState::kAbsent) return FinalStateError(final_dir, after);
+    if (after.state == FinalState::kSameSession) return {SyncParents(storage, parent)};
+    if (after.state != FinalState::kAbsent) return not_ours(after);
     if (absl::IsAlreadyExists(status)) {
-      return StepExists(final_dir, "it is a non-empty directory without a manifest; "
-                                   "remove it by hand if it is garbage");
+      return Refused(StepExists(final_dir, "it is a non-empty directory without a manifest; "
+                                           "remove it by hand if it is garbage"));
     }
-    return status;
+    return step;
   }
-  return storage.SyncDir(parent);
+  return {SyncParents(storage, parent)};
+}
+
+}  // namespace
+
+absl::Status CommitCheckpoint(Storage& storage, const std::string& tmp_dir,
+                              const std::string& final_dir, const v1::Manifest& manifest) {
+  return AttemptCommit(storage, tmp_dir, final_dir, manifest).status;
+}
+
+CommitResolution ResolveCommit(Storage& storage, const std::string& tmp_dir,
+                               const std::string& final_dir, const v1::Manifest& manifest,
+                               bool roll_back_unless_committed) {
+  const Attempt attempt = AttemptCommit(storage, tmp_dir, final_dir, manifest);
+  if (attempt.status.ok()) return {CommitOutcome::kCommitted, absl::OkStatus()};
+  if (!attempt.refused_for_good && !roll_back_unless_committed) {
+    return {CommitOutcome::kUnresolved, attempt.status};
+  }
+  // Refused for good, or to be rolled back: take the directory out of final_dir if it is
+  // there (a refused attempt never put it there, but an earlier one may have), and make its
+  // absence durable before anyone may call the session ABORTED.
+  const std::string parent = SplitPath(final_dir).first;
+  const FinalCheck check = CheckFinal(storage, final_dir, manifest.session_id());
+  if (check.state == FinalState::kUnreadable && check.io_error) {
+    return {CommitOutcome::kUnresolved, attempt.status};
+  }
+  if (check.state == FinalState::kSameSession) {
+    if (absl::Status back = storage.Rename(final_dir, tmp_dir); !back.ok()) {
+      return {CommitOutcome::kUnresolved, back};
+    }
+  }
+  if (absl::Status synced = storage.SyncDir(parent); !synced.ok()) {
+    return {CommitOutcome::kUnresolved, synced};
+  }
+  if (attempt.refused_for_good) return {CommitOutcome::kRolledBack, attempt.status};
+  return {CommitOutcome::kRolledBack,
+          absl::Status(attempt.status.code(),
+                       absl::StrCat("the commit did not complete and was rolled back: ",
+                                    attempt.status.message()))};
 }
 
 absl::StatusOr<std::vector<int64_t>> ListCheckpoints(Storage& storage,
@@ -176,33 +241,30 @@ absl::StatusOr<int64_t> LatestStep(Storage& storage, const std::string& job_dir)
   return steps.back();
 }
 
-absl::StatusOr<GcReport> CollectGarbage(Storage& storage, const std::string& job_dir,
-                                        int keep_last_k, absl::string_view protect_session_id) {
-  if (keep_last_k < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("keep_last_k is ", keep_last_k, "; at least the latest checkpoint is kept"));
+absl::StatusOr<RetentionReport> ApplyRetention(Storage& storage, const std::string& job_dir,
+                                               const std::vector<int64_t>& retire_steps,
+                                               int64_t committed_step) {
+  for (int64_t step : retire_steps) {
+    if (step == committed_step) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "retention asked to retire step ", step, ", the checkpoint just committed"));
+    }
   }
-  GcReport report;
+  RetentionReport report;
   absl::StatusOr<std::vector<std::string>> names = storage.ListDir(job_dir);
   if (absl::IsNotFound(names.status())) return report;
   RETURN_IF_ERROR(names.status());
 
-  auto remove = [&](const std::string& name) {
-    if (absl::Status s = storage.RemoveTree(JoinPath(job_dir, name)); s.ok()) {
-      report.removed.push_back(name);
-    } else {
-      report.failed.emplace_back(name, std::move(s));
+  // Retired checkpoints first: each is renamed out of the committed namespace, then deleted.
+  // Its temporary name has a step not newer than committed_step, so an interrupted removal is
+  // finished by the next retention.
+  ASSIGN_OR_RETURN(std::vector<int64_t> committed, ListCheckpoints(storage, job_dir));
+  for (int64_t step : committed) {
+    if (std::find(retire_steps.begin(), retire_steps.end(), step) == retire_steps.end()) {
+      continue;
     }
-  };
-
-  // Old committed steps first: each is renamed out of the committed namespace, then deleted.
-  ASSIGN_OR_RETURN(std::vector<int64_t> steps, ListCheckpoints(storage, job_dir));
-  const size_t keep = static_cast<size_t>(keep_last_k);
-  const size_t drop = steps.size() > keep ? steps.size() - keep : 0;
-  for (size_t i = 0; i < drop; ++i) {
-    const std::string name = StepDirName(steps[i]);
-    const std::string doomed =
-        TmpDirName(steps[i], absl::StrFormat("gc-%016x", NewIncarnation()));
+    const std::string name = StepDirName(step);
+    const std::string doomed = TmpDirName(step, absl::StrFormat("gc-%016x", NewIncarnation()));
     absl::Status s = storage.Rename(JoinPath(job_dir, name), JoinPath(job_dir, doomed));
     if (s.ok()) s = storage.SyncDir(job_dir);
     if (!s.ok()) {
@@ -212,17 +274,18 @@ absl::StatusOr<GcReport> CollectGarbage(Storage& storage, const std::string& job
     if (absl::Status r = storage.RemoveTree(JoinPath(job_dir, doomed)); r.ok()) {
       report.removed.push_back(name);
     } else {
-      // No longer committed; the next collection removes the orphan.
-      report.failed.emplace_back(name, std::move(r));
+      report.failed.emplace_back(name, std::move(r));  // no longer committed: an orphan
     }
   }
 
-  // Orphaned temporary directories: aborted or crashed sessions, and interrupted collections.
   for (const std::string& name : *names) {
-    std::optional<std::string> session = TmpSession(name);
-    if (!session.has_value()) continue;
-    if (!protect_session_id.empty() && *session == protect_session_id) continue;
-    remove(name);
+    std::optional<std::pair<int64_t, std::string>> tmp = ParseTmpDirName(name);
+    if (!tmp.has_value() || tmp->first > committed_step) continue;
+    if (absl::Status s = storage.RemoveTree(JoinPath(job_dir, name)); s.ok()) {
+      report.removed.push_back(name);
+    } else {
+      report.failed.emplace_back(name, std::move(s));
+    }
   }
   return report;
 }

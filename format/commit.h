@@ -10,14 +10,19 @@
 //
 // Durability: the writers fsynced every data file and the temporary directory (see
 // format/shard_writer.h), so the commit fsyncs only what it changes: the manifest files, the
-// temporary directory (their entries) and, after the rename, the job directory.
+// temporary directory (their entries) and, after the rename, the job directory and the storage
+// root (the job directory's own entry: the first commit of a job creates it).
 //
-// Garbage collection removes only names Tessera makes: committed step directories beyond the
-// newest K, and temporary directories ("step-N.tmp-<session>") of sessions that are not in
-// flight. Anything else in the job directory — other files, "step-N" without a manifest,
-// non-canonical spellings — is left alone. A committed step is removed by first renaming it to
-// a temporary name (so it stops being "committed" atomically and a crash mid-removal leaves an
-// orphan the next collection removes), then deleting the tree.
+// The commit edge (DESIGN.md "Save protocol"): a session that reached COMMITTING ends
+// COMMITTED, or ABORTED only once its directory is provably out of the committed namespace.
+// ResolveCommit decides which from the disk, never from a timer.
+//
+// Retention removes only names Tessera makes: the committed step directories it is told to
+// retire, and temporary directories ("step-N.tmp-<session>") of steps that cannot be in flight.
+// Anything else in the job directory — other files, "step-N" without a manifest, non-canonical
+// spellings — is left alone. A committed step is removed by first renaming it to a temporary
+// name (so it stops being "committed" atomically and a crash mid-removal leaves an orphan the
+// next retention removes), then deleting the tree.
 //
 // Thread-safety: free functions; safe to call concurrently (all decisions are re-checked
 // against the file system, and renames are atomic).
@@ -42,17 +47,49 @@ namespace tessera {
 // in tmp_dir and is long enough for its chunks, writes the manifest (format/manifest_io.h),
 // renames tmp_dir to final_dir and fsyncs the parent.
 // Idempotent: if final_dir already holds a manifest of the same session, returns OK (after
-// fsyncing the parent again, in case the previous attempt died before it).
+// fsyncing the parents again, in case the previous attempt died before it).
 // Errors: InvalidArgument if `manifest` fails ValidateManifest or the directory names do not
 // match it; FailedPrecondition + STEP_EXISTS if final_dir holds a checkpoint of another
 // session, an unreadable manifest, or is a non-empty directory without a manifest;
-// DataLoss + IO_ERROR naming the file if a data file is missing or shorter than its chunks;
-// NotFound + IO_ERROR if tmp_dir does not exist (and the session did not commit);
+// FailedPrecondition + IO_ERROR naming the file if a data file is missing or shorter than its
+// chunks; NotFound + IO_ERROR if tmp_dir does not exist (and the session did not commit);
 // other I/O errors from `storage` (storage/storage.h). After an error nothing was renamed,
-// unless the error is the parent's fsync (the checkpoint may then be committed but not yet
+// unless the error is a parent's fsync (the checkpoint may then be committed but not yet
 // durable; retrying the commit makes it so).
 absl::Status CommitCheckpoint(Storage& storage, const std::string& tmp_dir,
                               const std::string& final_dir, const v1::Manifest& manifest);
+
+// What became of a session's checkpoint directory.
+enum class CommitOutcome {
+  // final_dir holds this session's manifest; the rename and the parents are fsynced.
+  kCommitted,
+  // The session's directory is provably not under final_dir, durably: the commit was refused
+  // for good (final_dir holds another session's checkpoint; the data files or the temporary
+  // directory are gone; the manifest or the names are invalid), or it was rolled back.
+  kRolledBack,
+  // Neither could be established: an I/O error. Nothing is decided; retry.
+  kUnresolved,
+};
+
+struct CommitResolution {
+  CommitOutcome outcome = CommitOutcome::kUnresolved;
+  // kRolledBack: why the checkpoint is not committed. kUnresolved: the error to retry after.
+  // OK for kCommitted.
+  absl::Status status;
+};
+
+// Resolves a session's commit from the disk: commits it (CommitCheckpoint) and says whether
+// it is committed. With `roll_back_unless_committed` (the session's COMMITTING deadline has
+// passed), a commit that does not complete is rolled back instead: if final_dir holds this
+// session's manifest it is renamed back to tmp_dir, and the parent is fsynced so that the
+// directory's absence under final_dir is durable. Idempotent: safe to call again after any
+// outcome, by another committer, and after a crash; a kCommitted or kRolledBack answer is
+// final for the session (a later call gives the same outcome unless someone else changes
+// the directory). A session ends COMMITTED only on kCommitted and ABORTED only on
+// kRolledBack.
+CommitResolution ResolveCommit(Storage& storage, const std::string& tmp_dir,
+                               const std::string& final_dir, const v1::Manifest& manifest,
+                               bool roll_back_unless_committed);
 
 // Steps of the committed checkpoints in `job_dir`, ascending. A job directory that does not
 // exist has none. Errors: I/O errors listing `job_dir` (storage/storage.h).
@@ -62,21 +99,27 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(Storage& storage, const std
 // Errors: NotFound + CHECKPOINT_NOT_FOUND if there is none; as ListCheckpoints.
 absl::StatusOr<int64_t> LatestStep(Storage& storage, const std::string& job_dir);
 
-// What CollectGarbage did.
-struct GcReport {
+// What ApplyRetention did.
+struct RetentionReport {
   // Names (relative to the job directory) removed, in the order they were removed.
   std::vector<std::string> removed;
   // Names that should have been removed but could not be, with the error.
   std::vector<std::pair<std::string, absl::Status>> failed;
 };
 
-// Removes committed checkpoints older than the newest `keep_last_k`, and every temporary
-// directory except those of session `protect_session_id` (the session in flight; empty
-// protects none). One failed removal does not stop the others; see GcReport.failed.
-// Errors: InvalidArgument if keep_last_k < 1 (the latest checkpoint is never collected);
-// I/O errors listing `job_dir`. A job directory that does not exist has nothing to collect.
-absl::StatusOr<GcReport> CollectGarbage(Storage& storage, const std::string& job_dir,
-                                        int keep_last_k, absl::string_view protect_session_id);
+// Retention after the commit of `committed_step`: removes the committed checkpoints of
+// `retire_steps` (the coordinator dropped their records), and the temporary directories of
+// steps not newer than `committed_step` — aborted or crashed sessions, interrupted removals.
+// No session of such a step can be in flight: a job saves one step at a time, and the
+// coordinator refuses a step that is not newer than its latest. Temporary directories of newer
+// steps are left alone, as are checkpoints not named and names Tessera does not make. One
+// failed removal does not stop the others; see RetentionReport.failed.
+// Errors: InvalidArgument if `retire_steps` names `committed_step` (the newest checkpoint is
+// never retired); I/O errors listing `job_dir`. A job directory that does not exist has
+// nothing to remove.
+absl::StatusOr<RetentionReport> ApplyRetention(Storage& storage, const std::string& job_dir,
+                                               const std::vector<int64_t>& retire_steps,
+                                               int64_t committed_step);
 
 }  // namespace tessera
 

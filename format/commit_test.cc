@@ -3,7 +3,9 @@
 #include <string>
 #include <vector>
 
-#include "agent/storage.h"
+#include "storage/fault_injecting_storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "format/manifest_io.h"
@@ -132,12 +134,12 @@ TEST_F(CommitTest, Commit_ParentSyncFails_RetryMakesItDurable) {
   EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(7));
 }
 
-TEST_F(CommitTest, Commit_DataFileMissing_DataLossNamingFile) {
+TEST_F(CommitTest, Commit_DataFileMissing_FailedPreconditionNamingFile) {
   v1::Manifest m = Stage(3, "s3-aaaa");
   const std::string tmp = JoinPath(job_dir_, TmpDirName(3, "s3-aaaa"));
   ASSERT_TRUE(storage_.RemoveTree(JoinPath(tmp, "data-1.safetensors")).ok());
   absl::Status s = Commit(storage_, m);
-  EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
   EXPECT_EQ(GetErrorDetail(s)->path(), JoinPath(tmp, "data-1.safetensors"));
   EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), IsEmpty());
 }
@@ -178,7 +180,7 @@ TEST_F(CommitTest, ListCheckpoints_IgnoresUncommittedAndForeign) {
   EXPECT_EQ(*LatestStep(storage_, job_dir_), 20);
 }
 
-TEST_F(CommitTest, Gc_KeepsNewestKAndProtectedSession_RemovesOrphansOnly) {
+TEST_F(CommitTest, Retention_RetiresNamedStepsAndTmpDirsNotNewer_KeepsTheRest) {
   for (int64_t step : {1, 2, 3, 4, 5}) Committed(step);
   Stage(6, "s6-inflight");
   Stage(3, "s3-crashed");
@@ -189,7 +191,7 @@ TEST_F(CommitTest, Gc_KeepsNewestKAndProtectedSession_RemovesOrphansOnly) {
     ASSERT_TRUE(storage_.CreateDirs(JoinPath(job_dir_, foreign)).ok());
   }
 
-  absl::StatusOr<GcReport> report = CollectGarbage(storage_, job_dir_, 2, "s6-inflight");
+  absl::StatusOr<RetentionReport> report = ApplyRetention(storage_, job_dir_, {1, 2, 3}, 5);
   ASSERT_TRUE(report.ok()) << report.status();
   EXPECT_THAT(report->failed, IsEmpty());
   EXPECT_THAT(report->removed,
@@ -201,38 +203,175 @@ TEST_F(CommitTest, Gc_KeepsNewestKAndProtectedSession_RemovesOrphansOnly) {
                                    "step-000000008", "step-000000009.tmp-", "step-7"));
 
   // Nothing left to do: idempotent.
-  report = CollectGarbage(storage_, job_dir_, 2, "s6-inflight");
+  report = ApplyRetention(storage_, job_dir_, {1, 2, 3}, 5);
   ASSERT_TRUE(report.ok());
   EXPECT_THAT(report->removed, IsEmpty());
 }
 
-TEST_F(CommitTest, Gc_NoProtectedSession_RemovesAllTmpDirs) {
+TEST_F(CommitTest, Retention_StepsNotNamed_Kept) {
   Committed(1);
-  Stage(2, "s2-a");
-  absl::StatusOr<GcReport> report = CollectGarbage(storage_, job_dir_, 1, "");
+  Committed(2);
+  absl::StatusOr<RetentionReport> report = ApplyRetention(storage_, job_dir_, {}, 2);
   ASSERT_TRUE(report.ok());
-  EXPECT_THAT(report->removed, ElementsAre("step-000000002.tmp-s2-a"));
-  EXPECT_THAT(Names(), ElementsAre("step-000000001"));
+  EXPECT_THAT(report->removed, IsEmpty());
+  EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(1, 2));
 }
 
-TEST_F(CommitTest, Gc_KeepZero_InvalidArgument) {
+TEST_F(CommitTest, Retention_RetiringTheCommittedStep_InvalidArgument) {
   Committed(1);
-  EXPECT_EQ(CollectGarbage(storage_, job_dir_, 0, "").status().code(),
+  EXPECT_EQ(ApplyRetention(storage_, job_dir_, {1}, 1).status().code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(1));
 }
 
-TEST_F(CommitTest, Gc_RenameFails_ReportedAndCheckpointKept) {
+TEST_F(CommitTest, Retention_RenameFails_ReportedAndCheckpointKept) {
   Committed(1);
   Committed(2);
   FaultInjectingStorage faulty(&storage_);
   faulty.FailRename(EIO);
-  absl::StatusOr<GcReport> report = CollectGarbage(faulty, job_dir_, 1, "");
+  absl::StatusOr<RetentionReport> report = ApplyRetention(faulty, job_dir_, {1}, 2);
   ASSERT_TRUE(report.ok());
   EXPECT_THAT(report->removed, IsEmpty());
   ASSERT_EQ(report->failed.size(), 1u);
   EXPECT_EQ(report->failed[0].first, "step-000000001");
   EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(1, 2));
+}
+
+// Issue 11, bug 5: retention removed the temporary directory of every session, also one of a
+// newer step that may be in flight. A step newer than the committed one may be.
+TEST_F(CommitTest, Regression_Retention_TmpDirOfNewerStep_Kept) {
+  Committed(1);
+  Stage(2, "s2-a");
+  absl::StatusOr<RetentionReport> report = ApplyRetention(storage_, job_dir_, {}, 1);
+  ASSERT_TRUE(report.ok());
+  EXPECT_THAT(report->removed, IsEmpty());
+  EXPECT_THAT(Names(), ElementsAre("step-000000001", "step-000000002.tmp-s2-a"));
+}
+
+// Issue 11, bug 6: the job directory's own entry in the storage root was never fsynced, so a
+// committed checkpoint of a new job could vanish with its job directory after a power loss.
+TEST_F(CommitTest, Regression_Commit_SyncsStorageRootToo) {
+  class RecordingStorage : public FaultInjectingStorage {
+   public:
+    using FaultInjectingStorage::FaultInjectingStorage;
+    std::vector<std::string> synced;
+    absl::Status SyncDir(const std::string& path) override {
+      synced.push_back(path);
+      return FaultInjectingStorage::SyncDir(path);
+    }
+  } recording(&storage_);
+  v1::Manifest m = Stage(1, "s1-a");
+  ASSERT_TRUE(Commit(recording, m).ok());
+  const std::string root = job_dir_.substr(0, job_dir_.rfind('/'));
+  EXPECT_THAT(recording.synced, ::testing::Contains(root));
+}
+
+// ---------------------------------------------------------------------------------------------
+// ResolveCommit: the commit edge
+
+class ResolveTest : public CommitTest {
+ protected:
+  CommitResolution Resolve(Storage& storage, const v1::Manifest& m, bool roll_back) {
+    return ResolveCommit(storage, JoinPath(job_dir_, TmpDirName(m.step(), m.session_id())),
+                         JoinPath(job_dir_, StepDirName(m.step())), m, roll_back);
+  }
+};
+
+// Fsyncs of one directory fail while `fail` is set.
+class SyncOfDirFails : public FaultInjectingStorage {
+ public:
+  using FaultInjectingStorage::FaultInjectingStorage;
+  std::string dir;
+  bool fail = true;
+  absl::Status SyncDir(const std::string& path) override {
+    if (fail && path == dir) return ErrnoToStatus(EIO, "fsync", path, "(directory)");
+    return FaultInjectingStorage::SyncDir(path);
+  }
+};
+
+TEST_F(ResolveTest, Resolve_Fresh_Committed) {
+  v1::Manifest m = Stage(4, "s4-a");
+  CommitResolution r = Resolve(storage_, m, /*roll_back=*/false);
+  EXPECT_EQ(r.outcome, CommitOutcome::kCommitted) << r.status;
+  EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(4));
+  // Again, and with roll-back asked: committed stays committed.
+  EXPECT_EQ(Resolve(storage_, m, true).outcome, CommitOutcome::kCommitted);
+}
+
+TEST_F(ResolveTest, Resolve_RenamedButParentFsyncFails_UnresolvedThenCommitted) {
+  v1::Manifest m = Stage(4, "s4-a");
+  SyncOfDirFails faulty(&storage_);
+  faulty.dir = job_dir_;
+  CommitResolution r = Resolve(faulty, m, false);
+  EXPECT_EQ(r.outcome, CommitOutcome::kUnresolved);
+  EXPECT_EQ(GetErrorCode(r.status), v1::ERROR_CODE_IO_ERROR) << r.status;
+  // The rename happened: the directory is under its final name, not yet durably.
+  EXPECT_THAT(Names(), ElementsAre("step-000000004"));
+  faulty.fail = false;
+  EXPECT_EQ(Resolve(faulty, m, false).outcome, CommitOutcome::kCommitted);
+}
+
+TEST_F(ResolveTest, Resolve_RollBackWhileFsyncFails_StaysUnresolved) {
+  v1::Manifest m = Stage(4, "s4-a");
+  SyncOfDirFails faulty(&storage_);
+  faulty.dir = job_dir_;
+  // The rename back happens, but its fsync fails too: nothing is proven either way.
+  CommitResolution r = Resolve(faulty, m, true);
+  EXPECT_EQ(r.outcome, CommitOutcome::kUnresolved) << r.status;
+  EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), IsEmpty());
+}
+
+TEST_F(ResolveTest, Resolve_RollBackWhenRenameKeepsFailing_RolledBackDurably) {
+  v1::Manifest m = Stage(4, "s4-a");
+  FaultInjectingStorage faulty(&storage_);
+  faulty.FailRename(EIO);
+  EXPECT_EQ(Resolve(faulty, m, false).outcome, CommitOutcome::kUnresolved);
+  CommitResolution r = Resolve(faulty, m, true);
+  EXPECT_EQ(r.outcome, CommitOutcome::kRolledBack) << r.status;
+  EXPECT_THAT(std::string(r.status.message()), HasSubstr("rolled back"));
+  EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), IsEmpty());
+  EXPECT_THAT(Names(), ElementsAre("step-000000004.tmp-s4-a"));
+}
+
+TEST_F(ResolveTest, Resolve_RenamedEarlierThenRolledBack_MovedOutOfFinalName) {
+  v1::Manifest m = Stage(4, "s4-a");
+  SyncOfDirFails faulty(&storage_);
+  faulty.dir = job_dir_;
+  ASSERT_EQ(Resolve(faulty, m, false).outcome, CommitOutcome::kUnresolved);
+  ASSERT_THAT(Names(), ElementsAre("step-000000004"));
+  // The fsync works again just as the deadline asks for a roll-back: the commit completes
+  // first, which wins (committed is the better outcome, and it is proven).
+  faulty.fail = false;
+  EXPECT_EQ(Resolve(faulty, m, true).outcome, CommitOutcome::kCommitted);
+}
+
+TEST_F(ResolveTest, Resolve_OtherSessionCommitted_RolledBackForGood) {
+  ASSERT_TRUE(Commit(storage_, Stage(5, "s5-a")).ok());
+  v1::Manifest other = Stage(5, "s5-b");
+  CommitResolution r = Resolve(storage_, other, false);
+  EXPECT_EQ(r.outcome, CommitOutcome::kRolledBack);
+  EXPECT_EQ(GetErrorCode(r.status), v1::ERROR_CODE_STEP_EXISTS) << r.status;
+  EXPECT_EQ(ReadManifest(storage_, JoinPath(job_dir_, "step-000000005"))->session_id(), "s5-a");
+}
+
+TEST_F(ResolveTest, Resolve_DataGone_RolledBackForGood) {
+  v1::Manifest m = Stage(3, "s3-a");
+  ASSERT_TRUE(storage_.RemoveTree(JoinPath(job_dir_, TmpDirName(3, "s3-a"))).ok());
+  CommitResolution r = Resolve(storage_, m, false);
+  EXPECT_EQ(r.outcome, CommitOutcome::kRolledBack) << r.status;
+  EXPECT_EQ(r.status.code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(ResolveTest, Resolve_ReadOnlyStorage_UnresolvedNotRefused) {
+  // EROFS maps to FailedPrecondition, like a refusal; it is not one: remounted read-write,
+  // the commit goes through.
+  v1::Manifest m = Stage(3, "s3-a");
+  FaultInjectingStorage faulty(&storage_);
+  faulty.SetReadOnly(true);
+  CommitResolution r = Resolve(faulty, m, false);
+  EXPECT_EQ(r.outcome, CommitOutcome::kUnresolved) << r.status;
+  faulty.SetReadOnly(false);
+  EXPECT_EQ(Resolve(faulty, m, false).outcome, CommitOutcome::kCommitted);
 }
 
 }  // namespace

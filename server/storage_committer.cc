@@ -17,11 +17,16 @@ absl::Status StorageCommitter::RemoveDir(const std::string& tmp_dir) {
 }
 
 absl::Status StorageCommitter::CollectGarbage(const std::string& job_dir, int keep_last,
-                                              const std::string& protect_session_id) {
-  // keep_last 0 keeps every checkpoint but still removes orphaned temporary directories.
-  absl::StatusOr<GcReport> report = tessera::CollectGarbage(
-      *storage_, job_dir, keep_last > 0 ? keep_last : std::numeric_limits<int>::max(),
-      protect_session_id);
+                                              const std::string& /*protect_session_id*/) {
+  absl::StatusOr<std::vector<int64_t>> steps = ListCheckpoints(*storage_, job_dir);
+  if (!steps.ok()) return steps.status();
+  if (steps->empty()) return absl::OkStatus();
+  std::vector<int64_t> retire;
+  if (keep_last > 0 && steps->size() > static_cast<size_t>(keep_last)) {
+    retire.assign(steps->begin(), steps->end() - keep_last);
+  }
+  absl::StatusOr<RetentionReport> report =
+      ApplyRetention(*storage_, job_dir, retire, steps->back());
   if (!report.ok()) return report.status();
   for (const std::string& name : report->removed) LogInfo("retention removed ", job_dir, "/", name);
   for (const auto& [name, status] : report->failed) {
