@@ -420,6 +420,7 @@ class Planner {
     RETURN_IF_ERROR(CheckShapes());
     RETURN_IF_ERROR(CheckOptimizerState());
     RETURN_IF_ERROR(BuildChunks());
+    RETURN_IF_ERROR(CheckTotalBytes());
     AssignWriters();
     return Emit();
   }
@@ -855,6 +856,20 @@ class Planner {
       chunk.writer = best;
       load_[best] += chunk.nbytes;
     }
+  }
+
+  // The checkpoint's bytes must fit the manifest's uint64 total_bytes, which ValidateManifest
+  // checks when it is committed: a plan that could never be committed is refused here, before
+  // a byte is copied, and the per-rank sums below (each a part of the total) cannot wrap.
+  absl::Status CheckTotalBytes() const {
+    uint64_t total = 0;
+    for (const Chunk& chunk : chunks_) {
+      if (__builtin_add_overflow(total, chunk.nbytes, &total)) {
+        return PlanError(layout_, v1::ERROR_CODE_PLAN_TOO_LARGE)
+            .Build("The checkpoint would hold more than 2^64 bytes; no manifest can describe it.");
+      }
+    }
+    return absl::OkStatus();
   }
 
   // Picks the pieces each chunk is assembled from: the writer's own piece, or for a gathered

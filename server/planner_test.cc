@@ -1411,5 +1411,18 @@ TEST(Planner, Plan_RandomValidLayouts_AcceptedAndEachByteWrittenOnce) {
   }
 }
 
+// Bug 6 of issue 11: the planner summed chunk bytes without overflow checks, so a plan whose
+// total exceeds 2^64 bytes was accepted with a wrapped total that the manifest validator then
+// refused. Eight 2^61-byte tensors total 2^64 bytes.
+TEST(Planner, Regression_TotalBytesOverflow_PlanTooLarge) {
+  MeshLayout layout = Mesh({{"dp", 1}});
+  std::vector<LocalPlan> plans = EmptyPlans(layout);
+  for (int i = 0; i < 8; ++i) {
+    plans[0].shards.push_back(Whole(absl::StrCat("huge.", i), {int64_t{1} << 59}));
+  }
+  v1::ErrorDetail detail = MustFail(layout, plans, v1::ERROR_CODE_PLAN_TOO_LARGE);
+  EXPECT_THAT(detail.message(), ::testing::HasSubstr("bytes"));
+}
+
 }  // namespace
 }  // namespace tessera
