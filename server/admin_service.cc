@@ -166,10 +166,13 @@ grpc::ServerUnaryReactor* AdminService::AbortSession(grpc::CallbackServerContext
                                                      const v1::AbortSessionRequest* request,
                                                      v1::SessionStatus* response) {
   if (absl::Status s = Authorize(context); !s.ok()) return FinishUnary(context, s);
-  absl::StatusOr<v1::SessionStatus> status =
-      sessions_->AbortSession(request->job_id(), request->reason());
-  if (status.ok()) *response = *std::move(status);
-  return FinishUnary(context, status.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  sessions_->AbortSession(request->job_id(), request->reason(),
+                          [reactor, response](absl::StatusOr<v1::SessionStatus> status) {
+                            if (status.ok()) *response = *std::move(status);
+                            reactor->Finish(ToGrpcStatus(status.status()));
+                          });
+  return reactor;
 }
 
 grpc::ServerWriteReactor<v1::SessionStatus>* AdminService::WatchSession(

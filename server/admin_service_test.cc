@@ -17,22 +17,20 @@ class NullSink : public CommandSink {
   void Send(const std::string&, uint32_t, const v1::Command&) override {}
 };
 
-class NullCommitter : public Committer {
+class NullCommitter : public CommitEdge {
  public:
-  absl::Status Commit(const v1::Manifest&, const std::string&, const std::string&) override {
-    return absl::OkStatus();
+  CommitResolution Commit(const CommitWork&) override {
+    return {CommitOutcome::kCommitted, absl::OkStatus()};
   }
-  absl::Status RemoveDir(const std::string&) override { return absl::OkStatus(); }
-  absl::Status CollectGarbage(const std::string&, int, const std::string&) override {
-    return absl::OkStatus();
-  }
+  absl::Status Retain(const RetentionWork&) override { return absl::OkStatus(); }
+  absl::Status Remove(const std::string&) override { return absl::OkStatus(); }
 };
 
 class AdminServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
     SessionManagerOptions options;
-    options.storage_root = "/ckpt";
+    options.session.storage_root = "/ckpt";
     sessions_ = std::make_unique<SessionManager>(&store_, &registry_, &sink_, &committer_,
                                                  &clock_, options);
     service_ = std::make_unique<AdminService>(&registry_, sessions_.get(), "s3cret");

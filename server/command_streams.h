@@ -26,7 +26,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
-#include "server/session_manager.h"
+#include "server/command_sink.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
 
 namespace tessera {

@@ -29,8 +29,8 @@
 #include "server/coordinator_service.h"
 #include "server/metrics.h"
 #include "server/peer_id_broker.h"
+#include "server/session/commit_driver.h"
 #include "server/session_manager.h"
-#include "server/storage_committer.h"
 #include "server/store/rocksdb_state_store.h"
 
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
@@ -119,9 +119,9 @@ int main(int argc, char** argv) {
   tessera::AgentRegistry registry(clock, registry_options);
 
   tessera::PosixStorage storage;
-  tessera::StorageCommitter committer(&storage);
   tessera::CommandStreams streams;
-  tessera::SessionManagerOptions session_options;
+  tessera::SessionManagerOptions manager_options;
+  tessera::SessionOptions& session_options = manager_options.session;
   session_options.storage_root = absl::GetFlag(FLAGS_storage_root);
   session_options.coordinator_commits = absl::GetFlag(FLAGS_coordinator_commits);
   session_options.planning_timeout = absl::Seconds(absl::GetFlag(FLAGS_planning_timeout_s));
@@ -133,15 +133,17 @@ int main(int argc, char** argv) {
       static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_max_concurrent_writers)));
   session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));
   if (const std::string crash = absl::GetFlag(FLAGS_crash_in_state); !crash.empty()) {
-    session_options.on_state_persisted = [crash](tessera::v1::SessionState state) {
+    manager_options.on_state_persisted = [crash](tessera::v1::SessionState state) {
       if (tessera::v1::SessionState_Name(state) == "SESSION_STATE_" + crash) {
         tessera::LogError("fault injection: crashing in ", crash);
         raise(SIGKILL);
       }
     };
   }
-  tessera::SessionManager sessions(store->get(), &registry, &streams, &committer, clock,
-                                   session_options);
+  tessera::StorageCommitEdge commit_edge(&storage, session_options.storage_root);
+  tessera::SessionManager sessions(store->get(), &registry, &streams,
+                                   session_options.coordinator_commits ? &commit_edge : nullptr,
+                                   clock, manager_options);
   if (absl::Status recovered = sessions.Recover(); !recovered.ok()) {
     return Fail(absl::StrCat("cannot recover state from ", store_options.path, ": ",
                              recovered.ToString()));
@@ -179,8 +181,7 @@ int main(int argc, char** argv) {
                    store_options.path, "; checkpoints under ", session_options.storage_root,
                    token.empty() ? "" : "; admin token required");
 
-  // Time-driven work: session deadlines, leases, commits; expired peer-id waits.
-  std::thread ticker([&sessions] { sessions.RunUntilStopped(absl::Milliseconds(200)); });
+  // Expired peer-id waits (session deadlines, leases and commits tick inside SessionManager).
   absl::Notification stop_broker;
   std::thread broker_expiry([&] {
     while (!stop_broker.WaitForNotificationWithTimeout(absl::Seconds(1))) {
@@ -196,7 +197,6 @@ int main(int argc, char** argv) {
                    std::chrono::milliseconds(absl::GetFlag(FLAGS_shutdown_grace_ms)));
   server->Wait();
   sessions.Stop();
-  ticker.join();
   stop_broker.Notify();
   broker_expiry.join();
   tessera::LogInfo("stopped");

@@ -75,12 +75,16 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitLocalPlan(
   if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
   // The request's shards are moved into the session rather than copied (a copy of every
   // rank's plan is half a GiB at 1,024 x 1,000 shards). gRPC's default message holder owns
-  // the request as a non-const object and only frees it after this handler returns, so
-  // taking its contents is sound; nothing reads the request afterwards.
-  absl::StatusOr<std::string> session = sessions_->SubmitLocalPlan(
-      std::move(*const_cast<v1::SubmitLocalPlanRequest*>(request)));
-  if (session.ok()) response->set_session_id(*session);
-  return FinishUnary(context, session.status());
+  // the request as a non-const object and frees it only once the call is finished, so taking
+  // its contents is sound; nothing reads the request afterwards. The answer comes once the
+  // session's strand has recorded the plan (SessionManager), off this callback thread.
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  sessions_->SubmitLocalPlan(std::move(*const_cast<v1::SubmitLocalPlanRequest*>(request)),
+                             [reactor, response](absl::StatusOr<std::string> session) {
+                               if (session.ok()) response->set_session_id(*session);
+                               reactor->Finish(ToGrpcStatus(session.status()));
+                             });
+  return reactor;
 }
 
 grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
@@ -109,18 +113,24 @@ grpc::ServerUnaryReactor* CoordinatorService::ReportPhase(grpc::CallbackServerCo
                                                           const v1::ReportPhaseRequest* request,
                                                           v1::ReportPhaseResponse* response) {
   if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
-  absl::StatusOr<v1::SessionState> state = sessions_->ReportPhase(*request);
-  if (state.ok()) response->set_state(*state);
-  return FinishUnary(context, state.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  sessions_->ReportPhase(*request, [reactor, response](absl::StatusOr<v1::SessionState> state) {
+    if (state.ok()) response->set_state(*state);
+    reactor->Finish(ToGrpcStatus(state.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ReportChunks(
     grpc::CallbackServerContext* context, const v1::ReportChunksRequest* request,
     v1::ReportChunksResponse* response) {
   if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
-  absl::StatusOr<v1::SessionState> state = sessions_->ReportChunks(*request);
-  if (state.ok()) response->set_state(*state);
-  return FinishUnary(context, state.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  sessions_->ReportChunks(*request, [reactor, response](absl::StatusOr<v1::SessionState> state) {
+    if (state.ok()) response->set_state(*state);
+    reactor->Finish(ToGrpcStatus(state.status()));
+  });
+  return reactor;
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::ExchangePeerId(

@@ -1,9 +1,9 @@
 // In-process gRPC test of the whole coordinator protocol (proto/tessera/v1/coordinator.proto).
 //
 // The real services run on a free localhost port, wired as coordinator_main.cc wires them:
-// AgentRegistry, SessionManager (over a MemoryStateStore, its Tick driven by RunUntilStopped
+// AgentRegistry, SessionManager (over a MemoryStateStore, ticking every 5 ms
 // on the real clock), CommandStreams, PeerIdBroker, CoordinatorService and AdminService. The
-// only fake on the server side is the Committer, which records the manifest it is asked to
+// only fake on the server side is the CommitEdge, which records the manifest it is asked to
 // commit instead of writing it.
 //
 // Each FakeAgent is what a real agent looks like on the wire: it registers, heartbeats on a
@@ -104,7 +104,7 @@ std::string BodyName(v1::Command::BodyCase body) {
 // ---------------------------------------------------------------------------------------------
 // The fake committer
 
-class RecordingCommitter : public Committer {
+class RecordingCommitter : public CommitEdge {
  public:
   struct CommitCall {
     v1::Manifest manifest;
@@ -112,26 +112,23 @@ class RecordingCommitter : public Committer {
     std::string final_dir;
   };
 
-  absl::Status Commit(const v1::Manifest& manifest, const std::string& tmp_dir,
-                      const std::string& final_dir) override {
+  CommitResolution Commit(const CommitWork& work) override {
     absl::MutexLock lock(&mu_);
-    commits_.push_back({manifest, tmp_dir, final_dir});
-    return absl::OkStatus();
+    commits_.push_back({*work.manifest, work.tmp_dir, work.final_dir});
+    return {CommitOutcome::kCommitted, absl::OkStatus()};
   }
-  absl::Status RemoveDir(const std::string& tmp_dir) override {
+  absl::Status Remove(const std::string& tmp_dir) override {
     absl::MutexLock lock(&mu_);
     removed_.push_back(tmp_dir);
     return absl::OkStatus();
   }
-  absl::Status CollectGarbage(const std::string&, int, const std::string&) override {
-    return absl::OkStatus();
-  }
+  absl::Status Retain(const RetentionWork&) override { return absl::OkStatus(); }
 
   std::vector<CommitCall> commits() const {
     absl::MutexLock lock(&mu_);
     return commits_;
   }
-  // Waits until `dir` was removed (Tick removes an aborted session's directory off the lock).
+  // Waits until `dir` was removed (the janitor removes an aborted session's directory).
   bool AwaitRemoved(const std::string& dir) const {
     absl::MutexLock lock(&mu_);
     auto removed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -509,7 +506,8 @@ class ProtocolTest : public ::testing::Test {
     registry_options.heartbeat_interval = absl::Milliseconds(100);
     registry_ = std::make_unique<AgentRegistry>(clock_, registry_options);
     SessionManagerOptions session_options;
-    session_options.storage_root = kRoot;
+    session_options.session.storage_root = kRoot;
+    session_options.tick_period = absl::Milliseconds(5);
     sessions_ = std::make_unique<SessionManager>(&store_, registry_.get(), &streams_,
                                                  &committer_, clock_, session_options);
     ASSERT_TRUE(sessions_->Recover().ok());
@@ -533,7 +531,6 @@ class ProtocolTest : public ::testing::Test {
     admin_stub_ = v1::Admin::NewStub(
         grpc::CreateChannel(target_, grpc::InsecureChannelCredentials()));
 
-    ticker_ = std::thread([this] { sessions_->RunUntilStopped(absl::Milliseconds(5)); });
     broker_expiry_ = std::thread([this] {
       while (!stop_broker_.WaitForNotificationWithTimeout(absl::Milliseconds(20))) {
         broker_.Expire(clock_->Now());
@@ -545,7 +542,6 @@ class ProtocolTest : public ::testing::Test {
     agents_.clear();  // cancels their streams, stops their heartbeats
     ShutDownCoordinator();
     sessions_->Stop();
-    if (ticker_.joinable()) ticker_.join();
     stop_broker_.Notify();
     if (broker_expiry_.joinable()) broker_expiry_.join();
   }
@@ -648,7 +644,6 @@ class ProtocolTest : public ::testing::Test {
   bool server_shut_down_ = false;
   std::string target_;
   std::unique_ptr<v1::Admin::Stub> admin_stub_;
-  std::thread ticker_;
   absl::Notification stop_broker_;
   std::thread broker_expiry_;
 
@@ -1041,7 +1036,14 @@ TEST_F(ProtocolTest, Protocol_ReconnectWhileCommandEmitted_CommandNotLost) {
     absl::StatusOr<v1::Command> pin = agent(1).Next(*id, v1::Command::kPin);
     ASSERT_TRUE(pin.ok()) << "step " << step << ": " << pin.status();
     ASSERT_TRUE(pin->has_pin()) << pin->DebugString();
-    ASSERT_TRUE(sessions_->AbortSession(kJob, "next round").ok());
+    absl::Notification aborted;
+    absl::Status abort_status;
+    sessions_->AbortSession(kJob, "next round", [&](absl::StatusOr<v1::SessionStatus> s) {
+      abort_status = s.status();
+      aborted.Notify();
+    });
+    aborted.WaitForNotification();
+    ASSERT_TRUE(abort_status.ok()) << abort_status;
   }
 }
 

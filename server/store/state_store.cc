@@ -53,6 +53,17 @@ StoreBatch& StoreBatch::DeleteRange(Table table, absl::string_view begin, absl::
   return *this;
 }
 
+StoreBatch& StoreBatch::Append(StoreBatch other) {
+  if (ops_.empty()) {
+    ops_ = std::move(other.ops_);
+  } else {
+    ops_.insert(ops_.end(), std::make_move_iterator(other.ops_.begin()),
+                std::make_move_iterator(other.ops_.end()));
+  }
+  byte_size_ += other.byte_size_;
+  return *this;
+}
+
 StoreBatch& StoreBatch::DeletePrefix(Table table, absl::string_view prefix) {
   ops_.push_back(
       Op{OpKind::kDeletePrefix, table, std::string(prefix), std::string(), std::string()});

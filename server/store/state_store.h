@@ -78,6 +78,8 @@ class StoreBatch {
   StoreBatch& DeleteRange(Table table, absl::string_view begin, absl::string_view end);
   // Removes every key that starts with `prefix`. An empty prefix empties the table.
   StoreBatch& DeletePrefix(Table table, absl::string_view prefix);
+  // Appends `other`'s operations after these, in order.
+  StoreBatch& Append(StoreBatch other);
 
   const std::vector<Op>& ops() const { return ops_; }
   bool empty() const { return ops_.empty(); }

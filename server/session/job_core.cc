@@ -1,0 +1,360 @@
+#include "server/session/job_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/ids.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "server/session/schema.h"
+#include "server/session/status_view.h"
+
+namespace tessera {
+namespace {
+
+constexpr int64_t kNoStep = -1;
+
+v1::ErrorDetail Detail(v1::ErrorCode code, std::string message) {
+  v1::ErrorDetail detail;
+  detail.set_code(code);
+  detail.set_message(std::move(message));
+  return detail;
+}
+
+}  // namespace
+
+JobCore::JobCore(JobContext context, std::string job_id)
+    : context_(std::move(context)), job_id_(std::move(job_id)) {
+  record_.set_job_id(job_id_);
+  record_.set_latest_committed_step(kNoStep);
+  if (!context_.new_session_id) context_.new_session_id = NewSessionId;
+}
+
+JobCore::JobCore(JobContext context, v1::JobRecord record,
+                 std::vector<v1::CheckpointInfo> checkpoints)
+    : context_(std::move(context)),
+      job_id_(record.job_id()),
+      record_(std::move(record)),
+      checkpoints_(std::move(checkpoints)) {
+  if (!context_.new_session_id) context_.new_session_id = NewSessionId;
+}
+
+JobCore::~JobCore() = default;
+
+SessionContext JobCore::MakeSessionContext() {
+  SessionContext c;
+  c.options = context_.options;
+  c.registry = context_.registry;
+  c.job_id = job_id_;
+  c.mesh = *mesh_;
+  c.layout = record_.layout();
+  c.checkpoints = &checkpoints_;
+  c.epoch = context_.epoch;
+  c.commands_emitted = &commands_emitted_;
+  return c;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Events
+
+Outcome<std::string> JobCore::SubmitPlan(v1::SubmitLocalPlanRequest&& request,
+                                         const MeshLayout& layout, absl::Time now) {
+  Outcome<std::string> result;
+  Effects& out = result.effects;
+  const SessionOptions& options = *context_.options;
+  const int64_t step = request.step();
+  const uint32_t world = current_ != nullptr ? mesh_->world_size() : layout.world_size();
+  if (request.rank() >= world) {
+    result.reply = MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_LAYOUT_MISMATCH,
+                             absl::StrCat("rank ", request.rank(), " is outside the job's mesh of ",
+                                          world, " ranks"));
+    return result;
+  }
+  if (static_cast<size_t>(request.shards_size()) > options.planner.max_shards_per_rank) {
+    result.reply = MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_PLAN_TOO_LARGE,
+                             absl::StrCat("rank ", request.rank(), " submitted ",
+                                          request.shards_size(), " shards; the limit is ",
+                                          options.planner.max_shards_per_rank));
+    return result;
+  }
+  for (const v1::CheckpointInfo& c : checkpoints_) {
+    if (c.step() == step) {
+      result.reply = MakeError(
+          absl::StatusCode::kFailedPrecondition, v1::ERROR_CODE_STEP_EXISTS,
+          absl::StrCat("job ", job_id_, " already has a committed checkpoint of step ", step));
+      return result;
+    }
+  }
+  // Also a step that retention deleted, or one older than the latest: its directory would be
+  // the first retention removes, and "latest" could not move back to it.
+  if (step <= record_.latest_committed_step()) {
+    result.reply = MakeError(absl::StatusCode::kFailedPrecondition, v1::ERROR_CODE_STEP_EXISTS,
+                             absl::StrCat("job ", job_id_, " has committed step ",
+                                          record_.latest_committed_step(), "; step ", step,
+                                          " is not newer"));
+    return result;
+  }
+  // A late plan re-opened a step that had already aborted (an agent frozen past its lease
+  // submits, after resuming, the step every other rank saw abort), and now a newer step
+  // arrives: the others have moved on, so the re-opened session is superseded rather than
+  // refusing every save until the planning timeout. Nothing of a PLANNING session is staged.
+  if (current_ != nullptr && current_->state() == v1::SESSION_STATE_PLANNING &&
+      step > current_->record().step() && last_ended_.has_value() &&
+      last_ended_->state() == v1::SESSION_STATE_ABORTED &&
+      last_ended_->step() == current_->record().step()) {
+    const std::vector<uint32_t> submitted = current_->ranks_planned();
+    v1::ErrorDetail superseded = Detail(
+        v1::ERROR_CODE_SUPERSEDED,
+        absl::StrCat("step ", current_->record().step(), " had already aborted (session ",
+                     last_ended_->session_id(), ") when rank(s) ", absl::StrJoin(submitted, ", "),
+                     " submitted it again; step ", step, " from rank ", request.rank(),
+                     " supersedes it"));
+    for (uint32_t r : submitted) AddRankRef(*mesh_, r, &superseded);
+    current_->Supersede(std::move(superseded), now, out);
+    Fold(now, out);
+  }
+  if (current_ != nullptr && current_->record().step() != step) {
+    result.reply = MakeError(
+        absl::StatusCode::kFailedPrecondition, v1::ERROR_CODE_SESSION_IN_PROGRESS,
+        absl::StrCat("job ", job_id_, " is saving step ", current_->record().step(),
+                     " (session ", current_->record().session_id(), ", ",
+                     StateName(current_->state()), "); step ", step, " must wait for it"));
+    return result;
+  }
+  if (current_ == nullptr) {
+    // The registry's layout is the job's now; a session in flight keeps the one it began with.
+    *record_.mutable_layout() = layout.proto();
+    mesh_ = layout;
+    current_ = std::make_unique<SessionMachine>(MakeSessionContext(),
+                                                context_.new_session_id(step), step, now, out);
+    latest_.assign(layout.world_size(), std::nullopt);
+    record_.set_current_session_id(current_->record().session_id());
+    LogInfo("session ", current_->record().session_id(), " opened for job ", job_id_, " step ",
+            step);
+  }
+  result.reply = current_->record().session_id();
+  if (current_->state() != v1::SESSION_STATE_PLANNING) {
+    Fold(now, out);
+    return result;  // a re-submission after a restart or a lost reply
+  }
+  LocalPlan plan;
+  plan.rank = request.rank();
+  plan.shards.reserve(request.shards_size());
+  for (v1::ShardDesc& shard : *request.mutable_shards()) plan.shards.push_back(std::move(shard));
+  request.clear_shards();
+  uint64_t staged_bytes = 0;
+  for (const v1::ShardDesc& shard : plan.shards) staged_bytes += shard.nbytes();
+  const uint64_t fingerprint = FingerprintLocalPlan(plan);
+  current_->SubmitPlan(std::move(plan), fingerprint, staged_bytes, now, out).IgnoreError();
+  Fold(now, out);
+  return result;
+}
+
+Effects JobCore::PlanDecided(const std::string& session_id, uint64_t attempt,
+                             PlanVerdict verdict, absl::Time now) {
+  Effects out;
+  if (current_ == nullptr || current_->record().session_id() != session_id) return out;
+  current_->PlanDecided(attempt, std::move(verdict), now, out);
+  Fold(now, out);
+  return out;
+}
+
+absl::StatusOr<SessionMachine*> JobCore::Find(const std::string& session_id) {
+  if (current_ != nullptr && current_->record().session_id() == session_id) {
+    return current_.get();
+  }
+  if (last_ended_.has_value() && last_ended_->session_id() == session_id) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", session_id, " already ended (", StateName(last_ended_->state()), ")"));
+  }
+  return absl::NotFoundError(absl::StrCat("job ", job_id_, " has no session ", session_id));
+}
+
+Outcome<v1::SessionState> JobCore::ReportPhase(const v1::ReportPhaseRequest& request,
+                                               absl::Time now) {
+  Outcome<v1::SessionState> result;
+  absl::StatusOr<SessionMachine*> session = Find(request.session_id());
+  if (!session.ok()) {
+    result.reply = session.status();
+    return result;
+  }
+  result.reply = (*session)->ReportPhase(request, now, result.effects);
+  Fold(now, result.effects);
+  return result;
+}
+
+Outcome<v1::SessionState> JobCore::ReportChunks(const v1::ReportChunksRequest& request,
+                                                absl::Time now) {
+  Outcome<v1::SessionState> result;
+  absl::StatusOr<SessionMachine*> session = Find(request.session_id());
+  if (!session.ok()) {
+    result.reply = session.status();
+    return result;
+  }
+  result.reply = (*session)->ReportChunks(request, now, result.effects);
+  Fold(now, result.effects);
+  return result;
+}
+
+Effects JobCore::AgentRestarted(uint32_t rank, absl::Time now) {
+  Effects out;
+  if (current_ == nullptr) return out;
+  current_->AgentRestarted(rank, now, out);
+  Fold(now, out);
+  return out;
+}
+
+Outcome<v1::SessionStatus> JobCore::OperatorAbort(const std::string& reason, absl::Time now) {
+  Outcome<v1::SessionStatus> result;
+  if (current_ == nullptr) {
+    result.reply = last_ended_.has_value()
+                       ? absl::FailedPreconditionError(
+                             absl::StrCat("session ", last_ended_->session_id(),
+                                          " already ended (", StateName(last_ended_->state()),
+                                          ")"))
+                       : absl::NotFoundError(absl::StrCat("job ", job_id_, " has no session"));
+    return result;
+  }
+  if (absl::Status aborted = current_->OperatorAbort(reason, now, result.effects); !aborted.ok()) {
+    result.reply = aborted;
+    return result;
+  }
+  Fold(now, result.effects);
+  result.reply = *last_ended_;
+  return result;
+}
+
+Effects JobCore::Tick(absl::Time now) {
+  Effects out;
+  if (current_ == nullptr) return out;
+  current_->Tick(now, out);
+  Fold(now, out);
+  return out;
+}
+
+Effects JobCore::CommitResolved(const std::string& session_id,
+                                const CommitResolution& resolution, absl::Time now) {
+  Effects out;
+  if (current_ == nullptr || current_->record().session_id() != session_id) return out;
+  current_->CommitResolved(resolution, now, out);
+  Fold(now, out);
+  return out;
+}
+
+void JobCore::Delivered(const std::vector<Outgoing>& commands) {
+  for (const Outgoing& o : commands) {
+    if (current_ == nullptr || o.command.session_id() != current_->record().session_id() ||
+        o.rank >= latest_.size() || o.command.has_resend()) {
+      continue;  // an ended session's commands are replayed as last_final_
+    }
+    if (!latest_[o.rank].has_value() || latest_[o.rank]->command.seq() < o.command.seq()) {
+      latest_[o.rank] = o;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Folding session transitions into the job
+
+void JobCore::Fold(absl::Time now, Effects& out) {
+  if (current_ == nullptr) return;
+  const v1::SessionRecord& session = current_->record();
+  const bool transitioned = out.persisted_state != v1::SESSION_STATE_UNSPECIFIED;
+  if (!transitioned) return;
+  if (out.persisted_state == v1::SESSION_STATE_PINNING &&
+      record_.plan_fingerprint() != session.plan_fingerprint()) {
+    PutPlan(out.batch, job_id_, *current_->plan());
+    record_.set_plan_fingerprint(session.plan_fingerprint());
+  }
+  if (current_->ended()) {
+    record_.clear_current_session_id();
+    record_.set_last_session_id(session.session_id());
+    if (session.state() == v1::SESSION_STATE_COMMITTED) {
+      v1::CheckpointInfo info;
+      info.set_step(session.step());
+      info.set_dir(session.checkpoint_dir());
+      info.set_session_id(session.session_id());
+      info.set_bytes(session.bytes_total());
+      info.set_tensors(static_cast<uint32_t>(current_->plan()->tensors.size()));
+      info.set_chunks(session.chunks_total());
+      info.set_committed_unix_ms(absl::ToUnixMillis(now));
+      const std::vector<int64_t> retire = RetireSteps(checkpoints_, context_.options->keep_last);
+      record_.set_latest_committed_step(std::max(record_.latest_committed_step(), session.step()));
+      PutCheckpoint(out.batch, job_id_, info);
+      for (int64_t step : retire) DeleteCheckpoint(out.batch, job_id_, step);
+      checkpoints_.erase(std::remove_if(checkpoints_.begin(), checkpoints_.end(),
+                                        [&](const v1::CheckpointInfo& c) {
+                                          return std::find(retire.begin(), retire.end(),
+                                                           c.step()) != retire.end();
+                                        }),
+                         checkpoints_.end());
+      checkpoints_.insert(checkpoints_.begin(), std::move(info));
+      if (context_.options->coordinator_commits) {
+        out.retention = RetentionWork{JobDirPath(context_.options->storage_root, job_id_),
+                                      retire, session.step()};
+      }
+    }
+    last_final_ = Final(session);
+    last_ended_ = current_->Status();
+    current_.reset();
+    latest_.clear();
+  }
+  PutJob(out.batch, record_);
+}
+
+v1::Command JobCore::Final(const v1::SessionRecord& session) {
+  v1::Command final;
+  final.set_session_id(session.session_id());
+  final.set_step(session.step());
+  final.set_seq(CommandSeq(context_.epoch, ++commands_emitted_));
+  if (session.state() == v1::SESSION_STATE_COMMITTED) {
+    final.mutable_committed()->set_checkpoint_dir(session.checkpoint_dir());
+  } else {
+    *final.mutable_abort()->mutable_error() = session.error();
+  }
+  return final;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+
+std::optional<Outgoing> JobCore::CurrentCommand(uint32_t rank) const {
+  if (current_ == nullptr) {
+    if (!last_final_.has_value()) return std::nullopt;
+    return Outgoing{rank, *last_final_, nullptr};
+  }
+  if (rank >= latest_.size()) return std::nullopt;
+  return latest_[rank];
+}
+
+std::optional<v1::SessionStatus> JobCore::GetSession(const std::string& session_id) const {
+  if (current_ != nullptr &&
+      (session_id.empty() || current_->record().session_id() == session_id)) {
+    return current_->Status();
+  }
+  if (last_ended_.has_value() && (session_id.empty() || last_ended_->session_id() == session_id)) {
+    return *last_ended_;
+  }
+  return std::nullopt;
+}
+
+v1::JobInfo JobCore::Info() const {
+  v1::JobInfo info;
+  info.set_job_id(job_id_);
+  *info.mutable_layout() = record_.layout();
+  if (mesh_.has_value()) info.set_world_size(mesh_->world_size());
+  info.set_latest_committed_step(record_.latest_committed_step());
+  if (current_ != nullptr) {
+    info.set_current_session_id(current_->record().session_id());
+    info.set_current_state(current_->state());
+  }
+  return info;
+}
+
+absl::Time JobCore::next_tick() const {
+  return current_ != nullptr ? current_->next_tick() : absl::InfiniteFuture();
+}
+
+}  // namespace tessera

@@ -1,0 +1,154 @@
+// JobCore: one job's saves as a pure state machine — which session is in flight, the rules
+// between sessions, and what the job remembers of the ones that ended. The session's own
+// protocol is SessionMachine's (session_machine.h); JobCore opens sessions and folds their
+// transitions into the job's record:
+//
+//   no session ──SubmitPlan(step)──► session in flight ──COMMITTED / ABORTED──► no session
+//                    │                                   (the job records latest step,
+//                    │                                    checkpoints, and the outcome to
+//                    │                                    replay to agents that missed it)
+//                    └── refused: STEP_EXISTS (step committed, or not newer than the latest),
+//                        SESSION_IN_PROGRESS (another step is in flight), PLAN_TOO_LARGE
+//
+//   A newer step supersedes (SUPERSEDED) a PLANNING session that re-opened a step every
+//   other rank saw abort (a frozen agent's late plan): the others have moved on. Otherwise a
+//   newer step while one is in flight is refused.
+//   A job's layout is the registry's whenever no session is in flight (a job may resume on
+//   another mesh); a session keeps the layout it began with.
+//
+// Like SessionMachine, every event returns Effects (effects.h) that the shell carries out:
+// persist the batch, then send and reply. After the shell delivered a step's commands it calls
+// Delivered(), which makes them what a reconnecting command stream replays (CurrentCommand):
+// only commands whose step is durable are ever replayed. If a batch cannot be persisted, the
+// shell discards this JobCore and recovers the job from the store (Recover): the one path
+// back to a known state, which tells every agent to re-send what the store does not keep.
+//
+// Thread-safety: none. One strand drives a JobCore; readers synchronize with it.
+#ifndef TESSERA_SERVER_SESSION_JOB_CORE_H_
+#define TESSERA_SERVER_SESSION_JOB_CORE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/layout.h"
+#include "format/commit.h"
+#include "server/agent_registry.h"
+#include "server/session/effects.h"
+#include "server/session/options.h"
+#include "server/session/session_machine.h"
+#include "server/store/state_store.h"
+#include "tessera/v1/admin.pb.h"
+#include "tessera/v1/coordinator.pb.h"
+#include "tessera/v1/coordinator_state.pb.h"
+
+namespace tessera {
+
+struct JobContext {
+  const SessionOptions* options = nullptr;  // outlives the core
+  const AgentRegistry* registry = nullptr;  // outlives the core
+  // The coordinator's epoch (schema.h NextEpoch): command sequence numbers begin with it.
+  uint64_t epoch = 0;
+  // Names a new session of `step`. Default: NewSessionId (random). The simulation makes
+  // them deterministic.
+  std::function<std::string(int64_t step)> new_session_id;
+};
+
+class JobCore {
+ public:
+  // A job the store has no record of yet.
+  JobCore(JobContext context, std::string job_id);
+  ~JobCore();
+
+  // The job as `store` holds it: its record, checkpoints, and its session in flight (which
+  // resumes: every agent is told RESEND and the phase's command, in `out`) or else the last
+  // one that ended (whose outcome is replayed to agents that reconnect).
+  // Errors: the store's; DataLoss if a record is missing or corrupt.
+  static absl::StatusOr<std::unique_ptr<JobCore>> Recover(JobContext context,
+                                                          const StateStore& store,
+                                                          const std::string& job_id,
+                                                          absl::Time now, Effects& out);
+
+  // --- Events
+
+  // A rank's local plan for `step` (shards are taken from `request`). `layout` is the job's
+  // mesh as the registry has it. Replies with the session id.
+  // Errors: FailedPrecondition + STEP_EXISTS if `step` is committed or not newer than the
+  // latest; FailedPrecondition + SESSION_IN_PROGRESS if another step is in flight;
+  // InvalidArgument + PLAN_TOO_LARGE over the shard limit.
+  Outcome<std::string> SubmitPlan(v1::SubmitLocalPlanRequest&& request, const MeshLayout& layout,
+                                  absl::Time now);
+  // The verdict of the PlanWork `attempt` of `session_id` (ignored for any other).
+  Effects PlanDecided(const std::string& session_id, uint64_t attempt, PlanVerdict verdict,
+                      absl::Time now);
+  // Replies with the session's state after the report.
+  // Errors: NotFound for an unknown session; FailedPrecondition if it already ended (the
+  // message names its state); InvalidArgument as SessionMachine::ReportPhase.
+  Outcome<v1::SessionState> ReportPhase(const v1::ReportPhaseRequest& request, absl::Time now);
+  // Errors: as ReportPhase; InvalidArgument and FailedPrecondition as
+  // SessionMachine::ReportChunks.
+  Outcome<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request, absl::Time now);
+  // (job, rank) registered with a new incarnation.
+  Effects AgentRestarted(uint32_t rank, absl::Time now);
+  // Replies with the ended session's status.
+  // Errors: NotFound if the job has no session; FailedPrecondition if it ended or is
+  // COMMITTING.
+  Outcome<v1::SessionStatus> OperatorAbort(const std::string& reason, absl::Time now);
+  // Lease expiry, deadlines, commit retries.
+  Effects Tick(absl::Time now);
+  // The outcome of the CommitWork of `session_id` (ignored for any other).
+  Effects CommitResolved(const std::string& session_id, const CommitResolution& resolution,
+                         absl::Time now);
+  // `commands` (of one step's Effects) were delivered after their batch was durable.
+  void Delivered(const std::vector<Outgoing>& commands);
+
+  // --- Reads
+
+  const std::string& job_id() const { return job_id_; }
+  // What `rank` should be executing now (for replay when its command stream connects): its
+  // latest delivered command in the session in flight, else the last session's outcome.
+  std::optional<Outgoing> CurrentCommand(uint32_t rank) const;
+  // `session_id`'s status, or with an empty id the session in flight or else the last one.
+  // nullopt if this core does not hold it (it may be in the store).
+  std::optional<v1::SessionStatus> GetSession(const std::string& session_id) const;
+  const std::vector<v1::CheckpointInfo>& checkpoints() const { return checkpoints_; }
+  v1::JobInfo Info() const;
+  bool in_flight() const { return current_ != nullptr; }
+  // When Tick next has something to do (InfiniteFuture if nothing is in flight).
+  absl::Time next_tick() const;
+
+ private:
+  JobCore(JobContext context, v1::JobRecord record, std::vector<v1::CheckpointInfo> checkpoints);
+
+  SessionContext MakeSessionContext();
+  // After any event of the session in flight: folds its transition into the job's record
+  // (the stored plan when it entered PINNING; latest, checkpoints and the outcome when it
+  // ended) and persists the job's record with it.
+  void Fold(absl::Time now, Effects& out);
+  // The session (in flight) a report names.
+  absl::StatusOr<SessionMachine*> Find(const std::string& session_id);
+  v1::Command Final(const v1::SessionRecord& session);
+
+  JobContext context_;
+  std::string job_id_;
+  v1::JobRecord record_;
+  std::optional<MeshLayout> mesh_;  // record_.layout(), parsed
+  std::vector<v1::CheckpointInfo> checkpoints_;  // newest first
+  uint64_t commands_emitted_ = 0;
+  std::unique_ptr<SessionMachine> current_;
+  // Each rank's latest delivered command of the session in flight.
+  std::vector<std::optional<Outgoing>> latest_;
+  // The last ended session: its outcome (COMMITTED or ABORT) and its final status.
+  std::optional<v1::Command> last_final_;
+  std::optional<v1::SessionStatus> last_ended_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SESSION_JOB_CORE_H_

@@ -1,0 +1,73 @@
+// JobCore::Recover: a job as the state store holds it. The one path from the store back to a
+// running job — after a coordinator restart, and after a write the store refused.
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "common/status.h"
+#include "server/session/job_core.h"
+#include "server/session/schema.h"
+#include "server/session/status_view.h"
+
+namespace tessera {
+
+absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
+                                                          const StateStore& store,
+                                                          const std::string& job_id,
+                                                          absl::Time now, Effects& out) {
+  ASSIGN_OR_RETURN(std::optional<v1::JobRecord> record, ReadJob(store, job_id));
+  if (!record.has_value()) {
+    return absl::DataLossError(absl::StrCat("job ", job_id, " has no record in the state store"));
+  }
+  ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> checkpoints, ReadCheckpoints(store, job_id));
+  std::unique_ptr<JobCore> job(
+      new JobCore(std::move(context), *std::move(record), std::move(checkpoints)));
+  if (job->record_.has_layout()) {
+    absl::StatusOr<MeshLayout> mesh = MeshLayout::FromProto(job->record_.layout());
+    if (!mesh.ok()) {
+      return absl::DataLossError(
+          absl::StrCat("the layout of job ", job_id, " in the state store is invalid"));
+    }
+    job->mesh_ = *std::move(mesh);
+  }
+
+  // The session in flight, or else the last one that ended (for its outcome).
+  const std::string session_id = job->record_.current_session_id().empty()
+                                     ? job->record_.last_session_id()
+                                     : job->record_.current_session_id();
+  if (session_id.empty()) return job;
+  ASSIGN_OR_RETURN(std::optional<v1::SessionRecord> session,
+                   ReadSession(store, job_id, session_id));
+  if (!session.has_value()) {
+    return absl::DataLossError(
+        absl::StrCat("session ", session_id, " of job ", job_id, " is missing"));
+  }
+  const v1::SessionState state = session->state();
+  if (state == v1::SESSION_STATE_COMMITTED || state == v1::SESSION_STATE_ABORTED) {
+    // It ended just before: its agents may not have heard the outcome. It is replayed to
+    // agents whose command stream reconnects, or their trainers would wait for it forever.
+    job->record_.clear_current_session_id();
+    job->last_final_ = job->Final(*session);
+    job->last_ended_ = StatusFromRecord(*session);
+    return job;
+  }
+  if (!job->mesh_.has_value()) {
+    return absl::DataLossError(absl::StrCat("job ", job_id, " has a session but no layout"));
+  }
+  std::shared_ptr<const GlobalPlan> plan;
+  if (state != v1::SESSION_STATE_PLANNING) {
+    ASSIGN_OR_RETURN(plan, ReadPlan(store, job_id, session->plan_fingerprint()));
+  }
+  std::shared_ptr<const v1::Manifest> manifest;
+  if (state == v1::SESSION_STATE_COMMITTING) {
+    ASSIGN_OR_RETURN(manifest, ReadStoredManifest(store, job_id, session_id));
+  }
+  job->latest_.assign(job->mesh_->world_size(), std::nullopt);
+  ASSIGN_OR_RETURN(job->current_,
+                   SessionMachine::Recover(job->MakeSessionContext(), *std::move(session),
+                                           std::move(plan), std::move(manifest), now, out));
+  LogInfo("recovered session ", session_id, " of job ", job_id, " in ", StateName(state));
+  return job;
+}
+
+}  // namespace tessera

@@ -1,0 +1,74 @@
+#include "server/session/plan_work.h"
+
+#include <algorithm>
+#include <memory>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera {
+
+absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<uint64_t>& staged_bytes,
+                            const std::vector<NodeBudget>& nodes) {
+  struct Need {
+    uint64_t bytes = 0;
+    uint64_t budget = 0;
+  };
+  absl::flat_hash_map<std::string, Need> by_node;
+  std::vector<std::string> order;  // first appearance, so the error is deterministic
+  for (uint32_t r = 0; r < nodes.size() && r < staged_bytes.size(); ++r) {
+    if (r >= plan.bytes_written_by_rank.size()) break;
+    auto [it, inserted] = by_node.try_emplace(nodes[r].node_id);
+    if (inserted) order.push_back(nodes[r].node_id);
+    it->second.bytes += staged_bytes[r] + plan.bytes_written_by_rank[r];
+    it->second.budget = std::max(it->second.budget, nodes[r].budget);
+  }
+  for (const std::string& node : order) {
+    const Need& need = by_node[node];
+    if (need.budget != 0 && need.bytes > need.budget) {
+      return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                       absl::StrCat("node ", node, " would pin ", need.bytes,
+                                    " bytes of staging for this save; its budget is ",
+                                    need.budget, " bytes"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& registry,
+                       const PlannerOptions& options) {
+  PlanVerdict verdict;
+  const uint64_t fingerprint = CombineFingerprints(work.layout, work.fingerprints);
+  std::shared_ptr<const GlobalPlan> plan = cache.Lookup(work.job_id, fingerprint);
+  verdict.cached = plan != nullptr;
+  if (plan == nullptr) {
+    absl::StatusOr<GlobalPlan> built = BuildGlobalPlan(work.layout, work.plans, options);
+    if (!built.ok()) {
+      verdict.plan = built.status();
+      return verdict;
+    }
+    plan = std::make_shared<const GlobalPlan>(*std::move(built));
+    cache.Insert(work.job_id, plan);
+  }
+  // The local plans are in the global plan now: free them before anything else is built.
+  std::vector<LocalPlan>().swap(work.plans);
+
+  std::vector<NodeBudget> nodes(work.layout.world_size());
+  for (uint32_t r = 0; r < nodes.size(); ++r) {
+    if (std::optional<v1::RegisterAgentRequest> reg = registry.Get(work.job_id, r)) {
+      nodes[r] = {reg->node_id(), reg->node_host_ram_budget()};
+    } else {
+      nodes[r] = {absl::StrCat("(rank ", r, ", not registered)"), 0};
+    }
+  }
+  if (absl::Status admitted = CheckAdmission(*plan, work.staged_bytes, nodes); !admitted.ok()) {
+    verdict.plan = admitted;
+    return verdict;
+  }
+  verdict.plan = std::move(plan);
+  return verdict;
+}
+
+}  // namespace tessera

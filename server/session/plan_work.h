@@ -1,0 +1,43 @@
+// Planning a session, off the job's lock: the job's cached plan if the local plans are
+// unchanged, else the planner (server/planner.h); then host-RAM admission. The shell runs it
+// for a PlanWork (effects.h) and feeds the verdict to JobCore::PlanDecided.
+//
+// Thread-safety: free functions. DecidePlan reads the registry and the plan cache, both
+// thread-safe; the work item is its own.
+#ifndef TESSERA_SERVER_SESSION_PLAN_WORK_H_
+#define TESSERA_SERVER_SESSION_PLAN_WORK_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "server/agent_registry.h"
+#include "server/planner.h"
+#include "server/session/effects.h"
+
+namespace tessera {
+
+// Where a rank stages: its node and the node's host-RAM budget (0: none declared).
+struct NodeBudget {
+  std::string node_id;
+  uint64_t budget = 0;
+};
+
+// Host-RAM admission: the staging every rank of a node pins (its shards, plus the chunks it
+// gathers and writes as a DP leader) must fit the node's budget. `nodes[rank]` says where
+// each rank stages; `staged_bytes[rank]` what its shards take.
+// Errors: ResourceExhausted + ADMISSION_DENIED naming the node, its need and its budget.
+absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<uint64_t>& staged_bytes,
+                            const std::vector<NodeBudget>& nodes);
+
+// Runs `work`: the cached plan of the job if its fingerprint matches, else BuildGlobalPlan
+// (a validated plan is cached), then CheckAdmission with the registry's nodes. Consumes
+// work.plans. Errors (in the verdict): the planner's InvalidArgument details;
+// ADMISSION_DENIED.
+PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& registry,
+                       const PlannerOptions& options);
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SESSION_PLAN_WORK_H_

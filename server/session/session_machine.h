@@ -1,0 +1,229 @@
+// SessionMachine: one save session — one attempt to save (job, step) — as a pure state
+// machine. Every rule of DESIGN.md's save protocol lives here, once.
+//
+//   PLANNING ─1─► PINNING ─2─► COPYING ─3─► PERSISTING ─4─► COMMITTING ─5─► COMMITTED
+//       │             │           │              │               │
+//       └──────6──────┴─────6─────┴──────6───────┘               └───7───► ABORTED
+//       (6 also from PLANNING, PINNING, COPYING, PERSISTING)        ▲
+//                                                                   └── only 6 and 7 lead here
+//
+//   1 PlanDecided:      every rank's local plan arrived (SubmitPlan); the shell validated the
+//                       global plan off the lock (PlanWork; or reused the job's cached one)
+//                       and the node RAM budgets admit its staging. Each rank gets PIN.
+//   2 (ReportPhase)     every rank reported PINNED. Each gets COPY (its trainer may copy).
+//   3 (ReportPhase)     every rank reported STAGED (every trainer resumed). Each gets GATHER
+//                       with its peers' addresses; once all reported GATHERED, PERSIST is
+//                       handed out, at most `max_concurrent_writers` writers at a time.
+//   4 (Report*)         every rank reported PERSISTED, every planned chunk was reported, and
+//                       every replica's hash matches its writer's (else 6, REPLICA_DIVERGED).
+//                       The manifest is built and persisted with the state; the coordinator
+//                       commits (CommitWork) or a committer agent does (COMMIT). With no live
+//                       committer agent, 6 (IO_ERROR) instead: nothing has been renamed yet.
+//   5 CommitResolved /  the commit is resolved from the disk as committed: the final
+//     COMMIT_WRITTEN    directory holds this session's manifest, durably.
+//   6 Abort:            a rejected plan (or ADMISSION_DENIED), a lost agent (lease expiry, or
+//                       a participant's new incarnation), a phase deadline, an agent's error
+//                       report (IO_ERROR ...), a diverged replica, an operator's abort, or a
+//                       newer step superseding a re-opened one. Only before COMMITTING.
+//   7 CommitResolved /  the commit is resolved from the disk as rolled back: the directory is
+//     COMMIT_ROLLED_BACK provably out of the committed namespace (the commit was refused for
+//                       good, or it was rolled back because the COMMITTING deadline passed
+//                       and it still had not completed).
+//
+// The commit edge. Once COMMITTING, every chunk is written: a lost agent, an error report or
+// an operator no longer ends the session, and nothing ends it by a timer alone. The deadline
+// only changes what is asked: commit or, if that does not complete, roll back. An unresolved
+// attempt (an I/O error) is retried with backoff (the coordinator's own commit) or by the
+// committer agent (which retries until resolved); a lost committer agent is replaced by
+// another one with the storage mounted (the commit is idempotent).
+//
+// Persist, then act: a transition puts the session record into the step's batch
+// (Effects::persisted_state names the new state); the shell makes it durable before it sends
+// the step's commands. Progress inside a phase (which rank reported what, which chunk was
+// written) is not persisted: agents re-send their reports after any reconnection, and after
+// RESEND, which Recover emits (DESIGN.md "Save protocol"). Reports are idempotent.
+//
+// Not here: opening sessions and the rules between them (job_core.h), planning (plan_work.h),
+// storage I/O (commit_driver.h), persistence and delivery (the shell).
+//
+// Thread-safety: none. A SessionMachine belongs to its JobCore, which one strand drives.
+#ifndef TESSERA_SERVER_SESSION_SESSION_MACHINE_H_
+#define TESSERA_SERVER_SESSION_SESSION_MACHINE_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/container/btree_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/layout.h"
+#include "format/commit.h"
+#include "server/agent_registry.h"
+#include "server/planner.h"
+#include "server/session/chunk_ledger.h"
+#include "server/session/effects.h"
+#include "server/session/options.h"
+#include "tessera/v1/admin.pb.h"
+#include "tessera/v1/coordinator.pb.h"
+#include "tessera/v1/coordinator_state.pb.h"
+
+namespace tessera {
+
+// What a session needs from its job. Pointers outlive the session.
+struct SessionContext {
+  const SessionOptions* options = nullptr;
+  const AgentRegistry* registry = nullptr;
+  std::string job_id;
+  MeshLayout mesh;
+  v1::Layout layout;
+  // The job's committed checkpoints, newest first (retention decides from them).
+  const std::vector<v1::CheckpointInfo>* checkpoints = nullptr;
+  // Command sequence numbers: CommandSeq(epoch, ++*commands_emitted), shared by the job's
+  // sessions so they only grow.
+  uint64_t epoch = 0;
+  uint64_t* commands_emitted = nullptr;
+};
+
+// Committed steps to retire when `committing_step` commits, so that `keep_last` remain (0
+// keeps all). `checkpoints` newest first, all older than committing_step.
+std::vector<int64_t> RetireSteps(const std::vector<v1::CheckpointInfo>& checkpoints,
+                                 int keep_last);
+
+class SessionMachine {
+ public:
+  // A new session in PLANNING; its opening is persisted in `out`.
+  SessionMachine(SessionContext context, std::string session_id, int64_t step, absl::Time now,
+                 Effects& out);
+
+  // A session recovered from the store in `record`'s state (not ended), with its plan
+  // (PINNING and later) and manifest (COMMITTING). Every rank is told RESEND, then the current
+  // phase's command again; deadlines restart at `now`.
+  // Errors: DataLoss if the plan or manifest the state needs is missing or inconsistent.
+  static absl::StatusOr<std::unique_ptr<SessionMachine>> Recover(
+      SessionContext context, v1::SessionRecord record, std::shared_ptr<const GlobalPlan> plan,
+      std::shared_ptr<const v1::Manifest> manifest, absl::Time now, Effects& out);
+
+  // --- Events
+
+  // A rank's local plan (PLANNING; a re-submission replaces the rank's plan). When every rank
+  // has one, emits PlanWork. Errors: FailedPrecondition if the session is past PLANNING (the
+  // caller answers with the session id: a re-submission after a lost reply).
+  absl::Status SubmitPlan(LocalPlan plan, uint64_t fingerprint, uint64_t staged_bytes,
+                          absl::Time now, Effects& out);
+  // The verdict of the PlanWork of `attempt` (edge 1, or 6). Another attempt's is ignored.
+  void PlanDecided(uint64_t attempt, PlanVerdict verdict, absl::Time now, Effects& out);
+  // Returns the state after the report.
+  // Errors: InvalidArgument for a rank outside the mesh, an unspecified phase, or a phase
+  // ahead of the session's state (the message names both).
+  absl::StatusOr<v1::SessionState> ReportPhase(const v1::ReportPhaseRequest& request,
+                                               absl::Time now, Effects& out);
+  // Errors: InvalidArgument as ChunkLedger::RecordChunk, or a rank outside the mesh;
+  // FailedPrecondition if the session is not PERSISTING or COMMITTING.
+  absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request,
+                                                absl::Time now, Effects& out);
+  // The agent of `rank` registered with a new incarnation: before COMMITTING its staging is
+  // gone (6, AGENT_LOST); in COMMITTING, if it is the committer, it is sent COMMIT again.
+  void AgentRestarted(uint32_t rank, absl::Time now, Effects& out);
+  // Errors: FailedPrecondition in COMMITTING (it can no longer be aborted) or once ended.
+  absl::Status OperatorAbort(const std::string& reason, absl::Time now, Effects& out);
+  // Aborts a PLANNING session that a newer step supersedes (job_core.h decides when).
+  void Supersede(v1::ErrorDetail error, absl::Time now, Effects& out);
+  // Lease expiry (from the registry), phase deadlines, commit retries.
+  void Tick(absl::Time now, Effects& out);
+  // The outcome of this session's CommitWork (edge 5, 7, or a retry).
+  void CommitResolved(const CommitResolution& resolution, absl::Time now, Effects& out);
+
+  // --- Reads
+
+  const v1::SessionRecord& record() const { return record_; }
+  v1::SessionState state() const { return record_.state(); }
+  bool ended() const {
+    return state() == v1::SESSION_STATE_COMMITTED || state() == v1::SESSION_STATE_ABORTED;
+  }
+  const std::shared_ptr<const GlobalPlan>& plan() const { return plan_; }
+  // The ranks whose local plans arrived (PLANNING).
+  std::vector<uint32_t> ranks_planned() const;
+  // The session's status: record and live progress.
+  v1::SessionStatus Status() const;
+  // The next time Tick has something to do (a deadline, a commit retry).
+  absl::Time next_tick() const;
+
+ private:
+  struct RankProgress {
+    v1::SessionState reached = v1::SESSION_STATE_UNSPECIFIED;  // last phase completed
+    bool gathered = false;
+    bool persist_sent = false;
+    bool persisted = false;
+    uint64_t pinned_bytes = 0;
+    uint64_t stall_ns = 0;
+    uint64_t bytes_written = 0;
+    uint32_t chunks_reported = 0;
+  };
+
+  SessionMachine(SessionContext context, v1::SessionRecord record, absl::Time now);
+
+  uint32_t world() const { return context_.mesh.world_size(); }
+  absl::Duration PhaseTimeout() const;
+  absl::Time deadline() const { return phase_started_ + PhaseTimeout(); }
+
+  // Transitions, numbered as in the diagram.
+  void BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool cached, absl::Time now,
+                    Effects& out);                              // 1
+  void BeginCopying(absl::Time now, Effects& out);              // 2
+  void BeginPersisting(absl::Time now, Effects& out);           // 3
+  void BeginCommitting(absl::Time now, Effects& out);           // 4
+  void MarkCommitted(absl::Time now, Effects& out);             // 5
+  void Abort(v1::ErrorDetail error, absl::Time now, Effects& out);        // 6
+  void EndRolledBack(v1::ErrorDetail error, absl::Time now, Effects& out);  // 7
+
+  // Takes the next step the progress allows (after any report).
+  void Advance(absl::Time now, Effects& out);
+  void HandOutPersist(Effects& out);
+  void EnterState(v1::SessionState state, absl::Time now, Effects& out);
+  void End(v1::SessionState state, v1::Command final, absl::Time now, Effects& out);
+
+  // Commands.
+  void Emit(uint32_t rank, v1::Command command, Effects& out,
+            std::shared_ptr<const GlobalPlan> pin_plan = nullptr);
+  void Broadcast(const v1::Command& command, Effects& out);
+  void EmitCurrentPhaseCommands(Effects& out);  // after recovery
+  v1::Command GatherCommand(uint32_t rank) const;
+  // COMMITTING: the coordinator's CommitWork, or COMMIT to the committer agent.
+  void RequestCommit(absl::Time now, Effects& out);
+  bool PickCommitter();
+  void ScheduleCommitRetry(absl::Time now);
+  v1::ErrorDetail Detail(v1::ErrorCode code, std::string message) const;
+
+  SessionContext context_;
+  v1::SessionRecord record_;
+  absl::Time phase_started_;
+  std::vector<RankProgress> ranks_;
+
+  // PLANNING: each rank's plan, its fingerprint and staged bytes, until planning.
+  absl::btree_map<uint32_t, LocalPlan> plans_;
+  absl::btree_map<uint32_t, uint64_t> plan_fingerprints_;
+  absl::btree_map<uint32_t, uint64_t> plan_bytes_;
+  uint64_t plan_attempt_ = 0;
+  bool planning_ = false;  // a PlanWork of plan_attempt_ is out
+
+  // PINNING and later.
+  std::shared_ptr<const GlobalPlan> plan_;
+  std::unique_ptr<ChunkLedger> ledger_;
+  uint32_t writers_active_ = 0;
+
+  // COMMITTING.
+  std::shared_ptr<const v1::Manifest> manifest_;
+  std::vector<int64_t> retire_steps_;
+  bool commit_in_flight_ = false;    // a CommitWork is out
+  bool roll_back_requested_ = false;  // asked of the committer agent
+  absl::Time next_commit_attempt_ = absl::InfinitePast();
+  absl::Duration commit_backoff_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_SERVER_SESSION_SESSION_MACHINE_H_
