@@ -37,8 +37,10 @@
 #   --bazel="bazel --output_base=..."  the Bazel command line to build and locate binaries
 #                                                               [TESSERA_BENCH_BAZEL]
 #   GPU figure: TESSERA_BENCH_GPU_SIZE (default 1G of CUDA tensors), TESSERA_BENCH_GPU_PYTHON
-#   (default /usr/bin/python3; must be the Python 3.11 the module was built for, with a CUDA
-#   PyTorch — 2.x for the DCP async_save side).
+#   (default: the Python environment below; must be the Python 3.11 the module was built for,
+#   with a CUDA PyTorch — 2.x for the DCP async_save side).
+#   The trainer ranks run under the Python environment of deploy/install-deps.sh
+#   (TESSERA_VENV, default .venv: the pinned torch).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -112,7 +114,9 @@ for b in server/tessera-coordinator agent/tessera-agent client/python/site/tesse
   [ -e "$BIN/$b" ] || { echo "run.sh: $BIN/$b is missing (build first)" >&2; exit 1; }
 done
 export PYTHONPATH="$BIN/client/python/site"
-PY="/usr/bin/python3 -P"
+VENV_PYTHON=${TESSERA_VENV:-$ROOT/.venv}/bin/python
+[ -x "$VENV_PYTHON" ] || { echo "run.sh: no Python environment at $VENV_PYTHON (run deploy/install-deps.sh)" >&2; exit 1; }
+PY="$VENV_PYTHON -P"
 
 # --- The machine (results.md's header)
 {
@@ -134,7 +138,7 @@ PY="/usr/bin/python3 -P"
   echo "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo "+changes")"
-  echo "torch=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  echo "torch=$($VENV_PYTHON -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   echo "fio=$(fio --version 2>/dev/null)"
   echo "args=$*"
 } >"$OUT/raw/machine.env"
@@ -308,7 +312,7 @@ if wants gpu; then
     mkdir -p "$DIR/logs"
     COORD_PORT=""
     if start_coordinator && start_agents benchgpu "tp=1"; then
-      PY="${TESSERA_BENCH_GPU_PYTHON:-/usr/bin/python3} -P" run_ranks gpu benchgpu 1 \
+      PY="${TESSERA_BENCH_GPU_PYTHON:-$VENV_PYTHON} -P" run_ranks gpu benchgpu 1 \
         "$OUT/raw/gpu" --mib="$gpu_mib" --steps="$STEPS" --barrier="$DIR/barrier" \
         --torch-dir="$DIR/torch" || say "GPU: the rank failed (see $OUT/logs/gpu)"
     else

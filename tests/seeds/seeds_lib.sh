@@ -1,7 +1,7 @@
 # Shared by the seed scenario tests (source after deploy/lib/procs.sh and deploy/lib/cluster.sh,
 # with BIN and DIR set): Python trainer ranks (seed_rank.py) and layout switches.
 
-PYTHON=${TESSERA_PYTHON:-/usr/bin/python3}
+PYTHON=${TESSERA_PYTHON:?python_sh_test (bazel/python.bzl) sets it}
 RANK_TIMEOUT=${RANK_TIMEOUT:-120}
 export PYTHONPATH="$PWD/client/python/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
