@@ -22,6 +22,7 @@ HEADER_FQN = "tessera.objects.header"      # 8 bytes: little-endian u64 length o
 INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "objects": [[name, nbytes]]}
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
+_MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 def padded(data):
@@ -98,8 +99,8 @@ class Client:
     Thread-safety: methods may be called from any thread; save and load are serialised by the
     native client, and all blocking calls release the GIL.
 
-    Raises (constructor): InvalidArgumentError if no socket is given or mesh_dims names a dim
-    the job's layout does not have; UnavailableError if the agent is unreachable or has not
+    Raises (constructor): InvalidArgumentError if no socket is given, its path is longer than
+    a unix socket path can be, or mesh_dims names a dim the job's layout does not have; UnavailableError if the agent is unreachable or has not
     registered yet (retry); DeadlineExceededError.
     """
 
@@ -109,6 +110,13 @@ class Client:
         if not agent:
             raise errors.InvalidArgumentError(
                 "no agent socket: pass tessera.Client(agent=...) or set TESSERA_AGENT")
+        path = agent[len("unix:"):] if agent.startswith("unix:") else agent
+        if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+            # gRPC would only say "Failed to create secure client channel".
+            raise errors.InvalidArgumentError(
+                "agent socket path %r is %d bytes; a unix socket path holds at most %d: start "
+                "the agent with a shorter --socket" % (path, len(os.fsencode(path)),
+                                                       _MAX_SOCKET_PATH))
         self._native = _call(_tessera._Client.connect, agent, float(connect_timeout or 0))
         self._identity = self._native.identity()
         self._layout = JobLayout(self._identity["layout"], self._identity["coords"],
