@@ -291,12 +291,15 @@ class DTensorBoxesTest(unittest.TestCase):
                                      r"has size 2 and puts this rank at 0, but its Tessera agent "
                                      r"is at 1 of 2")
 
-    def test_PartialAndNonContiguousStrided_Refused(self):
+    def test_PartialNonContiguousAndScatteredStrided_Refused(self):
         def scenario(rank, which):
             mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
             if which == "partial":
                 t = DTensor.from_local(torch.ones(4), mesh, [Partial(), Shard(0)],
                                        shape=(8,), stride=(1,))
+            elif which == "transposed":  # a local tensor that is a non-contiguous view
+                t = DTensor.from_local(torch.ones(3, 4).t(), mesh, [Shard(0), Shard(1)],
+                                       shape=(8, 6), stride=(6, 1))
             else:  # rows {0, 2} of 8 on rank 0: not one box
                 t = DTensor.from_local(torch.ones(2, 3), mesh, [Shard(0), _StridedShard(0, split_factor=2)],
                                        shape=(8, 3), stride=(3, 1))
@@ -305,6 +308,9 @@ class DTensorBoxesTest(unittest.TestCase):
         partial = per_rank(4, scenario, "partial", ranks=[0])[0]
         self.assertEqual(partial[2], "MALFORMED_SHARD")
         self.assertIn("tensor 'w' is a DTensor with a Partial placement on mesh dim 'dp'", partial[3])
+        transposed = per_rank(4, scenario, "transposed", ranks=[0])[0]
+        self.assertEqual(transposed[2], "MALFORMED_SHARD")
+        self.assertIn("tensor 'w' is not contiguous", transposed[3])
         strided = per_rank(4, scenario, "strided", ranks=[0])[0]
         self.assertEqual(strided[2], "MALFORMED_SHARD")
         self.assertIn("tensor 'w'", strided[3])

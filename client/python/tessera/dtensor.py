@@ -30,8 +30,11 @@ Rules (each violation: InvalidArgumentError, MALFORMED_SHARD, naming the tensor)
    ``Replicate()``, and layout dims outside the tensor's mesh (under FSDP x TP a norm weight
    lives on the dp_shard submesh and every tp rank holds it) — except the layout's *split
    dims* (``Client(split_dims=...)``, default ``("pp",)``): pipeline stages hold different
-   layers, so two stages naming a layer alike is DUPLICATE_FQN, never a replica. Declared
-   replicas are compared by hash when saved (REPLICA_DIVERGED), never trusted.
+   layers, so two stages naming a layer alike is DUPLICATE_FQN, never a replica. A tensor
+   the stages truly share (a tied embedding, a rotary-frequency buffer every stage keeps) is
+   declared so by the trainer: ``tessera.Shard(t, shape, replicated_over="*")`` in place of
+   its entry. Declared replicas are compared by hash when saved (REPLICA_DIVERGED), never
+   trusted.
 5. ``Partial()`` (a reduction not yet done) and placements this module does not know are
    refused.
 

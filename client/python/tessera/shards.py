@@ -373,9 +373,10 @@ def _replication(replicated, layout, flat_range):
     return list(replicated)
 
 
-def _from_dtensor(value, optimizer, where, layout):
+def _from_dtensor(value, optimizer, where, layout, for_load):
     """The Shard of a DTensor on this rank (tessera.dtensor's rules)."""
     d = dtensors.describe(value, where, layout)
+    tensor_info(d.local, where, for_load)  # a refusal names the key, not "the Shard's tensor"
     return Shard(d.local, d.global_shape, offsets=d.offsets, replicated_over=d.replicated_over,
                  kind="optimizer" if optimizer else "param", local_shape=d.local_shape)
 
@@ -392,7 +393,7 @@ def to_ref(key, value, layout, for_load=False):
     where = "tensor %s" % ascii(key)
     check_name(fqn, "fqn", where)
     if dtensors.is_dtensor(value):
-        value = _from_dtensor(value, key_state is not None, where, layout)
+        value = _from_dtensor(value, key_state is not None, where, layout, for_load)
     if isinstance(value, Absent):
         if for_load:
             raise errors.malformed(
