@@ -203,9 +203,10 @@ int main(int argc, char** argv) {
     if (lifeline_for_lease == nullptr) return std::nullopt;
     return lifeline_for_lease->LeaseGeneration();
   };
-  executor_options.job_id = job;
-  executor_options.rank = urank;
-  executor_options.incarnation = incarnation;
+  executor_options.core.job_id = job;
+  executor_options.core.rank = urank;
+  executor_options.core.incarnation = incarnation;
+  executor_options.core.seed = incarnation;  // backoff jitter differs between agents
   executor_options.on_peer_addresses = [&addresses](const std::string& session,
                                                     const std::map<uint32_t, std::string>& a) {
     addresses.Set(session, a);
@@ -232,8 +233,8 @@ int main(int argc, char** argv) {
 
   tessera::LifelineOptions lifeline_options;
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
-    loader.SetJobDir(absl::StrCat(response.storage_root(), "/", job));
-    executor.OnRegistered(response.coordinator_incarnation());
+    loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
+    executor.OnRegistered(response);
   };
   tessera::Lifeline lifeline(&coordinator, registration, lifeline_options);
   lifeline_for_lease = &lifeline;
@@ -259,7 +260,8 @@ int main(int argc, char** argv) {
           tessera::LogWarning("fault injection: resumed after freezing on ", freeze_on);
         }
         executor.OnCommand(c);
-      });
+      },
+      [&executor] { executor.OnStreamConnected(); });
 
   // The trainer's endpoint.
   std::string socket = absl::GetFlag(FLAGS_socket);
