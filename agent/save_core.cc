@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -233,7 +234,8 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
     } else {
       AcceptPlan(now, b, result->session_id(), fx);
     }
-  } else if (SubmissionRetriable(result.status().code()) && now < b.give_up_at) {
+  } else if (SubmissionRetriable(result.status().code()) && now < b.give_up_at &&
+             !b.trainer_gone) {
     b.retry_at = std::min(now + b.backoff.Next(), b.give_up_at);
   } else {
     Log(fx, Severity::kWarning,
@@ -459,7 +461,8 @@ void SaveCore::Dispatch(absl::Time now, Session& s, const v1::Command& command,
   if (command.seq() <= s.last_seq) return;  // already handled
   s.last_seq = command.seq();
   Log(fx, Severity::kInfo,
-      absl::StrCat("command ", CommandName(command), " for ", Describe(s)));
+      absl::StrCat("command ", absl::AsciiStrToLower(CommandName(command)), " for ",
+                   Describe(s)));
   switch (command.body_case()) {
     case v1::Command::kPin:
       HandlePin(s, command.pin(), fx);
