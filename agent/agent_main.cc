@@ -89,24 +89,6 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-
-std::string CommandName(const tessera::v1::Command& c) {
-  switch (c.body_case()) {
-    case tessera::v1::Command::kPin:
-      return "pin";
-    case tessera::v1::Command::kCopy:
-      return "copy";
-    case tessera::v1::Command::kGather:
-      return "gather";
-    case tessera::v1::Command::kPersist:
-      return "persist";
-    case tessera::v1::Command::kCommit:
-      return "commit";
-    default:
-      return "";
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -249,11 +231,11 @@ int main(int argc, char** argv) {
   tessera::CommandStream stream(
       coordinator.stub(), &lifeline, commands,
       [&executor, &crash_on, &freeze_on, &frozen_once](const tessera::v1::Command& c) {
-        if (!crash_on.empty() && CommandName(c) == crash_on) {
+        if (!crash_on.empty() && tessera::CommandName(c) == crash_on) {
           tessera::LogError("fault injection: crashing on ", crash_on);
           raise(SIGKILL);
         }
-        if (!freeze_on.empty() && !frozen_once && CommandName(c) == freeze_on) {
+        if (!freeze_on.empty() && !frozen_once && tessera::CommandName(c) == freeze_on) {
           frozen_once = true;
           tessera::LogError("fault injection: freezing on ", freeze_on);
           raise(SIGSTOP);

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -33,29 +32,6 @@ bool Ended(SavePhase phase) {
 // agent yet (it restarted and the agent has not registered again).
 bool SubmissionRetriable(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound;
-}
-
-absl::string_view CommandName(const v1::Command& command) {
-  switch (command.body_case()) {
-    case v1::Command::kPin:
-      return "PIN";
-    case v1::Command::kCopy:
-      return "COPY";
-    case v1::Command::kGather:
-      return "GATHER";
-    case v1::Command::kPersist:
-      return "PERSIST";
-    case v1::Command::kCommit:
-      return "COMMIT";
-    case v1::Command::kCommitted:
-      return "COMMITTED";
-    case v1::Command::kAbort:
-      return "ABORT";
-    case v1::Command::kResend:
-      return "RESEND";
-    default:
-      return "an unknown command";
-  }
 }
 
 // R4: a session id becomes a directory name component.
@@ -100,6 +76,12 @@ absl::string_view SavePhaseName(SavePhase phase) {
       return "ABORTED";
   }
   return "?";
+}
+
+std::string CommandName(const v1::Command& command) {
+  const google::protobuf::FieldDescriptor* body =
+      v1::Command::descriptor()->FindFieldByNumber(command.body_case());
+  return body != nullptr ? body->name() : "empty";
 }
 
 SaveCore::SaveCore(SaveCoreOptions options)
@@ -329,7 +311,7 @@ void SaveCore::EndPendingBegin(uint64_t ticket, SaveEffects& fx) {
       continue;
     }
     Log(fx, Severity::kInfo,
-        absl::StrCat("ignoring ", CommandName(*it), " for session ", it->session_id(),
+        absl::StrCat("ignoring command ", CommandName(*it), " for session ", it->session_id(),
                      ", which this agent does not have"));
     it = held_.erase(it);
   }
@@ -447,7 +429,8 @@ SaveEffects SaveCore::OnCommand(absl::Time now, const v1::Command& command) {
       return Done(now, std::move(fx));
     } else {
       Log(fx, Severity::kInfo,
-          absl::StrCat("ignoring ", CommandName(command), " for session ", command.session_id(),
+          absl::StrCat("ignoring command ", CommandName(command), " for session ",
+                       command.session_id(),
                        ", which this agent does not have"));
       return Done(now, std::move(fx));
     }
@@ -460,9 +443,7 @@ void SaveCore::Dispatch(absl::Time now, Session& s, const v1::Command& command,
                         SaveEffects& fx) {
   if (command.seq() <= s.last_seq) return;  // already handled
   s.last_seq = command.seq();
-  Log(fx, Severity::kInfo,
-      absl::StrCat("command ", absl::AsciiStrToLower(CommandName(command)), " for ",
-                   Describe(s)));
+  Log(fx, Severity::kInfo, absl::StrCat("command ", CommandName(command), " for ", Describe(s)));
   switch (command.body_case()) {
     case v1::Command::kPin:
       HandlePin(s, command.pin(), fx);
@@ -603,7 +584,9 @@ void SaveCore::StartWork(Session& s, WorkItem item, SaveEffects& fx) {
 // ---------------------------------------------------------------------------------------------
 // Work results
 
-SaveCore::Session* SaveCore::TakeWork(uint64_t work_id, SaveEffects& fx) {
+SaveCore::Session* SaveCore::TakeWork(uint64_t work_id, std::optional<SavePhase> expected,
+                                      SaveEffects& fx) {
+  if (stopped_) return nullptr;
   auto it = work_.find(work_id);
   if (it == work_.end()) return nullptr;
   Session* s = Find(it->second);
@@ -614,14 +597,15 @@ SaveCore::Session* SaveCore::TakeWork(uint64_t work_id, SaveEffects& fx) {
     ContinueEnding(*s, fx);
     return nullptr;
   }
-  return Live(s->phase) ? s : nullptr;
+  if (!Live(s->phase) || (expected.has_value() && s->phase != *expected)) return nullptr;
+  return s;
 }
 
 SaveEffects SaveCore::OnStagingReady(absl::Time now, uint64_t work_id,
                                      absl::StatusOr<StagingMemory> memory) {
   SaveEffects fx;
-  Session* s = stopped_ ? nullptr : TakeWork(work_id, fx);
-  if (s == nullptr || s->phase != SavePhase::kPinning) return Done(now, std::move(fx));
+  Session* s = TakeWork(work_id, SavePhase::kPinning, fx);
+  if (s == nullptr) return Done(now, std::move(fx));
   if (!memory.ok()) {
     Fail(*s,
          GetErrorCode(memory.status()) == v1::ERROR_CODE_ADMISSION_DENIED
@@ -639,8 +623,8 @@ SaveEffects SaveCore::OnStagingReady(absl::Time now, uint64_t work_id,
 SaveEffects SaveCore::OnGathered(absl::Time now, uint64_t work_id,
                                  absl::StatusOr<std::vector<v1::ReplicaHash>> hashes) {
   SaveEffects fx;
-  Session* s = stopped_ ? nullptr : TakeWork(work_id, fx);
-  if (s == nullptr || s->phase != SavePhase::kGathering) return Done(now, std::move(fx));
+  Session* s = TakeWork(work_id, SavePhase::kGathering, fx);
+  if (s == nullptr) return Done(now, std::move(fx));
   if (!hashes.ok()) {
     const absl::StatusCode code = hashes.status().code();
     if (code == absl::StatusCode::kAborted) {  // R6: cancelled for the session's ABORT
@@ -670,8 +654,8 @@ SaveEffects SaveCore::OnGathered(absl::Time now, uint64_t work_id,
 SaveEffects SaveCore::OnPersisted(absl::Time now, uint64_t work_id,
                                   absl::StatusOr<std::vector<v1::ChunkReport>> chunks) {
   SaveEffects fx;
-  Session* s = stopped_ ? nullptr : TakeWork(work_id, fx);
-  if (s == nullptr || s->phase != SavePhase::kPersisting) return Done(now, std::move(fx));
+  Session* s = TakeWork(work_id, SavePhase::kPersisting, fx);
+  if (s == nullptr) return Done(now, std::move(fx));
   if (!chunks.ok()) {
     Fail(*s, v1::ERROR_CODE_IO_ERROR, chunks.status(), fx);
     return Done(now, std::move(fx));
@@ -692,7 +676,7 @@ SaveEffects SaveCore::OnPersisted(absl::Time now, uint64_t work_id,
 SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
                                        const CommitWorkResult& result) {
   SaveEffects fx;
-  Session* s = stopped_ ? nullptr : TakeWork(work_id, fx);
+  Session* s = TakeWork(work_id, std::nullopt, fx);
   if (s == nullptr || !s->commit.has_value()) return Done(now, std::move(fx));
   Commit& c = *s->commit;
   if (result.retention.has_value()) {  // never fails the session: logged
@@ -748,7 +732,7 @@ SaveEffects SaveCore::OnRemoved(absl::Time now, uint64_t work_id, const absl::St
         absl::StrCat("could not remove the directory of aborted session ", it->second, ": ",
                      result.ToString()));
   }
-  if (!stopped_) TakeWork(work_id, fx);  // the ending goes on (edge 15)
+  TakeWork(work_id, std::nullopt, fx);  // the ending goes on (edge 15)
   return Done(now, std::move(fx));
 }
 

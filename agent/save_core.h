@@ -143,6 +143,10 @@ enum class SavePhase {
 };
 absl::string_view SavePhaseName(SavePhase phase);
 
+// A command's kind as its body's field name in coordinator.proto: "pin", "copy", ..., "resend";
+// "empty" without a body.
+std::string CommandName(const v1::Command& command);
+
 // How the commit of a committer's session stands (the commit sub-state).
 enum class CommitState { kIdle, kResolving, kBackoff, kWritten, kRolledBack };
 
@@ -326,9 +330,9 @@ class SaveCore {
   void HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx);
   void StartCommit(Session& s, SaveEffects& fx);
   void StartWork(Session& s, WorkItem item, SaveEffects& fx);
-  // The session `work_id` was for, its work slot cleared, if it is still under way; a
-  // session ENDING goes on ending instead (R7).
-  Session* TakeWork(uint64_t work_id, SaveEffects& fx);
+  // The session `work_id` was for, its work slot cleared, if it is still under way (and in
+  // `expected`, if given); a session ENDING goes on ending instead (R7). Null after Shutdown.
+  Session* TakeWork(uint64_t work_id, std::optional<SavePhase> expected, SaveEffects& fx);
 
   // Reports (R3).
   void AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorDetail* error,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/save_test_messages.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
@@ -29,38 +30,16 @@ constexpr uint32_t kRank = 3;
 alignas(4096) unsigned char staging_buffer[1 << 16];
 
 v1::BeginSaveRequest Request(int64_t step = kStep) {
-  v1::BeginSaveRequest request;
-  request.set_step(step);
-  v1::ShardDesc* shard = request.add_shards();
-  shard->set_fqn("w");
-  shard->set_kind(v1::SHARD_KIND_PARAM);
-  shard->set_dtype(v1::DTYPE_F32);
-  shard->add_global_shape(1024);
-  shard->mutable_box()->add_offsets(0);
-  shard->mutable_box()->add_lengths(1024);
-  shard->set_nbytes(4096);
-  return request;
+  return testing_save::OneShardRequest(step);
 }
 
 v1::Command Bare(uint64_t seq, const std::string& session = kSession, int64_t step = kStep) {
-  v1::Command c;
-  c.set_session_id(session);
-  c.set_step(step);
-  c.set_seq(seq);
-  return c;
+  return testing_save::BareCommand(session, step, seq);
 }
 
 v1::Command Pin(uint64_t seq, const std::string& session = kSession) {
-  v1::Command c = Bare(seq, session);
-  v1::RankAssignment* a = c.mutable_pin()->mutable_assignment();
-  a->set_file("data-00003.safetensors");
-  v1::WriteItem* w = a->add_writes();
-  w->set_key("w");
-  w->mutable_box()->add_offsets(0);
-  w->mutable_box()->add_lengths(1024);
-  w->set_dtype(v1::DTYPE_F32);
-  w->set_nbytes(4096);
-  w->add_sources()->set_rank(kRank);
+  v1::Command c =
+      testing_save::OneShardPin(session, kStep, seq, kRank, "data-00003.safetensors");
   c.mutable_pin()->set_plan_cached(true);
   return c;
 }
@@ -253,8 +232,9 @@ class SaveCoreTest : public ::testing::Test {
     return nullptr;
   }
   int RepliesTo(uint64_t ticket) const {
-    return static_cast<int>(std::count_if(replies_.begin(), replies_.end(),
-                                          [&](const TrainerReply& r) { return r.ticket == ticket; }));
+    return static_cast<int>(std::count_if(
+        replies_.begin(), replies_.end(),
+        [&](const TrainerReply& r) { return r.ticket == ticket; }));
   }
   absl::Status BeginStatus(uint64_t ticket) const {
     const TrainerReply* r = ReplyTo(ticket);
@@ -404,7 +384,8 @@ TEST_F(SaveCoreTest, Edge5_Copy_HandsTheSlotsToTheWaitingTrainer) {
   EXPECT_EQ(PhaseOf(), SavePhase::kCopying);
   const TrainerReply* reply = ReplyTo(1);
   ASSERT_NE(reply, nullptr);
-  const absl::StatusOr<v1::BeginSaveResponse>& slots = std::get<BeginSaveReply>(reply->reply).result;
+  const absl::StatusOr<v1::BeginSaveResponse>& slots =
+      std::get<BeginSaveReply>(reply->reply).result;
   ASSERT_TRUE(slots.ok()) << slots.status();
   EXPECT_EQ(slots->session_id(), kSession);
   EXPECT_EQ(slots->shm_name(), "/tessera-test");

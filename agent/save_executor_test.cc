@@ -11,6 +11,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "agent/peer/loopback_peer_transport.h"
+#include "agent/save_test_messages.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "format/test_checkpoint.h"
@@ -104,47 +105,11 @@ class FakeCoordinator : public CoordinatorClient {
   int chunks_delivered_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// One rank of a one-rank job saving one float tensor "w" of 1024 elements, which it writes.
-v1::BeginSaveRequest SaveRequest() {
-  v1::BeginSaveRequest request;
-  request.set_step(kStep);
-  v1::ShardDesc* shard = request.add_shards();
-  shard->set_fqn("w");
-  shard->set_kind(v1::SHARD_KIND_PARAM);
-  shard->set_dtype(v1::DTYPE_F32);
-  shard->add_global_shape(1024);
-  shard->mutable_box()->add_offsets(0);
-  shard->mutable_box()->add_lengths(1024);
-  shard->set_nbytes(4096);
-  return request;
-}
-
+v1::BeginSaveRequest SaveRequest() { return testing_save::OneShardRequest(kStep); }
 v1::Command Pin(uint64_t seq) {
-  v1::Command c;
-  c.set_session_id(kSession);
-  c.set_step(kStep);
-  c.set_seq(seq);
-  v1::RankAssignment* a = c.mutable_pin()->mutable_assignment();
-  a->set_file("data-00000.safetensors");
-  v1::WriteItem* w = a->add_writes();
-  w->set_key("w");
-  w->mutable_box()->add_offsets(0);
-  w->mutable_box()->add_lengths(1024);
-  w->set_dtype(v1::DTYPE_F32);
-  w->set_nbytes(4096);
-  v1::ChunkSource* source = w->add_sources();
-  source->set_rank(0);
-  source->set_local_shard(0);
-  return c;
+  return testing_save::OneShardPin(kSession, kStep, seq, 0, "data-00000.safetensors");
 }
-
-v1::Command Bare(uint64_t seq) {
-  v1::Command c;
-  c.set_session_id(kSession);
-  c.set_step(kStep);
-  c.set_seq(seq);
-  return c;
-}
+v1::Command Bare(uint64_t seq) { return testing_save::BareCommand(kSession, kStep, seq); }
 
 class SaveExecutorTest : public ::testing::Test {
  protected:
