@@ -36,7 +36,8 @@
 //    arrives) and handled when that submission names the session; a COMMIT for an unknown
 //    session is edge 11 (a fresh committer: its earlier incarnation had the session); any
 //    other is ignored. A command for a phase already under way or done is ignored (the
-//    stream's reconnection, which replays it, already re-sent the reports: R3).
+//    stream's reconnection, which replays it, already re-sent the reports: R3) — except
+//    COMMIT, which resolves again (C1).
 // R2 The trainer. Every ticket gets exactly one reply. BeginSave's reply is its slots (edge 5)
 //    or the error that ended its session; a newer BeginSave of the same session takes its
 //    place (the older gets Aborted); TrainerGone answers its ticket Cancelled. Staged() is

@@ -13,6 +13,13 @@
 //   next_tick       when the core next needs SaveCore::Tick (timers: re-sends, retries,
 //                   WaitCommitted deadlines); InfiniteFuture if never.
 //
+// Every CoordinatorRpc and SaveWork handed out must get exactly one result event: the core
+// keeps one report of a session out at a time and waits for a session's running work before
+// it ends it, so a result that never comes stalls that session. A lost request or reply is a
+// result too (DeadlineExceeded or Unavailable, as gRPC gives after its deadline); a result
+// for a session that ended meanwhile is harmless. Work items of one session are handed out one
+// at a time; items of different sessions may run concurrently.
+//
 // Thread-safety: values; the pointers they hold are to immutable objects (shared_ptr<const>)
 // or to staging memory, which the work that receives it may use until it returns.
 #ifndef TESSERA_AGENT_SAVE_EFFECTS_H_
