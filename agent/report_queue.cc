@@ -34,6 +34,15 @@ void ReportQueue::Close() {
   restart_when_back_ = false;
 }
 
+void ReportQueue::Remind() {
+  if (!ended_on_coordinator_ || !closed_ || size() == 0) return;
+  closed_ = false;
+  paused_ = false;
+  pending_.clear();
+  pending_.push_back(phases_.empty() ? Ref{true, chunks_.size() - 1}
+                                     : Ref{false, phases_.size() - 1});
+}
+
 ReportQueue::Report ReportQueue::Get(Ref ref) const {
   return ref.chunk ? chunks_[ref.index] : phases_[ref.index];
 }
@@ -56,6 +65,7 @@ ReportQueue::Result ReportQueue::OnResult(uint64_t rpc_id, absl::StatusCode code
       break;
     case absl::StatusCode::kFailedPrecondition:
       Close();
+      ended_on_coordinator_ = true;
       return Result::kSessionEnded;
     case absl::StatusCode::kInvalidArgument:
     case absl::StatusCode::kOutOfRange:

@@ -68,6 +68,14 @@ class ReportQueue {
   // The session ended: nothing more is handed out, results are ignored. Idempotent.
   void Close();
 
+  // After a FailedPrecondition closed the queue (the coordinator had ended the session, but
+  // its verdict has not arrived): hands out one report again. The coordinator answers a report
+  // of a session it ended by sending that session's verdict again on the command stream, so
+  // the owner calls this when a stream may have missed it — after a (re)connection. No effect
+  // otherwise; the answer closes the queue again.
+  void Remind();
+  bool ended_on_coordinator() const { return ended_on_coordinator_; }
+
   // The report to send now as RPC `rpc_id`, if one may go: not closed, not paused, none out,
   // one pending.
   std::optional<Report> Next(uint64_t rpc_id);
@@ -98,6 +106,7 @@ class ReportQueue {
   bool restart_when_back_ = false;
   bool paused_ = false;
   bool closed_ = false;
+  bool ended_on_coordinator_ = false;  // closed by a FailedPrecondition (Remind)
 };
 
 }  // namespace tessera

@@ -83,6 +83,29 @@ TEST(ReportQueue, FailedPrecondition_SessionEnded_Closed) {
   EXPECT_EQ(NextName(q, 2), "");
 }
 
+TEST(ReportQueue, EndedOnTheCoordinator_RemindSendsTheLastReportOnce) {
+  ReportQueue q;
+  q.Add(Phase(v1::AGENT_PHASE_STAGED));
+  q.Add(Phase(v1::AGENT_PHASE_GATHERED));
+  EXPECT_EQ(NextName(q, 1), "P2");
+  ASSERT_EQ(q.OnResult(1, absl::StatusCode::kFailedPrecondition),
+            ReportQueue::Result::kSessionEnded);
+  q.Remind();
+  EXPECT_EQ(NextName(q, 2), "P3");  // one report, the last
+  EXPECT_EQ(NextName(q, 3), "");
+  EXPECT_EQ(q.OnResult(2, absl::StatusCode::kFailedPrecondition),
+            ReportQueue::Result::kSessionEnded);
+  EXPECT_TRUE(q.closed());
+}
+
+TEST(ReportQueue, ClosedAtTheSessionsEnd_RemindDoesNothing) {
+  ReportQueue q;
+  q.Add(Phase(v1::AGENT_PHASE_STAGED));
+  q.Close();
+  q.Remind();
+  EXPECT_EQ(NextName(q, 1), "");
+}
+
 TEST(ReportQueue, InvalidArgument_RefusedAndDropped_NextGoes) {
   ReportQueue q;
   q.Add(Chunks("a"));

@@ -30,8 +30,11 @@ bool Ended(SavePhase phase) {
 
 // Plan submissions are retried while the coordinator is unreachable or does not know this
 // agent yet (it restarted and the agent has not registered again).
+// Transport failures (the call may or may not have arrived: a submission is idempotent) and
+// a coordinator that does not know this agent yet.
 bool SubmissionRetriable(absl::StatusCode code) {
-  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound;
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound ||
+         code == absl::StatusCode::kDeadlineExceeded;
 }
 
 // R4: a session id becomes a directory name component.
@@ -100,6 +103,7 @@ SaveEffects SaveCore::Done(absl::Time now, SaveEffects fx) {
     if (s->commit.has_value() && s->commit->state == CommitState::kBackoff) {
       next = std::min(next, s->commit->retry_at);
     }
+    if (AwaitingVerdict(*s)) next = std::min(next, s->remind_at);
     for (const Waiter& w : s->waiters) next = std::min(next, w.deadline);
   }
   fx.next_tick = stopped_ ? absl::InfiniteFuture() : next;
@@ -181,9 +185,13 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
       if (SubmissionRetriable(result.status().code())) {
         if (resend_at_ == absl::InfiniteFuture()) resend_at_ = now + resend_backoff_.Next();
       } else {
-        Log(fx, Severity::kWarning,
-            absl::StrCat("re-submitting the plan of ", Describe(*s),
-                         " was refused: ", result.status().ToString()));
+        // Refused for good (STEP_EXISTS, SESSION_IN_PROGRESS ...): the coordinator holds no
+        // session of this plan any more, so none will bring a verdict; the refusal is it.
+        BeginEnding(*s,
+                    absl::Status(result.status().code(),
+                                 absl::StrCat("re-submitting the plan of ", Describe(*s),
+                                              " was refused: ", result.status().message())),
+                    fx);
       }
     } else if (result->session_id() != s->id) {
       if (!CheckSessionId(result->session_id()).ok() || Find(result->session_id()) != nullptr) {
@@ -549,13 +557,16 @@ void SaveCore::HandleCommit(Session& s, const v1::Command& command, SaveEffects&
     Fail(s, v1::ERROR_CODE_IO_ERROR, bad, fx);
     return;
   }
-  if (!LeaseAllows(s)) {
-    Fail(s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("commit"), fx);
+  if (lease_known_ && !lease_.has_value()) {
+    Log(fx, Severity::kWarning,
+        absl::StrCat("ignoring COMMIT for ", Describe(s),
+                     ": this agent's lease has lapsed; the coordinator asks again"));
     return;
   }
   if (!s.commit.has_value()) s.commit.emplace(options_.retry_backoff, NewSeed());
   Commit& c = *s.commit;
   c.latest = std::make_shared<const v1::CommitCommand>(command.commit());
+  c.lease = lease_;
   c.tmp_dir = tmp_dir;
   c.final_dir = final_dir;
   c.job_dir = JobDirPath(storage_root_, options_.job_id);
@@ -765,7 +776,15 @@ void SaveCore::ResendAll(absl::string_view why, SaveEffects& fx) {
   resend_at_ = absl::InfiniteFuture();
   size_t reports = 0, plans = 0;
   for (auto& [id, s] : sessions_) {
-    if (s->orphaned || s->reports.closed()) continue;
+    if (s->orphaned) continue;
+    if (s->reports.closed()) {
+      // Ended on the coordinator, its verdict not here yet: ask for it again (ReportQueue).
+      if (AwaitingVerdict(*s)) {
+        s->reports.Remind();
+        Pump(*s, fx);
+      }
+      continue;
+    }
     if (s->phase == SavePhase::kPlanned && s->plan != nullptr && s->resubmit_rpc == 0) {
       const uint64_t rpc = next_id_++;
       s->resubmit_rpc = rpc;
@@ -843,6 +862,9 @@ SaveEffects SaveCore::OnReportDone(absl::Time now, uint64_t rpc_id, const absl::
       Log(fx, Severity::kInfo,
           absl::StrCat("the coordinator has ended ", Describe(*s), " (", result.message(),
                        "); waiting for its verdict"));
+      // The coordinator sent the verdict again, to the stream it had then; if that was not
+      // this agent's (a reconnection in between), ask again after a while (R3).
+      s->remind_at = now + s->remind_backoff.Next();
       break;
     case ReportQueue::Result::kFailed:
       if (!reports_failing_) {
@@ -878,6 +900,16 @@ absl::Status SaveCore::CheckPath(const std::string& what, const std::string& rec
                          ": the agent writes, commits and removes only its session's own "
                          "directories"));
   return MakeError(absl::StatusCode::kInvalidArgument, detail);
+}
+
+bool SaveCore::AwaitingVerdict(const Session& s) const {
+  return !s.orphaned && (Live(s.phase) || s.phase == SavePhase::kFailed) &&
+         s.reports.closed() && s.reports.ended_on_coordinator();
+}
+
+bool SaveCore::CommitLeaseCurrent(const Commit& c) const {
+  if (!lease_known_) return true;
+  return lease_.has_value() && c.lease.has_value() && *lease_ == *c.lease;
 }
 
 bool SaveCore::LeaseAllows(const Session& s) const {
@@ -983,11 +1015,20 @@ SaveEffects SaveCore::Tick(absl::Time now) {
   for (auto& [id, s] : sessions_) {
     if (s->commit.has_value() && s->commit->state == CommitState::kBackoff &&
         s->commit->retry_at <= now && Live(s->phase)) {  // C5
-      if (LeaseAllows(*s)) {
+      if (CommitLeaseCurrent(*s->commit)) {
         StartCommit(*s, fx);
       } else {
-        Fail(*s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("commit"), fx);
+        // R5: not retried under another lease; the coordinator's next COMMIT runs.
+        s->commit->state = CommitState::kIdle;
+        Log(fx, Severity::kWarning,
+            absl::StrCat("not retrying the commit of ", Describe(*s),
+                         ": the lease it was asked under has lapsed"));
       }
+    }
+    if (AwaitingVerdict(*s) && s->remind_at <= now) {  // R3
+      s->remind_at = now + s->remind_backoff.Next();
+      s->reports.Remind();
+      Pump(*s, fx);
     }
     for (auto w = s->waiters.begin(); w != s->waiters.end();) {
       if (w->deadline > now) {

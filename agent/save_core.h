@@ -48,7 +48,10 @@
 //    command stream (OnStreamConnected), a RESEND command, and when a report failed: then
 //    after backoff (retry_backoff, reset by any acknowledged report), until acknowledged, the
 //    session ends, or Shutdown. A report refused because the session ended (FailedPrecondition)
-//    is not retried; the outcome arrives as a command. On the same triggers a session still
+//    is not retried: the coordinator answers it by sending that session's verdict again. In
+//    case that went to a stream this agent no longer had, one report goes again (a reminder)
+//    after every (re)connection and on a timer (1 s doubling to 30 s) until the verdict is
+//    here. On the same triggers a session still
 //    PLANNED re-submits its plan; if the coordinator then names another session, the PLANNED
 //    session moves to that id.
 // R4 Paths. The directories the coordinator names — PERSIST's tmp_dir, COMMIT's tmp_dir and
@@ -57,11 +60,16 @@
 //    path component. Anything else fails the session (edge 13) with IO_ERROR naming the path
 //    received and the path expected; nothing is written, committed or removed there. Only
 //    the checked tmp_dir this rank wrote into is ever removed (edge 15).
-// R5 Lease. Before writing (PERSIST) and before every commit attempt the agent's lease must
-//    be current and the one the session began under (OnLease; a commit-only session begins
-//    when its COMMIT arrives). Otherwise the agent was frozen or cut off past its lease, the
-//    coordinator has given it up, and the session fails with AGENT_LOST instead. Until the
-//    first OnLease the lease is taken as current.
+// R5 Lease. Before writing (PERSIST) the agent's lease must be current and the one the session
+//    began under (OnLease). Otherwise the agent was frozen or cut off past its lease, the
+//    coordinator has given it up, and the session fails with AGENT_LOST instead. A commit is
+//    the coordinator's to ask of any agent at any time once COMMITTING (it is idempotent), so
+//    a commit attempt needs only the lease under which its COMMIT arrived to be current: a
+//    COMMIT that arrives while the lease is lapsed is ignored, and one whose lease lapsed
+//    before an attempt is not retried — the coordinator asks again (it re-sends COMMIT, to a
+//    live committer) and that COMMIT, under the current lease, runs. Nothing stale (a COMMIT
+//    received before the agent froze) is ever acted on. Until the first OnLease the lease is
+//    taken as current.
 // R6 Local failures (edge 13): the failure is reported with its error; no further work starts.
 //    The session still ends only by the verdict (R7), so the trainer hears the coordinator's
 //    reason — which is the agent's own if it came first, and the real cause if the failure was
@@ -255,6 +263,7 @@ class SaveCore {
   struct Commit {
     CommitState state = CommitState::kIdle;
     std::shared_ptr<const v1::CommitCommand> latest;
+    std::optional<uint64_t> lease;  // under which `latest` arrived (R5)
     std::string tmp_dir, final_dir, job_dir;  // checked (R4)
     bool run_again = false;  // a COMMIT arrived while RESOLVING
     bool reported = false;   // COMMIT_WRITTEN or COMMIT_ROLLED_BACK is in the report queue
@@ -280,6 +289,11 @@ class SaveCore {
     std::string written_dir;      // the checked tmp dir this rank wrote into
     bool removed = false;         // written_dir's removal started (edge 15)
     ReportQueue reports;
+    // R3: while the coordinator has ended the session and its verdict is not here, one
+    // report goes again at remind_at, with backoff, so the verdict is sent again.
+    absl::Time remind_at = absl::InfiniteFuture();
+    Backoff remind_backoff{BackoffOptions{absl::Seconds(1), absl::Seconds(30), 2.0, 0.0},
+                           /*seed=*/0};
     uint64_t resubmit_rpc = 0;    // an R3 re-submission out, 0 if none
     std::optional<Commit> commit;
     absl::Status outcome;         // the failure (FAILED) or the verdict (ENDING, ended)
@@ -347,6 +361,10 @@ class SaveCore {
   absl::Status CheckPath(const std::string& what, const std::string& received,
                          const std::string& expected) const;
   bool LeaseAllows(const Session& s) const;
+  // R3: the coordinator ended the session, and its verdict has not arrived.
+  bool AwaitingVerdict(const Session& s) const;
+  // R5 for commits: the lease `latest` arrived under is current.
+  bool CommitLeaseCurrent(const Commit& c) const;
   absl::Status LeaseLapsed(absl::string_view what) const;
 
   // Failure and the end (edges 13–16).

@@ -781,15 +781,26 @@ TEST_F(SaveCoreTest, R3_NotFoundAfterACoordinatorRestart_Retried) {
   EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED", "GATHERED"));
 }
 
-TEST_F(SaveCoreTest, R3_RefusedBecauseTheSessionEnded_NotRetried) {
+// A report refused because the session ended is not retried with backoff: the coordinator
+// answered it by sending the verdict again. In case that went to a stream this agent no longer
+// has, one report (a reminder) goes again after a (re)connection and on a timer, until the
+// verdict is here; each answer closes the queue again.
+TEST_F(SaveCoreTest, R3_RefusedBecauseTheSessionEnded_NotRetried_RemindedUntilTheVerdict) {
   ToStaged();
   Command(Gather(3));
   Gathered(TakeWork().id);
   EXPECT_THAT(Deliver(absl::StatusCode::kFailedPrecondition), ElementsAre("GATHERED"));
-  EXPECT_EQ(next_tick_, absl::InfiniteFuture());
-  Register();
-  EXPECT_TRUE(rpcs_.empty());
   EXPECT_TRUE(core_.View(kSession)->reports_closed);
+  EXPECT_EQ(next_tick_, now_ + absl::Seconds(1));
+  Register();
+  EXPECT_THAT(Deliver(absl::StatusCode::kFailedPrecondition), ElementsAre("GATHERED"));
+  EXPECT_TRUE(rpcs_.empty());
+  AdvanceTo(next_tick_);
+  Tick();
+  EXPECT_THAT(Deliver(absl::StatusCode::kFailedPrecondition), ElementsAre("GATHERED"));
+  // The verdict ends the reminders.
+  Command(Abort(9, v1::ERROR_CODE_TIMEOUT, "PERSISTING did not finish"));
+  EXPECT_EQ(next_tick_, absl::InfiniteFuture());
 }
 
 TEST_F(SaveCoreTest, R3_ResendWhileAReportIsOut_NeverTwoAtOnce) {
@@ -893,7 +904,9 @@ TEST_F(SaveCoreTest, R5_LeaseChangedBeforePersist_AgentLostNothingWritten) {
   EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("lease"));
 }
 
-TEST_F(SaveCoreTest, R5_LeaseLapsedBetweenCommitAttempts_NoFurtherAttempt) {
+// A commit is asked under a lease: once that lease lapsed, the agent neither retries it nor
+// fails the session; the coordinator's next COMMIT, under the new lease, runs (R5).
+TEST_F(SaveCoreTest, R5_LeaseLapsedBetweenCommitAttempts_NoRetryUntilAskedAgain) {
   Apply(core_.OnLease(now_, 1));
   ToPersisted();
   Command(Commit(5));
@@ -902,7 +915,22 @@ TEST_F(SaveCoreTest, R5_LeaseLapsedBetweenCommitAttempts_NoFurtherAttempt) {
   AdvanceTo(next_tick_);
   Tick();
   EXPECT_TRUE(work_.empty());
-  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+  EXPECT_TRUE(rpcs_.empty()) << "no error is reported for a commit the lease no longer covers";
+  // Registered again under a new lease, the agent is asked again: that COMMIT runs.
+  Apply(core_.OnLease(now_, 2));
+  Command(Commit(6));
+  EXPECT_EQ(work_.size(), 1u);
+}
+
+// A COMMIT that arrives while the lease is lapsed is not acted on (it may be stale: received
+// by a process that was frozen); nothing is reported either.
+TEST_F(SaveCoreTest, R5_CommitWhileLeaseLapsed_Ignored) {
+  Apply(core_.OnLease(now_, 1));
+  ToPersisted();
+  Apply(core_.OnLease(now_, std::nullopt));
+  Command(Commit(5));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_TRUE(rpcs_.empty());
 }
 
 TEST_F(SaveCoreTest, R5_LeaseUnchanged_Writes) {

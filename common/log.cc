@@ -24,6 +24,8 @@ char LevelChar(LogLevel level) {
       return 'W';
     case LogLevel::kError:
       return 'E';
+    case LogLevel::kSilent:
+      break;
   }
   return '?';
 }

@@ -11,7 +11,8 @@
 
 namespace tessera {
 
-enum class LogLevel { kDebug, kInfo, kWarning, kError };
+// kSilent, as InitLog's minimum level, logs nothing (millions of simulated schedules).
+enum class LogLevel { kDebug, kInfo, kWarning, kError, kSilent };
 
 // Sets the process's component name ("coordinator", "agent[3]") and the minimum level.
 void InitLog(absl::string_view component, LogLevel min_level = LogLevel::kInfo);

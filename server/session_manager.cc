@@ -51,7 +51,7 @@ absl::Status SessionManager::Recover() {
     Job* job = FindOrAddJob(record.job_id());
     if (job == nullptr) return absl::UnavailableError("the coordinator is stopping");
     Effects out;
-    JobContext context{&options_.session, registry_, epoch_, nullptr};
+    JobContext context = Context();
     ASSIGN_OR_RETURN(std::unique_ptr<JobCore> core,
                      JobCore::Recover(context, *store_, record.job_id(), clock_->Now(), out));
     {
@@ -223,9 +223,13 @@ bool SessionManager::Carry(Job* job, Effects effects) {
   return CarryEffects(std::move(effects), port);
 }
 
+JobContext SessionManager::Context() {
+  return JobContext{&options_.session, registry_, epoch_, &commands_emitted_, nullptr};
+}
+
 bool SessionManager::Reload(Job* job) {
   Effects out;
-  JobContext context{&options_.session, registry_, epoch_, nullptr};
+  JobContext context = Context();
   absl::StatusOr<std::optional<v1::JobRecord>> record = ReadJob(*store_, job->job_id);
   absl::StatusOr<std::unique_ptr<JobCore>> core;
   if (!record.ok()) {
@@ -284,7 +288,7 @@ void SessionManager::SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
     absl::MutexLock lock(&job->mu);
     if (job->core == nullptr) {
       job->core = std::make_unique<JobCore>(
-          JobContext{&options_.session, registry_, epoch_, nullptr}, job_id);
+          Context(), job_id);
     }
   }
   auto shared = std::make_shared<v1::SubmitLocalPlanRequest>(std::move(request));

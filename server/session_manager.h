@@ -25,6 +25,7 @@
 #ifndef TESSERA_SERVER_SESSION_MANAGER_H_
 #define TESSERA_SERVER_SESSION_MANAGER_H_
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -149,6 +150,7 @@ class SessionManager {
   bool Reload(Job* job);
   void Tick();
   void Changed(const Effects& effects);
+  JobContext Context();
   void RunTicker();
 
   StateStore* const store_;
@@ -159,6 +161,7 @@ class SessionManager {
   const SessionManagerOptions options_;
   PlanCache plan_cache_;
   uint64_t epoch_ = 0;  // set by Recover, before anything else runs
+  std::atomic<uint64_t> commands_emitted_{0};  // JobContext::commands_emitted, for every job
 
   mutable absl::Mutex jobs_mu_;
   absl::btree_map<std::string, std::unique_ptr<Job>> jobs_ ABSL_GUARDED_BY(jobs_mu_);

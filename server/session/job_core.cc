@@ -52,7 +52,7 @@ SessionContext JobCore::MakeSessionContext() {
   c.layout = record_.layout();
   c.checkpoints = &checkpoints_;
   c.epoch = context_.epoch;
-  c.commands_emitted = &commands_emitted_;
+  c.commands_emitted = context_.commands_emitted;
   return c;
 }
 
@@ -161,21 +161,35 @@ Effects JobCore::PlanDecided(const std::string& session_id, uint64_t attempt,
   return out;
 }
 
-absl::StatusOr<SessionMachine*> JobCore::Find(const std::string& session_id) {
+absl::StatusOr<SessionMachine*> JobCore::Find(const std::string& session_id, uint32_t rank,
+                                              Effects& out) {
   if (current_ != nullptr && current_->record().session_id() == session_id) {
     return current_.get();
   }
-  if (last_ended_.has_value() && last_ended_->session_id() == session_id) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "session ", session_id, " already ended (", StateName(last_ended_->state()), ")"));
+  for (const v1::Command& final : recent_finals_) {
+    if (final.session_id() != session_id) continue;
+    // The rank still reports for a session that ended: it missed the verdict (its stream
+    // broke, or the replay on reconnect is a later session's). Tell it again.
+    v1::Command again = final;
+    again.set_seq(CommandSeq(context_.epoch, ++*context_.commands_emitted));
+    out.commands.push_back(Outgoing{rank, std::move(again), nullptr});
+    return absl::FailedPreconditionError(
+        absl::StrCat("session ", session_id, " already ended (",
+                     final.has_committed() ? "COMMITTED" : "ABORTED", ")"));
   }
   return absl::NotFoundError(absl::StrCat("job ", job_id_, " has no session ", session_id));
+}
+
+void JobCore::RememberFinal(const v1::Command& final) {
+  recent_finals_.push_back(final);
+  while (recent_finals_.size() > kRecentFinals) recent_finals_.pop_front();
 }
 
 Outcome<v1::SessionState> JobCore::ReportPhase(const v1::ReportPhaseRequest& request,
                                                absl::Time now) {
   Outcome<v1::SessionState> result;
-  absl::StatusOr<SessionMachine*> session = Find(request.session_id());
+  absl::StatusOr<SessionMachine*> session =
+      Find(request.session_id(), request.rank(), result.effects);
   if (!session.ok()) {
     result.reply = session.status();
     return result;
@@ -188,7 +202,8 @@ Outcome<v1::SessionState> JobCore::ReportPhase(const v1::ReportPhaseRequest& req
 Outcome<v1::SessionState> JobCore::ReportChunks(const v1::ReportChunksRequest& request,
                                                 absl::Time now) {
   Outcome<v1::SessionState> result;
-  absl::StatusOr<SessionMachine*> session = Find(request.session_id());
+  absl::StatusOr<SessionMachine*> session =
+      Find(request.session_id(), request.rank(), result.effects);
   if (!session.ok()) {
     result.reply = session.status();
     return result;
@@ -297,6 +312,11 @@ void JobCore::Fold(absl::Time now, Effects& out) {
       }
     }
     last_final_ = Final(session);
+    RememberFinal(*last_final_);
+    record_.add_recent_session_ids(session.session_id());
+    while (static_cast<size_t>(record_.recent_session_ids_size()) > kRecentFinals) {
+      record_.mutable_recent_session_ids()->erase(record_.mutable_recent_session_ids()->begin());
+    }
     last_ended_ = current_->Status();
     current_.reset();
     latest_.clear();
@@ -308,7 +328,7 @@ v1::Command JobCore::Final(const v1::SessionRecord& session) {
   v1::Command final;
   final.set_session_id(session.session_id());
   final.set_step(session.step());
-  final.set_seq(CommandSeq(context_.epoch, ++commands_emitted_));
+  final.set_seq(CommandSeq(context_.epoch, ++*context_.commands_emitted));
   if (session.state() == v1::SESSION_STATE_COMMITTED) {
     final.mutable_committed()->set_checkpoint_dir(session.checkpoint_dir());
   } else {

@@ -27,7 +27,9 @@
 #ifndef TESSERA_SERVER_SESSION_JOB_CORE_H_
 #define TESSERA_SERVER_SESSION_JOB_CORE_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -55,6 +57,10 @@ struct JobContext {
   const AgentRegistry* registry = nullptr;  // outlives the core
   // The coordinator's epoch (schema.h NextEpoch): command sequence numbers begin with it.
   uint64_t epoch = 0;
+  // The coordinator process's count of commands emitted (the rest of each sequence number):
+  // the shell's, shared by its jobs, so that a job recovered from the store after a refused
+  // write never emits a number its agents have seen. Outlives the core.
+  std::atomic<uint64_t>* commands_emitted = nullptr;
   // Names a new session of `step`. Default: NewSessionId (random). The simulation makes
   // them deterministic.
   std::function<std::string(int64_t step)> new_session_id;
@@ -131,8 +137,11 @@ class JobCore {
   // (the stored plan when it entered PINNING; latest, checkpoints and the outcome when it
   // ended) and persists the job's record with it.
   void Fold(absl::Time now, Effects& out);
-  // The session (in flight) a report names.
-  absl::StatusOr<SessionMachine*> Find(const std::string& session_id);
+  // The session (in flight) a report names. Errors: FailedPrecondition if it ended (recently:
+  // the rank is sent its verdict again, in `out`); NotFound.
+  absl::StatusOr<SessionMachine*> Find(const std::string& session_id, uint32_t rank,
+                                       Effects& out);
+  void RememberFinal(const v1::Command& final);
   v1::Command Final(const v1::SessionRecord& session);
 
   JobContext context_;
@@ -140,13 +149,16 @@ class JobCore {
   v1::JobRecord record_;
   std::optional<MeshLayout> mesh_;  // record_.layout(), parsed
   std::vector<v1::CheckpointInfo> checkpoints_;  // newest first
-  uint64_t commands_emitted_ = 0;
   std::unique_ptr<SessionMachine> current_;
   // Each rank's latest delivered command of the session in flight.
   std::vector<std::optional<Outgoing>> latest_;
   // The last ended session: its outcome (COMMITTED or ABORT) and its final status.
   std::optional<v1::Command> last_final_;
   std::optional<v1::SessionStatus> last_ended_;
+  // The outcomes of the last kRecentFinals ended sessions (the last one included), newest last:
+  // a rank that reports for one of them missed its verdict and is sent it again (Remind).
+  static constexpr size_t kRecentFinals = 16;
+  std::deque<v1::Command> recent_finals_;
 };
 
 }  // namespace tessera

@@ -31,6 +31,15 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
     job->mesh_ = *std::move(mesh);
   }
 
+  // The outcomes of the last sessions that ended, for ranks that missed them.
+  for (const std::string& id : job->record_.recent_session_ids()) {
+    ASSIGN_OR_RETURN(std::optional<v1::SessionRecord> ended, ReadSession(store, job_id, id));
+    if (ended.has_value() && (ended->state() == v1::SESSION_STATE_COMMITTED ||
+                              ended->state() == v1::SESSION_STATE_ABORTED)) {
+      job->RememberFinal(job->Final(*ended));
+    }
+  }
+
   // The session in flight, or else the last one that ended (for its outcome).
   const std::string session_id = job->record_.current_session_id().empty()
                                      ? job->record_.last_session_id()
@@ -48,7 +57,18 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
     // agents whose command stream reconnects, or their trainers would wait for it forever.
     job->record_.clear_current_session_id();
     job->last_final_ = job->Final(*session);
+    if (job->recent_finals_.empty() ||
+        job->recent_finals_.back().session_id() != session->session_id()) {
+      job->RememberFinal(*job->last_final_);
+    }
     job->last_ended_ = StatusFromRecord(*session);
+    // Told at once as well: after a refused write that still reached the disk, the agents'
+    // streams did not break, so nothing would make them ask (found by tests/sim).
+    if (job->mesh_.has_value()) {
+      for (uint32_t r = 0; r < job->mesh_->world_size(); ++r) {
+        out.commands.push_back(Outgoing{r, *job->last_final_, nullptr});
+      }
+    }
     return job;
   }
   if (!job->mesh_.has_value()) {

@@ -50,6 +50,7 @@
 #ifndef TESSERA_SERVER_SESSION_SESSION_MACHINE_H_
 #define TESSERA_SERVER_SESSION_SESSION_MACHINE_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -82,10 +83,10 @@ struct SessionContext {
   v1::Layout layout;
   // The job's committed checkpoints, newest first (retention decides from them).
   const std::vector<v1::CheckpointInfo>* checkpoints = nullptr;
-  // Command sequence numbers: CommandSeq(epoch, ++*commands_emitted), shared by the job's
-  // sessions so they only grow.
+  // Command sequence numbers: CommandSeq(epoch, ++*commands_emitted). The counter is the
+  // coordinator process's (JobContext), so they only grow, also across a job's reload.
   uint64_t epoch = 0;
-  uint64_t* commands_emitted = nullptr;
+  std::atomic<uint64_t>* commands_emitted = nullptr;
 };
 
 // Committed steps to retire when `committing_step` commits, so that `keep_last` remain (0

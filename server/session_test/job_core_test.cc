@@ -1184,10 +1184,12 @@ TEST_F(SessionManagerTest, AbortSession_ByOperator_AbortedByUser) {
   manager().Tick();
   EXPECT_THAT(committer_.removed(), ElementsAre(TmpDir(9, id)));
 
-  // The abort is persisted: a restarted coordinator does not resume it.
+  // The abort is persisted: a restarted coordinator does not resume it; it tells every rank
+  // the outcome again, in case one missed it.
   RestartCoordinator();
   EXPECT_EQ(State(id), v1::SESSION_STATE_ABORTED);
-  EXPECT_THAT(Sent(), IsEmpty());
+  EXPECT_THAT(RanksSent(v1::Command::kAbort, id), ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(Sent(), SizeIs(4));
   // And the step can be saved again.
   EXPECT_NE(SaveAndCommit(9), id);
 }

@@ -57,7 +57,7 @@ SyncSessions::~SyncSessions() = default;
 JobCore* SyncSessions::Core(const std::string& job_id) {
   std::unique_ptr<JobCore>& core = jobs_[job_id];
   if (core == nullptr) {
-    core = std::make_unique<JobCore>(JobContext{&options_, registry_, epoch_, nullptr}, job_id);
+    core = std::make_unique<JobCore>(JobContext{&options_, registry_, epoch_, &commands_emitted_, nullptr}, job_id);
   }
   return core.get();
 }
@@ -75,7 +75,7 @@ void SyncSessions::Reload(const std::string& job_id) {
     return;
   }
   absl::StatusOr<std::unique_ptr<JobCore>> core = JobCore::Recover(
-      JobContext{&options_, registry_, epoch_, nullptr}, *store_, job_id, clock_->Now(), out);
+      JobContext{&options_, registry_, epoch_, &commands_emitted_, nullptr}, *store_, job_id, clock_->Now(), out);
   if (!core.ok()) {
     jobs_.erase(job_id);
     return;
@@ -93,7 +93,7 @@ absl::Status SyncSessions::Recover() {
   for (const v1::JobRecord& record : *records) {
     Effects out;
     absl::StatusOr<std::unique_ptr<JobCore>> core =
-        JobCore::Recover(JobContext{&options_, registry_, epoch_, nullptr}, *store_,
+        JobCore::Recover(JobContext{&options_, registry_, epoch_, &commands_emitted_, nullptr}, *store_,
                          record.job_id(), clock_->Now(), out);
     if (!core.ok()) return core.status();
     jobs_[record.job_id()] = *std::move(core);

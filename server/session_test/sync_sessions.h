@@ -8,6 +8,7 @@
 #ifndef TESSERA_SERVER_SESSION_TEST_SYNC_SESSIONS_H_
 #define TESSERA_SERVER_SESSION_TEST_SYNC_SESSIONS_H_
 
+#include <atomic>
 #include <deque>
 #include <map>
 #include <memory>
@@ -69,6 +70,7 @@ class SyncSessions {
   const SessionOptions options_;
   PlanCache plan_cache_;
   uint64_t epoch_ = 1;
+  std::atomic<uint64_t> commands_emitted_{0};
   std::map<std::string, std::unique_ptr<JobCore>> jobs_;
   std::deque<std::pair<std::string, CommitAttempt>> commits_;
   std::deque<std::pair<std::optional<RetentionWork>, std::vector<std::string>>> cleanups_;

@@ -20,7 +20,7 @@ ABSL_FLAG(uint64_t, report_every, 100000, "print progress every N schedules");
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
-  tessera::InitLog("sim", tessera::LogLevel::kError);
+  tessera::InitLog("sim", tessera::LogLevel::kSilent);
   auto config_for = [](uint64_t seed) {
     tessera::sim::SimConfig config;
     config.seed = seed;

@@ -42,7 +42,7 @@ void ExpectHolds(SimConfig config) {
 
 class Sim : public ::testing::Test {
  protected:
-  void SetUp() override { InitLog("sim", LogLevel::kError); }
+  void SetUp() override { InitLog("sim", LogLevel::kSilent); }
 };
 
 TEST_F(Sim, RandomSchedules_InvariantsHold) {

@@ -1,6 +1,7 @@
 #include "tests/sim/sim_world.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -95,7 +96,10 @@ struct AgentProc {
   std::unique_ptr<SimPeers> peers;
   bool registered = false;
   bool registering = false;
-  uint64_t lease_generation = 0;
+  // As agent/lifeline.h: the generation moves on only when the agent itself found its lease
+  // lapsed; while it is not registered it has no lease (nullopt).
+  uint64_t lease_generation = 1;
+  bool lease_lapsed = false;
   absl::Time last_lease_ok;
   bool stream_up = false;
   bool stream_opening = false;
@@ -116,6 +120,7 @@ struct CoordProc {
   std::unique_ptr<PlanCache> cache;
   std::unique_ptr<JobCore> job;
   std::map<uint32_t, uint64_t> streams;  // rank -> the agent's stream epoch
+  std::atomic<uint64_t> commands_emitted{0};  // the process's (JobContext), reset by a start
 };
 
 struct TrainerCall {
@@ -559,6 +564,7 @@ void World::StartCoordinator() {
   c.registry = std::make_unique<AgentRegistry>(&clock_, registry_options);
   c.cache = std::make_unique<PlanCache>();
   c.streams.clear();
+  c.commands_emitted = 0;
   c.job.reset();
   Trace(absl::StrCat("coordinator starts, epoch ", c.epoch));
   ReloadJob();
@@ -567,7 +573,7 @@ void World::StartCoordinator() {
 void World::ReloadJob() {
   CoordProc& c = coord_;
   c.job.reset();
-  JobContext context{&options_, c.registry.get(), c.epoch,
+  JobContext context{&options_, c.registry.get(), c.epoch, &c.commands_emitted,
                      [this](int64_t step) { return absl::StrCat("s", step, "-", ++session_counter_); }};
   absl::StatusOr<std::optional<v1::JobRecord>> record = ReadJob(store_, kJob);
   if (!record.ok()) return;  // the next tick retries
@@ -620,7 +626,12 @@ void World::CoordinatorTick() {
     ReloadJob();
     return;
   }
-  Carry(coord_.job->Tick(now()));
+  Effects effects = coord_.job->Tick(now());
+  if (config_.trace && !effects.commands.empty()) {
+    Trace(absl::StrCat("coordinator tick: ", effects.commands.size(), " command(s), state ",
+                       v1::SessionState_Name(coord_.job->Info().current_state())));
+  }
+  Carry(std::move(effects));
 }
 
 absl::Status World::HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanRequest> request,
@@ -708,13 +719,13 @@ void World::KillAgent(uint32_t rank, const std::string& why) {
   a.staging.clear();
   coord_.streams.erase(rank);
   ++a.stream_epoch;
-  // Its trainer's open call fails with the connection.
+  // Its trainer's save fails with the connection, whatever step of it the trainer was at.
   std::vector<uint64_t> tickets;
   for (const auto& [ticket, call] : calls_) {
     if (call.rank == rank) tickets.push_back(ticket);
   }
   for (uint64_t t : tickets) calls_.erase(t);
-  if (!tickets.empty()) TrainerDone(rank, absl::UnavailableError("the agent died"));
+  TrainerDone(rank, absl::UnavailableError("the agent died"));
   At(Jitter(absl::Milliseconds(300), absl::Seconds(3)), "agent restarts",
      [this, rank] { StartAgent(rank); });
 }
@@ -769,7 +780,8 @@ void World::Register(uint32_t rank) {
                 return;
               }
               a.registered = true;
-              ++a.lease_generation;
+              if (a.lease_lapsed) ++a.lease_generation;
+              a.lease_lapsed = false;
               a.last_lease_ok = now();
               CarryAgent(rank, a.core->OnLease(now(), a.lease_generation));
               if (!agents_[rank].alive) return;
@@ -797,6 +809,19 @@ void World::OpenStream(uint32_t rank) {
   });
   ToCoordinator(rank, "Commands (open)", [this, rank, life, epoch, incarnation = a.incarnation] {
     if (!coord_.registry->CheckIncarnation(kJob, rank, incarnation).ok()) return;
+    // A newer stream replaces the one the coordinator had, which it finishes UNAVAILABLE
+    // (CommandStreams): if that was the agent's live one, the agent reconnects.
+    auto previous = coord_.streams.find(rank);
+    if (previous != coord_.streams.end() && previous->second != epoch) {
+      // The end of a stream reaches the agent (its connection ends), late but never lost.
+      const uint64_t replaced = previous->second;
+      const uint64_t life = agents_[rank].life;
+      At(NetDelay(), "stream replaced", [this, rank, life, replaced] {
+        ForAgent(rank, life, "stream replaced", [this, rank, replaced] {
+          if (agents_[rank].stream_epoch == replaced) BreakStream(rank, "replaced by a newer one");
+        });
+      });
+    }
     coord_.streams[rank] = epoch;
     std::optional<Outgoing> replay =
         coord_.job != nullptr ? coord_.job->CurrentCommand(rank) : std::nullopt;
@@ -833,6 +858,7 @@ void World::AgentHeartbeat(uint32_t rank, uint64_t life) {
     if (a.registered && now() - a.last_lease_ok > kLease) {
       Trace(absl::StrCat("agent ", rank, " sees its lease lapsed"));
       a.registered = false;
+      a.lease_lapsed = true;
       CarryAgent(rank, a.core->OnLease(now(), std::nullopt));
       if (!agents_[rank].alive) return;
       Register(rank);
@@ -850,6 +876,8 @@ void World::AgentHeartbeat(uint32_t rank, uint64_t life) {
           a.last_lease_ok = now();
         } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
           a.registered = false;  // a restarted coordinator does not know it: register again
+          CarryAgent(rank, a.core->OnLease(now(), std::nullopt));
+          if (!agents_[rank].alive) return;
           BreakStream(rank, "the coordinator does not know this agent");
           Register(rank);
         }
@@ -895,12 +923,10 @@ void World::SendRpc(uint32_t rank, const CoordinatorRpc& rpc) {
       AgentProc& a = agents_[rank];
       if (a.open_rpcs.erase(id) == 0) return;
       if (*kind == 0) {
-        absl::StatusOr<v1::SubmitLocalPlanResponse> result = status;
-        if (status.ok()) {
-          v1::SubmitLocalPlanResponse response;
-          response.set_session_id(session);
-          result = response;
-        }
+        v1::SubmitLocalPlanResponse response;
+        response.set_session_id(session);
+        absl::StatusOr<v1::SubmitLocalPlanResponse> result = response;
+        if (!status.ok()) result = status;
         CarryAgent(rank, a.core->OnPlanSubmitted(now(), id, result));
       } else {
         CarryAgent(rank, a.core->OnReportDone(now(), id, status));
@@ -1166,11 +1192,6 @@ void World::CheckInvariants() {
         return true;
       })
       .IgnoreError();
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> checkpoints = ReadCheckpoints(store_, kJob);
-  std::set<int64_t> recorded;
-  if (checkpoints.ok()) {
-    for (const v1::CheckpointInfo& c : *checkpoints) recorded.insert(c.step());
-  }
   for (const v1::SessionRecord& session : sessions) {
     const std::string dir = StepDirPath(kRoot, kJob, session.step());
     std::optional<std::string> holder;  // the session whose manifest the final dir holds
@@ -1180,10 +1201,21 @@ void World::CheckInvariants() {
     }
     const bool in_place = holder == session.session_id();
     if (session.state() == v1::SESSION_STATE_COMMITTED) {
-      // I1 (a retired checkpoint's directory is retention's to remove).
-      if (!in_place && recorded.count(session.step())) {
+      // I1. Retention may remove a committed checkpoint, but only once keep_last newer ones
+      // are committed on the disk.
+      int newer = 0;
+      for (const v1::SessionRecord& other : sessions) {
+        if (other.step() <= session.step()) continue;
+        if (const std::string* raw =
+                disk_.Contents(StepDirPath(kRoot, kJob, other.step()) + "/manifest.pb")) {
+          v1::Manifest m;
+          if (m.ParseFromString(*raw) && m.session_id() == other.session_id()) ++newer;
+        }
+      }
+      if (!in_place && (options_.keep_last == 0 || newer < options_.keep_last)) {
         Fail(absl::StrCat("I1: ", session.session_id(), " is COMMITTED but ", dir,
-                          " does not hold its manifest"));
+                          " does not hold its manifest (", newer, " newer committed, keep_last ",
+                          options_.keep_last, ")"));
       }
       if (in_place && !verified_.count(session.session_id())) VerifyCommitted(session, dir);
     } else if (session.state() == v1::SESSION_STATE_ABORTED && in_place) {
