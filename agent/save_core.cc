@@ -712,6 +712,9 @@ SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
         c.reported = true;
         Log(fx, Severity::kInfo, absl::StrCat(Describe(*s), " committed at ", c.final_dir));
         AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_WRITTEN, nullptr, 0, 0, fx);
+      } else {
+        // Asked again: the coordinator did not hear (or lost) the report. Say it all again.
+        s->reports.ResendAll();
       }
       break;
     case CommitOutcome::kRolledBack:  // C3

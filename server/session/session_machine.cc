@@ -189,17 +189,23 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
   const bool from_committer = record_.committer_is_agent() && record_.committer_rank() == rank;
 
   if (committing) {
+    // COMMIT_WRITTEN is a fact about the disk (the final directory holds this session's
+    // manifest, durably), whoever resolved it: a committer replaced meanwhile, or the one a
+    // reloaded coordinator no longer remembers (the committer is not persisted when it
+    // changes). A rollback counts only from the committer asked to do it.
+    if (request.phase() == v1::AGENT_PHASE_COMMIT_WRITTEN && record_.committer_is_agent()) {
+      MarkCommitted(now, out);
+      return state();
+    }
     if (!from_committer) {
-      // Every chunk is written and reported; nothing another rank says can change the commit.
+      // Every chunk is written and reported; nothing else another rank says changes the commit.
       if (HasError(request)) {
         LogWarning("ignoring an error report of rank ", rank, " during COMMITTING: ",
                    request.error().message());
       }
       return state();
     }
-    if (request.phase() == v1::AGENT_PHASE_COMMIT_WRITTEN) {
-      MarkCommitted(now, out);
-    } else if (request.phase() == v1::AGENT_PHASE_COMMIT_ROLLED_BACK) {
+    if (request.phase() == v1::AGENT_PHASE_COMMIT_ROLLED_BACK) {
       v1::ErrorDetail error = request.error();
       if (error.code() == v1::ERROR_CODE_UNSPECIFIED) error.set_code(v1::ERROR_CODE_IO_ERROR);
       AddRankRef(context_.mesh, rank, &error);

@@ -1369,8 +1369,15 @@ TEST_F(SessionManagerTest, Save_CommitThroughAgent_WhenCoordinatorHasNoStorage) 
   EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
   EXPECT_THAT(committer_.commits(), IsEmpty());
 
-  // COMMIT_WRITTEN from anyone but the committer does not count.
-  absl::StatusOr<v1::SessionState> wrong = Phase(0, id, v1::AGENT_PHASE_COMMIT_WRITTEN);
+  // COMMIT_ROLLED_BACK from anyone but the committer does not count.
+  v1::ReportPhaseRequest rolled;
+  rolled.set_job_id(kJob);
+  rolled.set_rank(0);
+  rolled.set_incarnation(incarnations_[0]);
+  rolled.set_session_id(id);
+  rolled.set_phase(v1::AGENT_PHASE_COMMIT_ROLLED_BACK);
+  rolled.mutable_error()->set_code(v1::ERROR_CODE_IO_ERROR);
+  absl::StatusOr<v1::SessionState> wrong = manager().ReportPhase(rolled);
   ASSERT_TRUE(wrong.ok()) << wrong.status();
   EXPECT_EQ(*wrong, v1::SESSION_STATE_COMMITTING);
 
@@ -1381,6 +1388,30 @@ TEST_F(SessionManagerTest, Save_CommitThroughAgent_WhenCoordinatorHasNoStorage) 
   EXPECT_THAT(CheckpointSteps(), ElementsAre(50));
   EXPECT_EQ(LatestStep(), 50);
   EXPECT_THAT(committer_.commits(), IsEmpty());
+}
+
+// COMMIT_WRITTEN says the final directory holds the session's manifest: true whoever found it,
+// such as a committer that was replaced (or that a reloaded coordinator does not remember).
+TEST_F(SessionManagerTest, Save_CommitWrittenByAReplacedCommitter_Committed) {
+  options_.coordinator_commits = false;
+  StartJob("tp=2,dp=2", [](uint32_t r) {
+    return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/r >= 2};
+  });
+  UseTpDpPlans();
+  const std::string id = DriveToPersisting(51);
+  GatherAll(id);
+  PersistAll(id);
+  ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));
+  // Rank 2 is lost; rank 3 is asked; rank 2's (late) report arrives.
+  for (int i = 0; i < 12; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    HeartbeatAll(/*except=*/2);
+    manager().Tick();
+  }
+  ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ::testing::Contains(3));
+  absl::StatusOr<v1::SessionState> written = Phase(2, id, v1::AGENT_PHASE_COMMIT_WRITTEN);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, v1::SESSION_STATE_COMMITTED);
 }
 
 TEST_F(SessionManagerTest, Save_NoAgentHasStorage_AbortsWithIoError) {
