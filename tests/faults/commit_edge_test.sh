@@ -27,9 +27,6 @@ COORD_LOG="$DIR/logs/coordinator.log"
 FSYNC_FAULT=eio:syncdir_after_dir_rename=3
 CRASH_FAULT=crash_after_dir_rename
 
-# agent_logs: every agent log of the job, concatenated.
-agent_logs() { cat "$DIR"/logs/agent-"$JOB"-*.log 2>/dev/null; }
-
 # restart_coordinator [FLAGS...]: SIGTERM the coordinator (it must exit 0 within 10 s), start
 # it again on the same RocksDB and port with COORD_FLAGS and FLAGS, wait until every agent
 # registered with it.
@@ -45,25 +42,6 @@ restart_coordinator() {
 restart_agents() {
   local r
   for r in 0 1 2 3; do restart_agent "$r" "$@"; done
-}
-
-# start_save STEP: the trainers of every rank save STEP in the background (TRAINER_PIDS[r]).
-start_save() {
-  local r
-  TRAINER_PIDS=()
-  for r in 0 1 2 3; do
-    timeout "$TRAINER_TIMEOUT" "$BIN/examples/tessera-llama-trainer" \
-      --agent_socket="$SOCK_DIR/$JOB-$r.sock" --mode=save --steps="$1" "${MODEL[@]}" \
-      >"$DIR/logs/trainer-$JOB-$r.out" 2>&1 &
-    TRAINER_PIDS[$r]=$!
-  done
-}
-
-# wait_trainer RANK WHAT: waits (bounded) for RANK's trainer; fails unless it exited 0.
-wait_trainer() {
-  wait_pid_bounded "${TRAINER_PIDS[$1]}" "$TRAINER_TIMEOUT" "trainer $1"
-  [ "$WAITED_RC" -eq 0 ] ||
-    fail "$2: trainer $1 exited $WAITED_RC: $(tail -n 3 "$DIR/logs/trainer-$JOB-$1.out")"
 }
 
 # expect_committed_and_loads CASE STEP COORD_LOG_OFFSET: the step ended COMMITTED and nothing
