@@ -89,24 +89,6 @@ int Fail(const std::string& message) {
   return 2;
 }
 
-
-std::string CommandName(const tessera::v1::Command& c) {
-  switch (c.body_case()) {
-    case tessera::v1::Command::kPin:
-      return "pin";
-    case tessera::v1::Command::kCopy:
-      return "copy";
-    case tessera::v1::Command::kGather:
-      return "gather";
-    case tessera::v1::Command::kPersist:
-      return "persist";
-    case tessera::v1::Command::kCommit:
-      return "commit";
-    default:
-      return "";
-  }
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -203,9 +185,10 @@ int main(int argc, char** argv) {
     if (lifeline_for_lease == nullptr) return std::nullopt;
     return lifeline_for_lease->LeaseGeneration();
   };
-  executor_options.job_id = job;
-  executor_options.rank = urank;
-  executor_options.incarnation = incarnation;
+  executor_options.core.job_id = job;
+  executor_options.core.rank = urank;
+  executor_options.core.incarnation = incarnation;
+  executor_options.core.seed = incarnation;  // backoff jitter differs between agents
   executor_options.on_peer_addresses = [&addresses](const std::string& session,
                                                     const std::map<uint32_t, std::string>& a) {
     addresses.Set(session, a);
@@ -232,8 +215,8 @@ int main(int argc, char** argv) {
 
   tessera::LifelineOptions lifeline_options;
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
-    loader.SetJobDir(absl::StrCat(response.storage_root(), "/", job));
-    executor.OnRegistered(response.coordinator_incarnation());
+    loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
+    executor.OnRegistered(response);
   };
   tessera::Lifeline lifeline(&coordinator, registration, lifeline_options);
   lifeline_for_lease = &lifeline;
@@ -248,18 +231,19 @@ int main(int argc, char** argv) {
   tessera::CommandStream stream(
       coordinator.stub(), &lifeline, commands,
       [&executor, &crash_on, &freeze_on, &frozen_once](const tessera::v1::Command& c) {
-        if (!crash_on.empty() && CommandName(c) == crash_on) {
+        if (!crash_on.empty() && tessera::CommandName(c) == crash_on) {
           tessera::LogError("fault injection: crashing on ", crash_on);
           raise(SIGKILL);
         }
-        if (!freeze_on.empty() && !frozen_once && CommandName(c) == freeze_on) {
+        if (!freeze_on.empty() && !frozen_once && tessera::CommandName(c) == freeze_on) {
           frozen_once = true;
           tessera::LogError("fault injection: freezing on ", freeze_on);
           raise(SIGSTOP);
           tessera::LogWarning("fault injection: resumed after freezing on ", freeze_on);
         }
         executor.OnCommand(c);
-      });
+      },
+      [&executor] { executor.OnStreamConnected(); });
 
   // The trainer's endpoint.
   std::string socket = absl::GetFlag(FLAGS_socket);

@@ -6,11 +6,12 @@ namespace tessera {
 
 CommandStream::CommandStream(v1::Coordinator::Stub* stub, Lifeline* lifeline,
                              v1::CommandsRequest request, OnCommand on_command,
-                             BackoffOptions backoff)
+                             OnConnected on_connected, BackoffOptions backoff)
     : stub_(stub),
       lifeline_(lifeline),
       request_(std::move(request)),
       on_command_(std::move(on_command)),
+      on_connected_(std::move(on_connected)),
       backoff_(backoff) {}
 
 CommandStream::~CommandStream() { Stop(); }
@@ -47,6 +48,7 @@ void CommandStream::Run() {
     v1::Command command;
     bool got_any = false;
     while (reader->Read(&command)) {
+      if (!got_any && on_connected_) on_connected_();
       got_any = true;
       on_command_(command);
     }

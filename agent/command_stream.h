@@ -1,7 +1,10 @@
 // CommandStream: keeps the agent's Coordinator.Commands stream open and hands each command
 // to a callback. Opens the stream once the Lifeline is registered; when the stream breaks
 // (coordinator restart, network), waits with backoff and for a fresh registration, then
-// reopens — the coordinator replays the current command on connect.
+// reopens — the coordinator replays the current command on connect. Each stream that delivers
+// its first command is announced (`on_connected`) before that command is handed on: a
+// (re)connection is when the agent re-sends its reports (coordinator.proto), and the first
+// command is the first sign the coordinator took the stream.
 //
 // Thread-safety: Start/Stop from one thread; the callback runs on the stream's own thread.
 #ifndef TESSERA_AGENT_COMMAND_STREAM_H_
@@ -23,10 +26,12 @@ namespace tessera {
 class CommandStream {
  public:
   using OnCommand = std::function<void(const v1::Command&)>;
+  using OnConnected = std::function<void()>;
 
-  // `stub` and `lifeline` must outlive the stream.
+  // `stub` and `lifeline` must outlive the stream. `on_connected` may be empty.
   CommandStream(v1::Coordinator::Stub* stub, Lifeline* lifeline, v1::CommandsRequest request,
-                OnCommand on_command, BackoffOptions backoff = {});
+                OnCommand on_command, OnConnected on_connected = nullptr,
+                BackoffOptions backoff = {});
   ~CommandStream();  // Stop()s.
 
   void Start();
@@ -40,6 +45,7 @@ class CommandStream {
   Lifeline* const lifeline_;
   const v1::CommandsRequest request_;
   const OnCommand on_command_;
+  const OnConnected on_connected_;
   const BackoffOptions backoff_;
 
   absl::Mutex mu_;

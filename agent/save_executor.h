@@ -1,39 +1,22 @@
-// SaveExecutor: this rank's part of every save session — it answers the trainer and follows
-// the coordinator's commands. Core logic: no gRPC; the coordinator, staging, storage and peers
-// are interfaces (STYLE.md 7).
+// SaveExecutor: the shell around the agent's save core (agent/save_core.h, where the session's
+// state diagram and every rule live). It owns nothing of the protocol; it carries out what the
+// core asks for and feeds back what happened:
 //
-// One session on the agent:
+//   - every event (a trainer call, a command, a registration, a stream connection, an RPC's or
+//     a work item's result, a timer) is handed to the core under one mutex, with absl::Now()
+//     and, first, the lease generation if it changed (SaveExecutorOptions::lease_generation);
+//   - RPCs to the coordinator run on their own thread, in the order the core asked for them;
+//     each result goes back to the core, which decides about retries (no blocking retry loop);
+//   - work (staging acquisition and zeroing, the DP exchange, writes, commits, removals) runs
+//     on one worker thread in order, through agent/save_work.h — the functions a simulation
+//     runs too;
+//   - a timer thread calls the core's Tick when the core asked for one;
+//   - trainer replies run on the thread of the event that decided them, with no lock held:
+//     COPY hands out the slots on the command stream's thread and Staged() answers on the
+//     caller's thread, so the trainer's blocked time includes no queue and no RPC.
 //
-//   BeginSave ──► SUBMITTED ─PIN─► PINNED ─COPY─► COPYING ─Staged()─► STAGED ─GATHER─► GATHERED
-//                                                   (BeginSave returns)          │
-//      ┌─────────────────────────────────────────────────────────────────────────┘
-//      └─PERSIST─► PERSISTED [─COMMIT─► COMMIT_WRITTEN] ─COMMITTED─► COMMITTED
-//   any ─ABORT (or a local failure reported to the coordinator)─► ABORTED
-//
-//   PIN      lay out staging for the assignment (agent/staging_layout.h), acquire and zero the
-//            padding, report PINNED.
-//   COPY     hand the trainer its slots (BeginSave completes); the trainer copies and calls
-//            Staged(), which reports STAGED.
-//   GATHER   exchange DP optimizer slices with peers (PeerTransport), hash replicas, report
-//            the hashes, then GATHERED.
-//   PERSIST  write the data file straight from staging (ShardWriter), report its chunks, then
-//            PERSISTED. Any I/O error is reported as IO_ERROR with the path, which aborts.
-//   COMMIT   (committer agents only) commit the directory (format/commit.h), COMMIT_WRITTEN.
-//   COMMITTED / ABORT  wake WaitCommitted callers; the staging region stays in the pool for
-//                      the next save.
-//
-// Every report of the current session is remembered; after a coordinator restart
-// (OnRegistered with a new coordinator incarnation) they are re-sent, and a plan still waiting
-// for its verdict is re-submitted, so the coordinator can resume (SessionManager::Recover).
-//
-// Blocking work (RPCs, peer exchange, writes) runs on one worker thread, in order; commands
-// and trainer calls only enqueue, except the two steps the trainer waits on: COPY hands out
-// the slots and Staged() answers the trainer at once, on the caller's thread (both only
-// change the session under the lock). ABORT also cancels an exchange in progress at once.
-//
-// Thread-safety: all public methods are safe for concurrent use; callbacks run with no lock
-// held, on the worker thread or on the thread of the call that decided them (OnCommand for
-// BeginSave's slots, Staged(), WaitCommitted() when the outcome is known).
+// Thread-safety: all public methods are safe for concurrent use. Callbacks run with no lock
+// held.
 #ifndef TESSERA_AGENT_SAVE_EXECUTOR_H_
 #define TESSERA_AGENT_SAVE_EXECUTOR_H_
 
@@ -41,7 +24,6 @@
 #include <deque>
 #include <functional>
 #include <map>
-#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -52,12 +34,12 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "agent/backoff.h"
 #include "agent/coordinator_client.h"
 #include "agent/peer/peer_transport.h"
-#include "format/shard_writer.h"
-#include "agent/staging_layout.h"
+#include "agent/save_core.h"
+#include "agent/save_effects.h"
 #include "agent/staging_pool.h"
+#include "format/shard_writer.h"
 #include "storage/storage.h"
 #include "tessera/v1/agent.pb.h"
 #include "tessera/v1/coordinator.pb.h"
@@ -65,27 +47,13 @@
 namespace tessera {
 
 struct SaveExecutorOptions {
-  std::string job_id;
-  uint32_t rank = 0;
-  uint64_t incarnation = 0;
-  // Longest a DP exchange may take before this rank reports TIMEOUT. Default: 10 min.
-  absl::Duration gather_timeout = absl::Minutes(10);
-  // Chunks per ReportChunks call. Default: 1024.
-  size_t report_batch = 1024;
-  // How long a plan submission keeps retrying while the coordinator is unreachable or does
-  // not know this agent yet (it may be restarting). Default: 60 s.
-  absl::Duration submit_retry_window = absl::Seconds(60);
-  // Likewise for phase and chunk reports; a longer outage is covered by re-sending every
-  // report after re-registration. Default: 3 s.
-  absl::Duration report_retry_window = absl::Seconds(3);
-  // Finished sessions remembered for WaitCommitted. Default: 16.
-  size_t remember_sessions = 16;
+  // The core's options: identity, timeouts, batching, backoff (agent/save_core.h).
+  SaveCoreOptions core;
+  // How data files are written; writer_rank is set to core.rank. Default: ShardWriterOptions.
   ShardWriterOptions writer;
   // The agent's lease generation if its lease is current, else nullopt (Lifeline::
-  // LeaseGeneration). Before writing (PERSIST, COMMIT) the executor checks it is current and
-  // unchanged since the session began on this agent; otherwise the agent was frozen or cut
-  // off past its lease, the coordinator has given it up, and the session is failed with
-  // AGENT_LOST instead of writing. Default: none (the lease is always taken as current).
+  // LeaseGeneration); the core's R5 compares it before writing and committing. Default: none
+  // (the lease is always taken as current).
   std::function<std::optional<uint64_t>()> lease_generation;
   // Told the peers' addresses of a session before its DP exchange (GatherCommand), so the
   // transport's resolver can find them. Default: none.
@@ -99,7 +67,7 @@ class SaveExecutor {
   using StatusDone = std::function<void(absl::Status)>;
   using CommitDone = std::function<void(absl::StatusOr<std::string> checkpoint_dir)>;
 
-  // Every pointer must outlive the executor. Starts the worker thread.
+  // Every pointer must outlive the executor. Starts its threads.
   SaveExecutor(CoordinatorClient* coordinator, StagingPool* staging, Storage* storage,
                PeerTransport* peers, SaveExecutorOptions options);
   ~SaveExecutor();  // Shutdown()s.
@@ -107,23 +75,21 @@ class SaveExecutor {
   // Trainer: start a save. `done` gets the staging slots once every rank pinned (COPY), or
   // the error: the planner's (InvalidArgument + DUPLICATE_FQN ...) before any copy,
   // FailedPrecondition (STEP_EXISTS, SESSION_IN_PROGRESS), Aborted (AGENT_LOST, TIMEOUT ...),
-  // Unavailable if the coordinator cannot be reached.
-  // Returns a ticket naming this call for TrainerGone.
+  // Unavailable if the coordinator cannot be reached, Cancelled after TrainerGone (SaveCore::
+  // BeginSave has the full list). Returns a ticket naming this call for TrainerGone.
   uint64_t BeginSave(v1::BeginSaveRequest request, BeginSaveDone done) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Trainer: the BeginSave call `ticket` was cancelled — the trainer died (or gave up) while
   // waiting for its slots, or before it received them. If that call's session has not been
-  // staged, it is failed with AGENT_LOST naming this rank, so the save aborts at once instead
-  // of at the coordinator's COPYING timeout. A later call of the same step (a retry) is not
-  // affected.
+  // staged, it fails with AGENT_LOST naming this rank, so the save aborts at once instead of
+  // at the coordinator's COPYING timeout (SaveCore R8).
   void TrainerGone(uint64_t ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Trainer: finished copying into `session_id`'s slots. Records STAGED and calls `done` at
-  // once, on the calling thread; the STAGED report to the coordinator follows on the worker
-  // (the trainer's blocked time does not include that round trip; a refused report surfaces
-  // through WaitCommitted).
-  // Errors: NotFound for an unknown session; the abort error if it aborted (as this agent
-  // knows); FailedPrecondition before the slots were handed out.
+  // Trainer: finished copying into `session_id`'s slots. Calls `done` at once, on the calling
+  // thread; the STAGED report follows on the RPC thread (the trainer's blocked time does not
+  // include that round trip; a refused report surfaces through WaitCommitted).
+  // Errors: NotFound for an unknown session; the failure or abort error if the session failed
+  // or ended (as this agent knows); FailedPrecondition before the slots were handed out.
   void Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -135,96 +101,38 @@ class SaveExecutor {
   // Coordinator: a command from the Commands stream.
   void OnCommand(const v1::Command& command) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Coordinator: the agent (re)registered. If the coordinator's incarnation changed, the
-  // current session's reports are re-sent.
-  void OnRegistered(uint64_t coordinator_incarnation) ABSL_LOCKS_EXCLUDED(mu_);
+  // Coordinator: the agent (re)registered (every registration, the same coordinator's too):
+  // every report in flight is re-sent, and `response.storage_root` is where the directories
+  // the coordinator names are checked against (SaveCore R3, R4).
+  void OnRegistered(const v1::RegisterAgentResponse& response) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Fails pending trainer calls with Unavailable and stops the worker. Idempotent.
+  // Coordinator: the command stream (re)connected: every report in flight is re-sent.
+  void OnStreamConnected() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Fails pending trainer calls with Unavailable, cancels running exchanges and stops the
+  // threads (a write or commit in progress finishes first). Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Where the latest committed checkpoint of each step finished saving, for tests.
+  // Sessions that ended COMMITTED, for tests.
   uint64_t sessions_committed() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  enum class Phase {
-    kSubmitted,
-    kPinned,
-    kCopying,
-    kStaged,
-    kGathered,
-    kPersisted,
-    kCommitWritten,
-    kCommitted,
-    kAborted
+  // What an event decided that runs after the lock is released.
+  struct Outbox {
+    std::vector<std::function<void()>> replies;
+    std::vector<std::string> cancel_exchanges;
+    std::vector<LogLine> logs;
   };
-  struct Session {
-    std::string id;
-    int64_t step = 0;
-    Phase phase = Phase::kSubmitted;
-    v1::BeginSaveRequest request;
-    std::optional<StagingLayout> layout;
-    StagingSlot slot;
-    bool has_slot = false;
-    BeginSaveDone begin_done;  // until COPY or the end
-    uint64_t begin_ticket = 0;  // the BeginSave call that owns begin_done (or got the slots)
-    std::vector<std::pair<absl::Time, CommitDone>> waiters;
-    absl::Status outcome;      // set when COMMITTED (OK) or ABORTED
-    // The coordinator's ABORT reason, recorded as soon as the command arrives (before its
-    // task runs), so a local failure caused by the abort (the coordinator removed the
-    // temporary directory under a writer) does not replace the real reason.
-    std::optional<absl::Status> coordinator_abort;
-    std::optional<uint64_t> lease_generation;  // when the session began on this agent
-    std::string checkpoint_dir;
-    // Everything reported, for re-sending after a coordinator restart.
-    std::vector<v1::ReportPhaseRequest> phase_reports;
-    std::vector<v1::ReportChunksRequest> chunk_reports;
-    std::string tmp_dir;
-    uint64_t last_seq = 0;
-    bool plan_cached = false;
-  };
-  using Task = std::function<void()>;
+  using Event = std::function<SaveEffects(SaveCore& core, absl::Time now)>;
 
-  void Post(Task task) ABSL_LOCKS_EXCLUDED(mu_);
-  void RunWorker();
-
-  // Worker-thread steps.
-  void DoBeginSave(v1::BeginSaveRequest request, BeginSaveDone done, uint64_t ticket);
-  void DoPin(const std::string& session_id, const v1::PinCommand& pin);
-  // Runs on the command stream's thread (OnCommand), not the worker; never blocks.
-  void DoCopy(const std::string& session_id);
-  // Reports STAGED (Staged() already moved the session there and answered the trainer).
-  void DoStaged(const std::string& session_id, uint64_t stall_ns);
-  void DoGather(const std::string& session_id, const v1::GatherCommand& gather);
-  void DoPersist(const std::string& session_id, const std::string& tmp_dir);
-  void DoCommit(const std::string& session_id, const v1::CommitCommand& commit);
-  void DoEnd(const std::string& session_id, absl::Status outcome, std::string checkpoint_dir);
-  void DoResend();
-  // Moves the session from `from` to `to` (unless it left `from` meanwhile) and reports.
-  void AdvanceAndReport(const std::string& session_id, Phase from, Phase to,
-                        v1::AgentPhase report) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Reports a phase (remembering it); on an RPC error returns it. With `error` set the
-  // session aborts on the coordinator.
-  absl::Status ReportPhase(const std::string& session_id, v1::AgentPhase phase,
-                           const v1::ErrorDetail* error, uint64_t pinned_bytes = 0,
-                           uint64_t stall_ns = 0) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status ReportChunks(const std::string& session_id, v1::ReportChunksRequest request)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // OK if this agent's lease is current and unchanged since the session began; else the
-  // AGENT_LOST status to fail the session with before `what` (a write).
-  absl::Status CheckLease(const std::string& session_id, absl::string_view what)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Reports a local failure: the session aborts on the coordinator.
-  void Fail(const std::string& session_id, v1::ErrorCode code, const absl::Status& cause)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Calls `call` until it returns something other than Unavailable or NotFound (a restarted
-  // coordinator that has not seen this agent re-register yet), `window` passes, or
-  // Shutdown(); waits with backoff between attempts. Returns the last status.
-  absl::Status RetryWhileUnavailable(absl::Duration window,
-                                     const std::function<absl::Status()>& call)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  Session* FindLocked(const std::string& session_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void ForgetOldLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Hands `event` to the core (after the lease, if it changed), then carries out the effects.
+  void Drive(const Event& event) ABSL_LOCKS_EXCLUDED(mu_);
+  void ApplyLocked(SaveEffects effects, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RunWorker() ABSL_LOCKS_EXCLUDED(mu_);
+  void RunRpcs() ABSL_LOCKS_EXCLUDED(mu_);
+  void RunTimer() ABSL_LOCKS_EXCLUDED(mu_);
+  void Run(const SaveWork& work) ABSL_LOCKS_EXCLUDED(mu_);
+  void Send(const CoordinatorRpc& rpc) ABSL_LOCKS_EXCLUDED(mu_);
 
   CoordinatorClient* const coordinator_;
   StagingPool* const staging_;
@@ -233,15 +141,23 @@ class SaveExecutor {
   const SaveExecutorOptions options_;
 
   mutable absl::Mutex mu_;
-  std::map<std::string, std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::string> finished_ ABSL_GUARDED_BY(mu_);  // oldest first
-  std::deque<Task> tasks_ ABSL_GUARDED_BY(mu_);
-  bool stop_ ABSL_GUARDED_BY(mu_) = false;
-  uint64_t coordinator_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t committed_ ABSL_GUARDED_BY(mu_) = 0;
+  SaveCore core_ ABSL_GUARDED_BY(mu_);
+  // The lease generation last given to the core; unset until the first.
+  std::optional<std::optional<uint64_t>> lease_told_ ABSL_GUARDED_BY(mu_);
   uint64_t next_ticket_ ABSL_GUARDED_BY(mu_) = 1;
+  std::map<uint64_t, BeginSaveDone> begin_calls_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, StatusDone> staged_calls_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, CommitDone> wait_calls_ ABSL_GUARDED_BY(mu_);
+  std::deque<SaveWork> work_ ABSL_GUARDED_BY(mu_);
+  std::deque<CoordinatorRpc> rpcs_ ABSL_GUARDED_BY(mu_);
+  absl::Time next_tick_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool joined_ ABSL_GUARDED_BY(mu_) = false;
 
-  std::thread worker_;  // last: started when everything above exists
+  // Last: started when everything above exists, joined before it goes away.
+  std::thread worker_;
+  std::thread rpc_thread_;
+  std::thread timer_;
 };
 
 }  // namespace tessera

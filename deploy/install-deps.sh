@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Installs what Tessera needs to build and test, from Debian's packages only.
-# Idempotent: asks apt-get only for packages that are missing, and says what it did.
+# Installs what Tessera needs to build and test: Debian's packages, and a Python environment
+# for the Python parts (a venv with the pinned torch, numpy and safetensors of
+# deploy/python-requirements.txt, from PyPI).
+# Idempotent: asks apt-get only for packages that are missing, installs the Python environment
+# only if it is missing or its pins changed, and says what it did.
+#
 # Usage: deploy/install-deps.sh [--quiet]
+# Environment: TESSERA_VENV  where the Python environment lives (default: .venv in this clone,
+#              ignored by git; Bazel's tests find it through @tessera_python, bazel/python.bzl)
 set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
 
 PACKAGES=(
   bazel-bootstrap bazel-platforms
@@ -10,31 +17,78 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libxxhash-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  pybind11-dev python3-dev python3-numpy python3-torch
+  pybind11-dev python3-dev
+  python3-venv        # the Python environment below
+  python3-wheel       # `wheel pack`: the pip-installable wheel of the Python client
   python3-matplotlib  # the chart of tests/bench/run.sh
   iproute2 fio procps openssl
 )
+PYTHON=/usr/bin/python3  # the Python 3.11 the pybind11 extension is built against
+VENV=${TESSERA_VENV:-$ROOT/.venv}
+REQUIREMENTS=$ROOT/deploy/python-requirements.txt
 
 quiet=0
 [ "${1:-}" = "--quiet" ] && quiet=1
 say() { [ "$quiet" = 1 ] || echo "install-deps: $*"; }
+SUDO=""
+[ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
+# --- Debian packages
 missing=()
 for p in "${PACKAGES[@]}"; do
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
     missing+=("$p")
   fi
 done
-
 if [ ${#missing[@]} -eq 0 ]; then
-  say "all ${#PACKAGES[@]} packages already installed"
-  exit 0
+  say "all ${#PACKAGES[@]} Debian packages already installed"
+else
+  say "installing ${#missing[@]} missing Debian package(s): ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  say "installed: ${missing[*]}"
 fi
 
-say "installing ${#missing[@]} missing package(s): ${missing[*]}"
-SUDO=""
-[ "$(id -u)" -eq 0 ] || SUDO="sudo"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-say "installed: ${missing[*]}"
+# --- The Python environment
+# The stamp holds the hash of the requirements it was installed from: a change of pins
+# reinstalls, nothing else does.
+stamp="$VENV/.tessera-requirements.sha256"
+want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
+if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
+  "$VENV/bin/python" -c "import importlib.util as u, sys
+sys.exit(not all(u.find_spec(m) for m in ('torch', 'numpy', 'safetensors')))" 2>/dev/null; then
+  say "Python environment $VENV up to date ($(grep -o '^torch==[^ ]*' "$REQUIREMENTS"))"
+  exit 0
+fi
+if ! "$VENV/bin/python" -c "" 2>/dev/null; then
+  say "creating the Python environment $VENV (venv of $PYTHON, $("$PYTHON" --version 2>&1))"
+  rm -rf "$VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+say "installing $(grep -c '^[a-zA-Z]' "$REQUIREMENTS") pinned Python packages into $VENV" \
+  "($(grep -o '^torch==[^ ]*' "$REQUIREMENTS") with its CUDA libraries: about 3 GB to download," \
+  "4.7 GB installed; a few minutes)"
+start=$(date +%s)
+# pip shows each download with its size; while it unpacks (a minute or more without output),
+# a line every 30 s says how far it got.
+ticker=""
+pip_out=/dev/stdout
+if [ "$quiet" = 1 ]; then
+  pip_out=/dev/null
+else
+  (
+    while sleep 30; do
+      echo "install-deps: ... $(( $(date +%s) - start )) s, environment at" \
+        "$(du -sm "$VENV" 2>/dev/null | cut -f1) MiB"
+    done
+  ) &
+  ticker=$!
+  trap 'kill $ticker 2>/dev/null || true' EXIT
+fi
+"$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --require-hashes \
+  --progress-bar on -r "$REQUIREMENTS" >"$pip_out"
+[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true
+echo "$want" >"$stamp"
+say "Python environment ready in $(( $(date +%s) - start )) s:" \
+  "$("$VENV/bin/python" -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "numpy", numpy.__version__, "safetensors", safetensors.__version__)')"

@@ -21,8 +21,20 @@ source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
 
 ./deploy/install-deps.sh
-echo "== building (bazel build //...)"
-bazel build //... 2>&1 | tail -n 1
+echo "== building (bazel build //...; the first build takes about 10 minutes on 2 cores)"
+# show_progress: Bazel's output reduced to its progress lines ("[done / total] what runs", at
+# most one per 30 s) and its verdict; under pipefail the pipeline fails if the build does.
+show_progress() {
+  local line last=""
+  while IFS= read -r line; do
+    case "$line" in
+      "["*|ERROR*|FAILED*|"INFO: Elapsed"*|"INFO: Build completed"*)
+        [ "$line" = "$last" ] || echo "   $line"
+        last=$line ;;
+    esac
+  done
+}
+bazel build --show_progress_rate_limit=30 //... 2>&1 | show_progress
 BIN=$(bazel info bazel-bin 2>/dev/null)
 TESSERA="$BIN/client/cli/tessera"
 

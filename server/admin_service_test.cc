@@ -19,7 +19,7 @@ class NullSink : public CommandSink {
 
 class NullCommitter : public CommitEdge {
  public:
-  CommitResolution Commit(const CommitWork&) override {
+  CommitResolution Commit(const CommitAttempt&) override {
     return {CommitOutcome::kCommitted, absl::OkStatus()};
   }
   absl::Status Retain(const RetentionWork&) override { return absl::OkStatus(); }

@@ -4,14 +4,29 @@
 
 namespace tessera {
 
-// One agent's stream. Writes go out one at a time from `queue_`. Lifetime: created by Open(),
-// deleted in OnDone() after gRPC is finished with it; CommandStreams forgets it in Detach()
-// before that, under its mutex, so Send() never touches a deleted reactor.
+// One agent's stream. Writes go out one at a time from `queue_`. Lifetime: created by Open();
+// gRPC calls OnDone() once it is finished with it, and CommandStreams forgets it then
+// (Detach). Callers that found it under CommandStreams' mutex take a hold first and call
+// into it without that mutex (gRPC's StartWrite and Finish are never called under a lock);
+// the reactor is deleted once gRPC is done with it and no hold is left.
 class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
  public:
   Reactor(CommandStreams* owner, Key key) : owner_(owner), key_(std::move(key)) {}
 
-  // Called with owner_->mu_ held, so the reactor is registered and alive.
+  // Taken under CommandStreams' mutex, so the reactor is alive; keeps it alive until Release.
+  void Hold() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    ++holds_;
+  }
+  void Release() ABSL_LOCKS_EXCLUDED(mu_) {
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      last = --holds_ == 0 && done_;
+    }
+    if (last) delete this;
+  }
+
   void Enqueue(v1::Command command) {
     const v1::Command* next = nullptr;
     {
@@ -51,7 +66,13 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
 
   void OnDone() override {
     owner_->Detach(key_, this);
-    delete this;
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      last = holds_ == 0;
+    }
+    if (last) delete this;
   }
 
  private:
@@ -70,6 +91,8 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
   std::deque<v1::Command> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  int holds_ ABSL_GUARDED_BY(mu_) = 0;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;  // OnDone ran: gRPC is finished with it
 };
 
 v1::Command PinWithEncodedAssignment(const v1::Command& pin, absl::string_view assignment) {
@@ -90,49 +113,72 @@ grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(
     const std::function<std::optional<v1::Command>()>& current) {
   Key key{job_id, rank};
   auto* reactor = new Reactor(this, key);
+  Reactor* replaced = nullptr;
   {
     absl::MutexLock lock(&mu_);
     auto [it, inserted] = streams_.try_emplace(key, reactor);
     if (!inserted) {
-      it->second->FinishNow(
-          grpc::Status(grpc::StatusCode::UNAVAILABLE, "replaced by a newer command stream"));
+      replaced = it->second;
+      replaced->Hold();
       it->second = reactor;
     }
+  }
+  if (replaced != nullptr) {
+    replaced->FinishNow(
+        grpc::Status(grpc::StatusCode::UNAVAILABLE, "replaced by a newer command stream"));
+    replaced->Release();
   }
   // Not under mu_: `current` takes the SessionManager's lock. The reactor stays alive until
   // returned to gRPC (OnDone cannot run before), so it may be used here even if replaced.
   std::optional<v1::Command> replay = current();
   if (replay.has_value()) {
-    absl::MutexLock lock(&mu_);
-    auto it = streams_.find(key);
-    if (it != streams_.end() && it->second == reactor) reactor->Enqueue(*std::move(replay));
+    bool still_current;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = streams_.find(key);
+      still_current = it != streams_.end() && it->second == reactor;
+    }
+    if (still_current) reactor->Enqueue(*std::move(replay));
   }
   return reactor;
 }
 
-void CommandStreams::Send(const std::string& job_id, uint32_t rank,
-                          const v1::Command& command) {
+CommandStreams::Reactor* CommandStreams::HoldStream(const std::string& job_id, uint32_t rank) {
   absl::MutexLock lock(&mu_);
   auto it = streams_.find(Key{job_id, rank});
-  if (it != streams_.end()) it->second->Enqueue(command);
+  if (it == streams_.end()) return nullptr;
+  it->second->Hold();
+  return it->second;
+}
+
+void CommandStreams::Send(const std::string& job_id, uint32_t rank,
+                          const v1::Command& command) {
+  if (Reactor* reactor = HoldStream(job_id, rank)) {
+    reactor->Enqueue(command);
+    reactor->Release();
+  }
 }
 
 void CommandStreams::SendPin(const std::string& job_id, uint32_t rank,
                              const v1::Command& command, absl::string_view assignment) {
-  {
-    absl::MutexLock lock(&mu_);
-    if (!streams_.contains(Key{job_id, rank})) return;  // replayed when it connects
-  }
-  v1::Command pin = PinWithEncodedAssignment(command, assignment);  // a copy: not under mu_
-  absl::MutexLock lock(&mu_);
-  auto it = streams_.find(Key{job_id, rank});
-  if (it != streams_.end()) it->second->Enqueue(std::move(pin));
+  Reactor* reactor = HoldStream(job_id, rank);
+  if (reactor == nullptr) return;  // replayed when it connects
+  reactor->Enqueue(PinWithEncodedAssignment(command, assignment));
+  reactor->Release();
 }
 
 void CommandStreams::CloseAll() {
-  absl::MutexLock lock(&mu_);
-  for (auto& [key, reactor] : streams_) {
+  std::vector<Reactor*> open;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [key, reactor] : streams_) {
+      reactor->Hold();
+      open.push_back(reactor);
+    }
+  }
+  for (Reactor* reactor : open) {
     reactor->FinishNow(grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator stopping"));
+    reactor->Release();
   }
 }
 

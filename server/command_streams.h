@@ -9,7 +9,8 @@
 // one, which is finished with UNAVAILABLE.
 //
 // Thread-safety: all methods are safe for concurrent use; reactor callbacks run on gRPC's
-// threads and take only this object's mutex, briefly.
+// threads and take only this object's mutex, briefly. gRPC's StartWrite and Finish are never
+// called under a lock: a reactor found under the mutex is held, then used without it.
 #ifndef TESSERA_SERVER_COMMAND_STREAMS_H_
 #define TESSERA_SERVER_COMMAND_STREAMS_H_
 
@@ -20,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -72,6 +74,8 @@ class CommandStreams : public CommandSink {
   using Key = std::pair<std::string, uint32_t>;
 
   void Detach(const Key& key, Reactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream of (job, rank) with a hold taken (Reactor::Release it), or null.
+  Reactor* HoldStream(const std::string& job_id, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   mutable absl::Mutex mu_;
   absl::flat_hash_map<Key, Reactor*> streams_ ABSL_GUARDED_BY(mu_);

@@ -112,7 +112,7 @@ class RecordingCommitter : public CommitEdge {
     std::string final_dir;
   };
 
-  CommitResolution Commit(const CommitWork& work) override {
+  CommitResolution Commit(const CommitAttempt& work) override {
     absl::MutexLock lock(&mu_);
     commits_.push_back({*work.manifest, work.tmp_dir, work.final_dir});
     return {CommitOutcome::kCommitted, absl::OkStatus()};

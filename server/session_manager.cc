@@ -175,7 +175,7 @@ class SessionManager::Port : public EffectsPort {
       m->Busy(-1);
     });
   }
-  void StartCommit(CommitWork work) override {
+  void StartCommit(CommitAttempt work) override {
     SessionManager* m = m_;
     Job* job = job_;
     m->Busy(+1);

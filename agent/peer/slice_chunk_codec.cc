@@ -72,7 +72,16 @@ absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
       if (!in.ReadVarint32(&len) || len > INT_MAX) {
         return absl::InvalidArgumentError("malformed slice chunk data length");
       }
-      if (static_cast<uint64_t>(in.CurrentPosition()) + len == total_size) {
+      // The length comes from the peer: checked against what is left of the message before
+      // anything is sized by it.
+      const uint64_t position = static_cast<uint64_t>(in.CurrentPosition());
+      const uint64_t left = position <= total_size ? total_size - position : 0;
+      if (len > left) {
+        return absl::InvalidArgumentError(absl::StrCat("slice chunk data of ", len,
+                                                       " bytes exceeds the ", left,
+                                                       " bytes left in the message"));
+      }
+      if (len == left) {
         direct_len = len;
         break;
       }

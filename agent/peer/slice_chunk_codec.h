@@ -42,8 +42,9 @@ using PlaceData = std::function<DataPlacement(const v1::SliceChunk& header, uint
 // copying the data where it says. When `data` is the message's last field (as
 // EncodeSliceChunkPrefix and every field-order encoder write it) the data is copied straight
 // from `input` to dest; otherwise it is buffered first.
-// Errors: InvalidArgument if the message does not parse, `data` has the wrong wire type or is
-// over 2 GiB, or the placement does not fit the data (skip + write > data_len).
+// Errors: InvalidArgument if the message does not parse, `data` has the wrong wire type or a
+// length beyond the rest of the message (checked before anything is allocated for it), or the
+// placement does not fit the data (skip + write > data_len).
 absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
                               uint64_t total_size, const PlaceData& place);
 

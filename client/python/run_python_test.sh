@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# Runs a Python test file of this package under Debian's /usr/bin/python3 with the `tessera`
-# package (client/python/site) importable, and exits with its status.
+# Runs a Python test file of this package under $TESSERA_PYTHON (the Python environment of
+# deploy/install-deps.sh; bazel/python.bzl sets it) with the `tessera` package
+# (client/python/site) importable, and exits with its status.
 #   run_python_test.sh <test file, relative to the runfiles root> [args...]
 # Working directory: the runfiles tree of the workspace (Bazel sets it for sh_test).
 set -uo pipefail
 test_file=${1:?usage: run_python_test.sh TEST_FILE [ARGS...]}
 shift
-PYTHON=${TESSERA_PYTHON:-/usr/bin/python3}
+PYTHON=${TESSERA_PYTHON:?run through python_sh_test (bazel/python.bzl), which sets TESSERA_PYTHON}
 export PYTHONPATH="$PWD/client/python/site:$PWD/client/python${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
 # -P: the test file's directory must not shadow the built package (client/python/tessera).

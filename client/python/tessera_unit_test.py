@@ -393,6 +393,11 @@ class RefusalTest(unittest.TestCase):
         self.assertEqual((ctx.exception.code, ctx.exception.status_code),
                          ("UNAVAILABLE", "UNAVAILABLE"))
         self.assertIsInstance(ctx.exception, ConnectionError)
+        too_long = "/tmp/" + "d" * 100 + "/agent.sock"
+        with self.assertRaisesRegex(tessera.InvalidArgumentError,
+                                    r"agent socket path '%s' is 116 bytes; a unix socket path "
+                                    r"holds at most 107" % too_long):
+            tessera.Client("unix:" + too_long)
 
     def test_ObjectName_Reserved_Refused(self):
         from tessera.client import _check_object_name

@@ -12,7 +12,7 @@ namespace tessera {
 StorageCommitEdge::StorageCommitEdge(Storage* storage, std::string storage_root)
     : storage_(storage), storage_root_(std::move(storage_root)) {}
 
-CommitResolution StorageCommitEdge::Commit(const CommitWork& work) {
+CommitResolution StorageCommitEdge::Commit(const CommitAttempt& work) {
   return ResolveCommit(*storage_, work.tmp_dir, work.final_dir, *work.manifest,
                        work.roll_back_unless_committed);
 }

@@ -1,6 +1,6 @@
 // The coordinator's storage I/O for sessions, at the edge of the core: the commit (resolved
 // from the disk), retention, and removal of aborted sessions' directories. The shells run a
-// step's CommitWork, RetentionWork and remove_dirs (effects.h) through a CommitEdge;
+// step's CommitAttempt, RetentionWork and remove_dirs (effects.h) through a CommitEdge;
 // StorageCommitEdge is the real one, over storage/storage.h. Tests and the simulation supply
 // their own.
 //
@@ -22,7 +22,7 @@ class CommitEdge {
  public:
   virtual ~CommitEdge() = default;
   // Resolves `work`'s commit from the disk (format/commit.h ResolveCommit).
-  virtual CommitResolution Commit(const CommitWork& work) = 0;
+  virtual CommitResolution Commit(const CommitAttempt& work) = 0;
   // Applies retention. Errors: those of listing the job directory.
   virtual absl::Status Retain(const RetentionWork& work) = 0;
   // Removes an aborted session's temporary directory `dir`. Idempotent.
@@ -35,7 +35,7 @@ class StorageCommitEdge : public CommitEdge {
   // `storage` must outlive this; checkpoints live under `storage_root`.
   StorageCommitEdge(Storage* storage, std::string storage_root);
 
-  CommitResolution Commit(const CommitWork& work) override;
+  CommitResolution Commit(const CommitAttempt& work) override;
   // Logs what was removed and what could not be.
   absl::Status Retain(const RetentionWork& work) override;
   // Refuses anything that is not a session's temporary directory of a job under the storage

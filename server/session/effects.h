@@ -57,9 +57,9 @@ struct PlanVerdict {
   bool cached = false;
 };
 
-// A commit the coordinator does itself (it has the storage mounted): ResolveCommit
+// One attempt at a commit the coordinator does itself (it has the storage mounted): ResolveCommit
 // (format/commit.h), fed back with JobCore::CommitResolved.
-struct CommitWork {
+struct CommitAttempt {
   std::string job_id;
   std::string session_id;
   std::shared_ptr<const v1::Manifest> manifest;
@@ -82,7 +82,7 @@ struct Effects {
   v1::SessionState persisted_state = v1::SESSION_STATE_UNSPECIFIED;
   std::vector<Outgoing> commands;
   std::optional<PlanWork> plan;
-  std::optional<CommitWork> commit;
+  std::optional<CommitAttempt> commit;
   std::optional<RetentionWork> retention;
   std::vector<std::string> remove_dirs;  // temporary directories of aborted sessions
   SessionStats stats;                    // increments

@@ -27,7 +27,7 @@ class EffectsPort {
   // Makes `commands` the job's current ones (JobCore::Delivered), then sends them.
   virtual void Deliver(std::vector<Outgoing> commands) = 0;
   virtual void StartPlan(PlanWork work) = 0;
-  virtual void StartCommit(CommitWork work) = 0;
+  virtual void StartCommit(CommitAttempt work) = 0;
   // Retention and removals of aborted sessions' directories.
   virtual void StartCleanup(std::optional<RetentionWork> retention,
                             std::vector<std::string> remove_dirs) = 0;

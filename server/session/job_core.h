@@ -102,7 +102,7 @@ class JobCore {
   Outcome<v1::SessionStatus> OperatorAbort(const std::string& reason, absl::Time now);
   // Lease expiry, deadlines, commit retries.
   Effects Tick(absl::Time now);
-  // The outcome of the CommitWork of `session_id` (ignored for any other).
+  // The outcome of the CommitAttempt of `session_id` (ignored for any other).
   Effects CommitResolved(const std::string& session_id, const CommitResolution& resolution,
                          absl::Time now);
   // `commands` (of one step's Effects) were delivered after their batch was durable.

@@ -620,7 +620,7 @@ v1::Command SessionMachine::GatherCommand(uint32_t rank) const {
 void SessionMachine::RequestCommit(absl::Time now, Effects& out) {
   const bool roll_back = now >= deadline();
   if (!record_.committer_is_agent()) {
-    CommitWork work;
+    CommitAttempt work;
     work.job_id = context_.job_id;
     work.session_id = record_.session_id();
     work.manifest = manifest_;

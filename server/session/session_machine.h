@@ -17,7 +17,7 @@
 //   4 (Report*)         every rank reported PERSISTED, every planned chunk was reported, and
 //                       every replica's hash matches its writer's (else 6, REPLICA_DIVERGED).
 //                       The manifest is built and persisted with the state; the coordinator
-//                       commits (CommitWork) or a committer agent does (COMMIT). With no live
+//                       commits (CommitAttempt) or a committer agent does (COMMIT). With no live
 //                       committer agent, 6 (IO_ERROR) instead: nothing has been renamed yet.
 //   5 CommitResolved /  the commit is resolved from the disk as committed: the final
 //     COMMIT_WRITTEN    directory holds this session's manifest, durably.
@@ -134,7 +134,7 @@ class SessionMachine {
   void Supersede(v1::ErrorDetail error, absl::Time now, Effects& out);
   // Lease expiry (from the registry), phase deadlines, commit retries.
   void Tick(absl::Time now, Effects& out);
-  // The outcome of this session's CommitWork (edge 5, 7, or a retry).
+  // The outcome of this session's CommitAttempt (edge 5, 7, or a retry).
   void CommitResolved(const CommitResolution& resolution, absl::Time now, Effects& out);
 
   // --- Reads
@@ -192,7 +192,7 @@ class SessionMachine {
   void Broadcast(const v1::Command& command, Effects& out);
   void EmitCurrentPhaseCommands(Effects& out);  // after recovery
   v1::Command GatherCommand(uint32_t rank) const;
-  // COMMITTING: the coordinator's CommitWork, or COMMIT to the committer agent.
+  // COMMITTING: the coordinator's CommitAttempt, or COMMIT to the committer agent.
   void RequestCommit(absl::Time now, Effects& out);
   bool PickCommitter();
   void ScheduleCommitRetry(absl::Time now);
@@ -218,7 +218,7 @@ class SessionMachine {
   // COMMITTING.
   std::shared_ptr<const v1::Manifest> manifest_;
   std::vector<int64_t> retire_steps_;
-  bool commit_in_flight_ = false;    // a CommitWork is out
+  bool commit_in_flight_ = false;    // a CommitAttempt is out
   bool roll_back_requested_ = false;  // asked of the committer agent
   absl::Time next_commit_attempt_ = absl::InfinitePast();
   absl::Duration commit_backoff_;

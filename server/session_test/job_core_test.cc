@@ -93,7 +93,7 @@ class FakeCommitEdge : public CommitEdge {
     bool roll_back = false;
   };
 
-  CommitResolution Commit(const CommitWork& work) override {
+  CommitResolution Commit(const CommitAttempt& work) override {
     commits_.push_back({*work.manifest, work.tmp_dir, work.final_dir,
                         work.roll_back_unless_committed});
     if (during_commit_) std::exchange(during_commit_, nullptr)();

@@ -29,7 +29,7 @@ class SyncSessions::Port : public EffectsPort {
     s_->Carry(job_id_, s_->Core(job_id_)->PlanDecided(work.session_id, work.attempt,
                                                       std::move(verdict), s_->clock_->Now()));
   }
-  void StartCommit(CommitWork work) override {
+  void StartCommit(CommitAttempt work) override {
     s_->commits_.emplace_back(job_id_, std::move(work));
   }
   void StartCleanup(std::optional<RetentionWork> retention,

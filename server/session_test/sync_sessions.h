@@ -70,7 +70,7 @@ class SyncSessions {
   PlanCache plan_cache_;
   uint64_t epoch_ = 1;
   std::map<std::string, std::unique_ptr<JobCore>> jobs_;
-  std::deque<std::pair<std::string, CommitWork>> commits_;
+  std::deque<std::pair<std::string, CommitAttempt>> commits_;
   std::deque<std::pair<std::optional<RetentionWork>, std::vector<std::string>>> cleanups_;
   SessionStats stats_;
 };

@@ -28,6 +28,7 @@ targets"). Definitions, as measured by bench_rank.py / tessera-plan-load:
            cache dropped before (or not: the row says). Baseline: fio sequential read
            (O_DIRECT, after dropping the cache; the faster of one and four requests in
            flight). Ratio = Tessera / fio.
+  3c, 4b   PyTorch DCP on the same state and ranks: tests/bench/report_dcp.py.
   plan     through a real tessera-coordinator over gRPC with fake agents: first plan = start
            of the last SubmitLocalPlan -> last PIN received (validated, persisted to RocksDB,
            delivered); cached = the same for the next save with identical plans; RSS = the
@@ -42,6 +43,8 @@ import os
 import re
 import statistics
 import sys
+
+import report_dcp  # figures 3c and 4b: PyTorch DCP beside Tessera
 
 
 def load_json(path):
@@ -218,6 +221,7 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                         "torch.save+fsync %s" % fmt_s(t_durable), rd, "> 1x (report)",
                         None if rd is None else rd > 1,
                         ratio_text=None if rd is None else "%.2fx" % rd))
+    rows += report_dcp.save_rows(Row, fmt_s, raw, tag, name, ranks, blocked, span)
     loads = [load_json(p) for p in sorted(glob.glob(os.path.join(raw, "load-%s-*.json" % tag)))]
     loads = [x for x in loads if x]
     layout_file = os.path.join(raw, "load-layout-%s.txt" % tag)
@@ -237,6 +241,8 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                             "fio read %s" % fmt_bw(fio_r), ratio, ">= 0.90",
                             None if ratio is None else ratio >= 0.9,
                             chart=("load %s" % name, ratio, 0.9, True)))
+            rows += report_dcp.load_rows(Row, fmt_s, fmt_bw, raw, tag, name, saved_world,
+                                         load_world, lspan)
     return rows
 
 

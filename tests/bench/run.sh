@@ -12,7 +12,10 @@
 #   1 stall    save() blocked time / memcpy of the same bytes into pre-faulted memory
 #   2 persist  bytes / (first save() call -> last rank sees COMMITTED) vs fio sequential write
 #   3 peer     torch.save per rank + fsync vs Tessera: blocked time and time to durable
+#   3c dcp     PyTorch DCP on the same state and ranks (dcp_peer.py): save, async_save, and
+#              async_save with its pinned staging options, vs Tessera: stall and time to durable
 #   4 load     bytes / load time onto another TP degree vs fio sequential read, caches dropped
+#   4b dcp     dcp.load of DCP's checkpoint onto the same other world size, caches dropped
 #   5 plan     1,024 ranks x 1,000 shards through a real coordinator over gRPC: first and
 #              cached plan time, coordinator peak RSS (VmHWM)
 #   6 gpu      only where nvidia-smi sees a GPU (else a "skipped: no GPU" row)
@@ -27,7 +30,8 @@
 #   --plan-shards=1000     shards per rank for planning          [TESSERA_BENCH_PLAN_SHARDS]
 #   --fio-size=4G          fio file size (default: the largest configuration's total bytes,
 #                          at least 1 GiB, at most 8 GiB)         [TESSERA_BENCH_FIO_SIZE]
-#   --only=stall,plan,...  run only these figures (stall covers 1-3, load is 4, plan 5, gpu 6)
+#   --only=stall,plan,...  run only these figures (stall covers 1-3, dcp 3c and 4b, load is
+#                          4, plan 5, gpu 6)
 #   --data-dir=DIR         where checkpoints and the fio file go (the disk measured; default
 #                          <results>/data, removed at the end)  [TESSERA_BENCH_DATA_DIR]
 #   --out=DIR              results directory (default tests/bench/results/<timestamp>; also
@@ -37,8 +41,10 @@
 #   --bazel="bazel --output_base=..."  the Bazel command line to build and locate binaries
 #                                                               [TESSERA_BENCH_BAZEL]
 #   GPU figure: TESSERA_BENCH_GPU_SIZE (default 1G of CUDA tensors), TESSERA_BENCH_GPU_PYTHON
-#   (default /usr/bin/python3; must be the Python 3.11 the module was built for, with a CUDA
-#   PyTorch — 2.x for the DCP async_save side).
+#   (default: the Python environment below; must be the Python 3.11 the module was built for,
+#   with a CUDA PyTorch — 2.x for the DCP async_save side).
+#   The trainer ranks run under the Python environment of deploy/install-deps.sh
+#   (TESSERA_VENV, default .venv: the pinned torch).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 ROOT=$PWD
@@ -52,7 +58,7 @@ PLAN_SHARDS=${TESSERA_BENCH_PLAN_SHARDS:-1000}
 FIO_SIZE=${TESSERA_BENCH_FIO_SIZE:-}
 DATA_DIR=${TESSERA_BENCH_DATA_DIR:-}
 BAZEL=${TESSERA_BENCH_BAZEL:-bazel}
-ONLY=stall,load,plan,gpu
+ONLY=stall,dcp,load,plan,gpu
 OUT=""
 REFERENCE=""
 BUILD=1
@@ -112,7 +118,9 @@ for b in server/tessera-coordinator agent/tessera-agent client/python/site/tesse
   [ -e "$BIN/$b" ] || { echo "run.sh: $BIN/$b is missing (build first)" >&2; exit 1; }
 done
 export PYTHONPATH="$BIN/client/python/site"
-PY="/usr/bin/python3 -P"
+VENV_PYTHON=${TESSERA_VENV:-$ROOT/.venv}/bin/python
+[ -x "$VENV_PYTHON" ] || { echo "run.sh: no Python environment at $VENV_PYTHON (run deploy/install-deps.sh)" >&2; exit 1; }
+PY="$VENV_PYTHON -P"
 
 # --- The machine (results.md's header)
 {
@@ -134,7 +142,7 @@ PY="/usr/bin/python3 -P"
   echo "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo "+changes")"
-  echo "torch=$(/usr/bin/python3 -c 'import torch; print(torch.__version__)' 2>/dev/null)"
+  echo "torch=$($VENV_PYTHON -c 'import torch; print(torch.__version__)' 2>/dev/null)"
   echo "fio=$(fio --version 2>/dev/null)"
   echo "args=$*"
 } >"$OUT/raw/machine.env"
@@ -150,7 +158,7 @@ drop_caches() {
 }
 
 # --- Configurations and what fits
-wants stall || wants load || SIZES=""
+wants stall || wants load || wants dcp || SIZES=""
 IFS=',' read -ra size_list <<<"$SIZES"
 IFS=',' read -ra rank_list <<<"$RANKS"
 mem_avail_mib=$(( $(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024 ))
@@ -226,7 +234,25 @@ run_ranks() {
   return $rc
 }
 
-if wants stall || wants load; then
+# run_dcp MODE WORLD OUTPREFIX [dcp_peer.py args...]: PyTorch DCP's ranks (dcp_peer.py) on the
+# configuration's state; waits. Their checkpoints go to $DIR/dcp.
+run_dcp() {
+  local mode=$1 world=$2 prefix=$3 r rc=0
+  shift 3
+  RANK_PIDS=()
+  for r in $(seq 0 $((world - 1))); do
+    PYTHONPATH="$PYTHONPATH:$ROOT/tests/bench" timeout 3600 $PY tests/bench/dcp_peer.py "$mode" \
+      --rank="$r" --world="$world" --barrier="$DIR/barrier-dcp-$mode" --dir="$DIR/dcp" \
+      --rdzv="$DIR/rdzv-dcp-$mode" --out="$prefix-$r.json" "$@" \
+      </dev/null >"$DIR/logs/dcp-$mode-$r.out" 2>&1 &
+    RANK_PIDS+=($!)
+  done
+  for p in "${RANK_PIDS[@]}"; do wait "$p" || rc=1; done
+  RANK_PIDS=()
+  return $rc
+}
+
+if wants stall || wants load || wants dcp; then
   while read -r mib r verdict need <&3; do
     [ "$verdict" = run ] || continue
     tag="${mib}M-x$r"
@@ -253,6 +279,11 @@ if wants stall || wants load; then
       >"$OUT/raw/metrics-$tag.txt" 2>/dev/null || say "$tag: no metrics from the coordinator"
     stop_agents >/dev/null 2>&1
     rm -rf "$DIR/torch"
+    if wants dcp; then
+      say "$tag: PyTorch DCP on the same state and ranks: save, async_save (${STEPS} each)"
+      run_dcp save "$r" "$OUT/raw/dcp-save-$tag" --mib="$mib" --steps="$STEPS" ||
+        say "$tag: a DCP save rank failed (logs in $OUT/logs/$tag)"
+    fi
     if wants load; then
       lr=$(( r > 1 ? r / 2 : 2 ))
       if start_agents "$job" "tp=$lr"; then
@@ -265,7 +296,13 @@ if wants stall || wants load; then
       else
         say "$tag: load agents did not register"
       fi
+      if wants dcp; then
+        echo "$(drop_caches)" >"$OUT/raw/dcp-load-cache-$tag.txt"
+        run_dcp load "$lr" "$OUT/raw/dcp-load-$tag" --mib="$mib" --saved-world="$r" \
+          --steps="$STEPS" || say "$tag: a DCP load rank failed (logs in $OUT/logs/$tag)"
+      fi
     fi
+    rm -rf "$DIR/dcp"
     stop_coordinator >/dev/null 2>&1
     cp -r "$DIR/logs" "$OUT/logs/$tag"
     rm -rf "$DIR"
@@ -308,7 +345,7 @@ if wants gpu; then
     mkdir -p "$DIR/logs"
     COORD_PORT=""
     if start_coordinator && start_agents benchgpu "tp=1"; then
-      PY="${TESSERA_BENCH_GPU_PYTHON:-/usr/bin/python3} -P" run_ranks gpu benchgpu 1 \
+      PY="${TESSERA_BENCH_GPU_PYTHON:-$VENV_PYTHON} -P" run_ranks gpu benchgpu 1 \
         "$OUT/raw/gpu" --mib="$gpu_mib" --steps="$STEPS" --barrier="$DIR/barrier" \
         --torch-dir="$DIR/torch" || say "GPU: the rank failed (see $OUT/logs/gpu)"
     else

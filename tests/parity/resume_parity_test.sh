@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PyTorch resume parity (real processes on loopback): Debian's PyTorch on the CPU, gloo over a
+# PyTorch resume parity (real processes on loopback): PyTorch (the venv's) on the CPU, gloo over a
 # FileStore, one tessera agent per rank. parity_trainer.py trains a tiny MLP with data
 # parallelism whose gradient sum does not depend on the DP degree (its header says how), for
 # $STEPS steps, saving model, AdamW state, LR scheduler, RNG states and data position every
@@ -23,7 +23,7 @@ LEASE_MS=1500
 STEPS=20
 SAVE_EVERY=5
 RUN_TIMEOUT=120  # seconds for one run of the trainers; each trainer also ends itself (alarm)
-PYTHON=${TESSERA_PYTHON:-/usr/bin/python3}
+PYTHON=${TESSERA_PYTHON:?python_sh_test (bazel/python.bzl) sets it}
 export PYTHONPATH="$PWD/client/python/site" PYTHONDONTWRITEBYTECODE=1 GLOO_SOCKET_IFNAME=lo
 # Keep the trainers' output with the test's outputs (outputs.zip) for a failure's diagnosis.
 keep_logs() {

@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
-# Seed scenario fsdp2_per_parameter_shards (torchtitan's move to per-parameter FSDP, FSDP2):
-# Python trainer ranks hold dim-0 shards of every parameter as torch.chunk cuts them (uneven;
-# ranks past the last chunk hold an EMPTY shard, declared with its zero-length box) and the
-# AdamW state of those shards (exp_avg, exp_avg_sq shaped like them; step). Each checkpoint is
-# saved, verified with `tessera verify`, and reloaded on ANOTHER layout, where every rank
-# compares its new shards and every whole tensor byte for byte with what was saved:
-#   dp_shard=3 -> dp_shard=8;  dp_shard=8 -> dp_shard=3;
-#   dp_shard=2 x tp=2 (TP on dim 1 of matrices, norms replicated over tp) -> dp_shard=4.
+# Seed scenario fsdp2_per_parameter_shards (torchtitan's move to per-parameter FSDP, FSDP2),
+# with real FSDP2: fsdp2_rank.py trains a small llama-like model over gloo on the CPU with
+# fully_shard — and FSDP x TP (parallelize_module under fully_shard, _StridedShard placements)
+# — and saves through tessera the state dicts get_model_state_dict / get_optimizer_state_dict
+# return: every box derived from the DTensors' placements, uneven and empty shards as torch
+# makes them. Runs, one process per rank, each job with its own agents:
+#   fsdpref  dp_shard=4, uninterrupted: 6 steps, a save every 2 — the reference;
+#   fsdp     dp_shard=4, all four SIGKILLed while stopped at the start of step 5 (step 4
+#            committed); resumed from `latest` on dp_shard=2: another mesh;
+#   tpref    dp_shard=2 x tp=2, uninterrupted (rank 0 also writes each saved step whole);
+#   tp       dp_shard=2 x tp=2 killed the same way; resumed on dp_shard=1 x tp=2;
+#   then tpref's step 6 loaded on FSDP only (dp_shard=2), and by one process into a plain
+#   model (which also opens every data file with the safetensors library and loads
+#   `tessera export --consolidate` with safetensors.torch.load_file).
+# This script runs the processes; fsdp2_seed_test.py asserts on their output (one JUnit case
+# per property): losses after each resume bitwise identical to the uninterrupted run's, and
+# the final parameters and optimizer state; every committed checkpoint verifies.
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
@@ -15,54 +24,54 @@ DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 LEASE_MS=1500
 trap stop_all EXIT
 source tests/seeds/seeds_lib.sh
-mkdir -p "$DIR/logs"
+export GLOO_SOCKET_IFNAME=lo
+mkdir -p "$DIR/logs" "$DIR/dump"
+TRAINER=tests/seeds/fsdp2_rank.py
+RUN_TIMEOUT=240
 
 start_coordinator || fail "coordinator"
 
-# saved_ok LAYOUT MODE STEP: every rank of LAYOUT reported saving STEP; then verify it.
-saved_ok() {
-  expect_all_ranks fsdp "$1" "$2" "^ok: rank [0-9]+ saved step $3 "
-  verify_step fsdp "$3"
-}
-# loaded_ok LAYOUT MODE STEP: every rank of LAYOUT loaded STEP byte-identical.
-loaded_ok() {
-  expect_all_ranks fsdp "$1" "$2" "^ok: rank [0-9]+ loaded step $3 .*byte-identical"
+# run JOB LAYOUT RUN [flags...]: one uninterrupted run of the trainers.
+run() {
+  local job=$1 layout=$2 name=$3
+  shift 3
+  launch "$job" "$layout" "$name" "$TRAINER" "$@" --rdzv="$DIR/rdzv-$name"
+  finish "$name" "$RUN_TIMEOUT"
 }
 
-# dp_shard=3: save step 10.
-mkdir -p "$DIR/fsdp-10" "$DIR/fsdp-20" "$DIR/fsdp-30"
-start_agents fsdp dp_shard=3 || fail "agents (dp_shard=3)"
-run_ranks fsdp dp_shard=3 fsdp-save --out "$DIR/fsdp-10" --step 10 || fail "save 10 on dp_shard=3"
-saved_ok dp_shard=3 fsdp-save 10
-# Empty shards really occurred: rank 2 of 3 holds nothing of the [2, 8] bias.
-grep -q "empty shards: .*layers.0.feed_forward.bias" "$DIR/logs/rank-fsdp-fsdp-save-2.out" ||
-  fail "rank 2 of dp_shard=3 did not hold an empty shard of the [2, 8] bias"
+# killed_and_resumed JOB LAYOUT NEW_LAYOUT: all ranks SIGKILLed at the start of step 5,
+# then the job resumed on NEW_LAYOUT.
+killed_and_resumed() {
+  local job=$1 layout=$2 new_layout=$3
+  start_agents "$job" "$layout" || fail "agents of $job ($layout)"
+  launch "$job" "$layout" "$job-killed" "$TRAINER" train --hang_at_step=5 --rdzv="$DIR/rdzv-$job-killed"
+  kill_when_all_hang "$job-killed" "$(world_size "$layout")" 5
+  finish "$job-killed" 10
+  switch_layout "$job" "$new_layout"
+  run "$job" "$new_layout" "$job-resumed" train
+  stop_agents || fail "agents of $job did not stop cleanly"
+}
 
-# dp_shard=8: load step 10 (3 -> 8), then save step 20 from the same processes.
-switch_layout fsdp dp_shard=8
-run_ranks fsdp dp_shard=8 fsdp-load --out "$DIR/fsdp-10" --step 10 \
-  --then_save 20 --then_out "$DIR/fsdp-20" || fail "load 10 / save 20 on dp_shard=8"
-loaded_ok dp_shard=8 fsdp-load 10
-echo "ok: step 10 saved on dp_shard=3, reloaded on dp_shard=8 byte-identical"
-saved_ok dp_shard=8 fsdp-load 20
-grep -q "empty shards: .*layers.0.feed_forward.bias" "$DIR/logs/rank-fsdp-fsdp-load-7.out" ||
-  fail "rank 7 of dp_shard=8 did not hold an empty shard of the [2, 8] bias"
+start_agents fsdpref dp_shard=4 || fail "agents of fsdpref"
+run fsdpref dp_shard=4 fsdpref train
+stop_agents || fail "agents of fsdpref did not stop cleanly"
+killed_and_resumed fsdp dp_shard=4 dp_shard=2
 
-# dp_shard=3: load step 20 (8 -> 3).
-switch_layout fsdp dp_shard=3
-run_ranks fsdp dp_shard=3 fsdp-load --out "$DIR/fsdp-20" --step 20 || fail "load 20 on dp_shard=3"
-loaded_ok dp_shard=3 fsdp-load 20
-echo "ok: step 20 saved on dp_shard=8, reloaded on dp_shard=3 byte-identical"
+start_agents tpref dp_shard=2,tp=2 || fail "agents of tpref"
+run tpref dp_shard=2,tp=2 tpref train --dump="$DIR/dump"
+# tpref's step 6 on other meshes: FSDP only, then one plain process.
+switch_layout tpref dp_shard=2
+run tpref dp_shard=2 tpref-load-fsdp load --step=6 --dump="$DIR/dump"
+switch_layout tpref dp_shard=1
+mkdir -p "$DIR/work"
+launch tpref dp_shard=1 tpref-load-plain "$TRAINER" plain --step=6 --dump="$DIR/dump" \
+  --ckpt="$(step_dir tpref 6)" --cli="$PWD/client/cli/tessera" --work="$DIR/work"
+finish tpref-load-plain "$RUN_TIMEOUT"
+stop_agents || fail "agents of tpref did not stop cleanly"
+killed_and_resumed tp dp_shard=2,tp=2 dp_shard=1,tp=2
 
-# dp_shard=2 x tp=2: save step 30; dp_shard=4: load it (2-D -> 1-D).
-switch_layout fsdp dp_shard=2,tp=2
-run_ranks fsdp dp_shard=2,tp=2 fsdp-save --out "$DIR/fsdp-30" --step 30 ||
-  fail "save 30 on dp_shard=2,tp=2"
-saved_ok dp_shard=2,tp=2 fsdp-save 30
-switch_layout fsdp dp_shard=4
-run_ranks fsdp dp_shard=4 fsdp-load --out "$DIR/fsdp-30" --step 30 || fail "load 30 on dp_shard=4"
-loaded_ok dp_shard=4 fsdp-load 30
-echo "ok: step 30 saved on dp_shard=2,tp=2, reloaded on dp_shard=4 byte-identical"
-stop_agents || fail "agents did not stop cleanly"
+export TESSERA_SEED_DIR=$DIR
+./client/python/run_python_test.sh tests/seeds/fsdp2_seed_test.py
+rc=$?
 stop_coordinator || fail "coordinator did not stop cleanly"
-echo "PASS: fsdp2_per_parameter_shards: 3 -> 8, 8 -> 3, 2x2 (fsdp x tp) -> 4, empty shards included"
+exit "$rc"

@@ -1,15 +1,12 @@
-"""One trainer rank of the seed scenarios (tests/seeds/*_test.sh): a separate process per rank,
-talking to its agent through the `tessera` module with PyTorch (1.13, CPU) tensors. Its rank,
+"""One trainer rank of the seed scenarios pp_stages_reuse_layer_names and
+distributed_optimizer_absent_state (tests/seeds/*_test.sh): a separate process per rank,
+talking to its agent through the `tessera` module with PyTorch (CPU) tensors. Its rank,
 coordinates and mesh come from the agent (Client.identity). It prints "ok: ..." lines and
 exits 0, or prints "FAIL: ..." and exits 1.
 
   seed_rank.py MODE --agent SOCK --out DIR --step N [--diverge FQN]
-                [--then_save N2 --then_out DIR2]   (after a load mode: save N2 as well)
 
-Modes:
-  fsdp-save / fsdp-load  FSDP2-style per-parameter dim-0 shards (torch.chunk: uneven, some
-                         ranks empty) over mesh dim dp_shard, optionally x tp (TP on dim 1 of
-                         matrices, norms replicated over tp); AdamW run on the local shards.
+Modes (FSDP2 runs for real in fsdp2_rank.py):
   pp-save / pp-load      pipeline stages with stage-unique layer names x tp: TP-replicated
                          norm weights, a tied embedding on the first and last stage declared
                          replicated over pp.
@@ -83,40 +80,6 @@ def coord(identity, dim):
 
 def degree(identity, dim):
     return identity["layout"].get(dim, 1)
-
-
-# FSDP model: (fqn, global shape). Matrices are TP-sharded on dim 1 when the mesh has tp,
-# vectors are replicated over tp. On 3 ranks [4, 8] and [2, 8] leave rank 2 empty and [1]
-# ranks 1-2; on 8 ranks most small tensors are empty on most ranks.
-FSDP_PARAMS = [
-    ("tok_embeddings.weight", (10, 8)),
-    ("layers.0.attention.wq.weight", (8, 8)),
-    ("layers.0.attention.wk.weight", (4, 8)),
-    ("layers.0.attention_norm.weight", (8,)),
-    ("layers.0.feed_forward.w1.weight", (12, 8)),
-    ("layers.0.feed_forward.bias", (2, 8)),
-    ("layers.0.attention.scale", (1,)),
-    ("norm.weight", (8,)),
-    ("output.weight", (10, 7)),
-]
-
-
-def fsdp_pieces(identity):
-    check("dp_shard" in identity["layout"], "the fsdp scenario needs a dp_shard mesh dim")
-    fsdp, nfsdp = coord(identity, "dp_shard"), degree(identity, "dp_shard")
-    tp, ntp = coord(identity, "tp"), degree(identity, "tp")
-    pieces = []
-    for fqn, shape in FSDP_PARAMS:
-        offsets, lengths, replicated = [0] * len(shape), list(shape), []
-        if "tp" in identity["layout"]:
-            if len(shape) == 2:
-                offsets[1], lengths[1] = chunk_spans(shape[1], ntp)[tp]
-            else:
-                replicated = ["tp"]
-        begin, length = chunk_spans(lengths[0], nfsdp)[fsdp]
-        offsets[0], lengths[0] = offsets[0] + begin, length
-        pieces.append(Piece(fqn, shape, offsets, lengths, replicated))
-    return pieces
 
 
 PP_LAYERS = 4
@@ -355,37 +318,6 @@ def layout_name(identity):
     return ",".join("%s=%d" % kv for kv in identity["layout"].items())
 
 
-def run_fsdp_save(client, args, identity):
-    pieces = fsdp_pieces(identity)
-    params, optimizer = train_local(pieces)
-    state = tessera.flatten_state(model_state(pieces, params), optimizer)
-    empty = sorted(p.fqn for p in pieces if 0 in p.lengths)
-    directory = save_and_wait(client, args.step, state, identity["rank"], args.out)
-    print("ok: rank %d saved step %d on %s (%d keys, %d empty shards: %s) -> %s"
-          % (identity["rank"], args.step, layout_name(identity), len(state), len(empty),
-             ",".join(empty), directory))
-
-
-def run_fsdp_load(client, args, identity):
-    full, _ = assemble(args.out)
-    pieces = fsdp_pieces(identity)
-    params, optimizer = train_local(pieces)  # materialises the state; overwritten below
-    poison_model(params, optimizer)
-    state = tessera.flatten_state(model_state(pieces, params), optimizer)
-    check(not any(isinstance(v, tessera.Absent) for v in state.values()), "state absent")
-    check(client.load(args.step, into=state) == args.step, "wrong step loaded")
-    check(client.last_absent == [], "unexpected absent keys %s" % client.last_absent)
-    compare_loaded(full, state, "own shards")
-    # The model and optimizer themselves hold the loaded values (the mapping aliases them),
-    # empty shards' state (step) included.
-    compare_optimizer(full, pieces, params, optimizer, "live model/optimizer")
-    whole = load_whole(client, args.step, full)
-    empty = sum(1 for p in pieces if 0 in p.lengths)
-    print("ok: rank %d loaded step %d on %s: %d keys (%d empty shards) and %d whole tensors "
-          "byte-identical" % (identity["rank"], args.step, layout_name(identity), len(state),
-                              empty, whole))
-
-
 def run_pp_save(client, args, identity, diverge=None):
     pieces = pp_pieces(identity)
     params, optimizer = train_local(pieces)
@@ -551,7 +483,6 @@ def run_dopt_mixed(client, args, identity):
 
 
 MODES = {
-    "fsdp-save": run_fsdp_save, "fsdp-load": run_fsdp_load,
     "pp-save": run_pp_save, "pp-load": run_pp_load,
     "pp-diverge": lambda c, a, i: run_pp_save(c, a, i, diverge=a.diverge),
     "dopt-save": run_dopt_save, "dopt-load": run_dopt_load, "dopt-mixed": run_dopt_mixed,
@@ -565,19 +496,11 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--step", type=int, required=True)
     ap.add_argument("--diverge", default="")
-    ap.add_argument("--then_save", type=int, default=None,
-                    help="after a load mode, save this step (one process start saved)")
-    ap.add_argument("--then_out", default="")
     args = ap.parse_args()
     client = tessera.Client(args.agent, connect_timeout=30)
     identity = client.identity
     try:
         MODES[args.mode](client, args, identity)
-        if args.then_save is not None:
-            check(args.mode.endswith("-load") and args.then_out, "--then_save needs a load "
-                  "mode and --then_out")
-            args.step, args.out = args.then_save, args.then_out
-            MODES[args.mode[:-len("load")] + "save"](client, args, identity)
     except (Failure, tessera.TesseraError) as e:
         print("FAIL: rank %d %s: %s: %s" % (identity["rank"], args.mode, type(e).__name__, e))
         sys.exit(1)

@@ -1,7 +1,7 @@
 # Shared by the seed scenario tests (source after deploy/lib/procs.sh and deploy/lib/cluster.sh,
 # with BIN and DIR set): Python trainer ranks (seed_rank.py) and layout switches.
 
-PYTHON=${TESSERA_PYTHON:-/usr/bin/python3}
+PYTHON=${TESSERA_PYTHON:?python_sh_test (bazel/python.bzl) sets it}
 RANK_TIMEOUT=${RANK_TIMEOUT:-120}
 export PYTHONPATH="$PWD/client/python/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONDONTWRITEBYTECODE=1
@@ -76,4 +76,50 @@ expect_not_written() {
     sleep 0.1
     waited=$((waited + 1))
   done
+}
+
+# launch JOB LAYOUT RUN SCRIPT [args...]: one `$PYTHON -P SCRIPT args --agent <rank's socket>`
+# per rank of LAYOUT, in the background (pids in TRAINER_PIDS, so stop_all kills them);
+# output in $DIR/logs/RUN-<rank>.out. Then `finish RUN TIMEOUT_S`.
+launch() {
+  local job=$1 layout=$2 run=$3 script=$4 n r
+  shift 4
+  n=$(world_size "$layout")
+  TRAINER_PIDS=()
+  RUN_START=$(date +%s)
+  for r in $(seq 0 $((n - 1))); do
+    "$PYTHON" -P "$script" "$@" --agent="$SOCK_DIR/$job-$r.sock" >"$DIR/logs/$run-$r.out" 2>&1 &
+    TRAINER_PIDS+=($!)
+  done
+}
+
+# finish RUN TIMEOUT_S: waits for every process of the run, SIGKILLing any still alive after
+# TIMEOUT_S; writes "<rank> <exit status> <exited|killed>" lines to $DIR/logs/RUN.rc and a
+# summary line to stdout.
+finish() {
+  local run=$1 deadline=$(($(date +%s) + $2)) r=0 p how
+  : >"$DIR/logs/$run.rc"
+  for p in "${TRAINER_PIDS[@]}"; do
+    while kill -0 "$p" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.1; done
+    how=exited
+    if kill -0 "$p" 2>/dev/null; then
+      kill -KILL "$p" 2>/dev/null
+      how=killed
+    fi
+    wait "$p"
+    echo "$r $? $how" >>"$DIR/logs/$run.rc"
+    r=$((r + 1))
+  done
+  TRAINER_PIDS=()
+  echo "run $run: $(cut -d' ' -f2,3 "$DIR/logs/$run.rc" | tr '\n' ',') $(($(date +%s) - RUN_START)) s"
+} 2>/dev/null  # bash's "Killed" job notices: the exit statuses are in RUN.rc
+
+# kill_when_all_hang RUN N STEP: waits (bounded) until ranks 0..N-1 of RUN printed "hanging at
+# step STEP", then SIGKILLs every process of the run.
+kill_when_all_hang() {
+  local run=$1 n=$2 step=$3 r p
+  for r in $(seq 0 $(($2 - 1))); do
+    wait_for_line "$DIR/logs/$run-$r.out" "^hanging at step $step" 90 || break
+  done
+  for p in "${TRAINER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null; done
 }

@@ -31,8 +31,17 @@ Tensors (``save(step, tensors)`` / ``load(step, into=...)``): a mapping key -> v
   explicitly (TP/FSDP boxes; distributed-optimizer flat ranges);
 * ``tessera.Absent(...)`` (under ``"<fqn>#"``) declares that this rank has no optimizer state
   for the parameter yet — saved as an explicit absent marker, never a KeyError;
-* on PyTorch >= 2 a DTensor is described from its placements (untested here: Debian's
-  PyTorch 1.13 has no DTensor).
+* a DTensor (FSDP2's ``fully_shard``, ``parallelize_module``, ``distribute_tensor``) is
+  described from its placements and the job's layout (``tessera.dtensor``); the state dicts
+  of ``get_model_state_dict`` / ``get_optimizer_state_dict`` go through ``flatten_state`` as
+  they are, and a load fills their DTensors in place on whatever mesh the loading job has::
+
+      model_sd = get_model_state_dict(model)
+      optim_sd = get_optimizer_state_dict(model, optimizer)
+      client.save(step, tessera.flatten_state(model_sd, optim_sd))
+      ...
+      step = client.load("latest", into=tessera.flatten_state(model_sd, optim_sd))
+      set_optimizer_state_dict(model, optimizer, optim_sd)
 
 ``replicated_over=None`` means ``["dp"]`` if the mesh has ``dp`` and the piece has no flat
 range, else ``[]``. Supported dtypes: float32/64/16, bfloat16, int8/16/32/64, uint8 (+ uint16/

@@ -10,6 +10,7 @@ import typing
 from . import _tessera
 from . import errors
 from . import objects as objects_codec
+from .layout import DEFAULT_SPLIT_DIMS, JobLayout
 from .shards import KIND_EXTRA, check_name, to_ref
 from .state import write_back_numbers
 
@@ -21,6 +22,7 @@ HEADER_FQN = "tessera.objects.header"      # 8 bytes: little-endian u64 length o
 INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "objects": [[name, nbytes]]}
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
+_MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 def padded(data):
@@ -88,22 +90,37 @@ class Client:
     Args:
       agent: the agent's unix socket path (or "unix:<path>"). Default: $TESSERA_AGENT.
       connect_timeout: seconds to wait for the agent's identity. Default: 10.
+      mesh_dims: for DTensors, {DeviceMesh dim name (or index): layout dim, or a tuple of
+        layout dims for a flattened mesh dim}. Default: each mesh dim maps to the layout dim
+        of the same name (tessera.dtensor, rule 1).
+      split_dims: layout dims along which ranks hold different parts of the model; a DTensor
+        or a plain tensor next to DTensors is never a replica over them. Default: ("pp",).
 
     Thread-safety: methods may be called from any thread; save and load are serialised by the
     native client, and all blocking calls release the GIL.
 
-    Raises (constructor): InvalidArgumentError if no socket is given; UnavailableError if the
-    agent is unreachable or has not registered yet (retry); DeadlineExceededError.
+    Raises (constructor): InvalidArgumentError if no socket is given, its path is longer than
+    a unix socket path can be, or mesh_dims names a dim the job's layout does not have; UnavailableError if the agent is unreachable or has not
+    registered yet (retry); DeadlineExceededError.
     """
 
-    def __init__(self, agent=None, *, connect_timeout=None):
+    def __init__(self, agent=None, *, connect_timeout=None, mesh_dims=None,
+                 split_dims=DEFAULT_SPLIT_DIMS):
         agent = agent if agent is not None else os.environ.get("TESSERA_AGENT", "")
         if not agent:
             raise errors.InvalidArgumentError(
                 "no agent socket: pass tessera.Client(agent=...) or set TESSERA_AGENT")
+        path = agent[len("unix:"):] if agent.startswith("unix:") else agent
+        if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
+            # gRPC would only say "Failed to create secure client channel".
+            raise errors.InvalidArgumentError(
+                "agent socket path %r is %d bytes; a unix socket path holds at most %d: start "
+                "the agent with a shorter --socket" % (path, len(os.fsencode(path)),
+                                                       _MAX_SOCKET_PATH))
         self._native = _call(_tessera._Client.connect, agent, float(connect_timeout or 0))
         self._identity = self._native.identity()
-        self._mesh_dims = tuple(self._identity["layout"])
+        self._layout = JobLayout(self._identity["layout"], self._identity["coords"],
+                                 mesh_dims=mesh_dims, split_dims=split_dims)
         # Keys of the last load's `into` whose optimizer state the checkpoint records absent
         # (their memory was left untouched).
         self.last_absent = []
@@ -126,7 +143,7 @@ class Client:
                                    "not a %s" % type(tensors).__name__)
         refs, keys, keep = [], [], []
         for key, value in tensors.items():
-            ref, tensor = to_ref(key, value, self._mesh_dims, for_load)
+            ref, tensor = to_ref(key, value, self._layout, for_load)
             refs.append(ref)
             keys.append(key)
             keep.append(tensor)

@@ -1,19 +1,23 @@
-"""How a trainer describes the tensors it saves or loads: plain tensors, Shard, Absent.
+"""How a trainer describes the tensors it saves or loads: plain tensors, DTensors, Shard, Absent.
 
 A mapping passed to ``Client.save`` / ``Client.load`` goes from a key to one of:
 
 * a CPU or CUDA ``torch.Tensor`` or a ``numpy.ndarray``: the whole tensor. Under a key
   ``"<fqn>"`` it is a parameter (or buffer); under ``"<fqn>#<state_key>"`` it is optimizer
   state of parameter ``<fqn>`` (the manifest's own key form; '#' never occurs in an fqn);
+* a DTensor (FSDP2, tensor parallelism, ``distribute_tensor``): its box and replicas follow
+  from its placements and the job's layout (tessera.dtensor has the rules);
 * a :class:`Shard`: a piece of a larger tensor, described explicitly;
-* an :class:`Absent`: "this rank has no optimizer state for the parameter yet" (save only);
-* on PyTorch >= 2, a DTensor: its placements give the Shard metadata (see ``_from_dtensor``).
+* an :class:`Absent`: "this rank has no optimizer state for the parameter yet" (save only).
 
 ``replicated_over`` left as None means: ``["dp"]`` when the job's mesh has a ``dp`` dim and the
 piece has no flat range, else ``[]`` — for parameters and optimizer state alike (plain DDP
 replicates both over dp; a distributed optimizer's flat-range slices are not replicas).
 ``replicated_over="*"`` (ALL_DIMS) means every dim of the job's mesh: a value every holder
 shares, such as the step count of a sharded parameter's optimizer state.
+``replicated_over="*model"`` (MODEL_REPLICA) means every dim of the job's mesh but its split
+dims (``pp``; tessera.layout): how a plain tensor next to DTensors is held — every rank of a
+pipeline stage has the same copy (a buffer, an optimizer step count).
 
 Memory rules: a tensor must be C-contiguous, strided, on the CPU or a CUDA device, of a dtype
 listed in ``DTYPES``. Nothing is copied implicitly: a non-contiguous tensor is refused (for
@@ -23,12 +27,16 @@ double the memory and the stall) — pass ``t.contiguous()`` yourself when savin
 
 import math
 
+from . import dtensor as dtensors
 from . import errors
+from .layout import JobLayout
 
-__all__ = ["Shard", "Absent", "DTYPES", "ALL_DIMS"]
+__all__ = ["Shard", "Absent", "DTYPES", "ALL_DIMS", "MODEL_REPLICA"]
 
 # replicated_over=ALL_DIMS: a replica over every dim of the job's mesh (resolved in to_ref).
 ALL_DIMS = "*"
+# replicated_over=MODEL_REPLICA: every dim of the job's mesh but its split dims (pp).
+MODEL_REPLICA = "*model"
 
 # types.proto ShardKind.
 KIND_PARAM = 1
@@ -224,7 +232,7 @@ class Shard:
         flattened row-major (a distributed optimizer's slice); it must have end - begin
         elements, of any shape.
       replicated_over: mesh dims along which this piece is a replica; ``"*"`` (ALL_DIMS): all
-        of them. Default: see the module docstring (``["dp"]`` if the mesh has dp and there is
+        of them; ``"*model"`` (MODEL_REPLICA): all but the split dims (pp). Default: see the module docstring (``["dp"]`` if the mesh has dp and there is
         no flat range, else ``[]``).
       kind: ``"param"`` (parameters and buffers) or ``"optimizer"``.
       state_key: optimizer state key ("exp_avg"); for kind="optimizer" it may instead come from
@@ -306,9 +314,12 @@ class Absent:
     (offsets, local_shape; default: the whole tensor) and replicated_over as for Shard.
     """
 
-    __slots__ = ("global_shape", "dtype", "offsets", "local_shape", "replicated_over")
+    __slots__ = ("global_shape", "dtype", "offsets", "local_shape", "replicated_over", "dtensor")
 
     def __init__(self, global_shape, dtype, offsets=None, local_shape=None, replicated_over=None):
+        # A parameter given as a DTensor (Absent.like): its box and replicas are resolved
+        # against the job's layout when the mapping is described (to_ref).
+        self.dtensor = None
         self.global_shape = _int_tuple(global_shape, "global_shape")
         if self.global_shape is None:
             raise errors.malformed("Absent needs the parameter's global_shape")
@@ -321,7 +332,11 @@ class Absent:
 
     @classmethod
     def like(cls, param):
-        """The Absent marker for a parameter given as a tensor or a Shard."""
+        """The Absent marker for a parameter given as a tensor, a DTensor or a Shard."""
+        if dtensors.is_dtensor(param):
+            marker = cls(tuple(param.shape), param.dtype)
+            marker.dtensor = param
+            return marker
         if isinstance(param, Shard):
             info = tensor_info(param.tensor, "the parameter")
             return cls(param.global_shape, info.dtype, param.offsets, param.local_shape,
@@ -344,29 +359,41 @@ def split_key(key):
     return fqn, (state_key if sep else None)
 
 
-def _default_replication(mesh_dims, flat_range):
-    return ["dp"] if "dp" in mesh_dims and flat_range is None else []
+def _default_replication(layout, flat_range):
+    return ["dp"] if "dp" in layout.dims and flat_range is None else []
 
 
-def _replication(replicated, mesh_dims, flat_range):
+def _replication(replicated, layout, flat_range):
     if replicated is None:
-        return _default_replication(mesh_dims, flat_range)
+        return _default_replication(layout, flat_range)
     if tuple(replicated) == (ALL_DIMS,):
-        return list(mesh_dims)
+        return list(layout.dims)
+    if tuple(replicated) == (MODEL_REPLICA,):
+        return layout.replica_dims(())
     return list(replicated)
 
 
-def to_ref(key, value, mesh_dims, for_load=False):
+def _from_dtensor(value, optimizer, where, layout, for_load):
+    """The Shard of a DTensor on this rank (tessera.dtensor's rules)."""
+    d = dtensors.describe(value, where, layout)
+    tensor_info(d.local, where, for_load)  # a refusal names the key, not "the Shard's tensor"
+    return Shard(d.local, d.global_shape, offsets=d.offsets, replicated_over=d.replicated_over,
+                 kind="optimizer" if optimizer else "param", local_shape=d.local_shape)
+
+
+def to_ref(key, value, layout, for_load=False):
     """The native client's 13-tuple (tessera_module.cc) for one mapping entry.
 
-    Returns (ref, tensor) where tensor is what must stay alive for the call.
-    Raises InvalidArgumentError (MALFORMED_SHARD) naming `key`.
+    `layout` is the job's tessera.layout.JobLayout (or a sequence of its dim names, which
+    is enough for anything but DTensors). Returns (ref, tensor) where tensor is what must
+    stay alive for the call. Raises InvalidArgumentError (MALFORMED_SHARD) naming `key`.
     """
+    layout = JobLayout.of(layout)
     fqn, key_state = split_key(key)
     where = "tensor %s" % ascii(key)
     check_name(fqn, "fqn", where)
-    if _is_torch_tensor(value) and hasattr(value, "placements") and hasattr(value, "device_mesh"):
-        value = _from_dtensor(value, key_state is not None, where)
+    if dtensors.is_dtensor(value):
+        value = _from_dtensor(value, key_state is not None, where, layout, for_load)
     if isinstance(value, Absent):
         if for_load:
             raise errors.malformed(
@@ -376,9 +403,14 @@ def to_ref(key, value, mesh_dims, for_load=False):
         if key_state:
             raise errors.malformed("%s: an Absent marker goes under the key %r or %r, without a "
                                    "state key" % (where, fqn, fqn + "#"), fqn=fqn)
-        replicated = _replication(value.replicated_over, mesh_dims, None)
-        ref = (fqn, KIND_OPTIMIZER, value.dtype, list(value.global_shape), list(value.offsets),
-               list(value.local_shape), None, replicated, "", True, 0, 0, False)
+        if value.dtensor is not None:
+            d = dtensors.describe(value.dtensor, where, layout)
+            offsets, local_shape, replicated = d.offsets, d.local_shape, d.replicated_over
+        else:
+            offsets, local_shape = value.offsets, value.local_shape
+            replicated = _replication(value.replicated_over, layout, None)
+        ref = (fqn, KIND_OPTIMIZER, value.dtype, list(value.global_shape), list(offsets),
+               list(local_shape), None, replicated, "", True, 0, 0, False)
         return ref, None
     if isinstance(value, Shard):
         kind = _KINDS[value.kind]
@@ -397,7 +429,7 @@ def to_ref(key, value, mesh_dims, for_load=False):
         if state_key:
             check_name(state_key, "state_key", where, fqn=fqn)
         info = tensor_info(value.tensor, where, for_load)
-        replicated = _replication(value.replicated_over, mesh_dims, value.flat_range)
+        replicated = _replication(value.replicated_over, layout, value.flat_range)
         ref = (fqn, kind, info.dtype, list(value.global_shape), list(value.offsets),
                list(value.local_shape), value.flat_range, replicated, state_key or "",
                False, info.data_ptr, info.nbytes, info.cuda)
@@ -410,38 +442,6 @@ def to_ref(key, value, mesh_dims, for_load=False):
     info = tensor_info(value, where, for_load)
     kind = KIND_OPTIMIZER if key_state else KIND_PARAM
     ref = (fqn, kind, info.dtype, list(info.shape), None, None, None,
-           _default_replication(mesh_dims, None), key_state or "", False, info.data_ptr,
+           _default_replication(layout, None), key_state or "", False, info.data_ptr,
            info.nbytes, info.cuda)
     return ref, value
-
-
-def _from_dtensor(dtensor, optimizer, where):  # pragma: no cover - needs PyTorch >= 2
-    """A Shard for a DTensor (PyTorch >= 2), from its placements.
-
-    UNTESTED HERE: Debian's PyTorch 1.13 has no DTensor, so this path has never run in this
-    repository's tests. Shard(d) placements give the box (via PyTorch's own
-    compute_local_shape_and_global_offset), Replicate() placements give replicated_over (by
-    mesh dim name, which must match the Tessera layout's dims); Partial() is refused.
-    """
-    try:
-        from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
-    except ImportError:
-        from torch.distributed._tensor._utils import compute_local_shape_and_global_offset
-    mesh = dtensor.device_mesh
-    names = mesh.mesh_dim_names
-    if not names:
-        raise errors.malformed("%s is a DTensor on a mesh without dim names; name the mesh dims "
-                               "as in the Tessera layout (init_device_mesh(..., "
-                               "mesh_dim_names=...))" % where)
-    replicated = []
-    for name, placement in zip(names, dtensor.placements):
-        if placement.is_partial():
-            raise errors.malformed("%s has a Partial placement on %r; reduce it first"
-                                   % (where, name))
-        if placement.is_replicate():
-            replicated.append(name)
-    local_shape, offsets = compute_local_shape_and_global_offset(
-        dtensor.shape, mesh, dtensor.placements)
-    local = dtensor.to_local()
-    return Shard(local, tuple(dtensor.shape), offsets=tuple(offsets), replicated_over=replicated,
-                 kind="optimizer" if optimizer else "param", local_shape=tuple(local_shape))

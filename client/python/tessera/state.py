@@ -1,9 +1,26 @@
-"""From PyTorch model and optimizer state to the mapping Client.save / Client.load take."""
+"""From PyTorch model and optimizer state to the mapping Client.save / Client.load take.
+
+Three forms of state are accepted, as trainers hold them:
+
+* ``model.state_dict()`` and the ``torch.optim.Optimizer`` (or its ``state_dict()``, whose
+  state is keyed by integer param ids);
+* the state dicts of ``torch.distributed.checkpoint.state_dict`` —
+  ``get_model_state_dict(model)`` and ``get_optimizer_state_dict(model, optimizer)`` (state
+  keyed by fqn, ``param_groups[i]["params"]`` lists of fqns) — of a model sharded with
+  ``fully_shard`` and/or ``parallelize_module``: DTensors, described from their placements
+  (tessera.dtensor); no boxes written by hand;
+* either of them with tessera.Shard values for pieces described explicitly.
+
+A state dict that holds DTensors is a model-parallel one: its plain tensors (buffers, the
+step counts of the optimizer) are then replicas over every dim of the job's layout but the
+split dims (MODEL_REPLICA; hash-checked when saved).
+"""
 
 import numbers
 
+from . import dtensor as dtensors
 from . import errors
-from .shards import ALL_DIMS, Absent, Shard, is_tensor
+from .shards import ALL_DIMS, MODEL_REPLICA, Absent, Shard, is_tensor
 
 __all__ = ["flatten_state", "init_optimizer_state"]
 
@@ -13,8 +30,17 @@ def _torch():
     return torch
 
 
+def _local(t):
+    """The local tensor of a DTensor; any other tensor itself."""
+    if dtensors.is_dtensor(t):
+        with _torch().no_grad():
+            return t.to_local()
+    return t
+
+
 def _same_memory(a, b):
     """True if tensors a and b view the same memory the same way."""
+    a, b = _local(a), _local(b)
     return (a.data_ptr() == b.data_ptr() and a.dtype == b.dtype and a.shape == b.shape
             and a.stride() == b.stride() and a.device == b.device)
 
@@ -77,8 +103,24 @@ def _param_fqns(model_state_dict, optimizer, param_names, num_params):
     return names
 
 
+def _scalar_replication(param):
+    """replicated_over of a sharded parameter's scalar state (AdamW's step): the same on every
+    rank holding a piece of the parameter."""
+    if dtensors.is_dtensor(param) or (isinstance(param, Shard)
+                                      and param.replicated_over == (MODEL_REPLICA,)):
+        return MODEL_REPLICA
+    return ALL_DIMS
+
+
 def _state_shard(key, value, param):
-    """The mapping value for optimizer state `key` of parameter `fqn`."""
+    """The mapping value for optimizer state `key` (a tensor) of parameter `param`."""
+    if dtensors.is_dtensor(value):
+        return value  # described from its own placements
+    if dtensors.is_dtensor(param):
+        # Not a DTensor next to a DTensor parameter: a scalar (step) or a per-parameter value
+        # every rank of the stage holds alike.
+        return Shard(value, tuple(value.shape), replicated_over=MODEL_REPLICA,
+                     kind="optimizer", state_key=key)
     if isinstance(param, Shard):
         t = value
         if tuple(t.shape) == tuple(param.local_shape) and param.flat_range is None:
@@ -92,39 +134,81 @@ def _state_shard(key, value, param):
         # A scalar ("step") is the same on every rank holding a piece of the parameter, which
         # may be sharded over any dim (FSDP, TP): a replica over the whole mesh. Anything else
         # is replicated like the parameter.
-        replicated = ALL_DIMS if t.dim() == 0 else param.replicated_over
+        replicated = _scalar_replication(param) if t.dim() == 0 else param.replicated_over
         return Shard(t, tuple(t.shape), replicated_over=replicated, kind="optimizer",
                      state_key=key)
     return value
+
+
+def _optimizer_state(optimizer, model_state_dict, param_names):
+    """[(fqn, state dict or None, write_back(key, number))] in the optimizer's parameter order,
+    from an Optimizer, its state_dict() or a get_optimizer_state_dict() dict."""
+    torch = _torch()
+    is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
+    osd = optimizer.state_dict() if is_optimizer else optimizer
+    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
+        raise errors.malformed("optimizer must be a torch.optim.Optimizer, its state_dict() or "
+                               "get_optimizer_state_dict(model, optimizer)")
+    ids = [i for group in osd["param_groups"] for i in group["params"]]
+    if ids and all(isinstance(i, str) for i in ids):
+        # get_optimizer_state_dict(): state and param_groups name parameters by fqn.
+        if len(set(ids)) != len(ids):
+            raise errors.malformed("the optimizer state_dict lists a parameter twice in its "
+                                   "param_groups")
+        state = osd["state"]
+
+        def setter(fqn):
+            def write(key, number):
+                state[fqn][key] = number
+            return write
+        return [(fqn, state.get(fqn), setter(fqn)) for fqn in ids]
+    if sorted(ids) != list(range(len(ids))):
+        raise errors.malformed("the optimizer state_dict's param ids %s are neither 0..%d nor "
+                               "fqns" % (ids, len(ids) - 1))
+    names = _param_fqns(model_state_dict, optimizer if is_optimizer else None, param_names,
+                        len(ids))
+    live_params = ([p for g in optimizer.param_groups for p in g["params"]] if is_optimizer
+                   else [None] * len(ids))
+    out = []
+    for pid in range(len(ids)):
+        def write(key, number, param=live_params[pid]):
+            if param is not None:
+                optimizer.state[param][key] = number
+        out.append((names[pid], osd["state"].get(pid), write))
+    return out
 
 
 def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
     """The tensors of a model (and optimizer) as the mapping Client.save / Client.load take.
 
     Args:
-      model_state_dict: ``model.state_dict()`` (values: tensors, or tessera.Shard for sharded
-        parameters). Entries become parameters under their own key.
-      optimizer: a ``torch.optim.Optimizer`` or its ``state_dict()``. The state of parameter
-        ``<fqn>`` becomes ``"<fqn>#<state_key>"`` entries (kind=optimizer, e.g.
-        ``"w#exp_avg"``, ``"w#step"``; 0-d tensors such as AdamW's step are fine). A parameter
-        with no state yet (before the first step) becomes ``"<fqn>#": tessera.Absent``. State
-        shaped like a sharded parameter's piece inherits its Shard metadata; a sharded
-        parameter's scalar state (step) is a replica over the whole mesh (ALL_DIMS).
-        Python-number state is saved as a 0-d tensor (and written back after a load); None
-        values are skipped.
-      param_names: how to name the optimizer's integer param ids: a list of fqns in the
-        optimizer's parameter order, a dict {id: fqn}, or the ``nn.Module`` (matched by
-        identity). Default: match each optimizer parameter to the model state_dict entry that
-        shares its memory (needs the optimizer object).
+      model_state_dict: ``model.state_dict()`` or ``get_model_state_dict(model)`` (values:
+        tensors, DTensors, or tessera.Shard for pieces described by hand). Entries become
+        parameters under their own key. If it holds DTensors, its plain tensors are replicas
+        over the layout's dims but the split dims (MODEL_REPLICA).
+      optimizer: a ``torch.optim.Optimizer``, its ``state_dict()``, or
+        ``get_optimizer_state_dict(model, optimizer)``. The state of parameter ``<fqn>``
+        becomes ``"<fqn>#<state_key>"`` entries (kind=optimizer, e.g. ``"w#exp_avg"``,
+        ``"w#step"``; 0-d tensors such as AdamW's step are fine). A parameter with no state
+        yet (before the first step) becomes ``"<fqn>#": tessera.Absent``. State that is a
+        DTensor is described from its placements; state shaped like a Shard parameter's piece
+        inherits its Shard metadata; a sharded parameter's scalar state (step) is a replica
+        over every rank holding a piece of it (ALL_DIMS for a Shard, MODEL_REPLICA for a
+        DTensor). Python-number state is saved as a 0-d tensor (and written back after a load,
+        into the optimizer or the optimizer state dict given); None values are skipped.
+      param_names: for an integer-keyed optimizer state: how to name the param ids — a list
+        of fqns in the optimizer's parameter order, a dict {id: fqn}, or the ``nn.Module``
+        (matched by identity). Default: match each optimizer parameter to the model
+        state_dict entry that shares its memory (needs the optimizer object).
 
-    Returned tensors alias the live model/optimizer memory, so a load into the mapping
-    restores the model and optimizer in place.
+    Returned tensors alias the live model/optimizer memory (a DTensor's local tensor), so a
+    load into the mapping restores the model and optimizer in place.
 
     Raises InvalidArgumentError (MALFORMED_SHARD) for a non-tensor state_dict entry or a
     parameter it cannot name.
     """
-    torch = _torch()
     flat = {}
+    model_parallel = any(dtensors.is_dtensor(v) for v in model_state_dict.values())
     for key, value in model_state_dict.items():
         if "#" in key:
             raise errors.malformed("state_dict key %r contains '#', which Tessera reserves" % key,
@@ -133,29 +217,17 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
             raise errors.malformed(
                 "state_dict entry %r is a %s, not a tensor; save it through objects= instead"
                 % (key, type(value).__name__), fqn=key)
+        if model_parallel and not dtensors.is_dtensor(value) and not isinstance(value, Shard):
+            value = Shard(value, tuple(value.shape), replicated_over=MODEL_REPLICA)
         flat[key] = value
     if optimizer is None:
         return flat
 
-    is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
-    osd = optimizer.state_dict() if is_optimizer else optimizer
-    if not isinstance(osd, dict) or "state" not in osd or "param_groups" not in osd:
-        raise errors.malformed("optimizer must be a torch.optim.Optimizer or its state_dict()")
-    ids = [i for group in osd["param_groups"] for i in group["params"]]
-    if sorted(ids) != list(range(len(ids))):
-        raise errors.malformed("the optimizer state_dict's param ids %s are not 0..%d"
-                               % (ids, len(ids) - 1))
-    names = _param_fqns(model_state_dict, optimizer if is_optimizer else None, param_names,
-                        len(ids))
-    live_params = ([p for g in optimizer.param_groups for p in g["params"]] if is_optimizer
-                   else [None] * len(ids))
-    for pid in range(len(ids)):
-        fqn = names[pid]
+    for fqn, state, write_back in _optimizer_state(optimizer, model_state_dict, param_names):
         if fqn not in flat:
-            raise errors.malformed("optimizer parameter %d is named %r, which is not in the model "
-                                   "state_dict" % (pid, fqn), fqn=fqn)
+            raise errors.malformed("optimizer parameter %r is not in the model state_dict"
+                                   % (fqn,), fqn=fqn if isinstance(fqn, str) else None)
         param = flat[fqn]
-        state = osd["state"].get(pid)
         if not state:
             flat[fqn + "#"] = Absent.like(param)
             continue
@@ -167,9 +239,9 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
                 raise errors.malformed("optimizer state key %r of %r is not usable" % (key, fqn),
                                        fqn=fqn)
             if isinstance(value, numbers.Number):
-                replicated = ALL_DIMS if isinstance(param, Shard) else None
-                flat[fqn + "#" + key] = _NumberShard(value, optimizer if is_optimizer else None,
-                                                     live_params[pid], key, replicated)
+                replicated = (_scalar_replication(param)
+                              if isinstance(param, Shard) or dtensors.is_dtensor(param) else None)
+                flat[fqn + "#" + key] = _NumberShard(value, write_back, key, replicated)
             elif is_tensor(value):
                 flat[fqn + "#" + key] = _state_shard(key, value, param)
             else:
@@ -181,25 +253,22 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
 
 class _NumberShard(Shard):
     """A Python-number optimizer state value, staged as a 0-d tensor. After a load,
-    write_back() stores the loaded number into the optimizer's state (when flatten_state had
-    the optimizer object)."""
+    write_back() stores the loaded number where flatten_state found it (the optimizer's state,
+    or the optimizer state dict given)."""
 
-    __slots__ = ("_number_type", "_optimizer", "_param")
+    __slots__ = ("_number_type", "_write")
 
-    def __init__(self, value, optimizer, param, key, replicated_over):
+    def __init__(self, value, write, key, replicated_over):
         torch = _torch()
         dtype = (torch.bool if isinstance(value, bool) else
                  torch.int64 if isinstance(value, numbers.Integral) else torch.float64)
         super().__init__(torch.tensor(value, dtype=dtype), (), replicated_over=replicated_over,
                          kind="optimizer", state_key=key)
         self._number_type = type(value)
-        self._optimizer = optimizer
-        self._param = param
+        self._write = write
 
     def write_back(self):
-        if self._optimizer is not None:
-            self._optimizer.state[self._param][self.state_key] = self._number_type(
-                self.tensor.item())
+        self._write(self.state_key, self._number_type(self.tensor.item()))
 
 
 def write_back_numbers(into):

@@ -1,0 +1,81 @@
+#include "agent/report_queue.h"
+
+#include <utility>
+
+namespace tessera {
+
+void ReportQueue::Add(Report report) {
+  const bool chunk = report.chunks != nullptr;
+  std::vector<Report>& list = chunk ? chunks_ : phases_;
+  list.push_back(std::move(report));
+  if (!closed_) pending_.push_back({chunk, list.size() - 1});
+}
+
+void ReportQueue::ResendAll() {
+  if (closed_) return;
+  paused_ = false;
+  if (out_ != 0) {
+    restart_when_back_ = true;
+    return;
+  }
+  Restart();
+}
+
+void ReportQueue::Restart() {
+  pending_.clear();
+  for (size_t i = 0; i < chunks_.size(); ++i) pending_.push_back({true, i});
+  for (size_t i = 0; i < phases_.size(); ++i) pending_.push_back({false, i});
+}
+
+void ReportQueue::Close() {
+  closed_ = true;
+  pending_.clear();
+  out_ = 0;
+  restart_when_back_ = false;
+}
+
+ReportQueue::Report ReportQueue::Get(Ref ref) const {
+  return ref.chunk ? chunks_[ref.index] : phases_[ref.index];
+}
+
+std::optional<ReportQueue::Report> ReportQueue::Next(uint64_t rpc_id) {
+  if (closed_ || paused_ || out_ != 0 || pending_.empty()) return std::nullopt;
+  out_ref_ = pending_.front();
+  pending_.pop_front();
+  out_ = rpc_id;
+  return Get(out_ref_);
+}
+
+ReportQueue::Result ReportQueue::OnResult(uint64_t rpc_id, absl::StatusCode code) {
+  if (closed_ || rpc_id == 0 || rpc_id != out_) return Result::kNotOurs;
+  out_ = 0;
+  Result result;
+  switch (code) {
+    case absl::StatusCode::kOk:
+      result = Result::kDelivered;
+      break;
+    case absl::StatusCode::kFailedPrecondition:
+      Close();
+      return Result::kSessionEnded;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kUnimplemented:
+      result = Result::kRefused;
+      break;
+    default:
+      pending_.push_front(out_ref_);
+      paused_ = true;
+      result = Result::kFailed;
+      break;
+  }
+  if (restart_when_back_) {
+    restart_when_back_ = false;
+    paused_ = false;
+    Restart();
+  }
+  return result;
+}
+
+}  // namespace tessera

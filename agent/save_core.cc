@@ -1,0 +1,1092 @@
+#include "agent/save_core.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/ids.h"
+#include "common/status.h"
+
+namespace tessera {
+namespace {
+
+using Severity = LogLine::Severity;
+
+// The failure as reported: the cause's own ErrorDetail where it has one (a storage error's
+// IO_ERROR with its path), else `code` with the cause's message.
+v1::ErrorDetail DetailFor(v1::ErrorCode code, const absl::Status& cause) {
+  std::optional<v1::ErrorDetail> detail = GetErrorDetail(cause);
+  v1::ErrorDetail out = detail.has_value() ? *detail : v1::ErrorDetail();
+  if (out.code() == v1::ERROR_CODE_UNSPECIFIED) out.set_code(code);
+  if (out.message().empty()) out.set_message(std::string(cause.message()));
+  return out;
+}
+
+// Phases before FAILED: the session is under way on this agent.
+bool Live(SavePhase phase) { return phase < SavePhase::kFailed; }
+bool Ended(SavePhase phase) {
+  return phase == SavePhase::kCommitted || phase == SavePhase::kAborted;
+}
+
+// Plan submissions are retried while the coordinator is unreachable or does not know this
+// agent yet (it restarted and the agent has not registered again).
+bool SubmissionRetriable(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kNotFound;
+}
+
+// R4: a session id becomes a directory name component.
+absl::Status CheckSessionId(const std::string& session_id) {
+  // The job id's rule is exactly "one safe path component" (common/ids.h).
+  if (IsValidJobId(session_id)) return absl::OkStatus();
+  return absl::InternalError(absl::StrCat("the coordinator named session id \"", session_id,
+                                          "\", which is not a single safe path component"));
+}
+
+}  // namespace
+
+absl::string_view SavePhaseName(SavePhase phase) {
+  switch (phase) {
+    case SavePhase::kPlanned:
+      return "PLANNED";
+    case SavePhase::kPinning:
+      return "PINNING";
+    case SavePhase::kPinned:
+      return "PINNED";
+    case SavePhase::kCopying:
+      return "COPYING";
+    case SavePhase::kStaged:
+      return "STAGED";
+    case SavePhase::kGathering:
+      return "GATHERING";
+    case SavePhase::kGathered:
+      return "GATHERED";
+    case SavePhase::kPersisting:
+      return "PERSISTING";
+    case SavePhase::kPersisted:
+      return "PERSISTED";
+    case SavePhase::kCommitOnly:
+      return "COMMIT_ONLY";
+    case SavePhase::kFailed:
+      return "FAILED";
+    case SavePhase::kEnding:
+      return "ENDING";
+    case SavePhase::kCommitted:
+      return "COMMITTED";
+    case SavePhase::kAborted:
+      return "ABORTED";
+  }
+  return "?";
+}
+
+std::string CommandName(const v1::Command& command) {
+  const google::protobuf::FieldDescriptor* body =
+      v1::Command::descriptor()->FindFieldByNumber(command.body_case());
+  return body != nullptr ? body->name() : "empty";
+}
+
+SaveCore::SaveCore(SaveCoreOptions options)
+    : options_(std::move(options)), resend_backoff_(options_.retry_backoff, options_.seed) {}
+
+// ---------------------------------------------------------------------------------------------
+// Effects
+
+SaveEffects SaveCore::Done(absl::Time now, SaveEffects fx) {
+  Forget(fx);
+  absl::Time next = resend_at_;
+  for (const auto& [ticket, b] : begins_) {
+    if (b->rpc == 0) next = std::min(next, b->retry_at);
+  }
+  for (const auto& [id, s] : sessions_) {
+    if (s->commit.has_value() && s->commit->state == CommitState::kBackoff) {
+      next = std::min(next, s->commit->retry_at);
+    }
+    for (const Waiter& w : s->waiters) next = std::min(next, w.deadline);
+  }
+  fx.next_tick = stopped_ ? absl::InfiniteFuture() : next;
+  return fx;
+}
+
+void SaveCore::Log(SaveEffects& fx, Severity severity, std::string text) {
+  fx.logs.push_back({severity, std::move(text)});
+}
+
+void SaveCore::Reply(SaveEffects& fx, uint64_t ticket, BeginSaveReply reply) {
+  fx.replies.push_back({ticket, std::move(reply)});
+}
+void SaveCore::Reply(SaveEffects& fx, uint64_t ticket, StagedReply reply) {
+  fx.replies.push_back({ticket, std::move(reply)});
+}
+void SaveCore::Reply(SaveEffects& fx, uint64_t ticket, WaitCommittedReply reply) {
+  fx.replies.push_back({ticket, std::move(reply)});
+}
+
+uint64_t SaveCore::NewSeed() {
+  return options_.seed ^ (0x9e3779b97f4a7c15ull * ++seeds_drawn_);
+}
+
+std::string SaveCore::Describe(const Session& s) const {
+  return absl::StrCat("session ", s.id, " (step ", s.step, ")");
+}
+
+// ---------------------------------------------------------------------------------------------
+// The trainer
+
+SaveEffects SaveCore::BeginSave(absl::Time now, uint64_t ticket, v1::BeginSaveRequest request) {
+  SaveEffects fx;
+  if (stopped_) {
+    Reply(fx, ticket, BeginSaveReply{absl::UnavailableError("the agent is shutting down")});
+    return Done(now, std::move(fx));
+  }
+  auto plan = std::make_shared<v1::SubmitLocalPlanRequest>();
+  plan->set_job_id(options_.job_id);
+  plan->set_rank(options_.rank);
+  plan->set_incarnation(options_.incarnation);
+  plan->set_step(request.step());
+  plan->set_plan_fingerprint(request.plan_fingerprint());
+  // Moved, not copied: a plan can hold thousands of shards, on the trainer's blocking path.
+  plan->mutable_shards()->Swap(request.mutable_shards());
+  auto begin = std::make_unique<PendingBegin>(options_.retry_backoff, NewSeed());
+  begin->ticket = ticket;
+  begin->step = request.step();
+  begin->plan = std::move(plan);
+  begin->give_up_at = now + options_.submit_retry_window;
+  PendingBegin& b = *begin;
+  begins_[ticket] = std::move(begin);
+  SendSubmission(b, fx);
+  return Done(now, std::move(fx));
+}
+
+void SaveCore::SendSubmission(PendingBegin& begin, SaveEffects& fx) {
+  const uint64_t id = next_id_++;
+  begin.rpc = id;
+  begin.retry_at = absl::InfiniteFuture();
+  rpcs_[id] = {RpcOwner::kBegin, begin.ticket, ""};
+  fx.rpcs.push_back({id, begin.plan});
+}
+
+SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
+                                      const absl::StatusOr<v1::SubmitLocalPlanResponse>& result) {
+  SaveEffects fx;
+  auto it = rpcs_.find(rpc_id);
+  if (stopped_ || it == rpcs_.end()) return Done(now, std::move(fx));
+  const RpcRef ref = it->second;
+  rpcs_.erase(it);
+
+  if (ref.owner == RpcOwner::kResubmit) {  // R3
+    Session* s = Find(ref.session);
+    if (s == nullptr) return Done(now, std::move(fx));
+    s->resubmit_rpc = 0;
+    if (s->phase != SavePhase::kPlanned) return Done(now, std::move(fx));
+    if (!result.ok()) {
+      if (SubmissionRetriable(result.status().code())) {
+        if (resend_at_ == absl::InfiniteFuture()) resend_at_ = now + resend_backoff_.Next();
+      } else {
+        Log(fx, Severity::kWarning,
+            absl::StrCat("re-submitting the plan of ", Describe(*s),
+                         " was refused: ", result.status().ToString()));
+      }
+    } else if (result->session_id() != s->id) {
+      if (!CheckSessionId(result->session_id()).ok() || Find(result->session_id()) != nullptr) {
+        Log(fx, Severity::kError,
+            absl::StrCat("re-submitting the plan of ", Describe(*s), " named session \"",
+                         result->session_id(), "\", which this agent cannot take"));
+      } else {
+        Log(fx, Severity::kWarning,
+            absl::StrCat("the coordinator moved the plan of ", Describe(*s), " to session ",
+                         result->session_id()));
+        auto node = sessions_.extract(s->id);
+        node.key() = result->session_id();
+        node.mapped()->id = result->session_id();
+        node.mapped()->last_seq = 0;
+        sessions_.insert(std::move(node));
+      }
+    }
+    return Done(now, std::move(fx));
+  }
+
+  auto b_it = begins_.find(ref.ticket);
+  if (b_it == begins_.end()) return Done(now, std::move(fx));
+  PendingBegin& b = *b_it->second;
+  b.rpc = 0;
+  if (result.ok()) {
+    if (absl::Status bad = CheckSessionId(result->session_id()); !bad.ok()) {
+      Log(fx, Severity::kError, std::string(bad.message()));
+      if (!b.trainer_gone) Reply(fx, b.ticket, BeginSaveReply{bad});
+      EndPendingBegin(b.ticket, fx);
+    } else {
+      AcceptPlan(now, b, result->session_id(), fx);
+    }
+  } else if (SubmissionRetriable(result.status().code()) && now < b.give_up_at &&
+             !b.trainer_gone) {
+    b.retry_at = std::min(now + b.backoff.Next(), b.give_up_at);
+  } else {
+    Log(fx, Severity::kWarning,
+        absl::StrCat("the plan of step ", b.step, " was not accepted: ",
+                     result.status().ToString()));
+    if (!b.trainer_gone) Reply(fx, b.ticket, BeginSaveReply{result.status()});
+    EndPendingBegin(b.ticket, fx);
+  }
+  return Done(now, std::move(fx));
+}
+
+void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string& session_id,
+                          SaveEffects& fx) {
+  const uint64_t ticket = begin.ticket;
+  const bool gone = begin.trainer_gone;
+  // R9: the coordinator runs one session of a job at a time.
+  for (auto& [id, other] : sessions_) {
+    if (id == session_id || other->orphaned || Ended(other->phase)) continue;
+    other->orphaned = true;
+    other->reports.Close();
+    if (other->commit.has_value()) other->commit->retry_at = absl::InfiniteFuture();
+    finished_.push_back(id);
+    Log(fx, Severity::kWarning,
+        absl::StrCat(Describe(*other), " is over on the coordinator (session ", session_id,
+                     " began); its outcome has not reached this agent"));
+  }
+  Log(fx, Severity::kInfo,
+      absl::StrCat("plan of step ", begin.step, " submitted: session ", session_id));
+  Session* s = Find(session_id);
+  if (s == nullptr) {
+    s = &NewSession(session_id, begin.step);
+    s->plan = begin.plan;
+    s->lease = lease_;
+    s->begin_ticket = ticket;
+    s->begin_waiting = !gone;
+  } else if (s->phase == SavePhase::kPlanned || s->phase == SavePhase::kPinning ||
+             s->phase == SavePhase::kPinned) {
+    // The trainer retried while its first call is open: the newer call waits instead.
+    if (s->begin_waiting) {
+      Reply(fx, s->begin_ticket,
+            BeginSaveReply{absl::AbortedError("superseded by a newer BeginSave of the same step")});
+    }
+    if (s->phase == SavePhase::kPlanned) s->plan = begin.plan;  // what the coordinator holds
+    s->begin_ticket = ticket;
+    s->begin_waiting = !gone;
+  } else if (!gone) {
+    absl::StatusOr<v1::BeginSaveResponse> answer;
+    if (s->phase == SavePhase::kCopying) {
+      answer = SlotsOf(*s);
+      s->begin_ticket = ticket;
+    } else if (s->phase == SavePhase::kCommitted) {
+      answer = absl::FailedPreconditionError(
+          absl::StrCat("step ", s->step, " is already committed (", Describe(*s), ")"));
+    } else if (!s->outcome.ok()) {
+      answer = s->outcome;
+    } else {
+      answer = absl::FailedPreconditionError(absl::StrCat(
+          Describe(*s), " is already ", SavePhaseName(s->phase), " on this agent"));
+    }
+    Reply(fx, ticket, BeginSaveReply{std::move(answer)});
+  }
+  // R1: commands that arrived before this reply.
+  std::vector<v1::Command> mine;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->session_id() == session_id) {
+      mine.push_back(std::move(*it));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  EndPendingBegin(ticket, fx);
+  // R8: the trainer left while its plan was being submitted.
+  if (gone && s->begin_ticket == ticket && s->phase < SavePhase::kStaged) {
+    Fail(*s, v1::ERROR_CODE_AGENT_LOST,
+         absl::AbortedError(absl::StrCat("the trainer of rank ", options_.rank,
+                                         " went away before its snapshot was staged")),
+         fx);
+  }
+  for (const v1::Command& command : mine) Dispatch(now, *s, command, fx);
+}
+
+void SaveCore::EndPendingBegin(uint64_t ticket, SaveEffects& fx) {
+  begins_.erase(ticket);
+  for (auto it = held_.begin(); it != held_.end();) {
+    const int64_t step = it->step();
+    const bool submitting = std::any_of(begins_.begin(), begins_.end(),
+                                        [&](const auto& b) { return b.second->step == step; });
+    if (submitting) {
+      ++it;
+      continue;
+    }
+    Log(fx, Severity::kInfo,
+        absl::StrCat("ignoring command ", CommandName(*it), " for session ", it->session_id(),
+                     ", which this agent does not have"));
+    it = held_.erase(it);
+  }
+}
+
+v1::BeginSaveResponse SaveCore::SlotsOf(const Session& s) const {
+  v1::BeginSaveResponse response;
+  response.set_session_id(s.id);
+  response.set_shm_name(s.memory.name);
+  response.set_shm_size(s.memory.capacity);
+  response.set_plan_cached(s.plan_cached);
+  for (const StagingRange& range : s.layout->shards) {
+    v1::StagingSlot* slot = response.add_slots();
+    slot->set_offset(range.offset);
+    slot->set_nbytes(range.nbytes);
+  }
+  return response;
+}
+
+SaveEffects SaveCore::TrainerGone(absl::Time now, uint64_t ticket) {
+  SaveEffects fx;
+  if (stopped_) return Done(now, std::move(fx));
+  const absl::Status cancelled = absl::CancelledError("the trainer went away");
+  if (auto it = begins_.find(ticket); it != begins_.end()) {
+    if (!it->second->trainer_gone) Reply(fx, ticket, BeginSaveReply{cancelled});
+    it->second->trainer_gone = true;
+    return Done(now, std::move(fx));
+  }
+  for (auto& [id, s] : sessions_) {
+    if (s->begin_ticket != ticket || s->plan == nullptr) continue;
+    if (s->begin_waiting) {
+      s->begin_waiting = false;
+      Reply(fx, ticket, BeginSaveReply{cancelled});
+    }
+    if (Live(s->phase) && s->phase < SavePhase::kStaged) {
+      Fail(*s, v1::ERROR_CODE_AGENT_LOST,
+           absl::AbortedError(absl::StrCat("the trainer of rank ", options_.rank,
+                                           " went away before its snapshot was staged")),
+           fx);
+    }
+  }
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::Staged(absl::Time now, uint64_t ticket, const std::string& session_id,
+                             uint64_t stall_ns) {
+  SaveEffects fx;
+  Session* s = Find(session_id);
+  absl::Status answer;
+  if (stopped_) {
+    answer = absl::UnavailableError("the agent is shutting down");
+  } else if (s == nullptr) {
+    answer = absl::NotFoundError(absl::StrCat("no session ", session_id, " on this agent"));
+  } else if (s->phase == SavePhase::kCopying) {
+    s->phase = SavePhase::kStaged;  // edge 6
+    AddPhaseReport(*s, v1::AGENT_PHASE_STAGED, nullptr, 0, stall_ns, fx);
+  } else if (!s->outcome.ok()) {
+    answer = s->outcome;
+  } else {
+    answer = absl::FailedPreconditionError(absl::StrCat(
+        Describe(*s), " is ", SavePhaseName(s->phase), ", not waiting for the trainer's copy"));
+  }
+  Reply(fx, ticket, StagedReply{answer});
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::WaitCommitted(absl::Time now, uint64_t ticket, int64_t step,
+                                    absl::Time deadline) {
+  SaveEffects fx;
+  Session* match = nullptr;
+  for (auto& [id, s] : sessions_) {
+    if (s->step == step && (match == nullptr || s->created > match->created)) match = s.get();
+  }
+  if (stopped_) {
+    Reply(fx, ticket, WaitCommittedReply{absl::UnavailableError("the agent is shutting down")});
+  } else if (match == nullptr) {
+    Reply(fx, ticket,
+          WaitCommittedReply{absl::NotFoundError(
+              absl::StrCat("no save of step ", step, " on this agent"))});
+  } else if (match->phase == SavePhase::kCommitted) {
+    Reply(fx, ticket, WaitCommittedReply{match->checkpoint_dir});
+  } else if (match->phase == SavePhase::kAborted) {
+    Reply(fx, ticket, WaitCommittedReply{match->outcome});
+  } else if (deadline <= now) {
+    Reply(fx, ticket,
+          WaitCommittedReply{absl::DeadlineExceededError(
+              "the save did not finish before the deadline")});
+  } else {
+    match->waiters.push_back({ticket, deadline});
+  }
+  return Done(now, std::move(fx));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands (R1)
+
+SaveEffects SaveCore::OnCommand(absl::Time now, const v1::Command& command) {
+  SaveEffects fx;
+  if (stopped_) return Done(now, std::move(fx));
+  Session* s = Find(command.session_id());
+  if (command.has_resend()) {  // idempotent: handled whatever its seq (R3)
+    if (s != nullptr) s->last_seq = std::max(s->last_seq, command.seq());
+    ResendAll(absl::StrCat("RESEND for session ", command.session_id()), fx);
+    return Done(now, std::move(fx));
+  }
+  if (s == nullptr) {
+    if (command.has_commit()) {  // edge 11
+      s = &NewSession(command.session_id(), command.step());
+      s->phase = SavePhase::kCommitOnly;
+      s->lease = lease_;
+    } else if (std::any_of(begins_.begin(), begins_.end(), [&](const auto& b) {
+                 return b.second->step == command.step();
+               })) {
+      held_.push_back(command);
+      return Done(now, std::move(fx));
+    } else {
+      Log(fx, Severity::kInfo,
+          absl::StrCat("ignoring command ", CommandName(command), " for session ",
+                       command.session_id(),
+                       ", which this agent does not have"));
+      return Done(now, std::move(fx));
+    }
+  }
+  Dispatch(now, *s, command, fx);
+  return Done(now, std::move(fx));
+}
+
+void SaveCore::Dispatch(absl::Time now, Session& s, const v1::Command& command,
+                        SaveEffects& fx) {
+  if (command.seq() <= s.last_seq) return;  // already handled
+  s.last_seq = command.seq();
+  Log(fx, Severity::kInfo, absl::StrCat("command ", CommandName(command), " for ", Describe(s)));
+  switch (command.body_case()) {
+    case v1::Command::kPin:
+      HandlePin(s, command.pin(), fx);
+      break;
+    case v1::Command::kCopy:
+      HandleCopy(s, fx);
+      break;
+    case v1::Command::kGather:
+      HandleGather(now, s, command.gather(), fx);
+      break;
+    case v1::Command::kPersist:
+      HandlePersist(s, command.persist(), fx);
+      break;
+    case v1::Command::kCommit:
+      HandleCommit(s, command, fx);
+      break;
+    case v1::Command::kCommitted:  // edge 16
+      if (Live(s.phase) || s.phase == SavePhase::kFailed) {
+        End(s, absl::OkStatus(), command.committed().checkpoint_dir(), fx);
+      }
+      break;
+    case v1::Command::kAbort:  // edge 14
+      if (Live(s.phase) || s.phase == SavePhase::kFailed) {
+        BeginEnding(s, ErrorFromDetail(command.abort().error()), fx);
+      }
+      break;
+    default:
+      break;
+  }
+}
+
+void SaveCore::HandlePin(Session& s, const v1::PinCommand& pin, SaveEffects& fx) {
+  if (s.phase != SavePhase::kPlanned) return;  // R1
+  absl::StatusOr<StagingLayout> layout =
+      ComputeStagingLayout(pin.assignment(), s.plan->shards(), options_.rank);
+  if (!layout.ok()) {
+    Fail(s, v1::ERROR_CODE_IO_ERROR, layout.status(), fx);
+    return;
+  }
+  s.layout = std::make_shared<const StagingLayout>(*std::move(layout));
+  s.plan_cached = pin.plan_cached();
+  s.phase = SavePhase::kPinning;  // edge 3
+  StartWork(s, PinWork{s.layout}, fx);
+}
+
+void SaveCore::HandleCopy(Session& s, SaveEffects& fx) {
+  if (s.phase != SavePhase::kPinned) return;  // R1
+  s.phase = SavePhase::kCopying;              // edge 5
+  if (s.begin_waiting) {
+    s.begin_waiting = false;
+    Reply(fx, s.begin_ticket, BeginSaveReply{SlotsOf(s)});
+    return;
+  }
+  Fail(s, v1::ERROR_CODE_AGENT_LOST,  // R8
+       absl::AbortedError(absl::StrCat("no trainer of rank ", options_.rank,
+                                       " is waiting to copy its snapshot")),
+       fx);
+}
+
+void SaveCore::HandleGather(absl::Time now, Session& s, const v1::GatherCommand& gather,
+                            SaveEffects& fx) {
+  if (s.phase != SavePhase::kStaged) return;  // R1
+  s.phase = SavePhase::kGathering;            // edge 7
+  GatherWork work;
+  work.peer_addresses = {gather.peer_addresses().begin(), gather.peer_addresses().end()};
+  work.layout = s.layout;
+  work.staging = s.memory.data;
+  work.deadline = now + options_.gather_timeout;
+  StartWork(s, std::move(work), fx);
+}
+
+void SaveCore::HandlePersist(Session& s, const v1::PersistCommand& persist, SaveEffects& fx) {
+  if (s.phase != SavePhase::kGathered) return;  // R1
+  const std::string dir = TmpDirPath(storage_root_, options_.job_id, s.step, s.id);
+  if (absl::Status bad = CheckPath("PERSIST's tmp_dir", persist.tmp_dir(), dir); !bad.ok()) {
+    Fail(s, v1::ERROR_CODE_IO_ERROR, bad, fx);
+    return;
+  }
+  if (!LeaseAllows(s)) {
+    Fail(s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("write its shards"), fx);
+    return;
+  }
+  s.phase = SavePhase::kPersisting;  // edge 9
+  if (s.layout->file.has_value()) s.written_dir = dir;
+  StartWork(s, PersistWork{dir, s.layout, s.memory.data}, fx);
+}
+
+void SaveCore::HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx) {
+  if (s.phase != SavePhase::kPersisted && s.phase != SavePhase::kCommitOnly) {
+    if (Live(s.phase)) {
+      Log(fx, Severity::kWarning,
+          absl::StrCat("ignoring COMMIT for ", Describe(s), ", which is ",
+                       SavePhaseName(s.phase), " on this agent"));
+    }
+    return;
+  }
+  const std::string tmp_dir = TmpDirPath(storage_root_, options_.job_id, s.step, s.id);
+  const std::string final_dir = StepDirPath(storage_root_, options_.job_id, s.step);
+  absl::Status bad = CheckSessionId(s.id);
+  if (bad.ok()) bad = CheckPath("COMMIT's tmp_dir", command.commit().tmp_dir(), tmp_dir);
+  if (bad.ok()) bad = CheckPath("COMMIT's final_dir", command.commit().final_dir(), final_dir);
+  if (!bad.ok()) {
+    Fail(s, v1::ERROR_CODE_IO_ERROR, bad, fx);
+    return;
+  }
+  if (!LeaseAllows(s)) {
+    Fail(s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("commit"), fx);
+    return;
+  }
+  if (!s.commit.has_value()) s.commit.emplace(options_.retry_backoff, NewSeed());
+  Commit& c = *s.commit;
+  c.latest = std::make_shared<const v1::CommitCommand>(command.commit());
+  c.tmp_dir = tmp_dir;
+  c.final_dir = final_dir;
+  c.job_dir = JobDirPath(storage_root_, options_.job_id);
+  if (c.state == CommitState::kResolving) {
+    c.run_again = true;
+    return;
+  }
+  StartCommit(s, fx);  // C1, C5
+}
+
+void SaveCore::StartCommit(Session& s, SaveEffects& fx) {
+  Commit& c = *s.commit;
+  c.state = CommitState::kResolving;
+  c.retry_at = absl::InfiniteFuture();
+  c.run_again = false;
+  StartWork(s, CommitWork{c.tmp_dir, c.final_dir, c.job_dir, s.step, c.latest}, fx);
+}
+
+void SaveCore::StartWork(Session& s, WorkItem item, SaveEffects& fx) {
+  const uint64_t id = next_id_++;
+  s.work = id;
+  work_[id] = s.id;
+  fx.work.push_back({id, s.id, std::move(item)});
+}
+
+// ---------------------------------------------------------------------------------------------
+// Work results
+
+SaveCore::Session* SaveCore::TakeWork(uint64_t work_id, std::optional<SavePhase> expected,
+                                      SaveEffects& fx) {
+  if (stopped_) return nullptr;
+  auto it = work_.find(work_id);
+  if (it == work_.end()) return nullptr;
+  Session* s = Find(it->second);
+  work_.erase(it);
+  if (s == nullptr || s->work != work_id) return nullptr;
+  s->work = 0;
+  if (s->phase == SavePhase::kEnding) {
+    ContinueEnding(*s, fx);
+    return nullptr;
+  }
+  if (!Live(s->phase) || (expected.has_value() && s->phase != *expected)) return nullptr;
+  return s;
+}
+
+SaveEffects SaveCore::OnStagingReady(absl::Time now, uint64_t work_id,
+                                     absl::StatusOr<StagingMemory> memory) {
+  SaveEffects fx;
+  Session* s = TakeWork(work_id, SavePhase::kPinning, fx);
+  if (s == nullptr) return Done(now, std::move(fx));
+  if (!memory.ok()) {
+    Fail(*s,
+         GetErrorCode(memory.status()) == v1::ERROR_CODE_ADMISSION_DENIED
+             ? v1::ERROR_CODE_ADMISSION_DENIED
+             : v1::ERROR_CODE_IO_ERROR,
+         memory.status(), fx);
+    return Done(now, std::move(fx));
+  }
+  s->memory = *std::move(memory);
+  s->phase = SavePhase::kPinned;  // edge 4
+  AddPhaseReport(*s, v1::AGENT_PHASE_PINNED, nullptr, s->memory.capacity, 0, fx);
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::OnGathered(absl::Time now, uint64_t work_id,
+                                 absl::StatusOr<std::vector<v1::ReplicaHash>> hashes) {
+  SaveEffects fx;
+  Session* s = TakeWork(work_id, SavePhase::kGathering, fx);
+  if (s == nullptr) return Done(now, std::move(fx));
+  if (!hashes.ok()) {
+    const absl::StatusCode code = hashes.status().code();
+    if (code == absl::StatusCode::kAborted) {  // R6: cancelled for the session's ABORT
+      s->phase = SavePhase::kFailed;
+      s->outcome = hashes.status();
+      Log(fx, Severity::kWarning,
+          absl::StrCat("the exchange of ", Describe(*s),
+                       " was cancelled; waiting for the coordinator's verdict"));
+    } else {
+      Fail(*s,
+           code == absl::StatusCode::kDeadlineExceeded ? v1::ERROR_CODE_TIMEOUT
+                                                       : v1::ERROR_CODE_AGENT_LOST,
+           hashes.status(), fx);
+    }
+    return Done(now, std::move(fx));
+  }
+  if (!hashes->empty()) {
+    v1::ReportChunksRequest report;
+    for (v1::ReplicaHash& h : *hashes) *report.add_hashes() = std::move(h);
+    AddChunkReport(*s, std::move(report), fx);
+  }
+  s->phase = SavePhase::kGathered;  // edge 8
+  AddPhaseReport(*s, v1::AGENT_PHASE_GATHERED, nullptr, 0, 0, fx);
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::OnPersisted(absl::Time now, uint64_t work_id,
+                                  absl::StatusOr<std::vector<v1::ChunkReport>> chunks) {
+  SaveEffects fx;
+  Session* s = TakeWork(work_id, SavePhase::kPersisting, fx);
+  if (s == nullptr) return Done(now, std::move(fx));
+  if (!chunks.ok()) {
+    Fail(*s, v1::ERROR_CODE_IO_ERROR, chunks.status(), fx);
+    return Done(now, std::move(fx));
+  }
+  const size_t batch = std::max<size_t>(1, options_.report_batch);
+  for (size_t i = 0; i < chunks->size(); i += batch) {
+    v1::ReportChunksRequest report;
+    for (size_t j = i; j < std::min(chunks->size(), i + batch); ++j) {
+      *report.add_chunks() = std::move((*chunks)[j]);
+    }
+    AddChunkReport(*s, std::move(report), fx);
+  }
+  s->phase = SavePhase::kPersisted;  // edge 10
+  AddPhaseReport(*s, v1::AGENT_PHASE_PERSISTED, nullptr, 0, 0, fx);
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
+                                       const CommitWorkResult& result) {
+  SaveEffects fx;
+  Session* s = TakeWork(work_id, std::nullopt, fx);
+  if (s == nullptr || !s->commit.has_value()) return Done(now, std::move(fx));
+  Commit& c = *s->commit;
+  if (result.retention.has_value()) {  // never fails the session: logged
+    if (!result.retention->ok()) {
+      Log(fx, Severity::kWarning,
+          absl::StrCat("retention after committing step ", s->step,
+                       " did not run: ", result.retention->status().ToString()));
+    } else {
+      for (const std::string& name : (*result.retention)->removed) {
+        Log(fx, Severity::kInfo, absl::StrCat("retention removed ", name));
+      }
+      for (const auto& [name, error] : (*result.retention)->failed) {
+        Log(fx, Severity::kWarning,
+            absl::StrCat("retention could not remove ", name, ": ", error.ToString()));
+      }
+    }
+  }
+  switch (result.resolution.outcome) {
+    case CommitOutcome::kCommitted:  // C2
+      c.state = CommitState::kWritten;
+      if (!c.reported) {
+        c.reported = true;
+        Log(fx, Severity::kInfo, absl::StrCat(Describe(*s), " committed at ", c.final_dir));
+        AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_WRITTEN, nullptr, 0, 0, fx);
+      }
+      break;
+    case CommitOutcome::kRolledBack:  // C3
+      c.state = CommitState::kRolledBack;
+      if (!c.reported) {
+        c.reported = true;
+        const v1::ErrorDetail why = DetailFor(v1::ERROR_CODE_IO_ERROR, result.resolution.status);
+        Log(fx, Severity::kWarning,
+            absl::StrCat("the commit of ", Describe(*s), " was rolled back: ", why.message()));
+        AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_ROLLED_BACK, &why, 0, 0, fx);
+      }
+      break;
+    case CommitOutcome::kUnresolved:  // C4
+      c.state = CommitState::kBackoff;
+      c.retry_at = now + c.backoff.Next();
+      Log(fx, Severity::kWarning,
+          absl::StrCat("the commit of ", Describe(*s), " is unresolved (",
+                       result.resolution.status.ToString(), "); retrying"));
+      break;
+  }
+  if (c.run_again) StartCommit(*s, fx);
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::OnRemoved(absl::Time now, uint64_t work_id, const absl::Status& result) {
+  SaveEffects fx;
+  if (auto it = work_.find(work_id); it != work_.end() && !result.ok()) {
+    Log(fx, Severity::kWarning,
+        absl::StrCat("could not remove the directory of aborted session ", it->second, ": ",
+                     result.ToString()));
+  }
+  TakeWork(work_id, std::nullopt, fx);  // the ending goes on (edge 15)
+  return Done(now, std::move(fx));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Registration, the stream, the lease, reports (R3, R5)
+
+SaveEffects SaveCore::OnRegistered(absl::Time now, uint64_t coordinator_incarnation,
+                                   const std::string& storage_root) {
+  SaveEffects fx;
+  if (stopped_) return Done(now, std::move(fx));
+  storage_root_ = storage_root;
+  ResendAll(absl::StrCat("registered with coordinator incarnation ", coordinator_incarnation),
+            fx);
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::OnStreamConnected(absl::Time now) {
+  SaveEffects fx;
+  if (!stopped_) ResendAll("the command stream connected", fx);
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::OnLease(absl::Time now, std::optional<uint64_t> generation) {
+  lease_known_ = true;
+  lease_ = generation;
+  return Done(now, SaveEffects());
+}
+
+void SaveCore::ResendAll(absl::string_view why, SaveEffects& fx) {
+  resend_at_ = absl::InfiniteFuture();
+  size_t reports = 0, plans = 0;
+  for (auto& [id, s] : sessions_) {
+    if (s->orphaned || s->reports.closed()) continue;
+    if (s->phase == SavePhase::kPlanned && s->plan != nullptr && s->resubmit_rpc == 0) {
+      const uint64_t rpc = next_id_++;
+      s->resubmit_rpc = rpc;
+      rpcs_[rpc] = {RpcOwner::kResubmit, 0, id};
+      fx.rpcs.push_back({rpc, s->plan});
+      ++plans;
+    }
+    reports += s->reports.size();
+    s->reports.ResendAll();
+    Pump(*s, fx);
+  }
+  if (!why.empty() && reports + plans > 0) {
+    Log(fx, Severity::kInfo,
+        absl::StrCat(why, ": re-sending ", plans, " plan(s) and ", reports, " report(s)"));
+  }
+}
+
+void SaveCore::Pump(Session& s, SaveEffects& fx) {
+  std::optional<ReportQueue::Report> next = s.reports.Next(next_id_);
+  if (!next.has_value()) return;
+  const uint64_t rpc = next_id_++;
+  rpcs_[rpc] = {RpcOwner::kReport, 0, s.id};
+  if (next->chunks != nullptr) {
+    fx.rpcs.push_back({rpc, std::move(next->chunks)});
+  } else {
+    fx.rpcs.push_back({rpc, std::move(next->phase)});
+  }
+}
+
+void SaveCore::AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorDetail* error,
+                              uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx) {
+  auto report = std::make_shared<v1::ReportPhaseRequest>();
+  report->set_job_id(options_.job_id);
+  report->set_rank(options_.rank);
+  report->set_incarnation(options_.incarnation);
+  report->set_session_id(s.id);
+  report->set_phase(phase);
+  if (error != nullptr) *report->mutable_error() = *error;
+  report->set_pinned_bytes(pinned_bytes);
+  report->set_trainer_stall_ns(stall_ns);
+  s.reports.Add({nullptr, std::move(report)});
+  Pump(s, fx);
+}
+
+void SaveCore::AddChunkReport(Session& s, v1::ReportChunksRequest request, SaveEffects& fx) {
+  request.set_job_id(options_.job_id);
+  request.set_rank(options_.rank);
+  request.set_incarnation(options_.incarnation);
+  request.set_session_id(s.id);
+  s.reports.Add({std::make_shared<const v1::ReportChunksRequest>(std::move(request)), nullptr});
+  Pump(s, fx);
+}
+
+SaveEffects SaveCore::OnReportDone(absl::Time now, uint64_t rpc_id, const absl::Status& result) {
+  SaveEffects fx;
+  auto it = rpcs_.find(rpc_id);
+  if (stopped_ || it == rpcs_.end()) return Done(now, std::move(fx));
+  const RpcRef ref = it->second;
+  rpcs_.erase(it);
+  Session* s = Find(ref.session);
+  if (s == nullptr) return Done(now, std::move(fx));
+  switch (s->reports.OnResult(rpc_id, result.code())) {
+    case ReportQueue::Result::kDelivered:
+      resend_backoff_.Reset();
+      if (reports_failing_) {
+        reports_failing_ = false;
+        Log(fx, Severity::kInfo, "reports are delivered again");
+      }
+      break;
+    case ReportQueue::Result::kRefused:
+      Log(fx, Severity::kError,
+          absl::StrCat("a report of ", Describe(*s), " was refused: ", result.ToString()));
+      break;
+    case ReportQueue::Result::kSessionEnded:
+      Log(fx, Severity::kInfo,
+          absl::StrCat("the coordinator has ended ", Describe(*s), " (", result.message(),
+                       "); waiting for its verdict"));
+      break;
+    case ReportQueue::Result::kFailed:
+      if (!reports_failing_) {
+        reports_failing_ = true;
+        Log(fx, Severity::kWarning,
+            absl::StrCat("a report of ", Describe(*s), " was not delivered (",
+                         result.ToString(), "); re-sending with backoff until it is"));
+      }
+      if (resend_at_ == absl::InfiniteFuture()) resend_at_ = now + resend_backoff_.Next();
+      break;
+    case ReportQueue::Result::kNotOurs:
+      break;
+  }
+  Pump(*s, fx);
+  return Done(now, std::move(fx));
+}
+
+// ---------------------------------------------------------------------------------------------
+// R4, R5
+
+absl::Status SaveCore::CheckPath(const std::string& what, const std::string& received,
+                                 const std::string& expected) const {
+  if (!storage_root_.empty() && received == expected) return absl::OkStatus();
+  v1::ErrorDetail detail;
+  detail.set_code(v1::ERROR_CODE_IO_ERROR);
+  detail.set_path(received);
+  detail.set_message(
+      storage_root_.empty()
+          ? absl::StrCat(what, " is ", received,
+                         "; this agent has no storage root from the coordinator to check it "
+                         "against, so it writes nothing there")
+          : absl::StrCat(what, " is ", received, ", expected ", expected,
+                         ": the agent writes, commits and removes only its session's own "
+                         "directories"));
+  return MakeError(absl::StatusCode::kInvalidArgument, detail);
+}
+
+bool SaveCore::LeaseAllows(const Session& s) const {
+  if (!lease_known_) return true;
+  return lease_.has_value() && s.lease.has_value() && *lease_ == *s.lease;
+}
+
+absl::Status SaveCore::LeaseLapsed(absl::string_view what) const {
+  return absl::AbortedError(absl::StrCat(
+      "the lease of rank ", options_.rank, "'s agent lapsed during the save (the agent was "
+      "frozen or cut off from the coordinator); it does not ", what,
+      " for a save it was given up for"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Failure and the end (R6, R7)
+
+void SaveCore::Fail(Session& s, v1::ErrorCode code, const absl::Status& cause,
+                    SaveEffects& fx) {
+  const v1::ErrorDetail detail = DetailFor(code, cause);
+  if (!Live(s.phase)) {
+    Log(fx, Severity::kWarning,
+        absl::StrCat(Describe(s), " failed on this rank after it was ", SavePhaseName(s.phase),
+                     ": ", detail.message()));
+    return;
+  }
+  Log(fx, Severity::kError,
+      absl::StrCat(Describe(s), " failed on this rank: ", ErrorCodeName(detail.code()), ": ",
+                   detail.message()));
+  s.phase = SavePhase::kFailed;  // edge 13
+  s.outcome = ErrorFromDetail(detail);
+  if (s.commit.has_value()) s.commit->retry_at = absl::InfiniteFuture();
+  AddPhaseReport(s, v1::AGENT_PHASE_UNSPECIFIED, &detail, 0, 0, fx);
+}
+
+void SaveCore::BeginEnding(Session& s, absl::Status verdict, SaveEffects& fx) {
+  Log(fx, Severity::kWarning, absl::StrCat(Describe(s), " aborted: ", verdict.message()));
+  s.phase = SavePhase::kEnding;  // edge 14
+  s.outcome = std::move(verdict);
+  s.reports.Close();
+  if (s.commit.has_value()) s.commit->retry_at = absl::InfiniteFuture();
+  fx.cancel_exchanges.push_back(s.id);  // wake an exchange in progress now, not after it
+  if (s.begin_waiting) {
+    s.begin_waiting = false;
+    Reply(fx, s.begin_ticket, BeginSaveReply{s.outcome});
+  }
+  ContinueEnding(s, fx);
+}
+
+void SaveCore::ContinueEnding(Session& s, SaveEffects& fx) {
+  if (s.work != 0) return;  // its result continues the ending
+  // This rank wrote (or began writing) into the session's temporary directory. The
+  // coordinator removes it too, but it may have done so before this rank's write created it
+  // again: an aborted session leaves nothing behind either way.
+  if (!s.written_dir.empty() && !s.removed) {
+    s.removed = true;
+    StartWork(s, RemoveWork{s.written_dir}, fx);
+    return;
+  }
+  End(s, s.outcome, "", fx);  // edge 15
+}
+
+void SaveCore::End(Session& s, absl::Status outcome, std::string checkpoint_dir,
+                   SaveEffects& fx) {
+  s.phase = outcome.ok() ? SavePhase::kCommitted : SavePhase::kAborted;
+  s.outcome = std::move(outcome);
+  s.checkpoint_dir = std::move(checkpoint_dir);
+  s.reports.Close();
+  if (s.commit.has_value()) s.commit->retry_at = absl::InfiniteFuture();
+  // The staging region stays in the pool for the next save (and mapped in the trainer):
+  // recreating and re-faulting a gigabyte of shared memory per save would land in the
+  // trainer's stall.
+  s.layout.reset();
+  s.memory = StagingMemory();
+  if (s.begin_waiting) {
+    s.begin_waiting = false;
+    Reply(fx, s.begin_ticket,
+          BeginSaveReply{s.outcome.ok() ? absl::InternalError("committed before the copy")
+                                        : s.outcome});
+  }
+  for (const Waiter& w : s.waiters) {
+    Reply(fx, w.ticket,
+          s.outcome.ok() ? WaitCommittedReply{s.checkpoint_dir} : WaitCommittedReply{s.outcome});
+  }
+  s.waiters.clear();
+  if (s.phase == SavePhase::kCommitted) {
+    ++committed_;
+    Log(fx, Severity::kInfo, absl::StrCat(Describe(s), " committed at ", s.checkpoint_dir));
+  }
+  if (!s.orphaned) finished_.push_back(s.id);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Time and the end of the agent
+
+SaveEffects SaveCore::Tick(absl::Time now) {
+  SaveEffects fx;
+  if (stopped_) return Done(now, std::move(fx));
+  if (resend_at_ <= now) ResendAll("", fx);  // R3: the failure was logged when it happened
+  for (auto& [ticket, b] : begins_) {
+    if (b->rpc == 0 && b->retry_at <= now) SendSubmission(*b, fx);
+  }
+  for (auto& [id, s] : sessions_) {
+    if (s->commit.has_value() && s->commit->state == CommitState::kBackoff &&
+        s->commit->retry_at <= now && Live(s->phase)) {  // C5
+      if (LeaseAllows(*s)) {
+        StartCommit(*s, fx);
+      } else {
+        Fail(*s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("commit"), fx);
+      }
+    }
+    for (auto w = s->waiters.begin(); w != s->waiters.end();) {
+      if (w->deadline > now) {
+        ++w;
+        continue;
+      }
+      Reply(fx, w->ticket,
+            WaitCommittedReply{
+                absl::DeadlineExceededError("the save did not finish before the deadline")});
+      w = s->waiters.erase(w);
+    }
+  }
+  return Done(now, std::move(fx));
+}
+
+SaveEffects SaveCore::Shutdown(absl::Time now) {
+  SaveEffects fx;
+  if (stopped_) return Done(now, std::move(fx));
+  stopped_ = true;
+  const absl::Status down = absl::UnavailableError("the agent is shutting down");
+  for (auto& [ticket, b] : begins_) {
+    if (!b->trainer_gone) Reply(fx, ticket, BeginSaveReply{down});
+  }
+  begins_.clear();
+  held_.clear();
+  for (auto& [id, s] : sessions_) {
+    if (s->begin_waiting) Reply(fx, s->begin_ticket, BeginSaveReply{down});
+    s->begin_waiting = false;
+    for (const Waiter& w : s->waiters) Reply(fx, w.ticket, WaitCommittedReply{down});
+    s->waiters.clear();
+    if (s->phase == SavePhase::kGathering) fx.cancel_exchanges.push_back(id);
+    s->reports.Close();
+  }
+  resend_at_ = absl::InfiniteFuture();
+  return Done(now, std::move(fx));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sessions
+
+SaveCore::Session* SaveCore::Find(const std::string& session_id) {
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+const SaveCore::Session* SaveCore::Find(const std::string& session_id) const {
+  auto it = sessions_.find(session_id);
+  return it == sessions_.end() ? nullptr : it->second.get();
+}
+
+SaveCore::Session& SaveCore::NewSession(const std::string& id, int64_t step) {
+  auto session = std::make_unique<Session>();
+  session->id = id;
+  session->step = step;
+  session->created = next_created_++;
+  Session& s = *session;
+  sessions_[id] = std::move(session);
+  return s;
+}
+
+void SaveCore::Forget(SaveEffects& fx) {
+  while (finished_.size() > options_.remember_sessions) {
+    const std::string id = finished_.front();
+    finished_.pop_front();
+    Session* s = Find(id);
+    if (s == nullptr) continue;
+    if (!Ended(s->phase)) {  // R9: an orphan whose verdict never came
+      const absl::Status unknown = absl::DeadlineExceededError(
+          absl::StrCat("the outcome of ", Describe(*s), " never reached this agent"));
+      if (s->begin_waiting) Reply(fx, s->begin_ticket, BeginSaveReply{unknown});
+      for (const Waiter& w : s->waiters) Reply(fx, w.ticket, WaitCommittedReply{unknown});
+    }
+    sessions_.erase(id);
+  }
+}
+
+SessionView SaveCore::ViewOf(const Session& s) const {
+  SessionView view;
+  view.id = s.id;
+  view.step = s.step;
+  view.phase = s.phase;
+  view.commit = s.commit.has_value() ? s.commit->state : CommitState::kIdle;
+  view.outcome = s.outcome;
+  view.written_dir = s.written_dir;
+  view.reports = s.reports.size();
+  view.reports_closed = s.reports.closed();
+  return view;
+}
+
+std::optional<SessionView> SaveCore::View(const std::string& session_id) const {
+  const Session* s = Find(session_id);
+  if (s == nullptr) return std::nullopt;
+  return ViewOf(*s);
+}
+
+std::vector<SessionView> SaveCore::Sessions() const {
+  std::vector<SessionView> views;
+  for (const auto& [id, s] : sessions_) views.push_back(ViewOf(*s));
+  return views;
+}
+
+}  // namespace tessera

@@ -1,0 +1,1000 @@
+// SaveCore as a pure state machine: events in, effects out. No threads, no sleeps, no clock:
+// the test owns the time and answers every RPC and work item itself. Test names follow the
+// edges and rules of agent/save_core.h.
+#include "agent/save_core.h"
+
+#include <algorithm>
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/save_test_messages.h"
+#include "common/ids.h"
+#include "common/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+constexpr char kJob[] = "job";
+constexpr char kRoot[] = "/ckpt";
+constexpr char kSession[] = "s7-00000000000000a1";
+constexpr int64_t kStep = 7;
+constexpr uint32_t kRank = 3;
+
+alignas(4096) unsigned char staging_buffer[1 << 16];
+
+v1::BeginSaveRequest Request(int64_t step = kStep) {
+  return testing_save::OneShardRequest(step);
+}
+
+v1::Command Bare(uint64_t seq, const std::string& session = kSession, int64_t step = kStep) {
+  return testing_save::BareCommand(session, step, seq);
+}
+
+v1::Command Pin(uint64_t seq, const std::string& session = kSession) {
+  v1::Command c =
+      testing_save::OneShardPin(session, kStep, seq, kRank, "data-00003.safetensors");
+  c.mutable_pin()->set_plan_cached(true);
+  return c;
+}
+
+v1::Command Copy(uint64_t seq) {
+  v1::Command c = Bare(seq);
+  c.mutable_copy();
+  return c;
+}
+
+v1::Command Gather(uint64_t seq) {
+  v1::Command c = Bare(seq);
+  (*c.mutable_gather()->mutable_peer_addresses())[1] = "peer-1:4000";
+  return c;
+}
+
+v1::Command Persist(uint64_t seq, const std::string& dir = TmpDirPath(kRoot, kJob, kStep,
+                                                                        kSession)) {
+  v1::Command c = Bare(seq);
+  c.mutable_persist()->set_tmp_dir(dir);
+  return c;
+}
+
+v1::Command Commit(uint64_t seq, bool roll_back = false, const std::string& session = kSession,
+                   const std::string& final_dir = StepDirPath(kRoot, kJob, kStep)) {
+  v1::Command c = Bare(seq, session);
+  c.mutable_commit()->set_tmp_dir(TmpDirPath(kRoot, kJob, kStep, session));
+  c.mutable_commit()->set_final_dir(final_dir);
+  c.mutable_commit()->mutable_manifest()->set_session_id(session);
+  c.mutable_commit()->set_roll_back_unless_committed(roll_back);
+  c.mutable_commit()->add_retire_steps(5);
+  return c;
+}
+
+v1::Command Committed(uint64_t seq) {
+  v1::Command c = Bare(seq);
+  c.mutable_committed()->set_checkpoint_dir(StepDirPath(kRoot, kJob, kStep));
+  return c;
+}
+
+v1::Command Abort(uint64_t seq, v1::ErrorCode code, const std::string& message) {
+  v1::Command c = Bare(seq);
+  c.mutable_abort()->mutable_error()->set_code(code);
+  c.mutable_abort()->mutable_error()->set_message(message);
+  return c;
+}
+
+v1::Command Resend(uint64_t seq) {
+  v1::Command c = Bare(seq);
+  c.mutable_resend();
+  return c;
+}
+
+// A name for an RPC: "PLAN", a phase ("PINNED"), "ERROR(<code>)" for a failure report,
+// "CHUNKS(n)" or "HASHES(n)".
+std::string NameOf(const CoordinatorRpc& rpc) {
+  if (std::holds_alternative<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(rpc.request)) {
+    return "PLAN";
+  }
+  if (auto* p = std::get_if<std::shared_ptr<const v1::ReportPhaseRequest>>(&rpc.request)) {
+    const v1::ReportPhaseRequest& r = **p;
+    if (r.phase() == v1::AGENT_PHASE_UNSPECIFIED) {
+      return absl::StrCat("ERROR(", ErrorCodeName(r.error().code()), ")");
+    }
+    return v1::AgentPhase_Name(r.phase()).substr(std::string("AGENT_PHASE_").size());
+  }
+  const v1::ReportChunksRequest& r =
+      *std::get<std::shared_ptr<const v1::ReportChunksRequest>>(rpc.request);
+  if (r.chunks_size() > 0) return absl::StrCat("CHUNKS(", r.chunks_size(), ")");
+  return absl::StrCat("HASHES(", r.hashes_size(), ")");
+}
+
+class SaveCoreTest : public ::testing::Test {
+ protected:
+  static SaveCoreOptions Options() {
+    SaveCoreOptions options;
+    options.job_id = kJob;
+    options.rank = kRank;
+    options.incarnation = 0x5eed;
+    options.retry_backoff = {absl::Milliseconds(100), absl::Seconds(2), 2.0, 0.0};
+    options.report_batch = 2;
+    return options;
+  }
+
+  void Apply(SaveEffects fx) {
+    for (CoordinatorRpc& rpc : fx.rpcs) rpcs_.push_back(std::move(rpc));
+    for (SaveWork& work : fx.work) work_.push_back(std::move(work));
+    for (TrainerReply& reply : fx.replies) replies_.push_back(std::move(reply));
+    for (std::string& s : fx.cancel_exchanges) cancelled_.push_back(std::move(s));
+    for (LogLine& line : fx.logs) logs_.push_back(std::move(line.text));
+    next_tick_ = fx.next_tick;
+  }
+
+  // Events.
+  void Register(const std::string& root = kRoot) {
+    Apply(core_.OnRegistered(now_, 0xc0, root));
+  }
+  void Begin(uint64_t ticket = 1, int64_t step = kStep) {
+    Apply(core_.BeginSave(now_, ticket, Request(step)));
+  }
+  void Command(const v1::Command& command) { Apply(core_.OnCommand(now_, command)); }
+  void Staged(uint64_t ticket = 2) { Apply(core_.Staged(now_, ticket, kSession, 55)); }
+  void Wait(uint64_t ticket, absl::Duration timeout = absl::Minutes(5)) {
+    Apply(core_.WaitCommitted(now_, ticket, kStep, now_ + timeout));
+  }
+  void Tick() { Apply(core_.Tick(now_)); }
+  void AdvanceTo(absl::Time t) { now_ = t; }
+
+  // The RPCs out, each answered with `code` (submissions name `session`), until none is out;
+  // returns their names in the order they were sent.
+  std::vector<std::string> Deliver(absl::StatusCode code = absl::StatusCode::kOk,
+                                   const std::string& session = kSession) {
+    std::vector<std::string> names;
+    while (!rpcs_.empty()) {
+      CoordinatorRpc rpc = std::move(rpcs_.front());
+      rpcs_.pop_front();
+      names.push_back(NameOf(rpc));
+      sent_.push_back(rpc);
+      Answer(rpc, code, session);
+    }
+    return names;
+  }
+  // Answers only the first RPC out.
+  std::string DeliverOne(absl::StatusCode code = absl::StatusCode::kOk) {
+    CoordinatorRpc rpc = std::move(rpcs_.front());
+    rpcs_.pop_front();
+    sent_.push_back(rpc);
+    Answer(rpc, code, kSession);
+    return NameOf(rpc);
+  }
+  void Answer(const CoordinatorRpc& rpc, absl::StatusCode code, const std::string& session) {
+    const absl::Status status =
+        code == absl::StatusCode::kOk ? absl::OkStatus() : absl::Status(code, "test says so");
+    if (std::holds_alternative<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(rpc.request)) {
+      v1::SubmitLocalPlanResponse accepted;
+      accepted.set_session_id(session);
+      absl::StatusOr<v1::SubmitLocalPlanResponse> result = accepted;
+      if (!status.ok()) result = status;
+      Apply(core_.OnPlanSubmitted(now_, rpc.id, result));
+    } else {
+      Apply(core_.OnReportDone(now_, rpc.id, status));
+    }
+  }
+  // The last phase report sent.
+  v1::ReportPhaseRequest LastPhaseSent() const {
+    for (auto it = sent_.rbegin(); it != sent_.rend(); ++it) {
+      if (auto* p = std::get_if<std::shared_ptr<const v1::ReportPhaseRequest>>(&it->request)) {
+        return **p;
+      }
+    }
+    return v1::ReportPhaseRequest();
+  }
+
+  // Work.
+  SaveWork TakeWork() {
+    EXPECT_FALSE(work_.empty());
+    if (work_.empty()) return SaveWork();
+    SaveWork w = std::move(work_.front());
+    work_.pop_front();
+    return w;
+  }
+  void StagingReady(uint64_t id) {
+    Apply(core_.OnStagingReady(now_, id,
+                               StagingMemory{"/tessera-test", staging_buffer,
+                                             sizeof(staging_buffer)}));
+  }
+  void Gathered(uint64_t id, int hashes = 0) {
+    std::vector<v1::ReplicaHash> h(hashes);
+    for (int i = 0; i < hashes; ++i) h[i].set_key(absl::StrCat("r", i));
+    Apply(core_.OnGathered(now_, id, h));
+  }
+  void Persisted(uint64_t id, int chunks) {
+    std::vector<v1::ChunkReport> c(chunks);
+    for (int i = 0; i < chunks; ++i) c[i].set_key(absl::StrCat("k", i));
+    Apply(core_.OnPersisted(now_, id, c));
+  }
+  void Resolved(uint64_t id, CommitOutcome outcome, absl::Status status = absl::OkStatus(),
+                std::optional<absl::StatusOr<RetentionReport>> retention = std::nullopt) {
+    CommitWorkResult result;
+    result.resolution = {outcome, status};
+    result.retention = std::move(retention);
+    Apply(core_.OnCommitResolved(now_, id, result));
+  }
+
+  // Replies to the trainer.
+  const TrainerReply* ReplyTo(uint64_t ticket) const {
+    for (const TrainerReply& r : replies_) {
+      if (r.ticket == ticket) return &r;
+    }
+    return nullptr;
+  }
+  int RepliesTo(uint64_t ticket) const {
+    return static_cast<int>(std::count_if(
+        replies_.begin(), replies_.end(),
+        [&](const TrainerReply& r) { return r.ticket == ticket; }));
+  }
+  absl::Status BeginStatus(uint64_t ticket) const {
+    const TrainerReply* r = ReplyTo(ticket);
+    if (r == nullptr) return absl::UnknownError("no reply");
+    return std::get<BeginSaveReply>(r->reply).result.status();
+  }
+  absl::StatusOr<std::string> WaitResult(uint64_t ticket) const {
+    const TrainerReply* r = ReplyTo(ticket);
+    if (r == nullptr) return absl::UnknownError("no reply");
+    return std::get<WaitCommittedReply>(r->reply).result;
+  }
+  SavePhase PhaseOf(const std::string& session = kSession) const {
+    std::optional<SessionView> view = core_.View(session);
+    EXPECT_TRUE(view.has_value());
+    return view.has_value() ? view->phase : SavePhase::kAborted;
+  }
+  bool Logged(const std::string& text) const {
+    return std::any_of(logs_.begin(), logs_.end(),
+                       [&](const std::string& l) { return l.find(text) != std::string::npos; });
+  }
+
+  // Drives the session to a phase, every report delivered.
+  void ToPlanned() {
+    Register();
+    Begin();
+    ASSERT_THAT(Deliver(), ElementsAre("PLAN"));
+  }
+  void ToPinned() {
+    ToPlanned();
+    Command(Pin(1));
+    StagingReady(TakeWork().id);
+    ASSERT_THAT(Deliver(), ElementsAre("PINNED"));
+  }
+  void ToStaged() {
+    ToPinned();
+    Command(Copy(2));
+    ASSERT_TRUE(BeginStatus(1).ok());
+    Staged();
+    ASSERT_THAT(Deliver(), ElementsAre("STAGED"));
+  }
+  void ToGathered() {
+    ToStaged();
+    Command(Gather(3));
+    Gathered(TakeWork().id, 1);
+    ASSERT_THAT(Deliver(), ElementsAre("HASHES(1)", "GATHERED"));
+  }
+  void ToPersisted() {
+    ToGathered();
+    Command(Persist(4));
+    Persisted(TakeWork().id, 3);
+    ASSERT_THAT(Deliver(), ElementsAre("CHUNKS(2)", "CHUNKS(1)", "PERSISTED"));
+  }
+
+  SaveCore core_{Options()};
+  absl::Time now_ = absl::FromUnixSeconds(1000000);
+  std::deque<CoordinatorRpc> rpcs_;
+  std::vector<CoordinatorRpc> sent_;
+  std::deque<SaveWork> work_;
+  std::vector<TrainerReply> replies_;
+  std::vector<std::string> cancelled_;
+  std::vector<std::string> logs_;
+  absl::Time next_tick_ = absl::InfiniteFuture();
+};
+
+// --- Edges 1–10: the way to PERSISTED --------------------------------------------------------
+
+TEST_F(SaveCoreTest, Edge1_BeginSave_SubmitsThePlanWithItsShards) {
+  Register();
+  Begin();
+  ASSERT_EQ(rpcs_.size(), 1u);
+  const auto& plan =
+      *std::get<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(rpcs_.front().request);
+  EXPECT_EQ(plan.job_id(), kJob);
+  EXPECT_EQ(plan.rank(), kRank);
+  EXPECT_EQ(plan.incarnation(), 0x5eedu);
+  EXPECT_EQ(plan.step(), kStep);
+  ASSERT_EQ(plan.shards_size(), 1);
+  EXPECT_EQ(plan.shards(0).fqn(), "w");
+}
+
+TEST_F(SaveCoreTest, Edge2_PlanAccepted_SessionPlannedAndTrainerStillWaits) {
+  ToPlanned();
+  EXPECT_EQ(PhaseOf(), SavePhase::kPlanned);
+  EXPECT_EQ(ReplyTo(1), nullptr);
+}
+
+TEST_F(SaveCoreTest, Edge1_PlanRefused_TrainerGetsTheErrorAndNoSession) {
+  Register();
+  Begin();
+  Deliver(absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(core_.View(kSession).has_value());
+}
+
+TEST_F(SaveCoreTest, Edge1_CoordinatorUnreachable_RetriedWithBackoffThenUnavailable) {
+  Register();
+  Begin();
+  EXPECT_THAT(Deliver(absl::StatusCode::kUnavailable), ElementsAre("PLAN"));
+  EXPECT_EQ(next_tick_, now_ + absl::Milliseconds(100));
+  AdvanceTo(now_ + absl::Milliseconds(99));
+  Tick();
+  EXPECT_TRUE(rpcs_.empty());
+  AdvanceTo(now_ + absl::Milliseconds(1));
+  Tick();
+  EXPECT_THAT(Deliver(absl::StatusCode::kUnavailable), ElementsAre("PLAN"));
+  EXPECT_EQ(ReplyTo(1), nullptr);
+  AdvanceTo(now_ + absl::Seconds(61));
+  Tick();
+  Deliver(absl::StatusCode::kUnavailable);
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(SaveCoreTest, Edge3_Pin_LaysOutStagingAndAsksForIt) {
+  ToPlanned();
+  Command(Pin(1));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPinning);
+  SaveWork w = TakeWork();
+  EXPECT_EQ(w.session_id, kSession);
+  const PinWork& pin = std::get<PinWork>(w.item);
+  ASSERT_TRUE(pin.layout->file.has_value());
+  EXPECT_EQ(pin.layout->file_name, "data-00003.safetensors");
+  EXPECT_GE(pin.layout->total_bytes, 4096u);
+}
+
+TEST_F(SaveCoreTest, Edge4_StagingReady_ReportsPinnedWithItsBytes) {
+  ToPlanned();
+  Command(Pin(1));
+  StagingReady(TakeWork().id);
+  EXPECT_EQ(PhaseOf(), SavePhase::kPinned);
+  EXPECT_THAT(Deliver(), ElementsAre("PINNED"));
+  EXPECT_EQ(LastPhaseSent().pinned_bytes(), sizeof(staging_buffer));
+}
+
+TEST_F(SaveCoreTest, Edge4_StagingOverBudget_ReportedAsAdmissionDenied) {
+  ToPlanned();
+  Command(Pin(1));
+  Apply(core_.OnStagingReady(now_, TakeWork().id,
+                             MakeError(absl::StatusCode::kResourceExhausted,
+                                       v1::ERROR_CODE_ADMISSION_DENIED, "over budget")));
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(ADMISSION_DENIED)"));
+}
+
+TEST_F(SaveCoreTest, Edge5_Copy_HandsTheSlotsToTheWaitingTrainer) {
+  ToPinned();
+  Command(Copy(2));
+  EXPECT_EQ(PhaseOf(), SavePhase::kCopying);
+  const TrainerReply* reply = ReplyTo(1);
+  ASSERT_NE(reply, nullptr);
+  const absl::StatusOr<v1::BeginSaveResponse>& slots =
+      std::get<BeginSaveReply>(reply->reply).result;
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  EXPECT_EQ(slots->session_id(), kSession);
+  EXPECT_EQ(slots->shm_name(), "/tessera-test");
+  EXPECT_EQ(slots->shm_size(), sizeof(staging_buffer));
+  EXPECT_TRUE(slots->plan_cached());
+  ASSERT_EQ(slots->slots_size(), 1);
+  EXPECT_EQ(slots->slots(0).nbytes(), 4096u);
+}
+
+TEST_F(SaveCoreTest, Edge6_Staged_AnsweredAtOnceThenReported) {
+  ToPinned();
+  Command(Copy(2));
+  Staged(/*ticket=*/9);
+  ASSERT_NE(ReplyTo(9), nullptr);
+  EXPECT_TRUE(std::get<StagedReply>(ReplyTo(9)->reply).result.ok());
+  EXPECT_EQ(PhaseOf(), SavePhase::kStaged);
+  EXPECT_THAT(Deliver(), ElementsAre("STAGED"));
+  EXPECT_EQ(LastPhaseSent().trainer_stall_ns(), 55u);
+}
+
+TEST_F(SaveCoreTest, Edge6_StagedBeforeTheSlots_FailedPrecondition) {
+  ToPinned();
+  Staged(/*ticket=*/9);
+  EXPECT_EQ(std::get<StagedReply>(ReplyTo(9)->reply).result.code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(PhaseOf(), SavePhase::kPinned);
+}
+
+TEST_F(SaveCoreTest, Edge6_StagedUnknownSession_NotFound) {
+  Apply(core_.Staged(now_, 9, "s1-nope", 1));
+  EXPECT_EQ(std::get<StagedReply>(ReplyTo(9)->reply).result.code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(SaveCoreTest, Edge7_Gather_ExchangeWithTheDeadlineAndPeers) {
+  ToStaged();
+  Command(Gather(3));
+  EXPECT_EQ(PhaseOf(), SavePhase::kGathering);
+  const SaveWork work = TakeWork();
+  const GatherWork& gather = std::get<GatherWork>(work.item);
+  EXPECT_EQ(gather.deadline, now_ + absl::Minutes(10));
+  EXPECT_EQ(gather.staging, staging_buffer);
+  EXPECT_EQ(gather.peer_addresses.at(1), "peer-1:4000");
+}
+
+TEST_F(SaveCoreTest, Edge8_Gathered_HashesAcknowledgedBeforeGathered) {
+  ToStaged();
+  Command(Gather(3));
+  Gathered(TakeWork().id, 2);
+  EXPECT_EQ(PhaseOf(), SavePhase::kGathered);
+  ASSERT_EQ(rpcs_.size(), 1u);  // GATHERED waits for its hashes' acknowledgement
+  EXPECT_EQ(DeliverOne(), "HASHES(2)");
+  EXPECT_THAT(Deliver(), ElementsAre("GATHERED"));
+}
+
+TEST_F(SaveCoreTest, Edge8_ExchangeTimedOut_ReportedAsTimeout) {
+  ToStaged();
+  Command(Gather(3));
+  Apply(core_.OnGathered(now_, TakeWork().id, absl::DeadlineExceededError("peer 1 silent")));
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(TIMEOUT)"));
+}
+
+TEST_F(SaveCoreTest, Edge8_ExchangeCancelled_FailedWithoutReport) {
+  ToStaged();
+  Command(Gather(3));
+  Apply(core_.OnGathered(now_, TakeWork().id, absl::AbortedError("cancelled at the leader")));
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  EXPECT_TRUE(rpcs_.empty());
+}
+
+TEST_F(SaveCoreTest, Edge9_Persist_WritesIntoTheSessionsTmpDir) {
+  ToGathered();
+  Command(Persist(4));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPersisting);
+  const SaveWork work = TakeWork();
+  const PersistWork& persist = std::get<PersistWork>(work.item);
+  EXPECT_EQ(persist.dir, "/ckpt/job/step-000000007.tmp-s7-00000000000000a1");
+  EXPECT_EQ(persist.staging, staging_buffer);
+  EXPECT_EQ(core_.View(kSession)->written_dir, persist.dir);
+}
+
+TEST_F(SaveCoreTest, Edge10_Persisted_ChunksInBatchesThenPersisted) {
+  ToPersisted();  // asserts CHUNKS(2), CHUNKS(1), PERSISTED
+  EXPECT_EQ(PhaseOf(), SavePhase::kPersisted);
+}
+
+TEST_F(SaveCoreTest, Edge10_WriteFailed_IoErrorWithThePath) {
+  ToGathered();
+  Command(Persist(4));
+  Apply(core_.OnPersisted(
+      now_, TakeWork().id,
+      IoError(absl::StatusCode::kResourceExhausted, "/ckpt/job/x/data-00003.safetensors",
+              "No space left on device")));
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+  EXPECT_EQ(LastPhaseSent().error().path(), "/ckpt/job/x/data-00003.safetensors");
+}
+
+// --- Edges 11, 12 and the commit sub-state ---------------------------------------------------
+
+TEST_F(SaveCoreTest, Edge11_CommitForAnUnknownSession_CommitOnlyAndResolves) {
+  Register();
+  Command(Commit(5));
+  EXPECT_EQ(PhaseOf(), SavePhase::kCommitOnly);
+  const SaveWork work = TakeWork();
+  const CommitWork& commit = std::get<CommitWork>(work.item);
+  EXPECT_EQ(commit.tmp_dir, "/ckpt/job/step-000000007.tmp-s7-00000000000000a1");
+  EXPECT_EQ(commit.final_dir, "/ckpt/job/step-000000007");
+  EXPECT_EQ(commit.job_dir, "/ckpt/job");
+  EXPECT_EQ(commit.step, kStep);
+}
+
+TEST_F(SaveCoreTest, C2_Committed_CommitWrittenAndRetentionFailureOnlyLogged) {
+  ToPersisted();
+  Command(Commit(5));
+  EXPECT_EQ(core_.View(kSession)->commit, CommitState::kResolving);
+  RetentionReport retention;
+  retention.removed = {"step-000000005"};
+  retention.failed = {{"step-000000004", absl::DataLossError("EIO")}};
+  Resolved(TakeWork().id, CommitOutcome::kCommitted, absl::OkStatus(), retention);
+  EXPECT_THAT(Deliver(), ElementsAre("COMMIT_WRITTEN"));
+  EXPECT_EQ(core_.View(kSession)->commit, CommitState::kWritten);
+  EXPECT_EQ(PhaseOf(), SavePhase::kPersisted);
+  EXPECT_TRUE(Logged("retention could not remove step-000000004"));
+}
+
+TEST_F(SaveCoreTest, C3_RolledBack_ReportedWithTheReason) {
+  ToPersisted();
+  Command(Commit(5, /*roll_back=*/true));
+  Resolved(TakeWork().id, CommitOutcome::kRolledBack,
+           absl::UnavailableError("the commit did not complete and was rolled back: fsync"));
+  EXPECT_THAT(Deliver(), ElementsAre("COMMIT_ROLLED_BACK"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("rolled back"));
+  EXPECT_EQ(LastPhaseSent().error().code(), v1::ERROR_CODE_IO_ERROR);
+}
+
+TEST_F(SaveCoreTest, C4C5_Unresolved_RetriedWithBackoffUntilResolved) {
+  ToPersisted();
+  Command(Commit(5));
+  Resolved(TakeWork().id, CommitOutcome::kUnresolved, absl::DataLossError("fsync: EIO"));
+  EXPECT_EQ(core_.View(kSession)->commit, CommitState::kBackoff);
+  EXPECT_TRUE(rpcs_.empty());
+  EXPECT_EQ(next_tick_, now_ + absl::Milliseconds(100));
+  AdvanceTo(next_tick_);
+  Tick();
+  Resolved(TakeWork().id, CommitOutcome::kUnresolved, absl::DataLossError("fsync: EIO"));
+  EXPECT_EQ(next_tick_, now_ + absl::Milliseconds(200));
+  AdvanceTo(next_tick_);
+  Tick();
+  Resolved(TakeWork().id, CommitOutcome::kCommitted);
+  EXPECT_THAT(Deliver(), ElementsAre("COMMIT_WRITTEN"));
+}
+
+TEST_F(SaveCoreTest, C1_NewerCommitWhileResolving_RunsAgainWithIt) {
+  ToPersisted();
+  Command(Commit(5));
+  const uint64_t first = TakeWork().id;
+  Command(Commit(6, /*roll_back=*/true));
+  EXPECT_TRUE(work_.empty());  // one resolution at a time
+  Resolved(first, CommitOutcome::kUnresolved, absl::DataLossError("EIO"));
+  const SaveWork work = TakeWork();
+  const CommitWork& again = std::get<CommitWork>(work.item);
+  EXPECT_TRUE(again.commit->roll_back_unless_committed());
+}
+
+TEST_F(SaveCoreTest, C2_RepeatedCommit_ResolvesAgainReportsOnce) {
+  ToPersisted();
+  Command(Commit(5));
+  Resolved(TakeWork().id, CommitOutcome::kCommitted);
+  EXPECT_THAT(Deliver(), ElementsAre("COMMIT_WRITTEN"));
+  Command(Commit(6));
+  Resolved(TakeWork().id, CommitOutcome::kCommitted);
+  EXPECT_TRUE(rpcs_.empty());
+  // HASHES, 2 x CHUNKS; PINNED, STAGED, GATHERED, PERSISTED, one COMMIT_WRITTEN.
+  EXPECT_EQ(core_.View(kSession)->reports, 8u);
+}
+
+// --- Edges 13–16: failure and verdicts -------------------------------------------------------
+
+TEST_F(SaveCoreTest, Edge13_LocalFailure_ReportedNoFurtherWork_TrainerWaitsForVerdict) {
+  ToPlanned();
+  Command(Pin(1));
+  Apply(core_.OnStagingReady(now_, TakeWork().id, absl::ResourceExhaustedError("/dev/shm full")));
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+  EXPECT_EQ(ReplyTo(1), nullptr);  // the verdict decides what the trainer hears
+  Command(Copy(2));
+  EXPECT_EQ(ReplyTo(1), nullptr);
+  EXPECT_TRUE(work_.empty());
+  Command(Abort(3, v1::ERROR_CODE_IO_ERROR, "rank 3: /dev/shm full"));
+  EXPECT_THAT(BeginStatus(1).message(), HasSubstr("rank 3: /dev/shm full"));
+}
+
+TEST_F(SaveCoreTest, Edge14_AbortWhileWriting_WaitsRemovesOwnDirThenAnswers) {
+  ToGathered();
+  Command(Persist(4));
+  const uint64_t write = TakeWork().id;
+  Wait(/*ticket=*/20);
+  Command(Abort(5, v1::ERROR_CODE_TIMEOUT, "rank 1 timed out"));
+  EXPECT_EQ(PhaseOf(), SavePhase::kEnding);
+  EXPECT_THAT(cancelled_, ElementsAre(kSession));
+  EXPECT_TRUE(work_.empty());  // the write is still running
+  EXPECT_EQ(ReplyTo(20), nullptr);
+  Persisted(write, 1);
+  EXPECT_TRUE(rpcs_.empty());  // no reports after the verdict
+  SaveWork remove = TakeWork();
+  EXPECT_EQ(std::get<RemoveWork>(remove.item).dir,
+            "/ckpt/job/step-000000007.tmp-s7-00000000000000a1");
+  EXPECT_EQ(ReplyTo(20), nullptr);
+  Apply(core_.OnRemoved(now_, remove.id, absl::OkStatus()));
+  EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
+  EXPECT_THAT(WaitResult(20).status().message(), HasSubstr("rank 1 timed out"));
+}
+
+TEST_F(SaveCoreTest, Edge14_AbortBeforeWriting_NothingRemoved) {
+  ToStaged();
+  Wait(20);
+  Command(Abort(3, v1::ERROR_CODE_ABORTED_BY_USER, "operator"));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
+  EXPECT_EQ(WaitResult(20).status().code(), absl::StatusCode::kAborted);
+}
+
+TEST_F(SaveCoreTest, Edge14_AbortWhileWaitingForSlots_TrainerAnsweredAtOnce) {
+  ToPinned();
+  Command(Abort(2, v1::ERROR_CODE_AGENT_LOST, "rank 0 lost"));
+  EXPECT_THAT(BeginStatus(1).message(), HasSubstr("rank 0 lost"));
+}
+
+TEST_F(SaveCoreTest, Edge16_Committed_WaitersGetTheDirectory) {
+  ToPersisted();
+  Wait(20);
+  Command(Committed(5));
+  EXPECT_EQ(PhaseOf(), SavePhase::kCommitted);
+  ASSERT_TRUE(WaitResult(20).ok());
+  EXPECT_EQ(*WaitResult(20), "/ckpt/job/step-000000007");
+  EXPECT_EQ(core_.sessions_committed(), 1u);
+  Wait(21);  // after the end: at once
+  EXPECT_EQ(*WaitResult(21), "/ckpt/job/step-000000007");
+}
+
+TEST_F(SaveCoreTest, Edge16_CommittedAfterALocalFailure_Committed) {
+  // A failure after every chunk was reported cannot stop the commit: the verdict rules (R7).
+  ToPersisted();
+  Apply(core_.TrainerGone(now_, 1));  // too late to matter
+  Wait(20);
+  Command(Committed(5));
+  EXPECT_TRUE(WaitResult(20).ok());
+}
+
+TEST_F(SaveCoreTest, WaitCommitted_DeadlinePasses_DeadlineExceeded) {
+  ToStaged();
+  Wait(20, absl::Seconds(30));
+  EXPECT_EQ(next_tick_, now_ + absl::Seconds(30));
+  AdvanceTo(next_tick_);
+  Tick();
+  EXPECT_EQ(WaitResult(20).status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST_F(SaveCoreTest, WaitCommitted_UnknownStep_NotFound) {
+  Apply(core_.WaitCommitted(now_, 20, 99, now_ + absl::Seconds(1)));
+  EXPECT_EQ(WaitResult(20).status().code(), absl::StatusCode::kNotFound);
+}
+
+// --- R1: commands ----------------------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R1_SeqNotAboveTheLast_Ignored) {
+  ToPlanned();
+  Command(Pin(4));
+  TakeWork();
+  Command(Pin(4));
+  Command(Pin(3));
+  EXPECT_TRUE(work_.empty());
+  Command(Copy(2));  // an older COPY replayed after the stream reconnected
+  EXPECT_EQ(ReplyTo(1), nullptr);
+}
+
+TEST_F(SaveCoreTest, R1_PinBeforeTheSubmissionsReply_HeldThenHandled) {
+  Register();
+  Begin();
+  Command(Pin(1));  // the reply to SubmitLocalPlan is still on its way
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("PLAN"));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPinning);
+  EXPECT_EQ(work_.size(), 1u);
+}
+
+TEST_F(SaveCoreTest, R1_CommandForAnUnknownSession_Ignored) {
+  Register();
+  Command(Pin(1));
+  Command(Persist(2));
+  EXPECT_FALSE(core_.View(kSession).has_value());
+  EXPECT_TRUE(work_.empty());
+}
+
+TEST_F(SaveCoreTest, R1_RepeatedPhaseCommand_IgnoredNoSecondWork) {
+  ToGathered();
+  Command(Persist(4));
+  TakeWork();
+  Command(Persist(5));  // a newer seq, but the write is under way
+  EXPECT_TRUE(work_.empty());
+}
+
+// --- R2, R8: the trainer ---------------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R8_TrainerGoneBeforeStaged_AgentLostNamingRankAndCancelled) {
+  ToPinned();
+  Apply(core_.TrainerGone(now_, 1));
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("rank 3"));
+  EXPECT_EQ(RepliesTo(1), 1);
+}
+
+TEST_F(SaveCoreTest, R8_TrainerGoneAfterStaged_NothingHappens) {
+  ToStaged();
+  Apply(core_.TrainerGone(now_, 1));
+  EXPECT_TRUE(rpcs_.empty());
+  EXPECT_EQ(PhaseOf(), SavePhase::kStaged);
+}
+
+TEST_F(SaveCoreTest, R8_TrainerGoneWhileSubmitting_FailsOnceAccepted) {
+  Register();
+  Begin();
+  Apply(core_.TrainerGone(now_, 1));
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(Deliver(), ElementsAre("PLAN", "ERROR(AGENT_LOST)"));
+  EXPECT_EQ(RepliesTo(1), 1);
+}
+
+TEST_F(SaveCoreTest, R8_CopyAfterTheTrainerLeft_NoSlotsNoSecondFailure) {
+  ToPinned();
+  Apply(core_.TrainerGone(now_, 1));
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+  Command(Copy(2));
+  EXPECT_TRUE(rpcs_.empty());
+  EXPECT_EQ(RepliesTo(1), 1);  // Cancelled, and nothing more
+}
+
+TEST_F(SaveCoreTest, R2_NewerBeginSaveOfTheSession_TakesItsPlace) {
+  ToPinned();
+  Begin(/*ticket=*/5);
+  Deliver();
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kAborted);
+  Command(Copy(2));
+  EXPECT_TRUE(BeginStatus(5).ok());
+}
+
+// --- R3: re-sending --------------------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R3_ReRegisteredWithTheSameCoordinator_EverythingResentChunksFirst) {
+  ToPersisted();
+  Register();  // the same coordinator incarnation as before
+  EXPECT_THAT(Deliver(), ElementsAre("HASHES(1)", "CHUNKS(2)", "CHUNKS(1)", "PINNED", "STAGED",
+                                     "GATHERED", "PERSISTED"));
+}
+
+TEST_F(SaveCoreTest, R3_StreamReconnected_EverythingResent) {
+  ToGathered();
+  Apply(core_.OnStreamConnected(now_));
+  EXPECT_THAT(Deliver(), ElementsAre("HASHES(1)", "PINNED", "STAGED", "GATHERED"));
+}
+
+TEST_F(SaveCoreTest, R3_ResendCommand_EverythingResent) {
+  ToStaged();
+  Command(Resend(9));
+  EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED"));
+}
+
+TEST_F(SaveCoreTest, R3_FailedChunkReport_RetriedWithBackoffUntilAcknowledged) {
+  ToGathered();
+  Command(Persist(4));
+  Persisted(TakeWork().id, 1);
+  EXPECT_THAT(Deliver(absl::StatusCode::kUnavailable), ElementsAre("CHUNKS(1)"));
+  EXPECT_EQ(next_tick_, now_ + absl::Milliseconds(100));
+  AdvanceTo(now_ + absl::Milliseconds(100));
+  Tick();
+  EXPECT_THAT(Deliver(absl::StatusCode::kDeadlineExceeded), ElementsAre("HASHES(1)"));
+  EXPECT_EQ(next_tick_, now_ + absl::Milliseconds(200));  // the backoff grows
+  AdvanceTo(next_tick_);
+  Tick();
+  // The outage is over: all of them again, chunks first, and PERSISTED at last.
+  EXPECT_THAT(Deliver(), ElementsAre("HASHES(1)", "CHUNKS(1)", "PINNED", "STAGED", "GATHERED",
+                                     "PERSISTED"));
+  EXPECT_EQ(next_tick_, absl::InfiniteFuture());
+}
+
+TEST_F(SaveCoreTest, R3_NotFoundAfterACoordinatorRestart_Retried) {
+  ToStaged();
+  Command(Gather(3));
+  Gathered(TakeWork().id);
+  EXPECT_THAT(Deliver(absl::StatusCode::kNotFound), ElementsAre("GATHERED"));
+  AdvanceTo(next_tick_);
+  Tick();
+  EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED", "GATHERED"));
+}
+
+TEST_F(SaveCoreTest, R3_RefusedBecauseTheSessionEnded_NotRetried) {
+  ToStaged();
+  Command(Gather(3));
+  Gathered(TakeWork().id);
+  EXPECT_THAT(Deliver(absl::StatusCode::kFailedPrecondition), ElementsAre("GATHERED"));
+  EXPECT_EQ(next_tick_, absl::InfiniteFuture());
+  Register();
+  EXPECT_TRUE(rpcs_.empty());
+  EXPECT_TRUE(core_.View(kSession)->reports_closed);
+}
+
+TEST_F(SaveCoreTest, R3_ResendWhileAReportIsOut_NeverTwoAtOnce) {
+  ToStaged();
+  Command(Gather(3));
+  Gathered(TakeWork().id);
+  ASSERT_EQ(rpcs_.size(), 1u);  // GATHERED out
+  Register();
+  EXPECT_EQ(rpcs_.size(), 1u);
+  EXPECT_THAT(Deliver(), ElementsAre("GATHERED", "PINNED", "STAGED", "GATHERED"));
+}
+
+TEST_F(SaveCoreTest, R3_WaitingPlan_ResubmittedOnResendAndReRegistration) {
+  ToPlanned();
+  Command(Resend(1));
+  EXPECT_THAT(Deliver(), ElementsAre("PLAN"));
+  Register();
+  EXPECT_THAT(Deliver(), ElementsAre("PLAN"));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPlanned);
+  Command(Pin(2));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPinning);
+}
+
+TEST_F(SaveCoreTest, R3_ResubmissionNamesAnotherSession_SessionMoves) {
+  ToPlanned();
+  Register();
+  Deliver(absl::StatusCode::kOk, "s7-00000000000000b2");
+  EXPECT_FALSE(core_.View(kSession).has_value());
+  EXPECT_EQ(PhaseOf("s7-00000000000000b2"), SavePhase::kPlanned);
+  Command(Pin(1, "s7-00000000000000b2"));
+  EXPECT_EQ(PhaseOf("s7-00000000000000b2"), SavePhase::kPinning);
+}
+
+// --- R4: paths -------------------------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R4_PersistIntoAnotherDirectory_IoErrorNamingBothNothingWrittenOrRemoved) {
+  ToGathered();
+  Command(Persist(4, "/ckpt/job/../precious"));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+  const v1::ErrorDetail error = LastPhaseSent().error();
+  EXPECT_THAT(error.message(), HasSubstr("/ckpt/job/../precious"));
+  EXPECT_THAT(error.message(), HasSubstr("/ckpt/job/step-000000007.tmp-s7-00000000000000a1"));
+  EXPECT_EQ(error.path(), "/ckpt/job/../precious");
+  Command(Abort(5, v1::ERROR_CODE_IO_ERROR, "rank 3"));
+  EXPECT_TRUE(work_.empty());  // nothing to remove: nothing was written
+  EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
+}
+
+TEST_F(SaveCoreTest, R4_CommitToAnotherFinalDir_IoErrorNoCommit) {
+  ToPersisted();
+  Command(Commit(5, false, kSession, "/ckpt/other/step-000000007"));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("/ckpt/job/step-000000007"));
+}
+
+TEST_F(SaveCoreTest, R4_StorageRootUnknown_Refused) {
+  Begin();  // never registered
+  Deliver();
+  Command(Pin(1));
+  StagingReady(TakeWork().id);
+  Command(Copy(2));
+  Staged();
+  Command(Gather(3));
+  Gathered(TakeWork().id);
+  Deliver();
+  Command(Persist(4));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("no storage root"));
+}
+
+TEST_F(SaveCoreTest, R4_SessionIdNotAPathComponent_TrainerGetsInternal) {
+  Register();
+  Begin();
+  Deliver(absl::StatusCode::kOk, "../../etc");
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(core_.View("../../etc").has_value());
+}
+
+TEST_F(SaveCoreTest, R4_CommitOnlyWithAnUnsafeSessionId_Refused) {
+  Register();
+  v1::Command c = Commit(1, false, "x/../../y");
+  Command(c);
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+}
+
+// --- R5: the lease ---------------------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R5_LeaseChangedBeforePersist_AgentLostNothingWritten) {
+  Apply(core_.OnLease(now_, 1));
+  ToGathered();
+  Apply(core_.OnLease(now_, std::nullopt));  // frozen past the lease
+  Apply(core_.OnLease(now_, 2));             // registered again under a new lease
+  Command(Persist(4));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("lease"));
+}
+
+TEST_F(SaveCoreTest, R5_LeaseLapsedBetweenCommitAttempts_NoFurtherAttempt) {
+  Apply(core_.OnLease(now_, 1));
+  ToPersisted();
+  Command(Commit(5));
+  Resolved(TakeWork().id, CommitOutcome::kUnresolved, absl::DataLossError("EIO"));
+  Apply(core_.OnLease(now_, std::nullopt));
+  AdvanceTo(next_tick_);
+  Tick();
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+}
+
+TEST_F(SaveCoreTest, R5_LeaseUnchanged_Writes) {
+  Apply(core_.OnLease(now_, 1));
+  ToGathered();
+  Command(Persist(4));
+  EXPECT_EQ(work_.size(), 1u);
+}
+
+// --- R6, R7: whose reason wins -----------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R7_AbortAfterALocalFailureItCaused_TheCoordinatorsReasonWins) {
+  ToGathered();
+  Command(Persist(4));
+  const uint64_t write = TakeWork().id;
+  Wait(20);
+  // The coordinator aborted and removed the directory under the writer...
+  Apply(core_.OnPersisted(now_, write,
+                          IoError(absl::StatusCode::kNotFound, "/ckpt/job/x", "No such file")));
+  Deliver(absl::StatusCode::kFailedPrecondition);  // ... so the failure report is refused
+  Command(Abort(5, v1::ERROR_CODE_AGENT_LOST, "rank 0: no heartbeat within the lease"));
+  SaveWork remove = TakeWork();
+  Apply(core_.OnRemoved(now_, remove.id, absl::OkStatus()));
+  EXPECT_THAT(WaitResult(20).status().message(), HasSubstr("no heartbeat within the lease"));
+  EXPECT_EQ(GetErrorCode(WaitResult(20).status()), v1::ERROR_CODE_AGENT_LOST);
+}
+
+TEST_F(SaveCoreTest, R7_WorkResultAfterTheAbort_NoFailureReported) {
+  ToStaged();
+  Command(Gather(3));
+  const uint64_t gather = TakeWork().id;
+  Command(Abort(4, v1::ERROR_CODE_TIMEOUT, "planning"));
+  Apply(core_.OnGathered(now_, gather, absl::AbortedError("cancelled")));
+  EXPECT_TRUE(rpcs_.empty());
+  EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
+}
+
+// --- R9 and the end of the agent ---------------------------------------------------------------
+
+TEST_F(SaveCoreTest, R9_NewSessionAccepted_OlderSessionsReportsStop) {
+  ToStaged();
+  Begin(/*ticket=*/7, /*step=*/8);
+  Deliver(absl::StatusCode::kOk, "s8-00000000000000c3");
+  EXPECT_TRUE(core_.View(kSession)->reports_closed);
+  Register();
+  EXPECT_THAT(Deliver(), ElementsAre("PLAN"));  // the new session's plan; nothing of the old
+}
+
+TEST_F(SaveCoreTest, Shutdown_OpenTicketsUnavailable_ExchangeCancelled) {
+  ToStaged();
+  Command(Gather(3));
+  Wait(20);
+  Apply(core_.Shutdown(now_));
+  EXPECT_EQ(WaitResult(20).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(cancelled_, ElementsAre(kSession));
+  Begin(/*ticket=*/30);
+  EXPECT_EQ(BeginStatus(30).code(), absl::StatusCode::kUnavailable);
+}
+
+// The same events in the same order give the same effects, backoff jitter included.
+TEST(SaveCoreDeterminism, SameEvents_SameEffects) {
+  auto run = [] {
+    SaveCoreOptions options;
+    options.job_id = kJob;
+    options.rank = kRank;
+    options.seed = 42;  // jitter on (the default backoff's 0.5)
+    SaveCore core(options);
+    absl::Time now = absl::FromUnixSeconds(5);
+    std::string trace;
+    uint64_t plan_rpc = 0;
+    absl::Time next = absl::InfiniteFuture();
+    auto record = [&](const SaveEffects& fx) {
+      for (const CoordinatorRpc& rpc : fx.rpcs) {
+        absl::StrAppend(&trace, rpc.id, NameOf(rpc), ";");
+        plan_rpc = rpc.id;
+      }
+      absl::StrAppend(&trace, "tick@", absl::FormatTime(fx.next_tick), ";");
+      next = fx.next_tick;
+    };
+    record(core.OnRegistered(now, 1, kRoot));
+    record(core.BeginSave(now, 1, Request()));
+    for (int i = 0; i < 4; ++i) {
+      record(core.OnPlanSubmitted(now, plan_rpc, absl::UnavailableError("down")));
+      now = next;
+      record(core.Tick(now));
+    }
+    return trace;
+  };
+  const std::string first = run();
+  EXPECT_THAT(first, HasSubstr("5PLAN"));  // the fourth retry
+  EXPECT_EQ(first, run());
+}
+
+}  // namespace
+}  // namespace tessera

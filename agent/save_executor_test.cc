@@ -1,0 +1,284 @@
+// SaveExecutor as a whole, in one process: a fake coordinator, real staging, real storage in a
+// temporary directory, loopback peers. Synchronised on the fake's notifications, never on sleeps.
+#include "agent/save_executor.h"
+
+#include <unistd.h>
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "agent/peer/loopback_peer_transport.h"
+#include "agent/save_test_messages.h"
+#include "common/ids.h"
+#include "common/status.h"
+#include "format/test_checkpoint.h"
+#include "gtest/gtest.h"
+#include "storage/posix_storage.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kSession[] = "s7-00000000000000a1";
+constexpr int64_t kStep = 7;
+constexpr uint64_t kCoordinatorIncarnation = 0xc0;
+// Long enough to tell a save that proceeds from one that stalls, short beside a test's timeout.
+constexpr absl::Duration kBound = absl::Seconds(20);
+
+// A coordinator that answers from its own rules; the test reads what it was told.
+class FakeCoordinator : public CoordinatorClient {
+ public:
+  absl::StatusOr<v1::RegisterAgentResponse> Register(const v1::RegisterAgentRequest&) override {
+    return absl::UnimplementedError("not used by the executor");
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest&) override {
+    return absl::UnimplementedError("not used by the executor");
+  }
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(
+      const v1::SubmitLocalPlanRequest&) override {
+    v1::SubmitLocalPlanResponse response;
+    response.set_session_id(kSession);
+    return response;
+  }
+  absl::StatusOr<v1::ReportPhaseResponse> ReportPhase(
+      const v1::ReportPhaseRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    phases_.push_back(request.phase());
+    if (request.has_error()) errors_.push_back(request.error());
+    return v1::ReportPhaseResponse();
+  }
+  absl::StatusOr<v1::ReportChunksResponse> ReportChunks(
+      const v1::ReportChunksRequest& request) override {
+    absl::MutexLock lock(&mu_);
+    if (outage_ > absl::ZeroDuration()) {
+      if (outage_began_ == absl::InfinitePast()) outage_began_ = absl::Now();
+      if (absl::Now() < outage_began_ + outage_) {
+        ++chunk_failures_;
+        return absl::UnavailableError("the coordinator is unreachable (test outage)");
+      }
+    }
+    chunks_delivered_ += request.chunks_size();
+    return v1::ReportChunksResponse();
+  }
+
+  // ReportChunks fails with Unavailable for `outage`, counted from the first call.
+  void FailChunkReportsFor(absl::Duration outage) {
+    absl::MutexLock lock(&mu_);
+    outage_ = outage;
+  }
+  // Waits until `phase` was reported at least `times` times; false after `bound`.
+  bool AwaitPhase(v1::AgentPhase phase, int times, absl::Duration bound) {
+    absl::MutexLock lock(&mu_);
+    auto reported = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::count(phases_.begin(), phases_.end(), phase) >= times;
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&reported), bound);
+  }
+  // Waits until at least `n` reports carried an error; false after `bound`.
+  bool AwaitErrors(size_t n, absl::Duration bound) {
+    absl::MutexLock lock(&mu_);
+    auto reported = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return errors_.size() >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&reported), bound);
+  }
+  int chunk_failures() {
+    absl::MutexLock lock(&mu_);
+    return chunk_failures_;
+  }
+  int chunks_delivered() {
+    absl::MutexLock lock(&mu_);
+    return chunks_delivered_;
+  }
+  std::vector<v1::ErrorDetail> errors() {
+    absl::MutexLock lock(&mu_);
+    return errors_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::AgentPhase> phases_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ErrorDetail> errors_ ABSL_GUARDED_BY(mu_);
+  absl::Duration outage_ ABSL_GUARDED_BY(mu_) = absl::ZeroDuration();
+  absl::Time outage_began_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  int chunk_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  int chunks_delivered_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+v1::BeginSaveRequest SaveRequest() { return testing_save::OneShardRequest(kStep); }
+v1::Command Pin(uint64_t seq) {
+  return testing_save::OneShardPin(kSession, kStep, seq, 0, "data-00000.safetensors");
+}
+v1::Command Bare(uint64_t seq) { return testing_save::BareCommand(kSession, kStep, seq); }
+
+class SaveExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = testing_checkpoint::MakeTempDir("save_executor_test");
+    StagingPoolOptions pool_options;
+    pool_options.job_id = job_;
+    pool_options.incarnation = 0x5eed;
+    pool_options.budget_bytes = 16 << 20;
+    pool_options.pin = false;
+    absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(pool_options);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = *std::move(pool);
+  }
+
+  std::unique_ptr<SaveExecutor> MakeExecutor(SaveExecutorOptions options) {
+    options.core.job_id = job_;
+    options.core.rank = 0;
+    options.core.incarnation = 0x5eed;
+    return std::make_unique<SaveExecutor>(&coordinator_, pool_.get(), &storage_, &peers_,
+                                          options);
+  }
+
+  v1::RegisterAgentResponse Registered() const {
+    v1::RegisterAgentResponse response;
+    response.set_coordinator_incarnation(kCoordinatorIncarnation);
+    response.set_storage_root(root_);
+    return response;
+  }
+
+  // Runs the save up to the PERSIST command: BeginSave gets its slots, the trainer stages.
+  void SaveUpToPersist(SaveExecutor& executor) {
+    absl::Notification began;
+    absl::StatusOr<v1::BeginSaveResponse> slots;
+    executor.BeginSave(SaveRequest(), [&](absl::StatusOr<v1::BeginSaveResponse> r) {
+      slots = std::move(r);
+      began.Notify();
+    });
+    // PIN may overtake the submission's reply: the core holds it for the session (R1).
+    executor.OnCommand(Pin(1));
+    ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_PINNED, 1, kBound));
+    executor.OnCommand([] {
+      v1::Command c = Bare(2);
+      c.mutable_copy();
+      return c;
+    }());
+    ASSERT_TRUE(began.WaitForNotificationWithTimeout(kBound));
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    absl::Notification staged;
+    absl::Status staged_status;
+    executor.Staged(kSession, 1, [&](absl::Status s) {
+      staged_status = s;
+      staged.Notify();
+    });
+    ASSERT_TRUE(staged.WaitForNotificationWithTimeout(kBound));
+    ASSERT_TRUE(staged_status.ok()) << staged_status;
+    ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_STAGED, 1, kBound));
+    executor.OnCommand([] {
+      v1::Command c = Bare(3);
+      c.mutable_gather();
+      return c;
+    }());
+    ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_GATHERED, 1, kBound));
+  }
+
+  v1::Command Persist(uint64_t seq) const {
+    v1::Command c = Bare(seq);
+    c.mutable_persist()->set_tmp_dir(TmpDirPath(root_, job_, kStep, kSession));
+    return c;
+  }
+
+  const std::string job_ = absl::StrCat("exectest", getpid());
+  std::string root_;
+  FakeCoordinator coordinator_;
+  PosixStorage storage_;
+  LoopbackHub hub_;
+  LoopbackPeerTransport peers_{&hub_, 0};
+  std::unique_ptr<StagingPool> pool_;
+};
+
+// Bug 2 (issue 11): a chunk report that failed for longer than the retry window (3 s) was
+// given up, and the save waited for the coordinator's phase timeout. It must be re-sent once
+// the coordinator answers again, and the session proceed to its commit.
+TEST_F(SaveExecutorTest, ChunkReport_FailsLongerThanRetryWindow_ResentAndSessionProceeds) {
+  SaveExecutorOptions options;
+  options.core.retry_backoff = {absl::Milliseconds(10), absl::Milliseconds(50), 2.0, 0.5};
+  std::unique_ptr<SaveExecutor> executor = MakeExecutor(options);
+  executor->OnRegistered(Registered());
+  SaveUpToPersist(*executor);
+
+  coordinator_.FailChunkReportsFor(absl::Milliseconds(3500));
+  executor->OnCommand(Persist(4));
+
+  ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_PERSISTED, 1, kBound))
+      << "the chunk report was not re-sent after the outage (" << coordinator_.chunk_failures()
+      << " failed attempts, " << coordinator_.chunks_delivered() << " chunks delivered)";
+  EXPECT_EQ(coordinator_.chunks_delivered(), 1);
+  EXPECT_GT(coordinator_.chunk_failures(), 1);
+  v1::Command committed = Bare(5);
+  committed.mutable_committed()->set_checkpoint_dir(StepDirPath(root_, job_, kStep));
+  executor->OnCommand(committed);
+  absl::Notification done;
+  absl::StatusOr<std::string> dir;
+  executor->WaitCommitted(kStep, absl::Now() + kBound, [&](absl::StatusOr<std::string> d) {
+    dir = std::move(d);
+    done.Notify();
+  });
+  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kBound));
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(*dir, StepDirPath(root_, job_, kStep));
+}
+
+// Bug 2 (issue 11): an agent that registered again with the same coordinator (a blip that
+// cost it its lease, or a coordinator that lost the agent) never re-sent its reports.
+TEST_F(SaveExecutorTest, ReRegistered_SameCoordinator_ReportsResent) {
+  std::unique_ptr<SaveExecutor> executor = MakeExecutor(SaveExecutorOptions());
+  executor->OnRegistered(Registered());
+  SaveUpToPersist(*executor);
+
+  executor->OnRegistered(Registered());
+
+  EXPECT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_GATHERED, 2, kBound))
+      << "the reports were not re-sent after registering again with the same coordinator";
+  EXPECT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_STAGED, 2, kBound));
+  EXPECT_TRUE(coordinator_.errors().empty());
+}
+
+// Bug 6 (issue 11): the agent wrote into whatever directory PERSIST named, and removed it when
+// the session aborted. A directory that is not the session's own must be refused untouched.
+TEST_F(SaveExecutorTest, Persist_TmpDirNotTheSessions_RefusedNothingWrittenOrRemoved) {
+  std::unique_ptr<SaveExecutor> executor = MakeExecutor(SaveExecutorOptions());
+  executor->OnRegistered(Registered());
+  SaveUpToPersist(*executor);
+  const std::string precious = JoinPath(root_, "precious");
+  ASSERT_TRUE(storage_.CreateDirs(precious).ok());
+  {
+    absl::StatusOr<std::unique_ptr<WritableFile>> file =
+        storage_.OpenForWrite(JoinPath(precious, "keep.txt"));
+    ASSERT_TRUE(file.ok()) << file.status();
+    ASSERT_TRUE((*file)->WriteAt(0, "keep", 4).ok());
+    ASSERT_TRUE((*file)->Close().ok());
+  }
+
+  v1::Command persist = Bare(4);
+  persist.mutable_persist()->set_tmp_dir(precious);
+  executor->OnCommand(persist);
+  EXPECT_TRUE(coordinator_.AwaitErrors(1, kBound)) << "the foreign directory was not refused";
+  v1::Command abort = Bare(5);
+  abort.mutable_abort()->mutable_error()->set_code(v1::ERROR_CODE_IO_ERROR);
+  abort.mutable_abort()->mutable_error()->set_message("rank 0 failed");
+  absl::Notification ended;
+  executor->OnCommand(abort);
+  executor->WaitCommitted(kStep, absl::Now() + kBound,
+                          [&](absl::StatusOr<std::string>) { ended.Notify(); });
+  ASSERT_TRUE(ended.WaitForNotificationWithTimeout(kBound));
+
+  absl::StatusOr<std::vector<std::string>> left = storage_.ListDir(precious);
+  EXPECT_TRUE(left.ok()) << "the foreign directory was removed: " << left.status();
+  if (left.ok()) {
+    EXPECT_EQ(*left, std::vector<std::string>{"keep.txt"});
+  }
+  std::vector<v1::ErrorDetail> errors = coordinator_.errors();
+  ASSERT_EQ(errors.size(), 1u);
+  EXPECT_EQ(errors[0].code(), v1::ERROR_CODE_IO_ERROR);
+  EXPECT_NE(errors[0].message().find(precious), std::string::npos) << errors[0].message();
+  EXPECT_NE(errors[0].message().find(TmpDirPath(root_, job_, kStep, kSession)),
+            std::string::npos)
+      << errors[0].message();
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,78 @@
+// The deterministic simulation of Tessera's save protocol (FoundationDB-style).
+//
+// One schedule runs one job's saves with everything real but time, the network, the disks
+// and the processes:
+//   - the coordinator: the real session core (server/session: JobCore, driven through
+//     CarryEffects as SessionManager drives it), the real AgentRegistry and planner, over a
+//     simulated state store (SimStateStore) that can refuse a write or fail after it;
+//   - each agent: the real save core (agent/save_core.h) and the real work functions
+//     (agent/save_work.h: staging preparation, replica hashing, the shard writer, commit
+//     resolution, retention) over a simulated disk (SimStorage) shared with the coordinator,
+//     and a peer transport that moves DP slices between the simulated agents' staging;
+//   - trainers that save every step in lockstep and check what they are told.
+// Every message (RPC requests and replies, command-stream commands) goes through a simulated
+// network that drops, delays, duplicates and reorders them, and cuts an agent's link for a
+// while; the coordinator crashes (at any step, also right after a write is durable and before
+// its commands go out) and recovers from its store; agents die (a new incarnation starts
+// without staging) and freeze past their lease; the disk fails any operation, before or after
+// it takes effect. All of it from one seeded random generator, on a simulated clock: a seed
+// replays exactly, event for event.
+//
+// After every event the invariants are checked (sim_world.cc, CheckInvariants):
+//   I1 a session the store calls COMMITTED has its manifest under the step's final name; one
+//      it calls ABORTED does not — never ABORTED with the directory in place;
+//   I2 a commit any agent or trainer was told of stays COMMITTED in the store, across every
+//      coordinator restart;
+//   I3 the latest committed step (the store's, and the disk's acknowledged one) never goes
+//      back;
+//   I4 a committed checkpoint verifies (format/verify.h: it tiles every tensor, every chunk's
+//      checksums match) and holds exactly the bytes the trainers staged;
+//   I5 one writer per chunk: no data file of a session is written by two ranks;
+// and at the end:
+//   I6 once faults stop, everything ends within a bound of simulated time: every save's
+//      session ended, every trainer call was answered, the coordinator is idle.
+#ifndef TESSERA_TESTS_SIM_SIM_WORLD_H_
+#define TESSERA_TESTS_SIM_SIM_WORLD_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace tessera::sim {
+
+struct SimConfig {
+  uint64_t seed = 1;
+  // 1, 2 or 4 ranks (sim_job.h); 0 picks one from the seed.
+  uint32_t world = 0;
+  // Saves per schedule (steps 10, 20, ...).
+  int steps = 2;
+  // The coordinator commits (else a committer agent does); picked from the seed if unset.
+  int coordinator_commits = -1;  // -1: from the seed, 0: agents, 1: coordinator
+  // Faults happen only during the first `fault_window` of simulated time.
+  absl::Duration fault_window = absl::Seconds(20);
+  // After the window, everything must end within this (I6).
+  absl::Duration quiet_bound = absl::Minutes(6);
+  // Fault intensity: 0 none, 1 normal, 2 heavy.
+  int faults = 1;
+  // Keep the event trace (every event, one line each), to print when a schedule fails.
+  bool trace = false;
+};
+
+struct SimResult {
+  bool ok = true;
+  std::string failure;              // which invariant, and how
+  std::vector<std::string> trace;   // with SimConfig.trace
+  uint64_t events = 0;
+  int committed = 0;                // saves that committed
+  int aborted = 0;                  // saves that did not
+  absl::Duration simulated;         // simulated time the schedule took
+};
+
+// Runs one schedule.
+SimResult RunSchedule(const SimConfig& config);
+
+}  // namespace tessera::sim
+
+#endif  // TESSERA_TESTS_SIM_SIM_WORLD_H_
