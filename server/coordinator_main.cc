@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "storage/fault_injecting_storage.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 #include "common/clock.h"
@@ -67,6 +68,12 @@ ABSL_FLAG(std::string, crash_in_state, "",
           "fault injection for tests: SIGKILL the coordinator right after it persists a "
           "session's entry into this state (PLANNING, PINNING, COPYING, PERSISTING, COMMITTING, "
           "COMMITTED)");
+ABSL_FLAG(std::string, inject_storage_fault, "",
+          "fault injection for tests only: make the coordinator's own storage I/O (its commits, "
+          "retention and removals) fail, with the agent's flag's ';'-separated SPEC "
+          "(storage/fault_injecting_storage.h), e.g. eio:syncdir_after_dir_rename=3 (the 3 "
+          "directory fsyncs after the first directory rename fail) or crash_after_dir_rename "
+          "(SIGKILL right after it)");
 ABSL_FLAG(int32_t, shutdown_grace_ms, 2000,
           "on SIGTERM, how long in-flight RPCs may take before they are cancelled");
 
@@ -118,7 +125,18 @@ int main(int argc, char** argv) {
   registry_options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   tessera::AgentRegistry registry(clock, registry_options);
 
-  tessera::PosixStorage storage;
+  tessera::PosixStorage posix_storage;
+  tessera::FaultInjectingStorage faulty_storage(&posix_storage);
+  const std::string storage_fault = absl::GetFlag(FLAGS_inject_storage_fault);
+  if (absl::Status armed = faulty_storage.Configure(storage_fault); !armed.ok()) {
+    return Fail(absl::StrCat("--inject_storage_fault: ", armed.message()));
+  }
+  if (!storage_fault.empty()) {
+    tessera::LogWarning("fault injection: storage faults armed: ", storage_fault);
+  }
+  tessera::Storage& storage = storage_fault.empty()
+                                  ? static_cast<tessera::Storage&>(posix_storage)
+                                  : static_cast<tessera::Storage&>(faulty_storage);
   tessera::CommandStreams streams;
   tessera::SessionManagerOptions manager_options;
   tessera::SessionOptions& session_options = manager_options.session;

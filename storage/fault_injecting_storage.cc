@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "tessera/v1/types.pb.h"
 
@@ -35,6 +37,10 @@ class FaultInjectingWritableFile : public WritableFile {
       : owner_(owner), base_(std::move(base)) {}
 
   absl::Status WriteAt(uint64_t offset, const void* data, size_t size) override {
+    if (int err = owner_->WaitUntilWritesReleased(); err != 0) {
+      return ErrnoToStatus(err, "pwrite", base_->path(),
+                           "(held by fault injection past its limit)");
+    }
     const FaultInjectingStorage::WritePermit permit = owner_->AdmitWrite(size);
     if (permit.allowed > 0) RETURN_IF_ERROR(base_->WriteAt(offset, data, permit.allowed));
     if (permit.err != 0) {
@@ -93,6 +99,72 @@ void FaultInjectingStorage::SetReadOnly(bool read_only) {
   read_only_ = read_only;
 }
 
+void FaultInjectingStorage::FailSyncDirAfterDirRename(uint64_t n, int err) {
+  absl::MutexLock lock(&mu_);
+  sync_dir_after_rename_armed_ = n > 0;
+  sync_dir_after_rename_n_ = n;
+  sync_dir_after_rename_errno_ = err;
+}
+
+void FaultInjectingStorage::SetAfterDirRename(
+    std::function<void(const std::string& from, const std::string& to)> hook) {
+  absl::MutexLock lock(&mu_);
+  after_dir_rename_ = std::move(hook);
+}
+
+void FaultInjectingStorage::HoldWritesUntil(std::string release_path, absl::Duration max_hold) {
+  absl::MutexLock lock(&mu_);
+  writes_released_ = release_path.empty();
+  hold_release_path_ = std::move(release_path);
+  max_hold_ = max_hold;
+  hold_logged_ = false;
+}
+
+void FaultInjectingStorage::ReleaseHeldWrites() {
+  absl::MutexLock lock(&mu_);
+  writes_released_ = true;
+}
+
+bool FaultInjectingStorage::AwaitHeldWrites(int n, absl::Duration timeout) const {
+  absl::MutexLock lock(&mu_);
+  auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return writes_held_ >= n; };
+  return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+}
+
+int FaultInjectingStorage::WaitUntilWritesReleased() {
+  std::string path;
+  absl::Time give_up;
+  bool first = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (writes_released_) return 0;
+    path = hold_release_path_;
+    give_up = absl::Now() + max_hold_;
+    ++writes_held_;
+    first = !hold_logged_;
+    hold_logged_ = true;
+  }
+  if (first) LogWarning("fault injection: holding writes until ", path, " exists");
+  bool released_here = false;
+  int err = 0;
+  for (;;) {
+    const bool exists = base_->FileSize(path).ok();
+    absl::MutexLock lock(&mu_);
+    if (exists && !writes_released_) {
+      writes_released_ = true;
+      released_here = true;
+    }
+    if (writes_released_ || absl::Now() >= give_up) {
+      --writes_held_;
+      if (!writes_released_) err = EIO;
+      break;
+    }
+    mu_.AwaitWithTimeout(absl::Condition(&writes_released_), absl::Milliseconds(10));
+  }
+  if (released_here) LogWarning("fault injection: ", path, " exists; writes go on");
+  return err;
+}
+
 void FaultInjectingStorage::Reset() {
   absl::MutexLock lock(&mu_);
   read_only_ = false;
@@ -102,6 +174,10 @@ void FaultInjectingStorage::Reset() {
   sync_errno_ = 0;
   sync_dir_errno_ = 0;
   rename_errno_ = 0;
+  sync_dir_after_rename_armed_ = false;
+  sync_dir_failures_left_ = 0;
+  after_dir_rename_ = nullptr;
+  writes_released_ = true;
 }
 
 absl::Status FaultInjectingStorage::Configure(absl::string_view spec) {
@@ -114,11 +190,27 @@ absl::Status FaultInjectingStorage::Configure(absl::string_view spec) {
       return absl::InvalidArgumentError(
           absl::StrCat("storage fault \"", item, "\": ", why,
                        " (expected ERR:after_bytes=N, ERR:write=N, ERR:sync, ERR:syncdir, "
-                       "ERR:rename or readonly; ERR one of enospc, eio, edquot, erofs, "
-                       "eacces)"));
+                       "ERR:rename, ERR:syncdir_after_dir_rename=N, readonly, "
+                       "crash_after_dir_rename or hold_writes=PATH; ERR one of enospc, eio, "
+                       "edquot, erofs, eacces)"));
     };
     if (absl::EqualsIgnoreCase(item, "readonly")) {
       arm.push_back([this] { SetReadOnly(true); });
+      continue;
+    }
+    if (absl::EqualsIgnoreCase(item, "crash_after_dir_rename")) {
+      arm.push_back([this] {
+        SetAfterDirRename([](const std::string& from, const std::string& to) {
+          LogError("fault injection: crashing after renaming ", from, " to ", to);
+          raise(SIGKILL);
+        });
+      });
+      continue;
+    }
+    if (absl::StartsWith(item, "hold_writes=")) {
+      std::string path(item.substr(12));
+      if (path.empty()) return bad("hold_writes needs a path");
+      arm.push_back([this, path] { HoldWritesUntil(path); });
       continue;
     }
     const size_t colon = item.find(':');
@@ -143,6 +235,11 @@ absl::Status FaultInjectingStorage::Configure(absl::string_view spec) {
       arm.push_back([this, err] { FailSyncDir(err); });
     } else if (what == "rename") {
       arm.push_back([this, err] { FailRename(err); });
+    } else if (absl::StartsWith(what, "syncdir_after_dir_rename=")) {
+      if (!absl::SimpleAtoi(what.substr(25), &n) || n == 0) {
+        return bad("syncdir_after_dir_rename needs a number >= 1");
+      }
+      arm.push_back([this, n, err] { FailSyncDirAfterDirRename(n, err); });
     } else {
       return bad(absl::StrCat("unknown fault \"", what, "\""));
     }
@@ -208,6 +305,10 @@ absl::Status FaultInjectingStorage::SyncDir(const std::string& path) {
   {
     absl::MutexLock lock(&mu_);
     err = read_only_ ? EROFS : sync_dir_errno_;
+    if (err == 0 && sync_dir_failures_left_ > 0) {
+      --sync_dir_failures_left_;
+      err = sync_dir_after_rename_errno_;
+    }
   }
   if (err != 0) return ErrnoToStatus(err, "fsync", path, "(directory)");
   return base_->SyncDir(path);
@@ -220,7 +321,24 @@ absl::Status FaultInjectingStorage::Rename(const std::string& from, const std::s
     err = read_only_ ? EROFS : rename_errno_;
   }
   if (err != 0) return ErrnoToStatus(err, "rename", from, absl::StrCat("to ", to));
-  return base_->Rename(from, to);
+  RETURN_IF_ERROR(base_->Rename(from, to));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!sync_dir_after_rename_armed_ && after_dir_rename_ == nullptr) return absl::OkStatus();
+  }
+  if (!base_->ListDir(to).ok()) return absl::OkStatus();  // a file, not a directory
+  std::function<void(const std::string&, const std::string&)> hook;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sync_dir_after_rename_armed_) {
+      sync_dir_after_rename_armed_ = false;
+      sync_dir_failures_left_ = sync_dir_after_rename_n_;
+    }
+    hook = std::move(after_dir_rename_);
+    after_dir_rename_ = nullptr;
+  }
+  if (hook) hook(from, to);
+  return absl::OkStatus();
 }
 
 absl::Status FaultInjectingStorage::RemoveTree(const std::string& path) {

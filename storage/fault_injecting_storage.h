@@ -1,10 +1,11 @@
 // FaultInjectingStorage: a Storage decorator that fails chosen operations, for tests and the
-// agent's test-only --inject_storage_fault flag.
+// test-only --inject_storage_fault flags of the agent and the coordinator.
 #ifndef TESSERA_STORAGE_FAULT_INJECTING_STORAGE_H_
 #define TESSERA_STORAGE_FAULT_INJECTING_STORAGE_H_
 
 #include <cerrno>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "storage/storage.h"
 
 namespace tessera {
@@ -44,6 +46,26 @@ class FaultInjectingStorage : public Storage {
   // RemoveTree) fails with EROFS, as on a file system remounted read-only.
   void SetReadOnly(bool read_only);
 
+  // Once a directory has been renamed (a commit's rename, or a rollback's), the next `n`
+  // SyncDir calls fail with `err`: the rename is done but not yet durable, as after a parent
+  // fsync that fails for a while. Armed once: only the first directory rename from now counts.
+  void FailSyncDirAfterDirRename(uint64_t n, int err = EIO);
+
+  // Runs `hook(from, to)` right after the first directory rename from now succeeds (the
+  // Configure item crash_after_dir_rename SIGKILLs the process there). Null disarms.
+  void SetAfterDirRename(std::function<void(const std::string& from, const std::string& to)> hook);
+
+  // Every WriteAt waits until the file `release_path` exists (checked every 10 ms through the
+  // wrapped storage), or ReleaseHeldWrites(), so that a test can hold a writer in the middle
+  // of a save and let it go on an event of its own. A write still held after `max_hold` fails
+  // with EIO, so a forgotten release cannot hang a process forever. The first held write logs
+  // "fault injection: holding writes until <path> exists". Empty path: writes are not held.
+  void HoldWritesUntil(std::string release_path, absl::Duration max_hold = absl::Minutes(5));
+  // Lets every held write go on, and later writes are not held.
+  void ReleaseHeldWrites();
+  // Waits until at least `n` writes are held at once, or `timeout`; true if they are.
+  bool AwaitHeldWrites(int n, absl::Duration timeout) const;
+
   // Clears every fault.
   void Reset();
 
@@ -54,7 +76,16 @@ class FaultInjectingStorage : public Storage {
   //   ERR:sync            every fsync of a written file fails (FailSync)
   //   ERR:syncdir         every directory fsync fails (FailSyncDir)
   //   ERR:rename          every rename fails (FailRename)
+  //   ERR:syncdir_after_dir_rename=N
+  //                       the N directory fsyncs after the first directory rename fail
+  //                       (FailSyncDirAfterDirRename)
   //   readonly            every mutation fails with EROFS (SetReadOnly)
+  //   crash_after_dir_rename
+  //                       SIGKILL the process right after the first directory rename
+  //                       succeeds, logging "fault injection: crashing after renaming <from>
+  //                       to <to>" first (SetAfterDirRename)
+  //   hold_writes=PATH    every write waits until the file PATH exists (HoldWritesUntil; PATH
+  //                       may not contain ';')
   // ERR is one of enospc, eio, edquot, erofs, eacces (case-insensitive). An empty spec arms
   // nothing. Errors: InvalidArgument naming the item that does not parse (nothing is armed).
   absl::Status Configure(absl::string_view spec);
@@ -81,6 +112,8 @@ class FaultInjectingStorage : public Storage {
     int err;
   };
   WritePermit AdmitWrite(size_t size);
+  // Blocks while writes are held (HoldWritesUntil). Returns EIO if held past the limit, else 0.
+  int WaitUntilWritesReleased();
   int sync_errno() const;
   bool read_only() const;
 
@@ -98,6 +131,20 @@ class FaultInjectingStorage : public Storage {
   int sync_errno_ ABSL_GUARDED_BY(mu_) = 0;
   int sync_dir_errno_ ABSL_GUARDED_BY(mu_) = 0;
   int rename_errno_ ABSL_GUARDED_BY(mu_) = 0;
+  // FailSyncDirAfterDirRename: armed_ until the first directory rename, which moves the count
+  // into sync_dir_failures_left_.
+  bool sync_dir_after_rename_armed_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t sync_dir_after_rename_n_ ABSL_GUARDED_BY(mu_) = 0;
+  int sync_dir_after_rename_errno_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t sync_dir_failures_left_ ABSL_GUARDED_BY(mu_) = 0;
+  std::function<void(const std::string&, const std::string&)> after_dir_rename_
+      ABSL_GUARDED_BY(mu_);
+  // HoldWritesUntil.
+  std::string hold_release_path_ ABSL_GUARDED_BY(mu_);
+  absl::Duration max_hold_ ABSL_GUARDED_BY(mu_) = absl::Minutes(5);
+  bool writes_released_ ABSL_GUARDED_BY(mu_) = true;
+  bool hold_logged_ ABSL_GUARDED_BY(mu_) = false;
+  int writes_held_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tessera

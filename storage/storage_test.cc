@@ -3,6 +3,7 @@
 #include "storage/storage.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +18,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -562,6 +565,125 @@ TEST(FaultInjectingStorage, FailSyncAndRename_ReportErrno) {
   storage.Reset();
   EXPECT_TRUE((*file)->Sync().ok());
   EXPECT_TRUE(storage.Rename(dir + "/f", dir + "/g").ok());
+}
+
+TEST(FaultInjectingStorage, SyncDirAfterDirRename_OnlyTheNFsyncsAfterTheFirstDirRenameFail) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  ASSERT_TRUE(storage.Configure("eio:syncdir_after_dir_rename=2").ok());
+  ASSERT_TRUE(posix.CreateDirs(dir + "/tmp").ok());
+  auto file = storage.OpenForWrite(dir + "/tmp/.m");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  // Before any directory rename, and after a file's rename, directory fsyncs work.
+  EXPECT_TRUE(storage.SyncDir(dir).ok());
+  ASSERT_TRUE(storage.Rename(dir + "/tmp/.m", dir + "/tmp/m").ok());
+  EXPECT_TRUE(storage.SyncDir(dir + "/tmp").ok());
+  // The directory's rename happens; the next two directory fsyncs fail, then they work.
+  ASSERT_TRUE(storage.Rename(dir + "/tmp", dir + "/final").ok());
+  EXPECT_TRUE(posix.FileSize(dir + "/final/m").ok());
+  absl::Status status = storage.SyncDir(dir);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("Input/output error"));
+  EXPECT_EQ(IoPath(status), dir);
+  EXPECT_EQ(storage.SyncDir(dir).code(), absl::StatusCode::kDataLoss);
+  EXPECT_TRUE(storage.SyncDir(dir).ok());
+  // Armed once: a later directory rename fails nothing.
+  ASSERT_TRUE(storage.Rename(dir + "/final", dir + "/again").ok());
+  EXPECT_TRUE(storage.SyncDir(dir).ok());
+  for (const char* bad : {"eio:syncdir_after_dir_rename=0", "eio:syncdir_after_dir_rename=",
+                          "eio:syncdir_after_dir_rename=x"}) {
+    EXPECT_EQ(storage.Configure(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+}
+
+TEST(FaultInjectingStorage, AfterDirRename_HookRunsOnceAfterTheFirstDirRename) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  std::vector<std::string> seen;
+  storage.SetAfterDirRename([&](const std::string& from, const std::string& to) {
+    seen.push_back(from + " -> " + to);
+    // The rename is done when the hook runs.
+    EXPECT_TRUE(posix.ListDir(to).ok());
+  });
+  ASSERT_TRUE(posix.CreateDirs(dir + "/a").ok());
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  ASSERT_TRUE((*file)->Close().ok());
+  ASSERT_TRUE(storage.Rename(dir + "/f", dir + "/g").ok());  // a file: no hook
+  EXPECT_TRUE(seen.empty());
+  ASSERT_TRUE(storage.Rename(dir + "/a", dir + "/b").ok());
+  ASSERT_TRUE(storage.Rename(dir + "/b", dir + "/c").ok());
+  EXPECT_THAT(seen, ElementsAre(dir + "/a -> " + dir + "/b"));
+}
+
+TEST(FaultInjectingStorageDeathTest, CrashAfterDirRename_KillsTheProcessAfterTheRename) {
+  const std::string dir = MakeTempDir();
+  ASSERT_TRUE(PosixStorage().CreateDirs(dir + "/a").ok());
+  EXPECT_EXIT(
+      {
+        PosixStorage posix;
+        FaultInjectingStorage storage(&posix);
+        if (!storage.Configure("crash_after_dir_rename").ok()) _exit(3);
+        if (!storage.Rename(dir + "/a", dir + "/b").ok()) _exit(4);
+        _exit(0);
+      },
+      ::testing::KilledBySignal(SIGKILL), "fault injection: crashing after renaming");
+  // The child renamed before it died.
+  EXPECT_TRUE(PosixStorage().ListDir(dir + "/b").ok());
+  EXPECT_FALSE(PosixStorage().ListDir(dir + "/a").ok());
+}
+
+TEST(FaultInjectingStorage, HoldWrites_WaitUntilTheReleaseFileExists) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  ASSERT_TRUE(storage.Configure("hold_writes=" + dir + "/release").ok());
+  EXPECT_EQ(storage.Configure("hold_writes=").code(), absl::StatusCode::kInvalidArgument);
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  absl::Status written;
+  absl::Notification done;
+  std::thread writer([&] {
+    written = (*file)->WriteAt(0, "abc", 3);
+    done.Notify();
+  });
+  ASSERT_TRUE(storage.AwaitHeldWrites(1, absl::Seconds(30)));
+  EXPECT_FALSE(done.HasBeenNotified());
+  EXPECT_EQ(*posix.FileSize(dir + "/f"), 0u);  // nothing written while held
+  auto release = posix.OpenForWrite(dir + "/release");
+  ASSERT_TRUE(release.ok());
+  ASSERT_TRUE((*release)->Close().ok());
+  writer.join();
+  EXPECT_TRUE(written.ok()) << written;
+  EXPECT_EQ(*posix.FileSize(dir + "/f"), 3u);
+  EXPECT_TRUE((*file)->WriteAt(3, "d", 1).ok());  // released for good
+  ASSERT_TRUE((*file)->Close().ok());
+}
+
+TEST(FaultInjectingStorage, HoldWrites_ReleasedInProcessOrFailAfterTheLimit) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  storage.HoldWritesUntil(dir + "/never", absl::InfiniteDuration());
+  auto file = storage.OpenForWrite(dir + "/f");
+  ASSERT_TRUE(file.ok());
+  absl::Status written;
+  std::thread writer([&] { written = (*file)->WriteAt(0, "abc", 3); });
+  ASSERT_TRUE(storage.AwaitHeldWrites(1, absl::Seconds(30)));
+  storage.ReleaseHeldWrites();
+  writer.join();
+  EXPECT_TRUE(written.ok()) << written;
+
+  // A write held past the limit fails with EIO (a zero limit: at once).
+  storage.HoldWritesUntil(dir + "/never", absl::ZeroDuration());
+  absl::Status status = (*file)->WriteAt(3, "d", 1);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_THAT(status.message(), HasSubstr("held by fault injection"));
+  ASSERT_TRUE((*file)->Close().ok());
+  EXPECT_EQ(*posix.FileSize(dir + "/f"), 3u);
 }
 
 }  // namespace

@@ -40,3 +40,24 @@ stop_process() {
   done
   wait "$pid" 2>/dev/null
 }
+
+# log_offset FILE: FILE's size in bytes now (0 if it does not exist). A restarted process
+# appends to the same log; log_since and wait_for_line_since read only what came after.
+log_offset() { stat -c %s "$1" 2>/dev/null || echo 0; }
+
+# log_since FILE OFFSET: what FILE got after OFFSET (a log_offset).
+log_since() { tail -c +"$(($2 + 1))" "$1" 2>/dev/null; }
+
+# wait_for_line_since FILE OFFSET REGEX TIMEOUT_S: as wait_for_line, in what FILE got after
+# OFFSET.
+wait_for_line_since() {
+  local file=$1 offset=$2 regex=$3 timeout=$4 waited=0
+  until log_since "$file" "$offset" | grep -Eq -- "$regex"; do
+    if [ "$waited" -ge $((timeout * 10)) ]; then
+      echo "timed out after ${timeout}s waiting for /$regex/ in $file (after byte $offset)" >&2
+      return 1
+    fi
+    sleep 0.1
+    waited=$((waited + 1))
+  done
+}

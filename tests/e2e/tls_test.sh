@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # End-to-end: the coordinator with TLS, mutual TLS and an admin token (real processes).
 # - an agent with the CA and a client certificate registers;
-# - an agent without a client certificate, and a plaintext agent, are refused;
+# - an agent without a client certificate, and a plaintext agent, are refused: each has tried
+#   twice (its TLS handshake failed, as the coordinator logs), and neither registered;
 # - the CLI needs the token: without it the coordinator answers UNAUTHENTICATED.
 set -uo pipefail
 source deploy/lib/procs.sh
@@ -39,7 +40,20 @@ agent 0 agent-mtls.log --tls_ca="$dir/ca.pem" --tls_cert="$dir/client.pem" --tls
 agent 1 agent-nocert.log --tls_ca="$dir/ca.pem"
 agent 2 agent-plain.log
 wait_for_line "$dir/agent-mtls.log" "lease renewed" 20 || fail "the mTLS agent did not register"
-sleep 2  # give the refused agents time to have tried (and failed) several times
+# The refused agents have tried, and been refused, at least twice each: the coordinator's TLS
+# layer (gRPC) logs each failed handshake with its reason — a client without a certificate
+# ("peer did not return a certificate"), a plaintext client ("wrong version number").
+nocert_refused="Handshake failed.*peer did not return a certificate"
+plain_refused="Handshake failed.*wrong version number"
+waited=0
+until [ "$(count_lines "$dir/coordinator.log" "$nocert_refused")" -ge 2 ] &&
+  [ "$(count_lines "$dir/coordinator.log" "$plain_refused")" -ge 2 ]; do
+  grep -q "registered agent job=tls rank=1" "$dir/coordinator.log" && fail "an agent without a client certificate registered"
+  grep -q "registered agent job=tls rank=2" "$dir/coordinator.log" && fail "a plaintext agent registered"
+  [ $waited -lt 300 ] || fail "the coordinator did not refuse the agents without a client certificate and without TLS twice each within 30 s"
+  sleep 0.1
+  waited=$((waited + 1))
+done
 grep -q "registered agent job=tls rank=1" "$dir/coordinator.log" && fail "an agent without a client certificate registered"
 grep -q "registered agent job=tls rank=2" "$dir/coordinator.log" && fail "a plaintext agent registered"
 grep -q "lease renewed" "$dir/agent-nocert.log" && fail "the agent without a client certificate got a lease"

@@ -188,3 +188,29 @@ finish() {
   AGENT_PIDS=()
   stop_coordinator || fail "the coordinator did not exit cleanly on SIGTERM"
 }
+
+# agent_logs: every agent log of the job, concatenated.
+agent_logs() { cat "$DIR"/logs/agent-"$JOB"-*.log 2>/dev/null; }
+
+# start_save STEP [FLAGS...]: every rank's trainer saves STEP in the background, under
+# TRAINER_TIMEOUT (pids in TRAINER_PIDS[rank]); wait for each with wait_trainer.
+start_save() {
+  local step=$1 r n
+  shift
+  n=$(world_size "$LAYOUT")
+  TRAINER_PIDS=()
+  for r in $(seq 0 $((n - 1))); do
+    timeout "$TRAINER_TIMEOUT" "$BIN/examples/tessera-llama-trainer" \
+      --agent_socket="$SOCK_DIR/$JOB-$r.sock" --mode=save --steps="$step" "${MODEL[@]}" "$@" \
+      >"$DIR/logs/trainer-$JOB-$r.out" 2>&1 &
+    TRAINER_PIDS[$r]=$!
+  done
+}
+
+# wait_trainer RANK WHAT: waits (bounded) for RANK's trainer of start_save; fails the test
+# unless it exited 0.
+wait_trainer() {
+  wait_pid_bounded "${TRAINER_PIDS[$1]}" "$TRAINER_TIMEOUT" "trainer $1"
+  [ "$WAITED_RC" -eq 0 ] ||
+    fail "$2: trainer $1 exited $WAITED_RC: $(tail -n 3 "$DIR/logs/trainer-$JOB-$1.out")"
+}
