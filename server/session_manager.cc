@@ -287,8 +287,7 @@ void SessionManager::SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
   {
     absl::MutexLock lock(&job->mu);
     if (job->core == nullptr) {
-      job->core = std::make_unique<JobCore>(
-          Context(), job_id);
+      job->core = std::make_unique<JobCore>(Context(), job_id);
     }
   }
   auto shared = std::make_shared<v1::SubmitLocalPlanRequest>(std::move(request));
@@ -300,19 +299,22 @@ void SessionManager::SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
       std::move(done));
 }
 
+template <typename T>
+SessionManager::Job* SessionManager::ReportingJob(const std::string& job_id, uint32_t rank,
+                                                  uint64_t incarnation, Done<T>& done) {
+  if (absl::Status s = registry_->CheckIncarnation(job_id, rank, incarnation); !s.ok()) {
+    done(s);
+    return nullptr;
+  }
+  Job* job = FindJob(job_id);
+  if (job == nullptr) done(absl::NotFoundError(absl::StrCat("unknown job ", job_id)));
+  return job;
+}
+
 void SessionManager::ReportPhase(const v1::ReportPhaseRequest& request,
                                  Done<v1::SessionState> done) {
-  if (absl::Status s =
-          registry_->CheckIncarnation(request.job_id(), request.rank(), request.incarnation());
-      !s.ok()) {
-    done(s);
-    return;
-  }
-  Job* job = FindJob(request.job_id());
-  if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("unknown job ", request.job_id())));
-    return;
-  }
+  Job* job = ReportingJob(request.job_id(), request.rank(), request.incarnation(), done);
+  if (job == nullptr) return;
   Post<v1::SessionState>(
       job, [this, request](JobCore& core) { return core.ReportPhase(request, clock_->Now()); },
       std::move(done));
@@ -320,17 +322,8 @@ void SessionManager::ReportPhase(const v1::ReportPhaseRequest& request,
 
 void SessionManager::ReportChunks(const v1::ReportChunksRequest& request,
                                   Done<v1::SessionState> done) {
-  if (absl::Status s =
-          registry_->CheckIncarnation(request.job_id(), request.rank(), request.incarnation());
-      !s.ok()) {
-    done(s);
-    return;
-  }
-  Job* job = FindJob(request.job_id());
-  if (job == nullptr) {
-    done(absl::NotFoundError(absl::StrCat("unknown job ", request.job_id())));
-    return;
-  }
+  Job* job = ReportingJob(request.job_id(), request.rank(), request.incarnation(), done);
+  if (job == nullptr) return;
   Post<v1::SessionState>(
       job, [this, request](JobCore& core) { return core.ReportChunks(request, clock_->Now()); },
       std::move(done));

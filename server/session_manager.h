@@ -137,6 +137,11 @@ class SessionManager {
   // The job's slot, created on first use. Null if the manager stopped.
   Job* FindOrAddJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(jobs_mu_);
   Job* FindJob(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(jobs_mu_);
+  // The job of an agent's report, after checking the agent's incarnation; null (and `done`
+  // answered with the reason) if the incarnation is stale or the job unknown.
+  template <typename T>
+  Job* ReportingJob(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                    Done<T>& done) ABSL_LOCKS_EXCLUDED(jobs_mu_);
 
   // Runs one event of `job` on its strand: the core step, then its effects; `reply` gets the
   // event's answer (Unavailable if the store refused the step).

@@ -1,6 +1,10 @@
 """Runs a unittest module and writes one JUnit <testcase> per test method into
-$XML_OUTPUT_FILE (Bazel's test report), so tests/run.sh counts Python cases individually.
-Exits non-zero if any case failed or errored, or if no case ran."""
+$XML_OUTPUT_FILE (Bazel's test report), so tests/run.sh counts Python cases individually
+(a skipped case is counted skipped, never passed).
+
+Exits non-zero if any case failed or errored, if no case ran, or if a case skipped without
+saying why (an empty reason): a suite whose every case skipped passes only when each skip
+names its reason, which is printed."""
 
 import os
 import sys
@@ -65,6 +69,12 @@ def _write_xml(path, suite_name, cases):
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
 
 
+def unexplained_skips(cases):
+    """The ids of the skipped cases whose reason is empty."""
+    return [test.id() for test, _, outcome, text in cases
+            if outcome == "skipped" and not text.strip()]
+
+
 def main(module_name="__main__"):
     suite = unittest.defaultTestLoader.loadTestsFromModule(sys.modules[module_name])
     runner = unittest.TextTestRunner(stream=sys.stderr, verbosity=2, resultclass=_Result)
@@ -73,4 +83,16 @@ def main(module_name="__main__"):
     if xml_path:
         _write_xml(xml_path, os.path.basename(sys.argv[0]), result.cases)
     ok = result.wasSuccessful() and result.testsRun > 0
+    if result.testsRun == 0:
+        print("FAIL: no test ran", file=sys.stderr)
+    unexplained = unexplained_skips(result.cases)
+    if unexplained:
+        ok = False
+        print("FAIL: skipped without saying why: " + ", ".join(unexplained), file=sys.stderr)
+    skipped = [(test.id(), text) for test, _, outcome, text in result.cases
+               if outcome == "skipped"]
+    if skipped and len(skipped) == result.testsRun:
+        print("every test skipped:", file=sys.stderr)
+        for name, why in skipped:
+            print("  %s: %s" % (name, why or "(no reason)"), file=sys.stderr)
     sys.exit(0 if ok else 1)

@@ -185,8 +185,9 @@ void JobCore::RememberFinal(const v1::Command& final) {
   while (recent_finals_.size() > kRecentFinals) recent_finals_.pop_front();
 }
 
-Outcome<v1::SessionState> JobCore::ReportPhase(const v1::ReportPhaseRequest& request,
-                                               absl::Time now) {
+template <typename Request, typename Handle>
+Outcome<v1::SessionState> JobCore::Report(const Request& request, absl::Time now,
+                                          Handle handle) {
   Outcome<v1::SessionState> result;
   absl::StatusOr<SessionMachine*> session =
       Find(request.session_id(), request.rank(), result.effects);
@@ -194,23 +195,23 @@ Outcome<v1::SessionState> JobCore::ReportPhase(const v1::ReportPhaseRequest& req
     result.reply = session.status();
     return result;
   }
-  result.reply = (*session)->ReportPhase(request, now, result.effects);
+  result.reply = handle(**session, result.effects);
   Fold(now, result.effects);
   return result;
 }
 
+Outcome<v1::SessionState> JobCore::ReportPhase(const v1::ReportPhaseRequest& request,
+                                               absl::Time now) {
+  return Report(request, now, [&](SessionMachine& session, Effects& out) {
+    return session.ReportPhase(request, now, out);
+  });
+}
+
 Outcome<v1::SessionState> JobCore::ReportChunks(const v1::ReportChunksRequest& request,
                                                 absl::Time now) {
-  Outcome<v1::SessionState> result;
-  absl::StatusOr<SessionMachine*> session =
-      Find(request.session_id(), request.rank(), result.effects);
-  if (!session.ok()) {
-    result.reply = session.status();
-    return result;
-  }
-  result.reply = (*session)->ReportChunks(request, now, result.effects);
-  Fold(now, result.effects);
-  return result;
+  return Report(request, now, [&](SessionMachine& session, Effects& out) {
+    return session.ReportChunks(request, now, out);
+  });
 }
 
 Effects JobCore::AgentRestarted(uint32_t rank, absl::Time now) {

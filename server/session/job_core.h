@@ -141,6 +141,9 @@ class JobCore {
   // the rank is sent its verdict again, in `out`); NotFound.
   absl::StatusOr<SessionMachine*> Find(const std::string& session_id, uint32_t rank,
                                        Effects& out);
+  // A report of a session in flight: finds it (Find), hands it to `handle`, folds the result.
+  template <typename Request, typename Handle>
+  Outcome<v1::SessionState> Report(const Request& request, absl::Time now, Handle handle);
   void RememberFinal(const v1::Command& final);
   v1::Command Final(const v1::SessionRecord& session);
 

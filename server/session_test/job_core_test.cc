@@ -580,7 +580,9 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   EXPECT_THAT(RanksSent(v1::Command::kGather, id), ElementsAre(0, 1, 2, 3));
   for (const v1::Command& c : CommandsTo(1, id)) {
     // No DP-sliced state in these plans: no rank exchanges slices, none needs an address.
-    if (c.has_gather()) EXPECT_THAT(c.gather().peer_addresses(), IsEmpty());
+    if (c.has_gather()) {
+      EXPECT_THAT(c.gather().peer_addresses(), IsEmpty());
+    }
   }
 
   clock_.Advance(absl::Seconds(4));

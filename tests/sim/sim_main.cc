@@ -42,18 +42,23 @@ int main(int argc, char** argv) {
   const uint64_t first = absl::GetFlag(FLAGS_first_seed);
   const uint64_t n = absl::GetFlag(FLAGS_schedules);
   const absl::Time start = absl::Now();
-  uint64_t failures = 0;
+  uint64_t failures = 0, events = 0;
+  double simulated = 0;
   for (uint64_t i = 0; i < n; ++i) {
     tessera::sim::SimResult result = tessera::sim::RunSchedule(config_for(first + i));
+    events += result.events;
+    simulated += absl::ToDoubleSeconds(result.simulated);
     if (!result.ok) {
       ++failures;
       std::printf("FAIL %s\n", result.failure.c_str());
     }
     if ((i + 1) % absl::GetFlag(FLAGS_report_every) == 0 || i + 1 == n) {
       const double s = absl::ToDoubleSeconds(absl::Now() - start);
-      std::printf("%llu schedules, %llu failed, %.1f s, %.0f schedules/s\n",
+      std::printf("%llu schedules, %llu failed, %.1f s, %.0f schedules/s, %.0f events and "
+                  "%.1f simulated seconds per schedule\n",
                   static_cast<unsigned long long>(i + 1),
-                  static_cast<unsigned long long>(failures), s, (i + 1) / s);
+                  static_cast<unsigned long long>(failures), s, (i + 1) / s,
+                  static_cast<double>(events) / (i + 1), simulated / (i + 1));
       std::fflush(stdout);
     }
   }

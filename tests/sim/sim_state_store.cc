@@ -3,7 +3,7 @@
 namespace tessera::sim {
 
 absl::Status SimStateStore::Commit(const StoreBatch& batch) {
-  const Fault fault = hook_ && !batch.empty() ? hook_() : Fault::kNone;
+  const Fault fault = hook_ && !batch.empty() ? hook_(batch) : Fault::kNone;
   if (fault == Fault::kBefore) return absl::UnavailableError("simulated store: write refused");
   absl::Status applied = store_.Commit(batch);
   if (!applied.ok()) return applied;

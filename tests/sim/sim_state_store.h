@@ -17,7 +17,7 @@ namespace tessera::sim {
 class SimStateStore : public StateStore {
  public:
   enum class Fault { kNone, kBefore, kAfter };
-  using FaultHook = std::function<Fault()>;
+  using FaultHook = std::function<Fault(const StoreBatch& batch)>;
 
   void set_fault_hook(FaultHook hook) { hook_ = std::move(hook); }
 

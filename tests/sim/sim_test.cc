@@ -3,11 +3,14 @@
 // every event; and one seed per bug of issue 11 that exercises it. A failing seed prints its
 // event trace (it replays exactly: `bazel run //tests/sim:tessera-sim -- --seed=N --trace`).
 //
-// TESSERA_SIM_SCHEDULES sets how many schedules this test runs (default below); the test is
-// sharded, each shard running its share.
+// TESSERA_SIM_SCHEDULES sets how many random schedules this test runs (default below).
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <optional>
+#include <ostream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
@@ -45,14 +48,18 @@ class Sim : public ::testing::Test {
   void SetUp() override { InitLog("sim", LogLevel::kSilent); }
 };
 
-TEST_F(Sim, RandomSchedules_InvariantsHold) {
+// The random schedules, in parts: Bazel shards the test (shard_count in BUILD.bazel) and
+// gtest spreads the parts over the shards.
+constexpr int kParts = 8;
+
+class RandomSchedules : public Sim, public ::testing::WithParamInterface<int> {};
+
+TEST_P(RandomSchedules, InvariantsHold) {
   const uint64_t total = EnvOr("TESSERA_SIM_SCHEDULES", kDefaultSchedules);
-  const uint64_t shards = EnvOr("TEST_TOTAL_SHARDS", 1);
-  const uint64_t shard = EnvOr("TEST_SHARD_INDEX", 0);
   const absl::Time start = absl::Now();
   uint64_t ran = 0, events = 0;
   int committed = 0, aborted = 0;
-  for (uint64_t seed = 1 + shard; seed <= total; seed += shards) {
+  for (uint64_t seed = 1 + GetParam(); seed <= total; seed += kParts) {
     SimConfig config;
     config.seed = seed;
     config.faults = seed % 10 == 0 ? 2 : 1;  // one schedule in ten is heavy
@@ -67,13 +74,99 @@ TEST_F(Sim, RandomSchedules_InvariantsHold) {
     }
   }
   const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-  std::printf("sim: %llu schedules (%llu events, %d saves committed, %d not) in %.1f s: "
+  std::printf("sim part %d: %llu schedules (%llu events, %d saves committed, %d not) in %.1f s: "
               "%.0f schedules/s\n",
-              static_cast<unsigned long long>(ran), static_cast<unsigned long long>(events),
-              committed, aborted, seconds, ran / seconds);
+              GetParam(), static_cast<unsigned long long>(ran),
+              static_cast<unsigned long long>(events), committed, aborted, seconds,
+              ran / seconds);
   // The faults must leave room for saves to commit, or the invariants say little.
   EXPECT_GT(committed, aborted);
 }
+
+INSTANTIATE_TEST_SUITE_P(Parts, RandomSchedules, ::testing::Range(0, kParts));
+
+// One regression seed per bug: the scenario (sim_world.h) and no random fault. Each must reach
+// its bug (the markers) and then commit every save.
+struct ScenarioCase {
+  const char* name;
+  Scenario scenario;
+  int coordinator_commits;  // SimConfig::coordinator_commits
+  std::vector<std::string> markers;
+  // If set, what the job's directory must hold at the end.
+  std::optional<std::vector<std::string>> job_dir;
+};
+
+class Scenarios : public Sim, public ::testing::WithParamInterface<ScenarioCase> {};
+
+TEST_P(Scenarios, ReachesItsBugAndCommitsEverySave) {
+  SimConfig config;
+  config.scenario = GetParam().scenario;
+  config.coordinator_commits = GetParam().coordinator_commits;
+  config.seed = 1;
+  config.world = 2;
+  config.steps = 3;
+  config.faults = 0;
+  SimResult result = RunSchedule(config);
+  ExpectHolds(config);
+  EXPECT_EQ(result.committed, config.steps);
+  EXPECT_EQ(result.aborted, 0);
+  for (const std::string& marker : GetParam().markers) {
+    EXPECT_NE(std::find(result.markers.begin(), result.markers.end(), marker),
+              result.markers.end())
+        << "the scenario no longer reaches: " << marker << "\nit reached: "
+        << absl::StrJoin(result.markers, "; ");
+  }
+  if (GetParam().job_dir.has_value()) {
+    EXPECT_EQ(result.job_dir, *GetParam().job_dir);
+  }
+  if (HasFailure()) {
+    config.trace = true;
+    ADD_FAILURE() << "the schedule's events:\n" << absl::StrJoin(RunSchedule(config).trace, "\n");
+  }
+}
+
+void PrintTo(const ScenarioCase& c, std::ostream* os) { *os << c.name; }
+
+const std::string kRenamed = "a commit renamed its temp directory";
+const std::string kFsyncFailed =
+    "then the job directory's fsync failed past the COMMITTING deadline";
+
+INSTANTIATE_TEST_SUITE_P(
+    Bugs, Scenarios,
+    ::testing::Values(
+        ScenarioCase{"RenamedThenParentFsyncFails_CoordinatorCommits",
+                     Scenario::kRenamedThenParentFsyncFails, 1, {kRenamed, kFsyncFailed}},
+        ScenarioCase{"RenamedThenParentFsyncFails_AgentCommits",
+                     Scenario::kRenamedThenParentFsyncFails, 0, {kRenamed, kFsyncFailed}},
+        ScenarioCase{"LinkBlipInPersisting",
+                     Scenario::kLinkBlipInPersisting,
+                     0,
+                     {"every agent's link was cut for 3 s (the lease is 5 s) as the save entered PERSISTING"}},
+        ScenarioCase{"ClockBackAcrossRestart",
+                     Scenario::kClockBackAcrossRestart,
+                     1,
+                     {"the coordinator crashed right after COMMITTED was durable",
+                      "the coordinator restarted with its clock an hour behind"}},
+        // keep_last 1: only the last step is left, and no temp directory.
+        ScenarioCase{"RetentionWhileNextSaveWrites",
+                     Scenario::kRetentionWhileNextSaveWrites,
+                     1,
+                     {"retention ran while the next save's temp directory existed"},
+                     std::vector<std::string>{"step-000000030"}},
+        ScenarioCase{"RetentionWithAgentCommits",
+                     Scenario::kRetentionWhileNextSaveWrites,
+                     0,
+                     {},
+                     std::vector<std::string>{"step-000000030"}},
+        ScenarioCase{"CommittedWriteFailsAfterApplying_CoordinatorCommits",
+                     Scenario::kCommittedWriteFailsAfterApplying,
+                     1,
+                     {"the store applied the COMMITTED write and reported it failed"}},
+        ScenarioCase{"CommittedWriteFailsAfterApplying_AgentCommits",
+                     Scenario::kCommittedWriteFailsAfterApplying,
+                     0,
+                     {"the store applied the COMMITTED write and reported it failed"}}),
+    [](const ::testing::TestParamInfo<ScenarioCase>& info) { return info.param.name; });
 
 }  // namespace
 }  // namespace tessera::sim

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/peer/peer_transport.h"
 #include "agent/save_core.h"
 #include "agent/save_effects.h"
@@ -47,6 +48,9 @@ constexpr char kRoot[] = "/ckpt";
 constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
 constexpr absl::Duration kHeartbeat = absl::Seconds(1);
 constexpr absl::Duration kLease = absl::Seconds(5);
+// Events at one simulated instant beyond which a schedule is a livelock (a real one is a few
+// hundred events long in all).
+constexpr uint64_t kLivelockEvents = 100000;
 constexpr absl::Duration kCoordinatorTick = absl::Milliseconds(200);
 
 // Memory for one session's staging, page-aligned as the pool's is.
@@ -111,6 +115,19 @@ struct AgentProc {
   absl::Time tick_at = absl::InfiniteFuture();
 };
 
+// The coordinator's own clock: the simulation's, plus an offset a scenario may set (a
+// machine whose wall clock stepped back across a restart).
+class OffsetClock : public Clock {
+ public:
+  explicit OffsetClock(const Clock* base) : base_(base) {}
+  absl::Time Now() const override { return base_->Now() + offset_; }
+  void set_offset(absl::Duration d) { offset_ = d; }
+
+ private:
+  const Clock* const base_;
+  absl::Duration offset_;
+};
+
 struct CoordProc {
   uint64_t life = 0;
   bool up = false;
@@ -156,6 +173,21 @@ class World {
   void Trace(const std::string& line);
   bool InWindow() const { return now() < window_end_; }
   absl::Time now() const { return clock_.Now(); }
+  absl::Time CoordNow() const { return coord_clock_.Now(); }
+  // Records a scenario's step, once.
+  void Mark(std::string what) {
+    for (const std::string& m : result_.markers) {
+      if (m == what) return;
+    }
+    Trace(absl::StrCat("scenario: ", what));
+    result_.markers.push_back(std::move(what));
+  }
+  bool Is(Scenario s) const { return config_.scenario == s; }
+  StorageFault ScenarioDiskFault(StorageOp op, const std::string& path);
+  bool ScenarioStoreFailsAfter(const StoreBatch& batch);
+  void ScenarioPersisted(v1::SessionState state);
+  bool LaterTmpDirExists(int64_t committed_step) const;
+  void RunLateCleanups(bool all);
   double Uniform() { return std::uniform_real_distribution<double>(0, 1)(rng_); }
   bool Chance(double p) { return p > 0 && Uniform() < p; }
   absl::Duration Jitter(absl::Duration lo, absl::Duration hi);
@@ -212,6 +244,7 @@ class World {
   const SimConfig config_;
   std::mt19937_64 rng_;
   FakeClock clock_;
+  OffsetClock coord_clock_{&clock_};
   absl::Time start_;
   absl::Time window_end_;
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
@@ -249,6 +282,14 @@ class World {
   std::set<std::string> verified_;      // committed sessions whose checkpoint verified
   int64_t max_latest_ = -1;
   std::map<std::string, uint32_t> writers_;  // data file path -> the rank that wrote it
+
+  // Scenarios.
+  bool scenario_fired_ = false;
+  // kRetentionWhileNextSaveWrites: the coordinator's retention, held until a later save
+  // creates its temp directory (or training ends), by the step it followed.
+  std::vector<std::pair<int64_t, std::function<void()>>> late_cleanups_;
+  absl::Time fsync_fails_until_ = absl::InfinitePast();
+  bool clock_back_at_restart_ = false;
 };
 
 absl::Status SimPeers::Exchange(const std::string& session_id, absl::Span<const SliceSend>,
@@ -283,6 +324,7 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   options_.commit_retry_initial = absl::Milliseconds(500);
   options_.commit_retry_max = absl::Seconds(5);
   options_.keep_last = static_cast<int>(rng_() % 3);  // 0 keeps all
+  if (Is(Scenario::kRetentionWhileNextSaveWrites)) options_.keep_last = 1;
   const double f = config_.faults;
   p_drop_ = 0.02 * f;
   p_dup_ = 0.02 * f;
@@ -296,13 +338,15 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   p_freeze_ = 0.0005 * f;
   p_cut_ = 0.001 * f;
 
-  store_.set_fault_hook([this] {
+  store_.set_fault_hook([this](const StoreBatch& batch) {
     ++store_writes_;
+    if (ScenarioStoreFailsAfter(batch)) return SimStateStore::Fault::kAfter;
     if (!InWindow() || !Chance(p_store_)) return SimStateStore::Fault::kNone;
     Trace("fault: the store refuses a write");
     return Chance(0.5) ? SimStateStore::Fault::kBefore : SimStateStore::Fault::kAfter;
   });
   disk_.set_fault_hook([this](StorageOp op, const std::string& path) {
+    if (config_.scenario != Scenario::kRandom && !checking_) return ScenarioDiskFault(op, path);
     if (checking_ || !InWindow() || !Chance(p_disk_)) return StorageFault{};
     const bool after = (op == StorageOp::kRename || op == StorageOp::kSyncDir ||
                         op == StorageOp::kRemoveTree || op == StorageOp::kWrite) &&
@@ -348,22 +392,32 @@ void World::Fail(std::string why) {
 }
 
 SimResult World::Run() {
+  // Deadlock detection graphs every lock ever taken: a large share of a schedule's time, and
+  // the simulation is single-threaded.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   StartCoordinator();
   for (uint32_t r = 0; r < job_.world; ++r) StartAgent(r);
   At(absl::Seconds(1), "training starts", [this] { StartStep(0); });
   At(kCoordinatorTick, "coordinator tick", [this] { CoordinatorTick(); });
   const absl::Time give_up = window_end_ + config_.quiet_bound;
+  uint64_t at_this_instant = 0;
   while (!events_.empty() && !failed_) {
     Event e = events_.top();
     events_.pop();
     if (e.at > give_up) break;
-    if (e.at > now()) clock_.Set(e.at);
+    if (e.at > now()) {
+      clock_.Set(e.at);
+      at_this_instant = 0;
+    } else if (++at_this_instant > kLivelockEvents) {
+      Fail(absl::StrCat("livelock: ", kLivelockEvents, " events without time passing"));
+      break;
+    }
     ++result_.events;
     e.fn();
     if (failed_) break;
     CheckInvariants();
     if (InWindow()) MaybeFault();
-    if (training_done_ && !InWindow() && Quiet()) break;
+    if (training_done_ && Quiet()) break;  // every save ended: nothing left to get wrong
   }
   if (!failed_) {
     // I6: with faults over, everything ends within the bound.
@@ -376,6 +430,7 @@ SimResult World::Run() {
     }
   }
   result_.simulated = now() - start_;
+  result_.job_dir = disk_.Children(JobDirPath(kRoot, kJob));
   return result_;
 }
 
@@ -472,6 +527,8 @@ class World::CoordPort : public EffectsPort {
 
   absl::Status Persist(const StoreBatch& batch) override { return w_->store_.Commit(batch); }
   void Persisted(v1::SessionState state) override {
+    w_->ScenarioPersisted(state);
+    if (!alive()) return;
     // A crash right after a transition is durable, before any of its commands goes out.
     if (w_->InWindow() && w_->Chance(w_->p_crash_after_persist_)) {
       w_->CrashCoordinator(absl::StrCat("crash after persisting ", v1::SessionState_Name(state)));
@@ -508,7 +565,7 @@ class World::CoordPort : public EffectsPort {
             PlanVerdict verdict =
                 DecidePlan(*shared, *w->coord_.cache, *w->coord_.registry, w->options_.planner);
             w->Carry(w->coord_.job->PlanDecided(shared->session_id, shared->attempt,
-                                                std::move(verdict), w->now()));
+                                                std::move(verdict), w->CoordNow()));
           });
   }
   void StartCommit(CommitAttempt work) override {
@@ -522,18 +579,26 @@ class World::CoordPort : public EffectsPort {
             w->Trace(absl::StrCat("commit of ", work.session_id, ": ",
                                   static_cast<int>(resolution.outcome), " ",
                                   resolution.status.ToString()));
-            w->Carry(w->coord_.job->CommitResolved(work.session_id, resolution, w->now()));
+            w->Carry(w->coord_.job->CommitResolved(work.session_id, resolution, w->CoordNow()));
           });
   }
   void StartCleanup(std::optional<RetentionWork> retention,
                     std::vector<std::string> dirs) override {
     if (!alive()) return;
     World* w = w_;
+    const bool held = retention.has_value() && w->Is(Scenario::kRetentionWhileNextSaveWrites);
+    const int64_t step = retention.has_value() ? retention->committed_step : 0;
+    std::function<void()> cleanup = [w, retention = std::move(retention),
+                                     dirs = std::move(dirs)] {
+      for (const std::string& dir : dirs) w->edge_.Remove(dir).IgnoreError();
+      if (retention.has_value()) w->edge_.Retain(*retention).IgnoreError();
+    };
+    if (held) {
+      w->late_cleanups_.push_back({step, std::move(cleanup)});
+      return;
+    }
     w->At(w->Jitter(absl::Microseconds(100), absl::Milliseconds(30)), "coordinator cleans up",
-          [w, retention = std::move(retention), dirs = std::move(dirs)] {
-            for (const std::string& dir : dirs) w->edge_.Remove(dir).IgnoreError();
-            if (retention.has_value()) w->edge_.Retain(*retention).IgnoreError();
-          });
+          std::move(cleanup));
   }
 
  private:
@@ -561,7 +626,11 @@ void World::StartCoordinator() {
   AgentRegistryOptions registry_options;
   registry_options.lease = kLease;
   registry_options.heartbeat_interval = kHeartbeat;
-  c.registry = std::make_unique<AgentRegistry>(&clock_, registry_options);
+  if (clock_back_at_restart_) {
+    coord_clock_.set_offset(-absl::Hours(1));
+    Mark("the coordinator restarted with its clock an hour behind");
+  }
+  c.registry = std::make_unique<AgentRegistry>(&coord_clock_, registry_options);
   c.cache = std::make_unique<PlanCache>();
   c.streams.clear();
   c.commands_emitted = 0;
@@ -583,7 +652,7 @@ void World::ReloadJob() {
   }
   Effects out;
   absl::StatusOr<std::unique_ptr<JobCore>> job =
-      JobCore::Recover(context, store_, kJob, now(), out);
+      JobCore::Recover(context, store_, kJob, CoordNow(), out);
   if (!job.ok()) {
     Fail(absl::StrCat("the coordinator cannot recover the job: ", job.status().ToString()));
     return;
@@ -626,7 +695,7 @@ void World::CoordinatorTick() {
     ReloadJob();
     return;
   }
-  Effects effects = coord_.job->Tick(now());
+  Effects effects = coord_.job->Tick(CoordNow());
   if (config_.trace && !effects.commands.empty()) {
     Trace(absl::StrCat("coordinator tick: ", effects.commands.size(), " command(s), state ",
                        v1::SessionState_Name(coord_.job->Info().current_state())));
@@ -642,7 +711,7 @@ absl::Status World::HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanReques
   if (!layout.has_value()) return absl::NotFoundError("unknown job");
   if (coord_.job == nullptr) return absl::UnavailableError("recovering");
   Outcome<std::string> outcome =
-      coord_.job->SubmitPlan(v1::SubmitLocalPlanRequest(*request), *layout, now());
+      coord_.job->SubmitPlan(v1::SubmitLocalPlanRequest(*request), *layout, CoordNow());
   if (!Carry(std::move(outcome.effects))) return absl::UnavailableError("store refused");
   if (outcome.reply.ok()) *session_id = *outcome.reply;
   return outcome.reply.status();
@@ -652,7 +721,7 @@ absl::Status World::HandleReportPhase(const v1::ReportPhaseRequest& request) {
   RETURN_IF_ERROR(
       coord_.registry->CheckIncarnation(request.job_id(), request.rank(), request.incarnation()));
   if (coord_.job == nullptr) return absl::UnavailableError("recovering");
-  Outcome<v1::SessionState> outcome = coord_.job->ReportPhase(request, now());
+  Outcome<v1::SessionState> outcome = coord_.job->ReportPhase(request, CoordNow());
   if (!Carry(std::move(outcome.effects))) return absl::UnavailableError("store refused");
   return outcome.reply.status();
 }
@@ -661,7 +730,7 @@ absl::Status World::HandleReportChunks(const v1::ReportChunksRequest& request) {
   RETURN_IF_ERROR(
       coord_.registry->CheckIncarnation(request.job_id(), request.rank(), request.incarnation()));
   if (coord_.job == nullptr) return absl::UnavailableError("recovering");
-  Outcome<v1::SessionState> outcome = coord_.job->ReportChunks(request, now());
+  Outcome<v1::SessionState> outcome = coord_.job->ReportChunks(request, CoordNow());
   if (!Carry(std::move(outcome.effects))) return absl::UnavailableError("store refused");
   return outcome.reply.status();
 }
@@ -764,7 +833,7 @@ void World::Register(uint32_t rank) {
     absl::StatusOr<AgentRegistry::Registered> registered = coord_.registry->Register(request);
     if (registered.ok() && registered->replaced_incarnation.has_value() &&
         coord_.job != nullptr) {
-      Carry(coord_.job->AgentRestarted(rank, now()));
+      Carry(coord_.job->AgentRestarted(rank, CoordNow()));
     }
     const uint64_t coordinator = coord_.incarnation;
     ToAgent(rank, "RegisterAgent reply",
@@ -1152,7 +1221,86 @@ void World::TrainerDone(uint32_t rank, absl::StatusOr<std::string> outcome) {
        [this, next] { StartStep(next); });
   } else {
     training_done_ = true;
+    RunLateCleanups(true);
   }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scenarios (sim_world.h): each fires once, at the event its bug needs.
+
+StorageFault World::ScenarioDiskFault(StorageOp op, const std::string& path) {
+  if (op == StorageOp::kCreateDirs && !late_cleanups_.empty()) {
+    // Once the directory exists (the next event), a held retention whose later save has begun
+    // writing runs.
+    At(absl::ZeroDuration(), "held retention", [this] { RunLateCleanups(false); });
+  }
+  if (!Is(Scenario::kRenamedThenParentFsyncFails)) return StorageFault{};
+  const std::string job_dir = JobDirPath(kRoot, kJob);
+  const size_t slash = path.rfind('/');
+  if (op == StorageOp::kRename && !scenario_fired_ && path.substr(0, slash) == job_dir &&
+      ParseTmpDirName(path.substr(slash + 1)).has_value()) {
+    scenario_fired_ = true;
+    fsync_fails_until_ = now() + absl::Seconds(25);
+    Mark("a commit renamed its temp directory");
+  }
+  if (op == StorageOp::kSyncDir && path == job_dir && now() < fsync_fails_until_) {
+    Mark("then the job directory's fsync failed past the COMMITTING deadline");
+    return StorageFault{EIO, false};
+  }
+  return StorageFault{};
+}
+
+bool World::ScenarioStoreFailsAfter(const StoreBatch& batch) {
+  if (!Is(Scenario::kCommittedWriteFailsAfterApplying) || scenario_fired_) return false;
+  for (const StoreBatch::Op& op : batch.ops()) {
+    v1::SessionRecord session;
+    if (op.kind == StoreBatch::OpKind::kPut && op.table == Table::kSessions &&
+        session.ParseFromString(op.value) && session.state() == v1::SESSION_STATE_COMMITTED) {
+      scenario_fired_ = true;
+      Mark("the store applied the COMMITTED write and reported it failed");
+      return true;
+    }
+  }
+  return false;
+}
+
+void World::ScenarioPersisted(v1::SessionState state) {
+  if (scenario_fired_) return;
+  if (Is(Scenario::kLinkBlipInPersisting) && state == v1::SESSION_STATE_PERSISTING) {
+    scenario_fired_ = true;
+    Mark("every agent's link was cut for 3 s (the lease is 5 s) as the save entered PERSISTING");
+    for (uint32_t r = 0; r < job_.world; ++r) {
+      agents_[r].link_down_until = now() + absl::Seconds(3);
+      BreakStream(r, "link cut");
+    }
+  } else if (Is(Scenario::kClockBackAcrossRestart) && state == v1::SESSION_STATE_COMMITTED) {
+    scenario_fired_ = true;
+    clock_back_at_restart_ = true;
+    Mark("the coordinator crashed right after COMMITTED was durable");
+    CrashCoordinator("scenario");
+  }
+}
+
+void World::RunLateCleanups(bool all) {
+  std::vector<std::pair<int64_t, std::function<void()>>> held;
+  held.swap(late_cleanups_);
+  for (auto& [step, cleanup] : held) {
+    if (LaterTmpDirExists(step)) {
+      Mark("retention ran while the next save's temp directory existed");
+    } else if (!all) {
+      late_cleanups_.push_back({step, std::move(cleanup)});
+      continue;
+    }
+    cleanup();
+  }
+}
+
+bool World::LaterTmpDirExists(int64_t committed_step) const {
+  for (const std::string& name : disk_.Children(JobDirPath(kRoot, kJob))) {
+    const auto tmp = ParseTmpDirName(name);
+    if (tmp.has_value() && tmp->first > committed_step) return true;
+  }
+  return false;
 }
 
 // ---------------------------------------------------------------------------------------------

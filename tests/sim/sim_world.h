@@ -42,7 +42,28 @@
 
 namespace tessera::sim {
 
+// Schedules built to hit one bug of issue 11 (or one the simulation found) every time, with
+// no random faults besides: each is a regression seed that must keep exercising its bug.
+enum class Scenario {
+  kRandom,
+  // Bug 1: the first commit's rename happens, then every fsync of the job directory fails for
+  // 25 s, past the 20 s COMMITTING deadline.
+  kRenamedThenParentFsyncFails,
+  // Bug 2: every agent's link is cut for 3 s (the lease is 5 s) as the first save enters
+  // PERSISTING.
+  kLinkBlipInPersisting,
+  // Bug 4: the coordinator crashes right after the first COMMITTED is durable (before any
+  // agent hears it) and restarts with its clock an hour behind.
+  kClockBackAcrossRestart,
+  // Bug 5: with keep_last 1, the coordinator's retention after a commit runs late, once the
+  // next save has created its temp directory.
+  kRetentionWhileNextSaveWrites,
+  // Found by the simulation: the store applies the first COMMITTED write but reports it failed.
+  kCommittedWriteFailsAfterApplying,
+};
+
 struct SimConfig {
+  Scenario scenario = Scenario::kRandom;
   uint64_t seed = 1;
   // 1, 2 or 4 ranks (sim_job.h); 0 picks one from the seed.
   uint32_t world = 0;
@@ -68,6 +89,11 @@ struct SimResult {
   int committed = 0;                // saves that committed
   int aborted = 0;                  // saves that did not
   absl::Duration simulated;         // simulated time the schedule took
+  // What the scenario set out to do, as it happened (e.g. "renamed, then the parent's fsync
+  // failed"): a regression seed checks its scenario still reaches its bug.
+  std::vector<std::string> markers;
+  // What the job's directory holds at the end, sorted.
+  std::vector<std::string> job_dir;
 };
 
 // Runs one schedule.
