@@ -69,9 +69,12 @@ ABSL_FLAG(std::string, freeze_on, "",
 ABSL_FLAG(std::string, inject_storage_fault, "",
           "fault injection for tests only: make this agent's storage fail. ';'-separated: "
           "ERR:after_bytes=N (writes fail once N bytes were written, as a full disk does), "
-          "ERR:write=N (the N-th write fails), ERR:sync, ERR:syncdir, ERR:rename, readonly "
-          "(every mutation fails with EROFS); ERR is enospc, eio, edquot, erofs or eacces. "
-          "Counts start when the agent starts and cover every save");
+          "ERR:write=N (the N-th write fails), ERR:sync, ERR:syncdir, ERR:rename, "
+          "ERR:syncdir_after_dir_rename=N (the N directory fsyncs after the first directory "
+          "rename fail), readonly (every mutation fails with EROFS), crash_after_dir_rename "
+          "(SIGKILL right after the first directory rename), hold_writes=PATH (writes wait "
+          "until PATH exists); ERR is enospc, eio, edquot, erofs or eacces. Counts start when "
+          "the agent starts and cover every save (storage/fault_injecting_storage.h)");
 ABSL_FLAG(std::string, tls_ca, "", "PEM CA to verify the coordinator (enables TLS)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM key of --tls_cert");

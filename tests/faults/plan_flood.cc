@@ -5,8 +5,8 @@
 // heartbeats for all of them, and submits each rank's local plan of --shards_per_rank pieces
 // shaped like a llama model under a distributed optimizer: every parameter a TP-split bf16
 // matrix replicated over dp (every tenth a norm replicated over tp and dp), and three f32
-// optimizer states as flat DP slices of it — the same shapes as server/testing/llama_plans.h
-// (the planning benchmarks' plans), written out here because that library is the server's.
+// optimizer states as flat DP slices of it: the planning benchmarks' plans
+// (server/testing/llama_plans.h).
 // Validating the global plan takes the coordinator seconds on 2 cores.
 //
 // stderr, one line per event:
@@ -33,6 +33,7 @@
 #include "common/layout.h"
 #include "common/program.h"
 #include "grpcpp/grpcpp.h"
+#include "server/testing/llama_plans.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
 
 ABSL_FLAG(std::string, coordinator, "", "host:port of the tessera-coordinator; required");
@@ -49,58 +50,6 @@ ABSL_FLAG(int32_t, hold_s, 300, "keep heartbeating this long after submitting, a
 
 namespace tessera {
 namespace {
-
-// Rank `rank`'s pieces: 4 per parameter, `params_per_stage` parameters per pipeline stage.
-std::vector<v1::ShardDesc> RankShards(const MeshLayout& mesh, uint32_t rank, int params) {
-  const int64_t tp_degree = mesh.degree(1), dp_degree = mesh.degree(2);
-  const std::vector<uint32_t> c = mesh.Coords(rank);
-  const uint32_t stage = c[0], tp = c[1], dp = c[2];
-  std::vector<v1::ShardDesc> shards;
-  shards.reserve(4 * params);
-  for (int p = 0; p < params; ++p) {
-    const int layer = stage * params + p;
-    v1::ShardDesc param;
-    param.set_kind(v1::SHARD_KIND_PARAM);
-    param.set_dtype(v1::DTYPE_BF16);
-    param.add_replicated_over("dp");
-    int64_t volume = 4096;
-    if (p % 10 == 0) {  // a norm: replicated over tp too
-      param.set_fqn(absl::StrCat("layers.", layer, ".norm.weight"));
-      param.add_global_shape(4096);
-      param.mutable_box()->add_offsets(0);
-      param.mutable_box()->add_lengths(4096);
-      param.add_replicated_over("tp");
-    } else {  // column- or row-parallel
-      param.set_fqn(absl::StrCat("layers.", layer, ".w", p % 10, ".weight"));
-      const int64_t rows = 1024 * (1 + p % 4), cols = 4096;
-      const int axis = p % 2;
-      const int64_t split = (axis == 0 ? rows : cols) / tp_degree;
-      param.add_global_shape(rows);
-      param.add_global_shape(cols);
-      param.mutable_box()->add_offsets(axis == 0 ? split * tp : 0);
-      param.mutable_box()->add_offsets(axis == 1 ? split * tp : 0);
-      param.mutable_box()->add_lengths(axis == 0 ? split : rows);
-      param.mutable_box()->add_lengths(axis == 1 ? split : cols);
-      volume = (axis == 0 ? split : rows) * (axis == 1 ? split : cols);
-    }
-    param.set_nbytes(volume * 2);
-    const int64_t slice = volume / dp_degree;
-    for (const char* key : {"exp_avg", "exp_avg_sq", "fp32_param"}) {
-      v1::ShardDesc state = param;
-      state.set_kind(v1::SHARD_KIND_OPTIMIZER);
-      state.set_dtype(v1::DTYPE_F32);
-      state.set_state_key(key);
-      state.clear_replicated_over();
-      if (p % 10 == 0) state.add_replicated_over("tp");
-      state.mutable_flat_range()->set_begin(slice * dp);
-      state.mutable_flat_range()->set_end(slice * (dp + 1));
-      state.set_nbytes(slice * 4);
-      shards.push_back(std::move(state));
-    }
-    shards.push_back(std::move(param));
-  }
-  return shards;
-}
 
 // Runs fn(i) for i in [0, n) on `threads` threads.
 template <typename Fn>
@@ -226,7 +175,9 @@ int Main() {
     request.set_rank(r);
     request.set_incarnation(incarnation(r));
     request.set_step(absl::GetFlag(FLAGS_step));
-    for (v1::ShardDesc& s : RankShards(*mesh, r, params)) *request.add_shards() = std::move(s);
+    for (v1::ShardDesc& s : LlamaRankShards(*mesh, r, params)) {
+      *request.add_shards() = std::move(s);
+    }
     v1::SubmitLocalPlanResponse response;
     grpc::Status s = Call(absl::Seconds(300), [&](grpc::ClientContext* ctx) {
       return stub(r)->SubmitLocalPlan(ctx, request, &response);
