@@ -195,9 +195,10 @@ class SessionManager::Port : public EffectsPort {
   void StartCleanup(std::optional<RetentionWork> retention,
                     std::vector<std::string> remove_dirs) override {
     SessionManager* m = m_;
+    Job* job = job_;
     if (m->edge_ == nullptr) return;
     m->Busy(+1);
-    m->janitor_->Post([m, retention = std::move(retention), dirs = std::move(remove_dirs)] {
+    m->janitor_->Post([m, job, retention = std::move(retention), dirs = std::move(remove_dirs)] {
       for (const std::string& dir : dirs) {
         if (absl::Status removed = m->edge_->Remove(dir); !removed.ok()) {
           LogWarning("cannot remove the aborted session's ", dir, ": ", removed.ToString());
@@ -205,7 +206,12 @@ class SessionManager::Port : public EffectsPort {
       }
       if (retention.has_value()) {
         if (absl::Status s = m->edge_->Retain(*retention); !s.ok()) {
-          LogWarning("retention in ", retention->job_dir, " failed: ", s.ToString());
+          LogWarning("retention in ", retention->job_dir, " failed (tried again with the "
+                     "next commit or restart): ", s.ToString());
+        } else {
+          m->PostEffects(job, [steps = retention->retire_steps](JobCore& core) {
+            return core.RetentionDone(steps);
+          });
         }
       }
       m->Busy(-1);

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Counts test cases from Bazel's test.xml reports and prints 'N passed, N failed, N skipped'.
 
-Each Bazel test writes bazel-testlogs/<package>/<target>/test.xml: GoogleTest's own report (one
-<testcase> per TEST) or, for other test kinds, Bazel's one-case report. Only the targets named
+Each Bazel test writes bazel-testlogs/<package>/<target>/test.xml (a sharded one, test.xml in
+each shard_K_of_N/ below it): GoogleTest's own report (one <testcase> per TEST) or, for other
+test kinds, Bazel's one-case report. Only the targets named
 on the command line are read, so reports of deleted tests never count. A target with no usable
 report (did not build, crashed, timed out) counts as one failure.
 """
@@ -34,6 +35,38 @@ def target_dir(testlogs, label):
     return os.path.join(testlogs, package, name)
 
 
+def report_dirs(d):
+    """The directories holding a target's test.xml and test.log: its shards' if it is
+    sharded, else its own."""
+    try:
+        shards = sorted(e for e in os.listdir(d) if e.startswith("shard_") and "_of_" in e)
+    except OSError:
+        shards = []
+    return [os.path.join(d, s) for s in shards] if shards else [d]
+
+
+def count_target(d, label):
+    """(passed, failed, skipped, names of failed cases) over a target's reports."""
+    passed = failed = skipped = 0
+    names = []
+    for rd in report_dirs(d):
+        try:
+            p, f, s, n = count_report(os.path.join(rd, "test.xml"))
+        except (OSError, ET.ParseError):
+            p, f, s, n = 0, 1, 0, [label + " (no test report: build failure or crash)"]
+        # A crash after all cases passed leaves a clean XML; Bazel's log knows better.
+        if f == 0 and os.path.exists(os.path.join(rd, "test.log")):
+            with open(os.path.join(rd, "test.log"), errors="replace") as fh:
+                tail = fh.read()[-2000:]
+            if "exited with error code" in tail or "Terminated" in tail:
+                f, n = 1, [label + " (process failed after its test cases)"]
+        passed, failed, skipped = passed + p, failed + f, skipped + s
+        names += n
+    if failed == 0 and passed + skipped == 0:
+        failed, names = 1, [label + " (ran no test case)"]
+    return passed, failed, skipped, names
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--testlogs", required=True, help="output of `bazel info bazel-testlogs`")
@@ -47,20 +80,7 @@ def main():
     passed = failed = skipped = 0
     failures = []
     for label in args.targets:
-        d = target_dir(args.testlogs, label)
-        xml_path = os.path.join(d, "test.xml")
-        try:
-            p, f, s, names = count_report(xml_path)
-        except (OSError, ET.ParseError):
-            p, f, s, names = 0, 1, 0, [label + " (no test report: build failure or crash)"]
-        if f == 0 and p + s == 0:
-            f, names = 1, [label + " (ran no test case)"]
-        # A crash after all cases passed leaves a clean XML; Bazel's status file knows better.
-        if f == 0 and os.path.exists(os.path.join(d, "test.log")):
-            with open(os.path.join(d, "test.log"), errors="replace") as fh:
-                tail = fh.read()[-2000:]
-            if "exited with error code" in tail or "Terminated" in tail:
-                f, names = 1, [label + " (process failed after its test cases)"]
+        p, f, s, names = count_target(target_dir(args.testlogs, label), label)
         passed, failed, skipped = passed + p, failed + f, skipped + s
         failures += names
 

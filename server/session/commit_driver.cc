@@ -27,6 +27,12 @@ absl::Status StorageCommitEdge::Retain(const RetentionWork& work) {
   for (const auto& [name, status] : report->failed) {
     LogWarning("retention could not remove ", work.job_dir, "/", name, ": ", status.ToString());
   }
+  if (!report->failed.empty()) {
+    return absl::Status(report->failed.front().second.code(),
+                        absl::StrCat("retention could not remove ", work.job_dir, "/",
+                                     report->failed.front().first, ": ",
+                                     report->failed.front().second.message()));
+  }
   return absl::OkStatus();
 }
 

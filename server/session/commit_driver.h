@@ -23,7 +23,8 @@ class CommitEdge {
   virtual ~CommitEdge() = default;
   // Resolves `work`'s commit from the disk (format/commit.h ResolveCommit).
   virtual CommitResolution Commit(const CommitAttempt& work) = 0;
-  // Applies retention. Errors: those of listing the job directory.
+  // Applies retention. OK only if every retired step is gone. Errors: those of listing the job
+  // directory; the first removal that failed.
   virtual absl::Status Retain(const RetentionWork& work) = 0;
   // Removes an aborted session's temporary directory `dir`. Idempotent.
   // Errors: InvalidArgument if `dir` is not a session's temporary directory; the storage's.

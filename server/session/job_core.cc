@@ -308,8 +308,14 @@ void JobCore::Fold(absl::Time now, Effects& out) {
                          checkpoints_.end());
       checkpoints_.insert(checkpoints_.begin(), std::move(info));
       if (context_.options->coordinator_commits) {
-        out.retention = RetentionWork{JobDirPath(context_.options->storage_root, job_id_),
-                                      retire, session.step()};
+        // With what earlier retentions left undone (a crash, an I/O error).
+        std::vector<int64_t> pending(record_.retention_pending().begin(),
+                                     record_.retention_pending().end());
+        pending.insert(pending.end(), retire.begin(), retire.end());
+        std::sort(pending.begin(), pending.end());
+        pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
+        *record_.mutable_retention_pending() = {pending.begin(), pending.end()};
+        out.retention = PendingRetention(session.step());
       }
     }
     last_final_ = Final(session);
@@ -323,6 +329,26 @@ void JobCore::Fold(absl::Time now, Effects& out) {
     latest_.clear();
   }
   PutJob(out.batch, record_);
+}
+
+RetentionWork JobCore::PendingRetention(int64_t committed_step) const {
+  return RetentionWork{JobDirPath(context_.options->storage_root, job_id_),
+                       {record_.retention_pending().begin(), record_.retention_pending().end()},
+                       committed_step};
+}
+
+Effects JobCore::RetentionDone(const std::vector<int64_t>& retired) {
+  Effects out;
+  auto* pending = record_.mutable_retention_pending();
+  const int before = pending->size();
+  pending->erase(std::remove_if(pending->begin(), pending->end(),
+                                [&](int64_t step) {
+                                  return std::find(retired.begin(), retired.end(), step) !=
+                                         retired.end();
+                                }),
+                 pending->end());
+  if (pending->size() != before) PutJob(out.batch, record_);
+  return out;
 }
 
 v1::Command JobCore::Final(const v1::SessionRecord& session) {

@@ -108,6 +108,9 @@ class JobCore {
   Outcome<v1::SessionStatus> OperatorAbort(const std::string& reason, absl::Time now);
   // Lease expiry, deadlines, commit retries.
   Effects Tick(absl::Time now);
+  // A retention (Effects::retention) removed every step of `retired`: they are no longer
+  // pending (JobRecord.retention_pending). Persists the job's record if that changed it.
+  Effects RetentionDone(const std::vector<int64_t>& retired);
   // The outcome of the CommitAttempt of `session_id` (ignored for any other).
   Effects CommitResolved(const std::string& session_id, const CommitResolution& resolution,
                          absl::Time now);
@@ -145,6 +148,9 @@ class JobCore {
   template <typename Request, typename Handle>
   Outcome<v1::SessionState> Report(const Request& request, absl::Time now, Handle handle);
   void RememberFinal(const v1::Command& final);
+  // The retention of JobRecord.retention_pending after the commit of `committed_step` (which
+  // also removes the temporary directories of steps up to it).
+  RetentionWork PendingRetention(int64_t committed_step) const;
   v1::Command Final(const v1::SessionRecord& session);
 
   JobContext context_;

@@ -40,6 +40,11 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
     }
   }
 
+  // A retention that a crash (or an I/O error) left undone.
+  if (job->context_.options->coordinator_commits && !job->record_.retention_pending().empty()) {
+    out.retention = job->PendingRetention(job->record_.latest_committed_step());
+  }
+
   // The session in flight, or else the last one that ended (for its outcome).
   const std::string session_id = job->record_.current_session_id().empty()
                                      ? job->record_.last_session_id()

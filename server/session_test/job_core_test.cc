@@ -53,6 +53,7 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::SizeIs;
+using ::testing::UnorderedElementsAre;
 
 constexpr char kJob[] = "job-a";
 constexpr char kRoot[] = "/ckpt";
@@ -104,8 +105,14 @@ class FakeCommitEdge : public CommitEdge {
   }
   absl::Status Retain(const RetentionWork& work) override {
     retentions_.push_back(work);
+    if (retentions_to_fail_ > 0) {
+      --retentions_to_fail_;
+      return absl::UnavailableError("injected: retention could not remove a directory");
+    }
     return absl::OkStatus();
   }
+  // The next `n` retentions fail (as a coordinator killed before its retention ran would).
+  void FailRetentions(int n) { retentions_to_fail_ = n; }
   absl::Status Remove(const std::string& dir) override {
     removed_.push_back(dir);
     return absl::OkStatus();
@@ -130,6 +137,7 @@ class FakeCommitEdge : public CommitEdge {
   std::vector<CommitCall> commits_;
   std::vector<std::string> removed_;
   std::vector<RetentionWork> retentions_;
+  int retentions_to_fail_ = 0;
   std::deque<CommitResolution> results_;
   CommitResolution default_{CommitOutcome::kCommitted, absl::OkStatus()};
   std::function<void()> during_commit_;
@@ -1915,6 +1923,49 @@ TEST_F(SessionManagerTest, Regression_RetentionKeepsTmpDirOfSessionOpenedMeanwhi
   ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
   ASSERT_FALSE(next_tmp.empty()) << "retention did not list the job directory";
   EXPECT_TRUE(posix.ListDir(next_tmp).ok()) << next_tmp << " of the session in flight was removed";
+}
+
+// Found by tests/soak: a coordinator killed after recording a commit, before its retention
+// ran, left the retired checkpoint on disk for good: its record was gone, and later commits
+// retire only the records they drop. The retention is now pending in the job's record until
+// done: re-applied after a restart, and with the next commit.
+TEST_F(SessionManagerTest, Regression_RetentionNotCarriedOut_RedoneAfterRestart) {
+  options_.keep_last = 1;
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(10);
+  committer_.FailRetentions(1);
+  SaveAndCommit(20);
+  ASSERT_THAT(committer_.retentions(), SizeIs(2));
+  EXPECT_THAT(committer_.retentions().back().retire_steps, ElementsAre(10));
+
+  RestartCoordinator();
+  AdvanceAndTick(absl::Seconds(1));
+  ASSERT_THAT(committer_.retentions(), SizeIs(3));
+  EXPECT_THAT(committer_.retentions().back().retire_steps, ElementsAre(10));
+  EXPECT_EQ(committer_.retentions().back().committed_step, 20);
+
+  // Done now: neither another restart nor the next commit repeats it.
+  RestartCoordinator();
+  AdvanceAndTick(absl::Seconds(1));
+  EXPECT_THAT(committer_.retentions(), SizeIs(3));
+  SaveAndCommit(30);
+  ASSERT_THAT(committer_.retentions(), SizeIs(4));
+  EXPECT_THAT(committer_.retentions().back().retire_steps, ElementsAre(20));
+}
+
+TEST_F(SessionManagerTest, Regression_RetentionNotCarriedOut_RedoneWithNextCommit) {
+  options_.keep_last = 1;
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(10);
+  committer_.FailRetentions(1);
+  SaveAndCommit(20);
+  SaveAndCommit(30);
+  ASSERT_THAT(committer_.retentions(), SizeIs(3));
+  EXPECT_THAT(committer_.retentions().back().retire_steps, UnorderedElementsAre(10, 20));
+  SaveAndCommit(40);
+  EXPECT_THAT(committer_.retentions().back().retire_steps, ElementsAre(30));
 }
 
 }  // namespace

@@ -34,7 +34,7 @@ class SyncSessions::Port : public EffectsPort {
   }
   void StartCleanup(std::optional<RetentionWork> retention,
                     std::vector<std::string> dirs) override {
-    s_->cleanups_.emplace_back(std::move(retention), std::move(dirs));
+    s_->cleanups_.push_back({job_id_, std::move(retention), std::move(dirs)});
   }
   void Observe(const Effects& effects) override { s_->stats_.Add(effects.stats); }
 
@@ -182,10 +182,14 @@ void SyncSessions::Tick() {
     }
   }
   while (!cleanups_.empty()) {
-    auto [retention, dirs] = std::move(cleanups_.front());
+    Cleanup cleanup = std::move(cleanups_.front());
     cleanups_.pop_front();
-    for (const std::string& dir : dirs) edge_->Remove(dir).IgnoreError();
-    if (retention.has_value()) edge_->Retain(*retention).IgnoreError();
+    for (const std::string& dir : cleanup.dirs) edge_->Remove(dir).IgnoreError();
+    if (cleanup.retention.has_value() && edge_->Retain(*cleanup.retention).ok() &&
+        jobs_.count(cleanup.job_id)) {
+      Carry(cleanup.job_id,
+            Core(cleanup.job_id)->RetentionDone(cleanup.retention->retire_steps));
+    }
   }
 }
 

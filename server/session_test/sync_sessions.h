@@ -73,7 +73,12 @@ class SyncSessions {
   std::atomic<uint64_t> commands_emitted_{0};
   std::map<std::string, std::unique_ptr<JobCore>> jobs_;
   std::deque<std::pair<std::string, CommitAttempt>> commits_;
-  std::deque<std::pair<std::optional<RetentionWork>, std::vector<std::string>>> cleanups_;
+  struct Cleanup {
+    std::string job_id;
+    std::optional<RetentionWork> retention;
+    std::vector<std::string> dirs;
+  };
+  std::deque<Cleanup> cleanups_;
   SessionStats stats_;
 };
 

@@ -586,12 +586,16 @@ class World::CoordPort : public EffectsPort {
                     std::vector<std::string> dirs) override {
     if (!alive()) return;
     World* w = w_;
+    const uint64_t life = life_;
     const bool held = retention.has_value() && w->Is(Scenario::kRetentionWhileNextSaveWrites);
     const int64_t step = retention.has_value() ? retention->committed_step : 0;
-    std::function<void()> cleanup = [w, retention = std::move(retention),
+    std::function<void()> cleanup = [w, life, retention = std::move(retention),
                                      dirs = std::move(dirs)] {
       for (const std::string& dir : dirs) w->edge_.Remove(dir).IgnoreError();
-      if (retention.has_value()) w->edge_.Retain(*retention).IgnoreError();
+      if (retention.has_value() && w->edge_.Retain(*retention).ok() && w->coord_.up &&
+          w->coord_.life == life && w->coord_.job != nullptr) {
+        w->Carry(w->coord_.job->RetentionDone(retention->retire_steps));
+      }
     };
     if (held) {
       w->late_cleanups_.push_back({step, std::move(cleanup)});
