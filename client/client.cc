@@ -1,6 +1,8 @@
 #include "client/client.h"
 
 
+#include <sys/un.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -118,8 +120,16 @@ absl::Status CheckRequestSize(absl::string_view rpc, size_t bytes, int shards, s
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& agent_socket,
                                                         ClientOptions options) {
-  if (agent_socket.empty() || agent_socket == "unix:") {
-    return absl::InvalidArgumentError("the agent socket path is empty");
+  const std::string path =
+      absl::StartsWith(agent_socket, "unix:") ? agent_socket.substr(5) : agent_socket;
+  if (path.empty()) return absl::InvalidArgumentError("the agent socket path is empty");
+  constexpr size_t kMaxUnixPath = sizeof(sockaddr_un::sun_path) - 1;
+  if (path.size() > kMaxUnixPath) {
+    // gRPC alone would say only "Failed to create secure client channel".
+    return absl::InvalidArgumentError(
+        absl::StrCat("agent socket path '", path, "' is ", path.size(),
+                     " bytes; a unix socket path holds at most ", kMaxUnixPath,
+                     ": start the agent with a shorter --socket"));
   }
   if (options.copy_threads < 1 || options.max_receive_message_bytes < 1) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -132,8 +142,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& agent
         absl::StrCat("ClientOptions: max_plan_request_bytes (", options.max_plan_request_bytes,
                      ") must be 1..", kMaxPlanRequestBytes));
   }
-  const std::string target =
-      absl::StartsWith(agent_socket, "unix:") ? agent_socket : "unix:" + agent_socket;
+  const std::string target = "unix:" + path;
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(options.max_receive_message_bytes);
   std::shared_ptr<grpc::Channel> channel =

@@ -142,7 +142,8 @@ class Client {
   // Connects to the agent listening on `agent_socket` (a path, or "unix:<path>") and fetches
   // its identity (GetInfo). Connecting is cheap; a trainer that starts before its agent
   // retries on Unavailable.
-  // Errors: InvalidArgument if `agent_socket` is empty or `options` are out of range;
+  // Errors: InvalidArgument if `agent_socket` is empty or longer than a unix socket path can
+  // be (107 bytes), or if `options` are out of range;
   // Unavailable if the socket is unreachable or the agent has not registered yet;
   // DeadlineExceeded after options.get_info_timeout; Internal if the agent reports an
   // invalid mesh.

@@ -333,6 +333,21 @@ TEST_F(ClientTest, Connect_FetchesIdentity) {
   EXPECT_TRUE(Client::Connect("unix:" + socket_).ok());
 }
 
+TEST_F(ClientTest, Connect_SocketPathTooLong_InvalidArgumentNamingIt) {
+  // 116 bytes: a unix socket path holds at most 107 (gRPC alone would say only that it could
+  // not create the channel).
+  const std::string too_long = "/tmp/" + std::string(100, 'd') + "/agent.sock";
+  for (const std::string& target : {too_long, "unix:" + too_long}) {
+    absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(target);
+    ASSERT_FALSE(client.ok());
+    EXPECT_EQ(client.status().code(), absl::StatusCode::kInvalidArgument) << client.status();
+    EXPECT_EQ(client.status().message(),
+              "agent socket path '" + too_long +
+                  "' is 116 bytes; a unix socket path holds at most 107: start the agent with "
+                  "a shorter --socket");
+  }
+}
+
 TEST_F(ClientTest, Connect_NoAgentListening_Unavailable) {
   const std::string missing = socket_ + ".missing";
   absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(missing);

@@ -22,7 +22,6 @@ HEADER_FQN = "tessera.objects.header"      # 8 bytes: little-endian u64 length o
 INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "objects": [[name, nbytes]]}
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
-_MAX_SOCKET_PATH = 107  # sizeof(sockaddr_un.sun_path) - 1 on Linux
 
 
 def padded(data):
@@ -110,13 +109,6 @@ class Client:
         if not agent:
             raise errors.InvalidArgumentError(
                 "no agent socket: pass tessera.Client(agent=...) or set TESSERA_AGENT")
-        path = agent[len("unix:"):] if agent.startswith("unix:") else agent
-        if len(os.fsencode(path)) > _MAX_SOCKET_PATH:
-            # gRPC would only say "Failed to create secure client channel".
-            raise errors.InvalidArgumentError(
-                "agent socket path %r is %d bytes; a unix socket path holds at most %d: start "
-                "the agent with a shorter --socket" % (path, len(os.fsencode(path)),
-                                                       _MAX_SOCKET_PATH))
         self._native = _call(_tessera._Client.connect, agent, float(connect_timeout or 0))
         self._identity = self._native.identity()
         self._layout = JobLayout(self._identity["layout"], self._identity["coords"],
