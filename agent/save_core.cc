@@ -690,6 +690,8 @@ SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
   Session* s = TakeWork(work_id, std::nullopt, fx);
   if (s == nullptr || !s->commit.has_value()) return Done(now, std::move(fx));
   Commit& c = *s->commit;
+  const bool retention_complete = result.retention.has_value() && result.retention->ok() &&
+                                  (*result.retention)->failed.empty();
   if (result.retention.has_value()) {  // never fails the session: logged
     if (!result.retention->ok()) {
       Log(fx, Severity::kWarning,
@@ -711,7 +713,8 @@ SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
       if (!c.reported) {
         c.reported = true;
         Log(fx, Severity::kInfo, absl::StrCat(Describe(*s), " committed at ", c.final_dir));
-        AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_WRITTEN, nullptr, 0, 0, fx);
+        AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_WRITTEN, nullptr, 0, 0, fx,
+                       retention_complete);
       } else {
         // Asked again: the coordinator did not hear (or lost) the report. Say it all again.
         s->reports.ResendAll();
@@ -818,7 +821,8 @@ void SaveCore::Pump(Session& s, SaveEffects& fx) {
 }
 
 void SaveCore::AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorDetail* error,
-                              uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx) {
+                              uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx,
+                              bool retention_complete) {
   auto report = std::make_shared<v1::ReportPhaseRequest>();
   report->set_job_id(options_.job_id);
   report->set_rank(options_.rank);
@@ -828,6 +832,7 @@ void SaveCore::AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorD
   if (error != nullptr) *report->mutable_error() = *error;
   report->set_pinned_bytes(pinned_bytes);
   report->set_trainer_stall_ns(stall_ns);
+  report->set_retention_complete(retention_complete);
   s.reports.Add({nullptr, std::move(report)});
   Pump(s, fx);
 }

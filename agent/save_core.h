@@ -350,8 +350,10 @@ class SaveCore {
   Session* TakeWork(uint64_t work_id, std::optional<SavePhase> expected, SaveEffects& fx);
 
   // Reports (R3).
+  // `retention_complete`: COMMIT_WRITTEN only (ReportPhaseRequest.retention_complete).
   void AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorDetail* error,
-                      uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx);
+                      uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx,
+                      bool retention_complete = false);
   void AddChunkReport(Session& s, v1::ReportChunksRequest request, SaveEffects& fx);
   void Pump(Session& s, SaveEffects& fx);
   // Logs `why` unless it is empty.

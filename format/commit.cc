@@ -222,7 +222,11 @@ absl::StatusOr<std::vector<int64_t>> ListCheckpoints(Storage& storage,
     std::optional<int64_t> step = ParseStepDirName(name);
     if (!step.has_value()) continue;
     // The manifest's presence is what committed means; its contents are the reader's concern.
-    if (!storage.FileSize(JoinPath(JoinPath(job_dir, name), kManifestFileName)).ok()) continue;
+    // Any error but its absence is an error: an unreadable checkpoint is not an absent one.
+    absl::StatusOr<uint64_t> size =
+        storage.FileSize(JoinPath(JoinPath(job_dir, name), kManifestFileName));
+    if (absl::IsNotFound(size.status())) continue;
+    RETURN_IF_ERROR(size.status());
     steps.push_back(*step);
   }
   std::sort(steps.begin(), steps.end());
@@ -257,14 +261,16 @@ absl::StatusOr<RetentionReport> ApplyRetention(Storage& storage, const std::stri
 
   // Retired checkpoints first: each is renamed out of the committed namespace, then deleted.
   // Its temporary name has a step not newer than committed_step, so an interrupted removal is
-  // finished by the next retention.
-  ASSIGN_OR_RETURN(std::vector<int64_t> committed, ListCheckpoints(storage, job_dir));
-  for (int64_t step : committed) {
-    if (std::find(retire_steps.begin(), retire_steps.end(), step) == retire_steps.end()) {
+  // finished by the next retention. Found by name alone: a manifest that cannot be read (an
+  // I/O error) does not keep a retired checkpoint.
+  for (const std::string& name : *names) {
+    const std::optional<int64_t> step = ParseStepDirName(name);
+    if (!step.has_value() ||
+        std::find(retire_steps.begin(), retire_steps.end(), *step) == retire_steps.end()) {
       continue;
     }
-    const std::string name = StepDirName(step);
-    const std::string doomed = TmpDirName(step, absl::StrFormat("gc-%016x", NewIncarnation()));
+    const std::string doomed =
+        TmpDirName(*step, absl::StrFormat("gc-%016x", NewIncarnation()));
     absl::Status s = storage.Rename(JoinPath(job_dir, name), JoinPath(job_dir, doomed));
     if (s.ok()) s = storage.SyncDir(job_dir);
     if (!s.ok()) {

@@ -92,7 +92,8 @@ CommitResolution ResolveCommit(Storage& storage, const std::string& tmp_dir,
                                bool roll_back_unless_committed);
 
 // Steps of the committed checkpoints in `job_dir`, ascending. A job directory that does not
-// exist has none. Errors: I/O errors listing `job_dir` (storage/storage.h).
+// exist has none; a step directory without a manifest is not one. Errors: I/O errors listing
+// `job_dir` or looking up a manifest (an unreadable checkpoint is not an absent one).
 absl::StatusOr<std::vector<int64_t>> ListCheckpoints(Storage& storage, const std::string& job_dir);
 
 // The newest committed step in `job_dir`.

@@ -237,6 +237,43 @@ TEST_F(CommitTest, Retention_RenameFails_ReportedAndCheckpointKept) {
   EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(1, 2));
 }
 
+// Storage whose FileSize of one path fails with EIO.
+class FailingFileSize : public FaultInjectingStorage {
+ public:
+  FailingFileSize(Storage* base, std::string path)
+      : FaultInjectingStorage(base), path_(std::move(path)) {}
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
+    if (path == path_) return absl::UnavailableError("injected: EIO");
+    return FaultInjectingStorage::FileSize(path);
+  }
+
+ private:
+  const std::string path_;
+};
+
+// Found by tests/sim: retention found retired checkpoints through ListCheckpoints, which took
+// a manifest it could not stat for an absent one, so the checkpoint stayed on disk while the
+// retention reported nothing failed.
+TEST_F(CommitTest, Regression_Retention_ManifestUnreadable_StillRemovesTheRetiredStep) {
+  Committed(1);
+  Committed(2);
+  FailingFileSize faulty(&storage_, JoinPath(JoinPath(job_dir_, "step-000000001"), "manifest.pb"));
+  absl::StatusOr<RetentionReport> report = ApplyRetention(faulty, job_dir_, {1}, 2);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_THAT(report->failed, IsEmpty());
+  EXPECT_THAT(report->removed, ElementsAre("step-000000001"));
+  EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), ElementsAre(2));
+}
+
+// An unreadable checkpoint is not an absent one: `latest` does not silently go back.
+TEST_F(CommitTest, ListCheckpoints_ManifestUnreadable_Error) {
+  Committed(1);
+  Committed(2);
+  FailingFileSize faulty(&storage_, JoinPath(JoinPath(job_dir_, "step-000000002"), "manifest.pb"));
+  EXPECT_EQ(ListCheckpoints(faulty, job_dir_).status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(LatestStep(faulty, job_dir_).status().code(), absl::StatusCode::kUnavailable);
+}
+
 // Issue 11, bug 5: retention removed the temporary directory of every session, also one of a
 // newer step that may be in flight. A step newer than the committed one may be.
 TEST_F(CommitTest, Regression_Retention_TmpDirOfNewerStep_Kept) {

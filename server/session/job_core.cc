@@ -51,6 +51,7 @@ SessionContext JobCore::MakeSessionContext() {
   c.mesh = *mesh_;
   c.layout = record_.layout();
   c.checkpoints = &checkpoints_;
+  c.retention_pending = &record_.retention_pending();
   c.epoch = context_.epoch;
   c.commands_emitted = context_.commands_emitted;
   return c;
@@ -307,16 +308,16 @@ void JobCore::Fold(absl::Time now, Effects& out) {
                                         }),
                          checkpoints_.end());
       checkpoints_.insert(checkpoints_.begin(), std::move(info));
-      if (context_.options->coordinator_commits) {
-        // With what earlier retentions left undone (a crash, an I/O error).
-        std::vector<int64_t> pending(record_.retention_pending().begin(),
-                                     record_.retention_pending().end());
-        pending.insert(pending.end(), retire.begin(), retire.end());
-        std::sort(pending.begin(), pending.end());
-        pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
-        *record_.mutable_retention_pending() = {pending.begin(), pending.end()};
-        out.retention = PendingRetention(session.step());
+      // Pending until a retention says it removed them: with what earlier retentions left
+      // undone (a crash, an I/O error). The commit's retire_steps already included those.
+      std::vector<int64_t> pending =
+          StepUnion({record_.retention_pending().begin(), record_.retention_pending().end()},
+                    retire);
+      if (!context_.options->coordinator_commits && current_->retention_complete()) {
+        pending.clear();  // the committer agent removed them all
       }
+      *record_.mutable_retention_pending() = {pending.begin(), pending.end()};
+      if (context_.options->coordinator_commits) out.retention = PendingRetention(session.step());
     }
     last_final_ = Final(session);
     RememberFinal(*last_final_);

@@ -38,6 +38,13 @@ bool HasError(const v1::ReportPhaseRequest& request) {
 
 }  // namespace
 
+std::vector<int64_t> StepUnion(std::vector<int64_t> a, const std::vector<int64_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  std::sort(a.begin(), a.end());
+  a.erase(std::unique(a.begin(), a.end()), a.end());
+  return a;
+}
+
 std::vector<int64_t> RetireSteps(const std::vector<v1::CheckpointInfo>& checkpoints,
                                  int keep_last) {
   std::vector<int64_t> retire;
@@ -47,6 +54,14 @@ std::vector<int64_t> RetireSteps(const std::vector<v1::CheckpointInfo>& checkpoi
     retire.push_back(checkpoints[i].step());
   }
   return retire;
+}
+
+std::vector<int64_t> SessionMachine::DirectoriesToRetire() const {
+  std::vector<int64_t> pending;
+  if (context_.retention_pending != nullptr) {
+    pending.assign(context_.retention_pending->begin(), context_.retention_pending->end());
+  }
+  return StepUnion(RetireSteps(*context_.checkpoints, context_.options->keep_last), pending);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -95,7 +110,7 @@ absl::StatusOr<std::unique_ptr<SessionMachine>> SessionMachine::Recover(
       return absl::DataLossError(absl::StrCat("the manifest of session ", id, " is missing"));
     }
     s->manifest_ = std::move(manifest);
-    s->retire_steps_ = RetireSteps(*s->context_.checkpoints, s->context_.options->keep_last);
+    s->retire_steps_ = s->DirectoriesToRetire();
   }
   s->EmitCurrentPhaseCommands(out);
   return s;
@@ -194,6 +209,7 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
     // reloaded coordinator no longer remembers (the committer is not persisted when it
     // changes). A rollback counts only from the committer asked to do it.
     if (request.phase() == v1::AGENT_PHASE_COMMIT_WRITTEN && record_.committer_is_agent()) {
+      retention_complete_ = request.retention_complete();
       MarkCommitted(now, out);
       return state();
     }
@@ -502,7 +518,7 @@ void SessionMachine::BeginCommitting(absl::Time now, Effects& out) {
   manifest_ = std::make_shared<const v1::Manifest>(
       ledger_->BuildManifest(context_.job_id, record_.step(), record_.session_id(),
                              context_.layout, absl::ToUnixMillis(now)));
-  retire_steps_ = RetireSteps(*context_.checkpoints, context_.options->keep_last);
+  retire_steps_ = DirectoriesToRetire();
   record_.set_checkpoint_dir(
       StepDirPath(context_.options->storage_root, context_.job_id, record_.step()));
   PutManifest(out.batch, *manifest_);

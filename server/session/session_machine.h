@@ -83,6 +83,9 @@ struct SessionContext {
   v1::Layout layout;
   // The job's committed checkpoints, newest first (retention decides from them).
   const std::vector<v1::CheckpointInfo>* checkpoints = nullptr;
+  // Steps an earlier retention left on disk (JobRecord.retention_pending): the commit's
+  // retire_steps include them.
+  const google::protobuf::RepeatedField<int64_t>* retention_pending = nullptr;
   // Command sequence numbers: CommandSeq(epoch, ++*commands_emitted). The counter is the
   // coordinator process's (JobContext), so they only grow, also across a job's reload.
   uint64_t epoch = 0;
@@ -93,6 +96,8 @@ struct SessionContext {
 // keeps all). `checkpoints` newest first, all older than committing_step.
 std::vector<int64_t> RetireSteps(const std::vector<v1::CheckpointInfo>& checkpoints,
                                  int keep_last);
+// `a` and `b` merged, ascending, without repeats.
+std::vector<int64_t> StepUnion(std::vector<int64_t> a, const std::vector<int64_t>& b);
 
 class SessionMachine {
  public:
@@ -141,6 +146,11 @@ class SessionMachine {
   // --- Reads
 
   const v1::SessionRecord& record() const { return record_; }
+  // The directories the commit retires (records dropped now, and retention_pending).
+  const std::vector<int64_t>& retire_steps() const { return retire_steps_; }
+  // With agent commits: the COMMIT_WRITTEN that committed said its retention removed every
+  // step of retire_steps().
+  bool retention_complete() const { return retention_complete_; }
   v1::SessionState state() const { return record_.state(); }
   bool ended() const {
     return state() == v1::SESSION_STATE_COMMITTED || state() == v1::SESSION_STATE_ABORTED;
@@ -170,6 +180,8 @@ class SessionMachine {
   uint32_t world() const { return context_.mesh.world_size(); }
   absl::Duration PhaseTimeout() const;
   absl::Time deadline() const { return phase_started_ + PhaseTimeout(); }
+  // RetireSteps of the job's checkpoints, with retention_pending.
+  std::vector<int64_t> DirectoriesToRetire() const;
 
   // Transitions, numbered as in the diagram.
   void BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool cached, absl::Time now,
@@ -219,6 +231,7 @@ class SessionMachine {
   // COMMITTING.
   std::shared_ptr<const v1::Manifest> manifest_;
   std::vector<int64_t> retire_steps_;
+  bool retention_complete_ = false;  // COMMIT_WRITTEN said its retention removed them all
   bool commit_in_flight_ = false;    // a CommitAttempt is out
   bool roll_back_requested_ = false;  // asked of the committer agent
   absl::Time next_commit_attempt_ = absl::InfinitePast();

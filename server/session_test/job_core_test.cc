@@ -1968,5 +1968,47 @@ TEST_F(SessionManagerTest, Regression_RetentionNotCarriedOut_RedoneWithNextCommi
   EXPECT_THAT(committer_.retentions().back().retire_steps, ElementsAre(30));
 }
 
+// Found by tests/sim (invariant I7): with agent commits, a committer whose retention failed
+// still reported COMMIT_WRITTEN, and the retired checkpoint stayed on disk untracked. The
+// steps stay pending until a committer says its retention removed them all; each COMMIT's
+// retire_steps carries them.
+TEST_F(SessionManagerTest, Regression_AgentRetentionIncomplete_RetiredAgainWithNextCommit) {
+  options_.coordinator_commits = false;
+  options_.keep_last = 1;
+  StartJob("tp=2,dp=2", [](uint32_t r) {
+    return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/true};
+  });
+  UseTpDpPlans();
+  auto commit_through_agent = [&](int64_t step, bool retention_complete) {
+    const std::string id = DriveToPersisting(step);
+    GatherAll(id);
+    PersistAll(id);
+    EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+    const std::vector<uint32_t> committers = RanksSent(v1::Command::kCommit, id);
+    EXPECT_THAT(committers, SizeIs(1));
+    const uint32_t committer = committers.empty() ? 0 : committers[0];
+    const v1::Command commit = CommandsTo(committer, id).back();
+    v1::ReportPhaseRequest written;
+    written.set_job_id(kJob);
+    written.set_rank(committer);
+    written.set_incarnation(incarnations_[committer]);
+    written.set_session_id(id);
+    written.set_phase(v1::AGENT_PHASE_COMMIT_WRITTEN);
+    written.set_retention_complete(retention_complete);
+    EXPECT_TRUE(manager().ReportPhase(written).ok());
+    EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
+    return std::vector<int64_t>(commit.commit().retire_steps().begin(),
+                                commit.commit().retire_steps().end());
+  };
+  EXPECT_THAT(commit_through_agent(10, true), IsEmpty());
+  EXPECT_THAT(commit_through_agent(20, false), ElementsAre(10));  // 10 stays on disk
+  EXPECT_THAT(commit_through_agent(30, true), ElementsAre(10, 20));
+  EXPECT_THAT(commit_through_agent(40, true), ElementsAre(30));
+  // Pending survives a restart the same way.
+  EXPECT_THAT(commit_through_agent(50, false), ElementsAre(40));
+  RestartCoordinator();
+  EXPECT_THAT(commit_through_agent(60, true), ElementsAre(40, 50));
+}
+
 }  // namespace
 }  // namespace tessera

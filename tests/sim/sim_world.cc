@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/peer/peer_transport.h"
 #include "agent/save_core.h"
@@ -48,6 +49,9 @@ constexpr char kRoot[] = "/ckpt";
 constexpr absl::Duration kRpcDeadline = absl::Seconds(2);
 constexpr absl::Duration kHeartbeat = absl::Seconds(1);
 constexpr absl::Duration kLease = absl::Seconds(5);
+// How long a schedule runs without faults after its saves ended, before I7 is checked: past a
+// coordinator restart (at most 3 s) and its recovery.
+constexpr absl::Duration kSettle = absl::Seconds(30);
 // Events at one simulated instant beyond which a schedule is a livelock (a real one is a few
 // hundred events long in all).
 constexpr uint64_t kLivelockEvents = 100000;
@@ -240,6 +244,10 @@ class World {
   void CheckInvariants();
   void VerifyCommitted(const v1::SessionRecord& session, const std::string& dir);
   bool Quiet() const;
+  // Runs the next event if one is due by `until`; false if none is or the schedule failed.
+  bool RunNext(absl::Time until);
+  // I7, after the schedule settled.
+  void CheckSettled();
 
   const SimConfig config_;
   std::mt19937_64 rng_;
@@ -276,6 +284,7 @@ class World {
 
   // Invariant state.
   bool checking_ = false;  // inside the checks: no disk faults
+  uint64_t at_this_instant_ = 0;  // events run since simulated time last moved
   uint64_t checked_store_writes_ = ~0ull;
   uint64_t checked_disk_ops_ = ~0ull;
   std::set<std::string> acknowledged_;  // sessions an agent or trainer was told COMMITTED
@@ -400,24 +409,8 @@ SimResult World::Run() {
   At(absl::Seconds(1), "training starts", [this] { StartStep(0); });
   At(kCoordinatorTick, "coordinator tick", [this] { CoordinatorTick(); });
   const absl::Time give_up = window_end_ + config_.quiet_bound;
-  uint64_t at_this_instant = 0;
-  while (!events_.empty() && !failed_) {
-    Event e = events_.top();
-    events_.pop();
-    if (e.at > give_up) break;
-    if (e.at > now()) {
-      clock_.Set(e.at);
-      at_this_instant = 0;
-    } else if (++at_this_instant > kLivelockEvents) {
-      Fail(absl::StrCat("livelock: ", kLivelockEvents, " events without time passing"));
-      break;
-    }
-    ++result_.events;
-    e.fn();
-    if (failed_) break;
-    CheckInvariants();
-    if (InWindow()) MaybeFault();
-    if (training_done_ && Quiet()) break;  // every save ended: nothing left to get wrong
+  while (RunNext(give_up)) {
+    if (training_done_ && Quiet()) break;  // every save ended
   }
   if (!failed_) {
     // I6: with faults over, everything ends within the bound.
@@ -429,9 +422,71 @@ SimResult World::Run() {
       Fail("hang: the trainers finished but a session is still in flight");
     }
   }
+  if (!failed_) {
+    // I7: once it settles without faults, the job's directory holds the checkpoints the store
+    // lists, and besides them only steps pending removal (JobRecord.retention_pending):
+    // retention leaked nothing untracked and removed nothing listed.
+    window_end_ = std::min(window_end_, now());
+    const absl::Time settled = now() + kSettle;
+    while (RunNext(settled)) {
+    }
+    if (!failed_) CheckSettled();
+  }
   result_.simulated = now() - start_;
   result_.job_dir = disk_.Children(JobDirPath(kRoot, kJob));
   return result_;
+}
+
+bool World::RunNext(absl::Time until) {
+  if (events_.empty() || failed_ || events_.top().at > until) return false;
+  Event e = events_.top();
+  events_.pop();
+  if (e.at > now()) {
+    clock_.Set(e.at);
+    at_this_instant_ = 0;
+  } else if (++at_this_instant_ > kLivelockEvents) {
+    Fail(absl::StrCat("livelock: ", kLivelockEvents, " events without time passing"));
+    return false;
+  }
+  ++result_.events;
+  e.fn();
+  if (failed_) return false;
+  CheckInvariants();
+  if (InWindow()) MaybeFault();
+  return true;
+}
+
+void World::CheckSettled() {
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> listed = ReadCheckpoints(store_, kJob);
+  if (!listed.ok()) {
+    Fail(absl::StrCat("I7: cannot read the checkpoint records: ", listed.status().ToString()));
+    return;
+  }
+  absl::StatusOr<std::optional<v1::JobRecord>> job = ReadJob(store_, kJob);
+  if (!job.ok()) {
+    Fail(absl::StrCat("I7: cannot read the job record: ", job.status().ToString()));
+    return;
+  }
+  std::set<int64_t> in_store, pending, on_disk;
+  for (const v1::CheckpointInfo& c : *listed) in_store.insert(c.step());
+  if (job->has_value()) {
+    pending.insert((*job)->retention_pending().begin(), (*job)->retention_pending().end());
+  }
+  for (const std::string& name : disk_.Children(JobDirPath(kRoot, kJob))) {
+    if (std::optional<int64_t> step = ParseStepDirName(name)) on_disk.insert(*step);
+  }
+  std::set<int64_t> untracked, missing;
+  for (int64_t s : on_disk) {
+    if (!in_store.count(s) && !pending.count(s)) untracked.insert(s);
+  }
+  for (int64_t s : in_store) {
+    if (!on_disk.count(s)) missing.insert(s);
+  }
+  if (!untracked.empty() || !missing.empty()) {
+    Fail(absl::StrCat("I7: settled, the store lists steps {", absl::StrJoin(in_store, ","),
+                      "} and pending removal {", absl::StrJoin(pending, ","),
+                      "} but the job directory holds {", absl::StrJoin(on_disk, ","), "}"));
+  }
 }
 
 bool World::Quiet() const {

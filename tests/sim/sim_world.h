@@ -31,6 +31,8 @@
 // and at the end:
 //   I6 once faults stop, everything ends within a bound of simulated time: every save's
 //      session ended, every trainer call was answered, the coordinator is idle.
+//   I7 30 s after that, without faults: every checkpoint the store lists is on disk, and every
+//      step directory on disk is listed or pending removal (JobRecord.retention_pending).
 #ifndef TESSERA_TESTS_SIM_SIM_WORLD_H_
 #define TESSERA_TESTS_SIM_SIM_WORLD_H_
 
