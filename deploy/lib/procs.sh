@@ -1,17 +1,24 @@
 # Process helpers shared by deploy/quickstart.sh and the end-to-end tests (source it).
 # Every wait is bounded; nothing here waits forever.
 
-# wait_for_line FILE REGEX TIMEOUT_S: waits until FILE has a line matching REGEX.
-wait_for_line() {
-  local file=$1 regex=$2 timeout=$3 waited=0
-  while ! grep -Eq -- "$regex" "$file" 2>/dev/null; do
-    if [ "$waited" -ge $((timeout * 10)) ]; then
-      echo "timed out after ${timeout}s waiting for /$regex/ in $file" >&2
-      return 1
-    fi
+# wait_until TIMEOUT_S COMMAND [ARGS...]: runs COMMAND every 0.1 s until it succeeds; returns
+# 1 if it has not within TIMEOUT_S. The one poll loop of the shell tests: the events they wait
+# for are lines in another process's log or a process's exit, which a shell cannot block on,
+# so each wait checks for the event itself and is bounded — never a fixed sleep.
+wait_until() {
+  local timeout=$1 waited=0
+  shift
+  until "$@"; do
+    [ "$waited" -lt $((timeout * 10)) ] || return 1
     sleep 0.1
     waited=$((waited + 1))
   done
+}
+
+# wait_for_line FILE REGEX TIMEOUT_S: waits until FILE has a line matching REGEX.
+wait_for_line() {
+  wait_until "$3" grep -Eq -- "$2" "$1" 2>/dev/null ||
+    { echo "timed out after ${3}s waiting for /$2/ in $1" >&2; return 1; }
 }
 
 # count_lines FILE REGEX: number of lines of FILE matching REGEX (0 if FILE does not exist).
@@ -27,17 +34,13 @@ bound_port() { sed -nE 's/.*listening on .* \(port ([0-9]+)\).*/\1/p' "$1" | tai
 # stop_process PID TIMEOUT_S: SIGTERM, wait up to TIMEOUT_S, then SIGKILL. Returns the exit
 # status, or 124 if it had to be killed.
 stop_process() {
-  local pid=$1 timeout=$2 waited=0
+  local pid=$1 timeout=$2
   kill -TERM "$pid" 2>/dev/null || { wait "$pid" 2>/dev/null; return $?; }
-  while kill -0 "$pid" 2>/dev/null; do
-    if [ "$waited" -ge $((timeout * 10)) ]; then
-      kill -KILL "$pid" 2>/dev/null
-      wait "$pid" 2>/dev/null
-      return 124
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  if ! wait_until "$timeout" exited "$pid"; then
+    kill -KILL "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    return 124
+  fi
   wait "$pid" 2>/dev/null
 }
 
@@ -51,13 +54,10 @@ log_since() { tail -c +"$(($2 + 1))" "$1" 2>/dev/null; }
 # wait_for_line_since FILE OFFSET REGEX TIMEOUT_S: as wait_for_line, in what FILE got after
 # OFFSET.
 wait_for_line_since() {
-  local file=$1 offset=$2 regex=$3 timeout=$4 waited=0
-  until log_since "$file" "$offset" | grep -Eq -- "$regex"; do
-    if [ "$waited" -ge $((timeout * 10)) ]; then
-      echo "timed out after ${timeout}s waiting for /$regex/ in $file (after byte $offset)" >&2
-      return 1
-    fi
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_until "$4" _has_line_since "$1" "$2" "$3" ||
+    { echo "timed out after ${4}s waiting for /$3/ in $1 (after byte $2)" >&2; return 1; }
 }
+_has_line_since() { log_since "$1" "$2" | grep -Eq -- "$3"; }
+
+# exited PID: true once PID is gone.
+exited() { ! kill -0 "$1" 2>/dev/null; }

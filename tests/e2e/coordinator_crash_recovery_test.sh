@@ -31,15 +31,14 @@ fail() {
   exit 1
 }
 
+# no_tmp_dir: true once the job's directory holds no temporary directory (the coordinator
+# removes an aborted attempt's after the commit).
+no_tmp_dir() { ! ls "$DIR/ckpt/job" | grep -q '\.tmp-'; }
+
 # wait_exit PID TIMEOUT_S: waits for a child to exit; fails the test if it does not within
 # TIMEOUT_S. Sets EXIT_RC.
 wait_exit() {
-  local waited=0
-  while kill -0 "$1" 2>/dev/null; do
-    [ "$waited" -lt $(($2 * 10)) ] || fail "process $1 did not exit within $2 s"
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_until "$2" exited "$1" || fail "process $1 did not exit within $2 s"
   wait "$1" 2>/dev/null
   EXIT_RC=$?
 }
@@ -85,12 +84,8 @@ for state in PLANNING PINNING COPYING PERSISTING COMMITTING COMMITTED; do
     fail "the restarted coordinator aborted a session after the crash in $state"
   "$CLI" verify "$dir" >"$DIR/logs/verify-$step.out" 2>&1 ||
     fail "the checkpoint committed after a crash in $state does not verify"
-  waited=0
-  while ls "$DIR/ckpt/job" | grep -q '\.tmp-'; do
-    [ $waited -lt 100 ] || fail "a temporary directory is left after the crash in $state: $(ls "$DIR/ckpt/job")"
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_until 10 no_tmp_dir ||
+    fail "a temporary directory is left after the crash in $state: $(ls "$DIR/ckpt/job")"
   echo "ok: crash in $state -> recovered, step $step COMMITTED and verified"
 done
 # The latest checkpoint loads byte for byte.

@@ -78,12 +78,8 @@ if [ "$COMMITTER" = coordinator ]; then
   wait_for_line_since "$COORD_LOG" "$coord_offset" "$unresolved" 60 ||
     fail "fsync_after_rename: the coordinator did not retry its unresolved commit"
 else
-  waited=0
-  until [ "$(agent_logs | grep -Ec "$unresolved")" -gt "$agent_unresolved" ]; do
-    [ $waited -lt 200 ] || fail "fsync_after_rename: the committer agent did not retry its unresolved commit (an agent that reports its commit failure and stops is the old behaviour)"
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_until 20 agent_lines_above "$unresolved" "$agent_unresolved" ||
+    fail "fsync_after_rename: the committer agent did not retry its unresolved commit (an agent that reports its commit failure and stops is the old behaviour)"
 fi
 # The fsync failed after the rename: the directory is in place, the session still COMMITTING.
 # (The next attempt comes after a backoff of at least 100 ms, and two more must fail.)
@@ -119,12 +115,8 @@ if [ "$COMMITTER" = coordinator ]; then
 else
   # The committer agent dies after its rename; the coordinator picks another committer once
   # its lease expired (LEASE_MS), which finds the directory in place and completes the commit.
-  waited=0
-  until [ "$(agent_logs | grep -c "fault injection: crashing after renaming")" -gt "$agent_crashes" ]; do
-    [ $waited -lt 600 ] || fail "crash_after_rename: no committer agent crashed after its rename"
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_until 60 agent_lines_above "fault injection: crashing after renaming" "$agent_crashes" ||
+    fail "crash_after_rename: no committer agent crashed after its rename"
   committer=""
   for r in 0 1 2 3; do
     grep -q "fault injection: crashing after renaming" "$DIR/logs/agent-$JOB-$r.log" && committer=$r

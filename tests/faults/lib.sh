@@ -191,6 +191,8 @@ finish() {
 
 # agent_logs: every agent log of the job, concatenated.
 agent_logs() { cat "$DIR"/logs/agent-"$JOB"-*.log 2>/dev/null; }
+# agent_lines_above REGEX N: true once the agents' logs hold more than N lines matching REGEX.
+agent_lines_above() { [ "$(agent_logs | grep -Ec -- "$1")" -gt "$2" ]; }
 
 # start_save STEP [FLAGS...]: every rank's trainer saves STEP in the background, under
 # TRAINER_TIMEOUT (pids in TRAINER_PIDS[rank]); wait for each with wait_trainer.

@@ -53,12 +53,8 @@ kill -USR1 "$PROXY_PID"
 wait_for_line "$PROXY_OUT" "cut: reset" 10 || fail "the link proxy did not cut the link"
 cut_at=$(now_ms)
 touch "$RELEASE"
-waited=0
-until [ "$(agent_logs | grep -Ec "$failed_reports")" -gt "$reports_before" ]; do
-  [ $waited -lt 300 ] || fail "no agent's report failed while the link was cut"
-  sleep 0.1
-  waited=$((waited + 1))
-done
+wait_until 30 agent_lines_above "$failed_reports" "$reports_before" ||
+  fail "no agent's report failed while the link was cut"
 echo "   link cut; a report failed: $(agent_logs | grep -E "$failed_reports" | tail -n 1 | cut -c1-160)"
 log_since "$COORD_LOG" "$coord_offset" | grep -q "COMMITTED step 11" &&
   fail "step 11 committed while the link was cut"

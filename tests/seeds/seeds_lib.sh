@@ -68,14 +68,12 @@ verify_step() {
 
 # expect_not_written JOB STEP: neither step-N nor a partial step-N.tmp-* directory remains
 # (the coordinator removes an aborted session's directory; polled for up to 10 s).
+_nothing_named() { ! ls -A "$1" 2>/dev/null | grep -q "^$2"; }
 expect_not_written() {
-  local name waited=0
+  local name
   name=$(basename "$(step_dir "$1" "$2")")
-  while ls -A "$DIR/ckpt/$1" 2>/dev/null | grep -q "^$name"; do
-    [ $waited -lt 100 ] || fail "the refused step $2 left $(ls -A "$DIR/ckpt/$1" | grep "^$name")"
-    sleep 0.1
-    waited=$((waited + 1))
-  done
+  wait_until 10 _nothing_named "$DIR/ckpt/$1" "$name" ||
+    fail "the refused step $2 left $(ls -A "$DIR/ckpt/$1" | grep "^$name")"
 }
 
 # launch JOB LAYOUT RUN SCRIPT [args...]: one `$PYTHON -P SCRIPT args --agent <rank's socket>`
@@ -100,7 +98,7 @@ finish() {
   local run=$1 deadline=$(($(date +%s) + $2)) r=0 p how
   : >"$DIR/logs/$run.rc"
   for p in "${TRAINER_PIDS[@]}"; do
-    while kill -0 "$p" 2>/dev/null && [ "$(date +%s)" -lt "$deadline" ]; do sleep 0.1; done
+    wait_until $((deadline > $(date +%s) ? deadline - $(date +%s) : 0)) exited "$p"
     how=exited
     if kill -0 "$p" 2>/dev/null; then
       kill -KILL "$p" 2>/dev/null
