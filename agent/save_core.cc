@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
+#include "common/plan_fingerprint.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -149,10 +150,26 @@ SaveEffects SaveCore::BeginSave(absl::Time now, uint64_t ticket, v1::BeginSaveRe
   plan->set_plan_fingerprint(request.plan_fingerprint());
   // Moved, not copied: a plan can hold thousands of shards, on the trainer's blocking path.
   plan->mutable_shards()->Swap(request.mutable_shards());
+  const uint64_t local = FingerprintShards(options_.rank, plan->shards());
+  plan->set_local_plan_fingerprint(local);
+  std::shared_ptr<v1::SubmitLocalPlanRequest> slim;
+  if (held_plan_.has_value() && held_plan_->local_fingerprint == local) {  // R10
+    plan->set_held_plan_fingerprint(held_plan_->plan_fingerprint);
+    slim = std::make_shared<v1::SubmitLocalPlanRequest>();
+    slim->set_job_id(plan->job_id());
+    slim->set_rank(plan->rank());
+    slim->set_incarnation(plan->incarnation());
+    slim->set_step(plan->step());
+    slim->set_plan_fingerprint(plan->plan_fingerprint());
+    slim->set_local_plan_fingerprint(local);
+    slim->set_shards_omitted(true);
+    slim->set_held_plan_fingerprint(held_plan_->plan_fingerprint);
+  }
   auto begin = std::make_unique<PendingBegin>(options_.retry_backoff, NewSeed());
   begin->ticket = ticket;
   begin->step = request.step();
   begin->plan = std::move(plan);
+  begin->slim = std::move(slim);
   begin->give_up_at = now + options_.submit_retry_window;
   PendingBegin& b = *begin;
   begins_[ticket] = std::move(begin);
@@ -165,7 +182,14 @@ void SaveCore::SendSubmission(PendingBegin& begin, SaveEffects& fx) {
   begin.rpc = id;
   begin.retry_at = absl::InfiniteFuture();
   rpcs_[id] = {RpcOwner::kBegin, begin.ticket, ""};
-  fx.rpcs.push_back({id, begin.plan});
+  fx.rpcs.push_back({id, begin.slim != nullptr ? begin.slim : begin.plan});
+}
+
+void SaveCore::Resubmit(Session& s, SaveEffects& fx) {
+  const uint64_t rpc = next_id_++;
+  s.resubmit_rpc = rpc;
+  rpcs_[rpc] = {RpcOwner::kResubmit, 0, s.id};
+  fx.rpcs.push_back({rpc, s.slim != nullptr ? s.slim : s.plan});
 }
 
 SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
@@ -179,8 +203,15 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
   if (ref.owner == RpcOwner::kResubmit) {  // R3
     Session* s = Find(ref.session);
     if (s == nullptr) return Done(now, std::move(fx));
-    s->resubmit_rpc = 0;
+    if (s->resubmit_rpc == rpc_id) s->resubmit_rpc = 0;
     if (s->phase != SavePhase::kPlanned) return Done(now, std::move(fx));
+    if (result.ok() && result->send_full_plan() && s->slim != nullptr) {  // R10
+      Log(fx, Severity::kInfo,
+          absl::StrCat("the coordinator asked for the shards of ", Describe(*s)));
+      s->slim = nullptr;
+      Resubmit(*s, fx);
+      return Done(now, std::move(fx));
+    }
     if (!result.ok()) {
       if (SubmissionRetriable(result.status().code())) {
         if (resend_at_ == absl::InfiniteFuture()) resend_at_ = now + resend_backoff_.Next();
@@ -216,6 +247,29 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
   if (b_it == begins_.end()) return Done(now, std::move(fx));
   PendingBegin& b = *b_it->second;
   b.rpc = 0;
+  if (result.ok() && result->send_full_plan() && b.trainer_gone) {
+    EndPendingBegin(b.ticket, fx);  // nothing was recorded; nobody waits for the session
+    return Done(now, std::move(fx));
+  }
+  if (result.ok() && result->send_full_plan() && b.slim != nullptr) {  // R10
+    Log(fx, Severity::kInfo,
+        absl::StrCat("the coordinator does not know the plan of step ", b.step,
+                     " by its fingerprint; submitting its shards"));
+    b.slim = nullptr;
+    SendSubmission(b, fx);
+    return Done(now, std::move(fx));
+  }
+  if (result.ok() && result->send_full_plan()) {
+    // Asked for the shards the submission carried: the coordinator recorded nothing.
+    Log(fx, Severity::kError,
+        absl::StrCat("the coordinator asked for the shards of step ", b.step,
+                     " although they were sent"));
+    Reply(fx, b.ticket,
+          BeginSaveReply{absl::InternalError(
+              "the coordinator did not take this rank's plan although its shards were sent")});
+    EndPendingBegin(b.ticket, fx);
+    return Done(now, std::move(fx));
+  }
   if (result.ok()) {
     if (absl::Status bad = CheckSessionId(result->session_id()); !bad.ok()) {
       Log(fx, Severity::kError, std::string(bad.message()));
@@ -258,6 +312,7 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
   if (s == nullptr) {
     s = &NewSession(session_id, begin.step);
     s->plan = begin.plan;
+    s->slim = begin.slim;
     s->lease = lease_;
     s->begin_ticket = ticket;
     s->begin_waiting = !gone;
@@ -268,7 +323,10 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
       Reply(fx, s->begin_ticket,
             BeginSaveReply{absl::AbortedError("superseded by a newer BeginSave of the same step")});
     }
-    if (s->phase == SavePhase::kPlanned) s->plan = begin.plan;  // what the coordinator holds
+    if (s->phase == SavePhase::kPlanned) {  // what the coordinator holds
+      s->plan = begin.plan;
+      s->slim = begin.slim;
+    }
     s->begin_ticket = ticket;
     s->begin_waiting = !gone;
   } else if (!gone) {
@@ -468,6 +526,12 @@ void SaveCore::Dispatch(absl::Time now, Session& s, const v1::Command& command,
     case v1::Command::kCommit:
       HandleCommit(s, command, fx);
       break;
+    case v1::Command::kSendPlan:  // R10
+      if (s.phase == SavePhase::kPlanned && s.plan != nullptr) {
+        s.slim = nullptr;
+        Resubmit(s, fx);
+      }
+      break;
     case v1::Command::kCommitted:  // edge 16
       if (Live(s.phase) || s.phase == SavePhase::kFailed) {
         End(s, absl::OkStatus(), command.committed().checkpoint_dir(), fx);
@@ -485,13 +549,28 @@ void SaveCore::Dispatch(absl::Time now, Session& s, const v1::Command& command,
 
 void SaveCore::HandlePin(Session& s, const v1::PinCommand& pin, SaveEffects& fx) {
   if (s.phase != SavePhase::kPlanned) return;  // R1
-  absl::StatusOr<StagingLayout> layout =
-      ComputeStagingLayout(pin.assignment(), s.plan->shards(), options_.rank);
-  if (!layout.ok()) {
-    Fail(s, v1::ERROR_CODE_IO_ERROR, layout.status(), fx);
-    return;
+  const uint64_t local = s.plan->local_plan_fingerprint();
+  if (pin.assignment_omitted()) {  // R10
+    if (!held_plan_.has_value() || held_plan_->plan_fingerprint != pin.plan_fingerprint() ||
+        held_plan_->local_fingerprint != local) {
+      Fail(s, v1::ERROR_CODE_INTERNAL,
+           absl::InternalError(absl::StrCat(
+               "the PIN of ", Describe(s), " left out the assignment of plan ",
+               absl::Hex(pin.plan_fingerprint()), ", which this agent does not hold")),
+           fx);
+      return;
+    }
+    s.layout = held_plan_->layout;
+  } else {
+    absl::StatusOr<StagingLayout> layout =
+        ComputeStagingLayout(pin.assignment(), s.plan->shards(), options_.rank);
+    if (!layout.ok()) {
+      Fail(s, v1::ERROR_CODE_IO_ERROR, layout.status(), fx);
+      return;
+    }
+    s.layout = std::make_shared<const StagingLayout>(*std::move(layout));
+    if (pin.plan_fingerprint() != 0) held_plan_ = HeldPlan{local, pin.plan_fingerprint(), s.layout};
   }
-  s.layout = std::make_shared<const StagingLayout>(*std::move(layout));
   s.plan_cached = pin.plan_cached();
   s.phase = SavePhase::kPinning;  // edge 3
   StartWork(s, PinWork{s.layout}, fx);
@@ -792,10 +871,7 @@ void SaveCore::ResendAll(absl::string_view why, SaveEffects& fx) {
       continue;
     }
     if (s->phase == SavePhase::kPlanned && s->plan != nullptr && s->resubmit_rpc == 0) {
-      const uint64_t rpc = next_id_++;
-      s->resubmit_rpc = rpc;
-      rpcs_[rpc] = {RpcOwner::kResubmit, 0, id};
-      fx.rpcs.push_back({rpc, s->plan});
+      Resubmit(*s, fx);
       ++plans;
     }
     reports += s->reports.size();

@@ -86,6 +86,13 @@
 // R9 Sessions the coordinator has ended. A plan accepted for session X proves every other
 //    session of this agent over on the coordinator (a job saves one session at a time): their
 //    reports stop; they wait for a verdict only while among the last remember_sessions.
+// R10 Cached plans (DESIGN.md "Plan caching"). The agent keeps the assignment (as its staging
+//    layout) of the last PIN that carried one, under the PIN's plan fingerprint and its own
+//    local-plan fingerprint (common/plan_fingerprint.h). A BeginSave whose local plan has that
+//    fingerprint submits the fingerprint alone (shards_omitted) and names the plan it holds;
+//    the coordinator's send_full_plan reply, or a SEND_PLAN command, makes it submit the
+//    shards at once (and for the rest of the session). A PIN with assignment_omitted uses the
+//    held layout; if this agent holds none of that plan the session fails (INTERNAL).
 //
 // Thread-safety: none. One caller at a time (the shell holds its mutex around every call).
 #ifndef TESSERA_AGENT_SAVE_CORE_H_
@@ -277,6 +284,8 @@ class SaveCore {
     uint64_t created = 0;  // creation order: WaitCommitted takes the latest of a step
     SavePhase phase = SavePhase::kPlanned;
     std::shared_ptr<const v1::SubmitLocalPlanRequest> plan;  // null for COMMIT_ONLY
+    // R10: the plan as a fingerprint, while the coordinator may take it so (else null).
+    std::shared_ptr<const v1::SubmitLocalPlanRequest> slim;
     std::optional<uint64_t> lease;  // generation when it began (R5)
     uint64_t last_seq = 0;
     uint64_t begin_ticket = 0;   // the BeginSave call that owns the session
@@ -304,6 +313,7 @@ class SaveCore {
     uint64_t ticket = 0;
     int64_t step = 0;
     std::shared_ptr<const v1::SubmitLocalPlanRequest> plan;
+    std::shared_ptr<const v1::SubmitLocalPlanRequest> slim;  // R10, as Session::slim
     absl::Time give_up_at;
     absl::Time retry_at = absl::InfiniteFuture();  // set while backing off
     uint64_t rpc = 0;                              // the submission out, 0 if none
@@ -318,6 +328,12 @@ class SaveCore {
     std::string session;   // kResubmit, kReport
   };
   using WorkItem = std::variant<PinWork, GatherWork, PersistWork, CommitWork, RemoveWork>;
+  // R10: the assignment this agent last pinned with, and the plans it belongs to.
+  struct HeldPlan {
+    uint64_t local_fingerprint = 0;   // SubmitLocalPlanRequest.local_plan_fingerprint
+    uint64_t plan_fingerprint = 0;    // PinCommand.plan_fingerprint
+    std::shared_ptr<const StagingLayout> layout;
+  };
 
   // Every event ends with Done(): forgets old sessions, sets next_tick.
   SaveEffects Done(absl::Time now, SaveEffects fx);
@@ -330,6 +346,8 @@ class SaveCore {
 
   // Plan submission (edges 1, 2).
   void SendSubmission(PendingBegin& begin, SaveEffects& fx);
+  // R3, R10: the session's plan again (as a fingerprint while `slim` is set).
+  void Resubmit(Session& s, SaveEffects& fx);
   void AcceptPlan(absl::Time now, PendingBegin& begin, const std::string& session_id,
                   SaveEffects& fx);
   void EndPendingBegin(uint64_t ticket, SaveEffects& fx);
@@ -387,6 +405,7 @@ class SaveCore {
   std::deque<std::string> finished_;  // ended or orphaned, oldest first
   std::map<uint64_t, std::unique_ptr<PendingBegin>> begins_;  // by ticket
   std::vector<v1::Command> held_;                             // R1
+  std::optional<HeldPlan> held_plan_;                         // R10
   std::map<uint64_t, RpcRef> rpcs_;                           // RPCs out
   std::map<uint64_t, std::string> work_;                      // work out -> session
   std::string storage_root_;

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/save_test_messages.h"
 #include "common/ids.h"
+#include "common/plan_fingerprint.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -29,6 +30,9 @@ constexpr uint32_t kRank = 3;
 
 alignas(4096) unsigned char staging_buffer[1 << 16];
 
+// The global plan's fingerprint the fake coordinator's PINs name.
+constexpr uint64_t kPlan = 0xfeedf00d;
+
 v1::BeginSaveRequest Request(int64_t step = kStep) {
   return testing_save::OneShardRequest(step);
 }
@@ -41,6 +45,22 @@ v1::Command Pin(uint64_t seq, const std::string& session = kSession) {
   v1::Command c =
       testing_save::OneShardPin(session, kStep, seq, kRank, "data-00003.safetensors");
   c.mutable_pin()->set_plan_cached(true);
+  c.mutable_pin()->set_plan_fingerprint(kPlan);
+  return c;
+}
+
+// A PIN of plan `plan` that leaves the assignment out (R10).
+v1::Command PinWithoutAssignment(uint64_t seq, const std::string& session, uint64_t plan) {
+  v1::Command c = Bare(seq, session);
+  c.mutable_pin()->set_plan_cached(true);
+  c.mutable_pin()->set_plan_fingerprint(plan);
+  c.mutable_pin()->set_assignment_omitted(true);
+  return c;
+}
+
+v1::Command SendPlan(uint64_t seq, const std::string& session) {
+  v1::Command c = Bare(seq, session);
+  c.mutable_send_plan();
   return c;
 }
 
@@ -176,6 +196,8 @@ class SaveCoreTest : public ::testing::Test {
     if (std::holds_alternative<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(rpc.request)) {
       v1::SubmitLocalPlanResponse accepted;
       accepted.set_session_id(session);
+      const auto& plan = *std::get<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(rpc.request);
+      if (plan.shards_omitted() && knows_no_plans_) accepted.set_send_full_plan(true);
       absl::StatusOr<v1::SubmitLocalPlanResponse> result = accepted;
       if (!status.ok()) result = status;
       Apply(core_.OnPlanSubmitted(now_, rpc.id, result));
@@ -288,6 +310,29 @@ class SaveCoreTest : public ::testing::Test {
     ASSERT_THAT(Deliver(), ElementsAre("CHUNKS(2)", "CHUNKS(1)", "PERSISTED"));
   }
 
+  // The last plan submission sent (delivered or still out).
+  v1::SubmitLocalPlanRequest LastPlanOut() const {
+    for (auto it = rpcs_.rbegin(); it != rpcs_.rend(); ++it) {
+      if (auto* p = std::get_if<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(&it->request)) {
+        return **p;
+      }
+    }
+    for (auto it = sent_.rbegin(); it != sent_.rend(); ++it) {
+      if (auto* p = std::get_if<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(&it->request)) {
+        return **p;
+      }
+    }
+    ADD_FAILURE() << "no plan was submitted";
+    return v1::SubmitLocalPlanRequest();
+  }
+  // A first save committed: the agent holds the assignment of plan kPlan.
+  void FirstSaveCommitted() {
+    ToPersisted();
+    Command(Committed(5));
+    ASSERT_EQ(PhaseOf(), SavePhase::kCommitted);
+  }
+
+  bool knows_no_plans_ = false;  // the fake coordinator answers fingerprints send_full_plan
   SaveCore core_{Options()};
   absl::Time now_ = absl::FromUnixSeconds(1000000);
   std::deque<CoordinatorRpc> rpcs_;
@@ -966,6 +1011,86 @@ TEST_F(SaveCoreTest, R7_WorkResultAfterTheAbort_NoFailureReported) {
   Apply(core_.OnGathered(now_, gather, absl::AbortedError("cancelled")));
   EXPECT_TRUE(rpcs_.empty());
   EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
+}
+
+// --- R10: cached plans ---------------------------------------------------------------------------
+
+constexpr char kSecond[] = "s8-00000000000000c3";
+
+TEST_F(SaveCoreTest, R10_SamePlanAgain_OnlyItsFingerprintAndTheHeldAssignment) {
+  FirstSaveCommitted();
+  const uint64_t local = FingerprintShards(kRank, Request().shards());
+  EXPECT_EQ(LastPlanOut().local_plan_fingerprint(), local);
+  EXPECT_EQ(LastPlanOut().held_plan_fingerprint(), 0u);  // nothing held before the first PIN
+
+  Begin(/*ticket=*/7, /*step=*/8);
+  const v1::SubmitLocalPlanRequest slim = LastPlanOut();
+  EXPECT_TRUE(slim.shards_omitted());
+  EXPECT_EQ(slim.shards_size(), 0);
+  EXPECT_EQ(slim.local_plan_fingerprint(), local);
+  EXPECT_EQ(slim.held_plan_fingerprint(), kPlan);
+  EXPECT_EQ(slim.step(), 8);
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN"));
+
+  // The PIN names the plan; the staging layout is the one the first PIN's assignment gave.
+  Command(PinWithoutAssignment(1, kSecond, kPlan));
+  SaveWork pin = TakeWork();
+  ASSERT_TRUE(std::holds_alternative<PinWork>(pin.item));
+  EXPECT_EQ(PhaseOf(kSecond), SavePhase::kPinning);
+  const StagingLayout& layout = *std::get<PinWork>(pin.item).layout;
+  ASSERT_EQ(layout.shards.size(), 1u);
+  EXPECT_EQ(layout.file_name, "data-00003.safetensors");
+  EXPECT_GT(layout.shards[0].nbytes, 0u);
+}
+
+TEST_F(SaveCoreTest, R10_CoordinatorDoesNotKnowTheFingerprint_ShardsSentAtOnce) {
+  FirstSaveCommitted();
+  knows_no_plans_ = true;  // e.g. it restarted
+  Begin(/*ticket=*/7, /*step=*/8);
+  EXPECT_TRUE(LastPlanOut().shards_omitted());
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN", "PLAN"));
+  const v1::SubmitLocalPlanRequest full = LastPlanOut();
+  EXPECT_FALSE(full.shards_omitted());
+  ASSERT_EQ(full.shards_size(), 1);
+  EXPECT_EQ(full.held_plan_fingerprint(), kPlan);  // a PIN of the same plan may still omit it
+  EXPECT_EQ(PhaseOf(kSecond), SavePhase::kPlanned);
+  EXPECT_EQ(ReplyTo(7), nullptr);  // the trainer still waits for its slots
+  // Re-submissions of the session (a RESEND) carry the shards from now on.
+  Command(Resend(1));
+  ASSERT_EQ(rpcs_.size(), 1u);
+  EXPECT_EQ(LastPlanOut().shards_size(), 1);
+}
+
+TEST_F(SaveCoreTest, R10_SendPlanCommand_ShardsSubmittedAgain) {
+  FirstSaveCommitted();
+  Begin(/*ticket=*/7, /*step=*/8);
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN"));
+  Command(SendPlan(1, kSecond));
+  ASSERT_EQ(rpcs_.size(), 1u);
+  EXPECT_FALSE(LastPlanOut().shards_omitted());
+  EXPECT_EQ(LastPlanOut().shards_size(), 1);
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN"));
+  EXPECT_EQ(PhaseOf(kSecond), SavePhase::kPlanned);
+}
+
+TEST_F(SaveCoreTest, R10_ChangedPlan_SubmittedWithItsShards) {
+  FirstSaveCommitted();
+  v1::BeginSaveRequest changed = Request(8);
+  changed.mutable_shards(0)->set_fqn("w2");
+  Apply(core_.BeginSave(now_, 7, changed));
+  const v1::SubmitLocalPlanRequest plan = LastPlanOut();
+  EXPECT_FALSE(plan.shards_omitted());
+  EXPECT_EQ(plan.shards_size(), 1);
+  EXPECT_EQ(plan.held_plan_fingerprint(), 0u);
+  EXPECT_EQ(plan.local_plan_fingerprint(), FingerprintShards(kRank, plan.shards()));
+}
+
+TEST_F(SaveCoreTest, R10_PinOmitsAnAssignmentThisAgentDoesNotHold_FailsInternal) {
+  ToPlanned();
+  Command(PinWithoutAssignment(1, kSession, kPlan));
+  EXPECT_TRUE(work_.empty());
+  ASSERT_THAT(Deliver(), ElementsAre("ERROR(INTERNAL)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("does not hold"));
 }
 
 // --- R9 and the end of the agent ---------------------------------------------------------------

@@ -80,9 +80,10 @@ grpc::ServerUnaryReactor* CoordinatorService::SubmitLocalPlan(
   // session's strand has recorded the plan (SessionManager), off this callback thread.
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   sessions_->SubmitLocalPlan(std::move(*const_cast<v1::SubmitLocalPlanRequest*>(request)),
-                             [reactor, response](absl::StatusOr<std::string> session) {
-                               if (session.ok()) response->set_session_id(*session);
-                               reactor->Finish(ToGrpcStatus(session.status()));
+                             [reactor, response](
+                                 absl::StatusOr<v1::SubmitLocalPlanResponse> answer) {
+                               if (answer.ok()) *response = *std::move(answer);
+                               reactor->Finish(ToGrpcStatus(answer.status()));
                              });
   return reactor;
 }

@@ -17,6 +17,7 @@
 #include "common/box.h"
 #include "common/checksum.h"
 #include "common/dtype.h"
+#include "common/plan_fingerprint.h"
 #include "common/status.h"
 #include "common/tensor_key.h"
 #include "server/plan_tiling.h"
@@ -304,107 +305,6 @@ absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t inde
 // FingerprintPlans hashes plans of at least this many shards on several threads.
 constexpr size_t kParallelFingerprintShards = 1 << 16;
 constexpr size_t kMaxFingerprintThreads = 8;
-
-static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
-              "the canonical plan encoding writes integers in host order");
-
-// Encodes a shard into a buffer that is hashed in large pieces: one bounds check per shard
-// and one hash update per kBufferBytes, not one call per field.
-class CanonicalEncoder {
- public:
-  explicit CanonicalEncoder(StreamingHasher* hasher) : hasher_(hasher), buffer_(kBufferBytes) {}
-
-  void Str(absl::string_view s) {
-    Reserve(4 + s.size());
-    PutStr(s);
-  }
-  void U32(uint32_t v) {
-    Reserve(4);
-    Put(&v, 4);
-  }
-  void U64(uint64_t v) {
-    Reserve(8);
-    Put(&v, 8);
-  }
-  void Shard(const v1::ShardDesc& s) {
-    size_t need = 64 + s.fqn().size() + s.state_key().size() +
-                  8 * (s.global_shape_size() + s.box().offsets_size() + s.box().lengths_size());
-    for (const std::string& dim : s.replicated_over()) need += 4 + dim.size();
-    Reserve(need);
-    PutStr(s.fqn());
-    const uint8_t flags = static_cast<uint8_t>(s.has_flat_range() | (s.state_absent() << 1));
-    Put(&flags, 1);
-    const uint32_t kind = s.kind(), dtype = s.dtype();
-    Put(&kind, 4);
-    Put(&dtype, 4);
-    PutInts(s.global_shape());
-    PutInts(s.box().offsets());
-    PutInts(s.box().lengths());
-    if (s.has_flat_range()) {
-      const int64_t range[2] = {s.flat_range().begin(), s.flat_range().end()};
-      Put(range, 16);
-    }
-    const uint32_t dims = s.replicated_over_size();
-    Put(&dims, 4);
-    for (const std::string& dim : s.replicated_over()) PutStr(dim);
-    PutStr(s.state_key());
-    const uint64_t nbytes = s.nbytes();
-    Put(&nbytes, 8);
-  }
-  uint64_t Finish() {
-    Flush();
-    return hasher_->Digest();
-  }
-
- private:
-  static constexpr size_t kBufferBytes = 1 << 16;
-
-  // Makes room for `size` more bytes.
-  void Reserve(size_t size) {
-    if (used_ + size <= buffer_.size()) return;
-    Flush();
-    if (size > buffer_.size()) buffer_.resize(size);
-  }
-  void Put(const void* data, size_t size) {
-    if (size == 0) return;  // `data` may be null (an empty repeated field)
-    std::memcpy(buffer_.data() + used_, data, size);
-    used_ += size;
-  }
-  void PutStr(absl::string_view s) {
-    const uint32_t size = static_cast<uint32_t>(s.size());
-    Put(&size, 4);
-    Put(s.data(), s.size());
-  }
-  void PutInts(const Int64s& values) {
-    const uint32_t size = values.size();
-    Put(&size, 4);
-    Put(values.data(), values.size() * sizeof(int64_t));
-  }
-  void Flush() {
-    hasher_->Update(buffer_.data(), used_);
-    used_ = 0;
-  }
-
-  StreamingHasher* hasher_;
-  std::vector<char> buffer_;
-  size_t used_ = 0;
-};
-
-// FingerprintLocalPlan, fed one shard at a time.
-class LocalPlanHasher {
- public:
-  LocalPlanHasher(uint32_t rank, size_t shards) : out_(&hasher_) {
-    out_.Str("tessera.local_plan.v1");
-    out_.U32(rank);
-    out_.U32(static_cast<uint32_t>(shards));
-  }
-  void Add(const v1::ShardDesc& shard) { out_.Shard(shard); }
-  uint64_t Finish() { return out_.Finish(); }
-
- private:
-  StreamingHasher hasher_;
-  CanonicalEncoder out_;
-};
 
 // ---------------------------------------------------------------------------------------------
 // The planner proper: one instance per BuildGlobalPlan call, one method per rule.
@@ -954,6 +854,11 @@ class Planner {
     const uint32_t world = layout_.world_size();
     GlobalPlan plan;
     plan.fingerprint = CombineFingerprints(layout_, rank_fingerprints_);
+    plan.rank_fingerprints = rank_fingerprints_;
+    plan.staged_bytes_by_rank.assign(world, 0);
+    for (uint32_t r = 0; r < world; ++r) {
+      for (const v1::ShardDesc& s : by_rank_[r]->shards) plan.staged_bytes_by_rank[r] += s.nbytes();
+    }
     plan.bytes_written_by_rank = load_;
     for (uint64_t bytes : load_) plan.total_bytes += bytes;
     EmitTensors(&plan);
@@ -1166,37 +1071,32 @@ std::string EncodePlanRecord(const GlobalPlan& plan) {
     t.AppendToString(&tensor);
     w.Message(v1::PlanRecord::kTensorsFieldNumber, tensor);
   }
-  if (!plan.bytes_written_by_rank.empty()) {  // packed
+  auto packed_varints = [&](int field, const std::vector<uint64_t>& values) {
+    if (values.empty()) return;
     std::string packed;
-    for (uint64_t b : plan.bytes_written_by_rank) {
+    for (uint64_t b : values) {
       WireBuffer v;
       v.RawVarint(b);
       packed.append(v.view().data(), v.size());
     }
-    w.Message(v1::PlanRecord::kBytesWrittenByRankFieldNumber, packed);
-  }
+    w.Message(field, packed);
+  };
+  packed_varints(v1::PlanRecord::kBytesWrittenByRankFieldNumber, plan.bytes_written_by_rank);
   w.Varint(v1::PlanRecord::kTotalBytesFieldNumber, plan.total_bytes);
+  if (!plan.rank_fingerprints.empty()) {  // packed fixed64
+    std::string packed;
+    packed.reserve(8 * plan.rank_fingerprints.size());
+    for (uint64_t fp : plan.rank_fingerprints) {
+      for (int i = 0; i < 8; ++i) packed.push_back(static_cast<char>(fp >> (8 * i)));
+    }
+    w.Message(v1::PlanRecord::kRankFingerprintsFieldNumber, packed);
+  }
+  packed_varints(v1::PlanRecord::kStagedBytesByRankFieldNumber, plan.staged_bytes_by_rank);
   return out;
 }
 
 uint64_t FingerprintLocalPlan(const LocalPlan& plan) {
-  LocalPlanHasher hasher(plan.rank, plan.shards.size());
-  for (const v1::ShardDesc& s : plan.shards) hasher.Add(s);
-  return hasher.Finish();
-}
-
-uint64_t CombineFingerprints(const MeshLayout& layout, absl::Span<const uint64_t> per_rank) {
-  StreamingHasher hasher;
-  CanonicalEncoder out(&hasher);
-  out.Str("tessera.plan.v1");
-  out.U32(static_cast<uint32_t>(layout.dim_count()));
-  for (size_t i = 0; i < layout.dim_count(); ++i) {
-    out.Str(layout.dim_name(i));
-    out.U32(layout.degree(i));
-  }
-  out.U32(static_cast<uint32_t>(per_rank.size()));
-  for (uint64_t fp : per_rank) out.U64(fp);
-  return out.Finish();
+  return FingerprintShards(plan.rank, plan.shards);
 }
 
 uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>& plans) {

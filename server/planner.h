@@ -61,6 +61,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/types/span.h"
 #include "common/layout.h"
+#include "common/plan_fingerprint.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/types.pb.h"
@@ -102,6 +103,12 @@ struct GlobalPlan {
   std::vector<uint64_t> bytes_written_by_rank;
   // Sum of all chunk bytes (each byte of the checkpoint counted once).
   uint64_t total_bytes = 0;
+  // Index = rank: FingerprintLocalPlan of the rank's local plan. A submission that carries
+  // only a fingerprint is matched against this (coordinator.proto shards_omitted).
+  std::vector<uint64_t> rank_fingerprints;
+  // Index = rank: bytes of the rank's shards (what it stages besides gathered slices), for
+  // host-RAM admission when the shards themselves were not sent.
+  std::vector<uint64_t> staged_bytes_by_rank;
   // Index = rank: the ranks it exchanges DP slices with (AssignmentPeers of its assignment:
   // the leaders it sends to, the peers it gathers from), sorted. What the rank's
   // GatherCommand.peer_addresses covers. Filled by BuildGlobalPlan and FillPeers.
@@ -120,7 +127,7 @@ std::string DataFileName(uint32_t rank);
 absl::Status FillPeers(GlobalPlan* plan);
 
 // The v1::PlanRecord (coordinator_state.proto) of `plan`, encoded: fingerprint, assignments,
-// tensors, bytes_written_by_rank, total_bytes; the bytes of building the record and
+// tensors, bytes_written_by_rank, total_bytes, rank_fingerprints, staged_bytes_by_rank; the bytes of building the record and
 // serializing it, without the record's copy of every assignment and tensor. Errors: none.
 std::string EncodePlanRecord(const GlobalPlan& plan);
 
@@ -152,9 +159,6 @@ uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>
 // shard. Errors: none.
 uint64_t FingerprintLocalPlan(const LocalPlan& plan);
 
-// The plan fingerprint from the layout and FingerprintLocalPlan of each rank's plan, in rank
-// order. Errors: none.
-uint64_t CombineFingerprints(const MeshLayout& layout, absl::Span<const uint64_t> per_rank);
 
 struct PlanCacheOptions {
   // Most jobs whose last plan is kept; inserting one more evicts the least recently used.

@@ -219,7 +219,18 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
   for (const v1::TensorEntry& t : plan.tensors) *record.add_tensors() = t;
   for (uint64_t b : plan.bytes_written_by_rank) record.add_bytes_written_by_rank(b);
   record.set_total_bytes(plan.total_bytes);
+  for (uint64_t fp : plan.rank_fingerprints) record.add_rank_fingerprints(fp);
+  for (uint64_t b : plan.staged_bytes_by_rank) record.add_staged_bytes_by_rank(b);
   EXPECT_EQ(EncodePlanRecord(plan), record.SerializeAsString());
+  // Each rank's fingerprint and staged bytes are its local plan's.
+  ASSERT_EQ(plan.rank_fingerprints.size(), layout.world_size());
+  ASSERT_EQ(plan.staged_bytes_by_rank.size(), layout.world_size());
+  for (const LocalPlan& local : plans) {
+    EXPECT_EQ(plan.rank_fingerprints[local.rank], FingerprintLocalPlan(local));
+    uint64_t staged = 0;
+    for (const v1::ShardDesc& s : local.shards) staged += s.nbytes();
+    EXPECT_EQ(plan.staged_bytes_by_rank[local.rank], staged) << "rank " << local.rank;
+  }
 
   // Every element of every tensor lies in exactly one chunk.
   uint64_t chunk_bytes = 0;

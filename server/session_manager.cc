@@ -273,7 +273,7 @@ void SessionManager::Changed(const Effects& effects) {
 // RPC-facing
 
 void SessionManager::SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
-                                     Done<std::string> done) {
+                                     Done<v1::SubmitLocalPlanResponse> done) {
   const std::string job_id = request.job_id();
   if (absl::Status s = registry_->CheckIncarnation(job_id, request.rank(), request.incarnation());
       !s.ok()) {
@@ -297,7 +297,7 @@ void SessionManager::SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
     }
   }
   auto shared = std::make_shared<v1::SubmitLocalPlanRequest>(std::move(request));
-  Post<std::string>(
+  Post<v1::SubmitLocalPlanResponse>(
       job,
       [this, shared, layout = *std::move(layout)](JobCore& core) {
         return core.SubmitPlan(std::move(*shared), layout, clock_->Now());

@@ -87,7 +87,8 @@ class SessionManager {
   // JobCore::SubmitLocalPlan after the incarnation check; the shards are taken.
   // Errors: NotFound / FailedPrecondition + STALE_INCARNATION from the registry; NotFound for a
   // job no agent registered; as JobCore::SubmitPlan; Unavailable if the store failed.
-  void SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request, Done<std::string> done);
+  void SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
+                       Done<v1::SubmitLocalPlanResponse> done);
   // Errors: STALE_INCARNATION; as JobCore::ReportPhase; Unavailable if the store failed.
   void ReportPhase(const v1::ReportPhaseRequest& request, Done<v1::SessionState> done);
   void ReportChunks(const v1::ReportChunksRequest& request, Done<v1::SessionState> done);

@@ -45,16 +45,21 @@ struct PlanWork {
   std::string session_id;
   uint64_t attempt = 0;  // PlanDecided ignores the verdict of another attempt
   MeshLayout layout;
-  std::vector<LocalPlan> plans;        // every rank's, in rank order
-  std::vector<uint64_t> fingerprints;  // FingerprintLocalPlan of each, in rank order
-  std::vector<uint64_t> staged_bytes;  // bytes each rank stages for its shards, in rank order
+  std::vector<uint64_t> fingerprints;  // FingerprintLocalPlan of every rank's, in rank order
+  // The local plans whose shards were sent, in rank order (a rank that submitted only its
+  // fingerprint has none here). Only needed if the job's cached plan does not match.
+  std::vector<LocalPlan> plans;
 };
 
 struct PlanVerdict {
   // The validated (or cached) plan, or why it was refused: a planner error, or
-  // ADMISSION_DENIED.
+  // ADMISSION_DENIED. Unset (OK, null) when `missing` is not empty.
   absl::StatusOr<std::shared_ptr<const GlobalPlan>> plan;
   bool cached = false;
+  // No cached plan matches and these ranks sent only fingerprints: the plan cannot be built
+  // until they send their shards (SEND_PLAN). `plans` gives back the work's local plans.
+  std::vector<uint32_t> missing;
+  std::vector<LocalPlan> plans;
 };
 
 // One attempt at a commit the coordinator does itself (it has the storage mounted): ResolveCommit

@@ -60,9 +60,10 @@ SessionContext JobCore::MakeSessionContext() {
 // ---------------------------------------------------------------------------------------------
 // Events
 
-Outcome<std::string> JobCore::SubmitPlan(v1::SubmitLocalPlanRequest&& request,
-                                         const MeshLayout& layout, absl::Time now) {
-  Outcome<std::string> result;
+Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequest&& request,
+                                                          const MeshLayout& layout,
+                                                          absl::Time now) {
+  Outcome<v1::SubmitLocalPlanResponse> result;
   Effects& out = result.effects;
   const SessionOptions& options = *context_.options;
   const int64_t step = request.step();
@@ -78,6 +79,12 @@ Outcome<std::string> JobCore::SubmitPlan(v1::SubmitLocalPlanRequest&& request,
                              absl::StrCat("rank ", request.rank(), " submitted ",
                                           request.shards_size(), " shards; the limit is ",
                                           options.planner.max_shards_per_rank));
+    return result;
+  }
+  if (request.shards_omitted() && request.shards_size() > 0) {
+    result.reply = MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
+                             absl::StrCat("rank ", request.rank(), " sent ", request.shards_size(),
+                                          " shards with shards_omitted set"));
     return result;
   }
   for (const v1::CheckpointInfo& c : checkpoints_) {
@@ -135,21 +142,36 @@ Outcome<std::string> JobCore::SubmitPlan(v1::SubmitLocalPlanRequest&& request,
     LogInfo("session ", current_->record().session_id(), " opened for job ", job_id_, " step ",
             step);
   }
-  result.reply = current_->record().session_id();
+  v1::SubmitLocalPlanResponse response;
+  response.set_session_id(current_->record().session_id());
   if (current_->state() != v1::SESSION_STATE_PLANNING) {
     Fold(now, out);
+    result.reply = std::move(response);
     return result;  // a re-submission after a restart or a lost reply
   }
-  LocalPlan plan;
-  plan.rank = request.rank();
-  plan.shards.reserve(request.shards_size());
-  for (v1::ShardDesc& shard : *request.mutable_shards()) plan.shards.push_back(std::move(shard));
-  request.clear_shards();
-  uint64_t staged_bytes = 0;
-  for (const v1::ShardDesc& shard : plan.shards) staged_bytes += shard.nbytes();
-  const uint64_t fingerprint = FingerprintLocalPlan(plan);
-  current_->SubmitPlan(std::move(plan), fingerprint, staged_bytes, now, out).IgnoreError();
+  const uint32_t rank = request.rank();
+  if (request.shards_omitted()) {
+    // Only a fingerprint: usable if it is this rank's in the job's last plan; the cache may
+    // still miss (evicted, or another rank changed), and then planning asks with SEND_PLAN.
+    const uint64_t fingerprint = request.local_plan_fingerprint();
+    if (rank >= last_plan_fingerprints_.size() || last_plan_fingerprints_[rank] != fingerprint) {
+      response.set_send_full_plan(true);
+    } else {
+      current_->SubmitPlan(rank, std::nullopt, fingerprint, request.held_plan_fingerprint(), now,
+                           out).IgnoreError();
+    }
+  } else {
+    LocalPlan plan;
+    plan.rank = rank;
+    plan.shards.reserve(request.shards_size());
+    for (v1::ShardDesc& shard : *request.mutable_shards()) plan.shards.push_back(std::move(shard));
+    request.clear_shards();
+    const uint64_t fingerprint = FingerprintLocalPlan(plan);
+    current_->SubmitPlan(rank, std::move(plan), fingerprint, request.held_plan_fingerprint(), now,
+                         out).IgnoreError();
+  }
   Fold(now, out);
+  result.reply = std::move(response);
   return result;
 }
 
@@ -280,10 +302,12 @@ void JobCore::Fold(absl::Time now, Effects& out) {
   const v1::SessionRecord& session = current_->record();
   const bool transitioned = out.persisted_state != v1::SESSION_STATE_UNSPECIFIED;
   if (!transitioned) return;
-  if (out.persisted_state == v1::SESSION_STATE_PINNING &&
-      record_.plan_fingerprint() != session.plan_fingerprint()) {
-    PutPlan(out.batch, job_id_, *current_->plan());
-    record_.set_plan_fingerprint(session.plan_fingerprint());
+  if (out.persisted_state == v1::SESSION_STATE_PINNING) {
+    last_plan_fingerprints_ = current_->plan()->rank_fingerprints;
+    if (record_.plan_fingerprint() != session.plan_fingerprint()) {
+      PutPlan(out.batch, job_id_, *current_->plan());
+      record_.set_plan_fingerprint(session.plan_fingerprint());
+    }
   }
   if (current_->ended()) {
     record_.clear_current_session_id();

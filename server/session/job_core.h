@@ -84,12 +84,15 @@ class JobCore {
   // --- Events
 
   // A rank's local plan for `step` (shards are taken from `request`). `layout` is the job's
-  // mesh as the registry has it. Replies with the session id.
+  // mesh as the registry has it. Replies with the session id; and with send_full_plan, having
+  // recorded nothing, if the shards were omitted and the fingerprint is not the rank's in the
+  // job's last plan (none after a restart: DESIGN.md "Plan caching").
   // Errors: FailedPrecondition + STEP_EXISTS if `step` is committed or not newer than the
   // latest; FailedPrecondition + SESSION_IN_PROGRESS if another step is in flight;
-  // InvalidArgument + PLAN_TOO_LARGE over the shard limit.
-  Outcome<std::string> SubmitPlan(v1::SubmitLocalPlanRequest&& request, const MeshLayout& layout,
-                                  absl::Time now);
+  // InvalidArgument + PLAN_TOO_LARGE over the shard limit; InvalidArgument + MALFORMED_SHARD
+  // for shards sent with shards_omitted.
+  Outcome<v1::SubmitLocalPlanResponse> SubmitPlan(v1::SubmitLocalPlanRequest&& request,
+                                                  const MeshLayout& layout, absl::Time now);
   // The verdict of the PlanWork `attempt` of `session_id` (ignored for any other).
   Effects PlanDecided(const std::string& session_id, uint64_t attempt, PlanVerdict verdict,
                       absl::Time now);
@@ -161,6 +164,10 @@ class JobCore {
   std::unique_ptr<SessionMachine> current_;
   // Each rank's latest delivered command of the session in flight.
   std::vector<std::optional<Outgoing>> latest_;
+  // Index = rank: the local-plan fingerprints of the job's last plan (GlobalPlan
+  // .rank_fingerprints), known since its PINNING in this process. A submission of only a
+  // fingerprint is taken if it matches; empty after a restart, so every rank is asked.
+  std::vector<uint64_t> last_plan_fingerprints_;
   // The last ended session: its outcome (COMMITTED or ABORT) and its final status.
   std::optional<v1::Command> last_final_;
   std::optional<v1::SessionStatus> last_ended_;

@@ -10,14 +10,14 @@
 
 namespace tessera {
 
-absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<uint64_t>& staged_bytes,
-                            const std::vector<NodeBudget>& nodes) {
+absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<NodeBudget>& nodes) {
   struct Need {
     uint64_t bytes = 0;
     uint64_t budget = 0;
   };
   absl::flat_hash_map<std::string, Need> by_node;
   std::vector<std::string> order;  // first appearance, so the error is deterministic
+  const std::vector<uint64_t>& staged_bytes = plan.staged_bytes_by_rank;
   for (uint32_t r = 0; r < nodes.size() && r < staged_bytes.size(); ++r) {
     if (r >= plan.bytes_written_by_rank.size()) break;
     auto [it, inserted] = by_node.try_emplace(nodes[r].node_id);
@@ -43,6 +43,18 @@ PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& re
   const uint64_t fingerprint = CombineFingerprints(work.layout, work.fingerprints);
   std::shared_ptr<const GlobalPlan> plan = cache.Lookup(work.job_id, fingerprint);
   verdict.cached = plan != nullptr;
+  if (plan == nullptr && work.plans.size() < work.fingerprints.size()) {
+    std::vector<bool> sent(work.fingerprints.size(), false);
+    for (const LocalPlan& p : work.plans) {
+      if (p.rank < sent.size()) sent[p.rank] = true;
+    }
+    for (uint32_t r = 0; r < sent.size(); ++r) {
+      if (!sent[r]) verdict.missing.push_back(r);
+    }
+    verdict.plans = std::move(work.plans);
+    verdict.plan = std::shared_ptr<const GlobalPlan>();
+    return verdict;
+  }
   if (plan == nullptr) {
     absl::StatusOr<GlobalPlan> built = BuildGlobalPlan(work.layout, work.plans, options);
     if (!built.ok()) {
@@ -63,7 +75,7 @@ PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& re
       nodes[r] = {absl::StrCat("(rank ", r, ", not registered)"), 0};
     }
   }
-  if (absl::Status admitted = CheckAdmission(*plan, work.staged_bytes, nodes); !admitted.ok()) {
+  if (absl::Status admitted = CheckAdmission(*plan, nodes); !admitted.ok()) {
     verdict.plan = admitted;
     return verdict;
   }

@@ -24,16 +24,16 @@ struct NodeBudget {
   uint64_t budget = 0;
 };
 
-// Host-RAM admission: the staging every rank of a node pins (its shards, plus the chunks it
-// gathers and writes as a DP leader) must fit the node's budget. `nodes[rank]` says where
-// each rank stages; `staged_bytes[rank]` what its shards take.
+// Host-RAM admission: the staging every rank of a node pins (its shards,
+// plan.staged_bytes_by_rank, plus the chunks it gathers and writes as a DP leader) must fit
+// the node's budget. `nodes[rank]` says where each rank stages.
 // Errors: ResourceExhausted + ADMISSION_DENIED naming the node, its need and its budget.
-absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<uint64_t>& staged_bytes,
-                            const std::vector<NodeBudget>& nodes);
+absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<NodeBudget>& nodes);
 
-// Runs `work`: the cached plan of the job if its fingerprint matches, else BuildGlobalPlan
-// (a validated plan is cached), then CheckAdmission with the registry's nodes. Consumes
-// work.plans. Errors (in the verdict): the planner's InvalidArgument details;
+// Runs `work`: the cached plan of the job if its fingerprint matches; else, if some rank sent
+// only its fingerprint, the verdict names the missing ranks and gives the plans back; else
+// BuildGlobalPlan (a validated plan is cached). Then CheckAdmission with the registry's
+// nodes. Consumes work.plans. Errors (in the verdict): the planner's InvalidArgument details;
 // ADMISSION_DENIED.
 PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& registry,
                        const PlannerOptions& options);

@@ -120,6 +120,10 @@ absl::StatusOr<std::shared_ptr<const GlobalPlan>> ReadPlan(const StateStore& sto
   plan->bytes_written_by_rank.assign(record->bytes_written_by_rank().begin(),
                                      record->bytes_written_by_rank().end());
   plan->total_bytes = record->total_bytes();
+  plan->rank_fingerprints.assign(record->rank_fingerprints().begin(),
+                                 record->rank_fingerprints().end());
+  plan->staged_bytes_by_rank.assign(record->staged_bytes_by_rank().begin(),
+                                    record->staged_bytes_by_rank().end());
   if (absl::Status peers = FillPeers(plan.get()); !peers.ok()) {
     return absl::DataLossError(absl::StrCat("the ", what, " has an assignment that does not "
                                             "parse: ", peers.message()));

@@ -122,11 +122,7 @@ void SessionMachine::EmitCurrentPhaseCommands(Effects& out) {
   Broadcast(resend, out);
   switch (state()) {
     case v1::SESSION_STATE_PINNING:
-      for (uint32_t r = 0; r < world(); ++r) {
-        v1::Command c;
-        c.mutable_pin()->set_plan_cached(record_.plan_cached());
-        Emit(r, std::move(c), out, plan_);
-      }
+      for (uint32_t r = 0; r < world(); ++r) EmitPin(r, out);
       break;
     case v1::SESSION_STATE_COPYING: {
       v1::Command c;
@@ -148,29 +144,40 @@ void SessionMachine::EmitCurrentPhaseCommands(Effects& out) {
 // ---------------------------------------------------------------------------------------------
 // Events
 
-absl::Status SessionMachine::SubmitPlan(LocalPlan plan, uint64_t fingerprint,
-                                        uint64_t staged_bytes, absl::Time now, Effects& out) {
+absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> plan,
+                                        uint64_t fingerprint, uint64_t held, absl::Time now,
+                                        Effects& out) {
   if (state() != v1::SESSION_STATE_PLANNING) {
     return absl::FailedPreconditionError(
         absl::StrCat("session ", record_.session_id(), " is past PLANNING"));
   }
-  const uint32_t rank = plan.rank;
-  plans_[rank] = std::move(plan);
-  plan_fingerprints_[rank] = fingerprint;
-  plan_bytes_[rank] = staged_bytes;
+  if (held_.size() != world()) held_.assign(world(), 0);
+  held_[rank] = held;
+  auto [it, fresh] = submissions_.try_emplace(rank);
+  Submission& sub = it->second;
+  const bool changed = fresh || sub.fingerprint != fingerprint;
+  const bool supplied = plan.has_value() && awaiting_shards_.erase(rank) > 0;
+  if (changed) sub.plan.reset();
+  sub.fingerprint = fingerprint;
+  if (plan.has_value()) sub.plan = std::move(plan);
   out.changed = true;
-  if (plans_.size() < world()) return absl::OkStatus();
-  // Every rank is in (a re-submission after the plan went out starts another attempt: its
-  // plan may have changed).
+  if (submissions_.size() < world() || !awaiting_shards_.empty()) return absl::OkStatus();
+  // A repeated submission of the same plan (a re-send after a lost reply or a reconnection)
+  // changes nothing: the attempt out, or the verdict given, stands.
+  if (!changed && !supplied && plan_attempt_ > 0) return absl::OkStatus();
   PlanWork work;
   work.job_id = context_.job_id;
   work.session_id = record_.session_id();
   work.attempt = ++plan_attempt_;
   work.layout = context_.mesh;
-  for (auto& [r, p] : plans_) {
-    work.plans.push_back(p);
-    work.fingerprints.push_back(plan_fingerprints_[r]);
-    work.staged_bytes.push_back(plan_bytes_[r]);
+  // The shards move into the work, not copied (a million of them at scale); a verdict that
+  // needs more shards gives them back.
+  for (auto& [r, s] : submissions_) {
+    work.fingerprints.push_back(s.fingerprint);
+    if (s.plan.has_value()) {
+      work.plans.push_back(*std::move(s.plan));
+      s.plan.reset();
+    }
   }
   planning_ = true;
   out.plan = std::move(work);
@@ -182,6 +189,23 @@ void SessionMachine::PlanDecided(uint64_t attempt, PlanVerdict verdict, absl::Ti
                                  Effects& out) {
   if (state() != v1::SESSION_STATE_PLANNING || !planning_ || attempt != plan_attempt_) return;
   planning_ = false;
+  if (!verdict.missing.empty()) {
+    for (LocalPlan& p : verdict.plans) {
+      auto it = submissions_.find(p.rank);
+      if (it != submissions_.end() && !it->second.plan.has_value()) {
+        it->second.plan = std::move(p);
+      }
+    }
+    LogInfo("session ", record_.session_id(), ": no cached plan matches; asking ",
+            verdict.missing.size(), " rank(s) that sent only a fingerprint for their shards");
+    for (uint32_t r : verdict.missing) {
+      awaiting_shards_.insert(r);
+      v1::Command c;
+      c.mutable_send_plan();
+      Emit(r, std::move(c), out);
+    }
+    return;
+  }
   if (!verdict.plan.ok()) {
     std::optional<v1::ErrorDetail> detail = GetErrorDetail(verdict.plan.status());
     LogWarning("plan of session ", record_.session_id(), " rejected: ",
@@ -388,7 +412,7 @@ void SessionMachine::Tick(absl::Time now, Effects& out) {
                                                     absl::FormatDuration(PhaseTimeout())));
     std::vector<uint32_t> waiting;
     for (uint32_t r = 0; r < world(); ++r) {
-      const bool done = s == v1::SESSION_STATE_PLANNING ? plans_.count(r) > 0
+      const bool done = s == v1::SESSION_STATE_PLANNING ? submissions_.count(r) > 0
                         : s == v1::SESSION_STATE_PERSISTING ? ranks_[r].persisted
                                                             : ranks_[r].reached >= s;
       if (!done) waiting.push_back(r);
@@ -462,9 +486,8 @@ void SessionMachine::Advance(absl::Time now, Effects& out) {
 
 void SessionMachine::BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool cached,
                                   absl::Time now, Effects& out) {
-  plans_.clear();
-  plan_fingerprints_.clear();
-  plan_bytes_.clear();
+  submissions_.clear();
+  awaiting_shards_.clear();
   plan_ = std::move(plan);
   ledger_ = std::make_unique<ChunkLedger>(plan_);
   record_.set_plan_fingerprint(plan_->fingerprint);
@@ -474,10 +497,19 @@ void SessionMachine::BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool c
   EnterState(v1::SESSION_STATE_PINNING, now, out);
   LogInfo("session ", record_.session_id(), ": plan ", cached ? "reused" : "validated", " (",
           ledger_->chunks_total(), " chunks, ", plan_->total_bytes, " bytes); PINNING");
-  for (uint32_t r = 0; r < world(); ++r) {
-    v1::Command c;
-    c.mutable_pin()->set_plan_cached(cached);
-    Emit(r, std::move(c), out, plan_);
+  for (uint32_t r = 0; r < world(); ++r) EmitPin(r, out);
+}
+
+void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
+  v1::Command c;
+  v1::PinCommand* pin = c.mutable_pin();
+  pin->set_plan_cached(record_.plan_cached());
+  pin->set_plan_fingerprint(plan_->fingerprint);
+  if (plan_->fingerprint != 0 && rank < held_.size() && held_[rank] == plan_->fingerprint) {
+    pin->set_assignment_omitted(true);  // the agent holds it: 8 bytes instead of the plan
+    Emit(rank, std::move(c), out);
+  } else {
+    Emit(rank, std::move(c), out, plan_);
   }
 }
 
@@ -710,7 +742,7 @@ absl::Time SessionMachine::next_tick() const {
 
 std::vector<uint32_t> SessionMachine::ranks_planned() const {
   std::vector<uint32_t> ranks;
-  for (const auto& [r, unused] : plans_) ranks.push_back(r);
+  for (const auto& [r, unused] : submissions_) ranks.push_back(r);
   return ranks;
 }
 

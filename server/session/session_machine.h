@@ -9,7 +9,10 @@
 //
 //   1 PlanDecided:      every rank's local plan arrived (SubmitPlan); the shell validated the
 //                       global plan off the lock (PlanWork; or reused the job's cached one)
-//                       and the node RAM budgets admit its staging. Each rank gets PIN.
+//                       and the node RAM budgets admit its staging. Each rank gets PIN (the
+//                       plan's fingerprint only, to an agent that holds its assignment).
+//                       Ranks that sent only a fingerprint, when no cached plan matches, are
+//                       sent SEND_PLAN first, and planning runs again with their shards.
 //   2 (ReportPhase)     every rank reported PINNED. Each gets COPY (its trainer may copy).
 //   3 (ReportPhase)     every rank reported STAGED (every trainer resumed). Each gets GATHER
 //                       with its peers' addresses; once all reported GATHERED, PERSIST is
@@ -58,6 +61,7 @@
 #include <vector>
 
 #include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -115,12 +119,18 @@ class SessionMachine {
 
   // --- Events
 
-  // A rank's local plan (PLANNING; a re-submission replaces the rank's plan). When every rank
-  // has one, emits PlanWork. Errors: FailedPrecondition if the session is past PLANNING (the
-  // caller answers with the session id: a re-submission after a lost reply).
-  absl::Status SubmitPlan(LocalPlan plan, uint64_t fingerprint, uint64_t staged_bytes,
-                          absl::Time now, Effects& out);
-  // The verdict of the PlanWork of `attempt` (edge 1, or 6). Another attempt's is ignored.
+  // A rank's local plan (PLANNING): its fingerprint (FingerprintLocalPlan), and its shards
+  // unless the agent sent only the fingerprint (`plan` empty). `held` is the global plan whose
+  // assignment the agent holds (its PIN of that plan leaves the assignment out). When every
+  // rank has submitted, emits PlanWork — again only if a fingerprint changed or shards asked
+  // for arrived, so a repeated submission is idempotent.
+  // Errors: FailedPrecondition if the session is past PLANNING (the caller answers with the
+  // session id: a re-submission after a lost reply).
+  absl::Status SubmitPlan(uint32_t rank, std::optional<LocalPlan> plan, uint64_t fingerprint,
+                          uint64_t held, absl::Time now, Effects& out);
+  // The verdict of the PlanWork of `attempt` (edge 1, or 6; or, if it names ranks whose
+  // shards are missing, SEND_PLAN to each and planning waits for them). Another attempt's is
+  // ignored.
   void PlanDecided(uint64_t attempt, PlanVerdict verdict, absl::Time now, Effects& out);
   // Returns the state after the report.
   // Errors: InvalidArgument for a rank outside the mesh, an unspecified phase, or a phase
@@ -204,6 +214,7 @@ class SessionMachine {
             std::shared_ptr<const GlobalPlan> pin_plan = nullptr);
   void Broadcast(const v1::Command& command, Effects& out);
   void EmitCurrentPhaseCommands(Effects& out);  // after recovery
+  void EmitPin(uint32_t rank, Effects& out);
   v1::Command GatherCommand(uint32_t rank) const;
   // COMMITTING: the coordinator's CommitAttempt, or COMMIT to the committer agent.
   void RequestCommit(absl::Time now, Effects& out);
@@ -216,12 +227,18 @@ class SessionMachine {
   absl::Time phase_started_;
   std::vector<RankProgress> ranks_;
 
-  // PLANNING: each rank's plan, its fingerprint and staged bytes, until planning.
-  absl::btree_map<uint32_t, LocalPlan> plans_;
-  absl::btree_map<uint32_t, uint64_t> plan_fingerprints_;
-  absl::btree_map<uint32_t, uint64_t> plan_bytes_;
+  // PLANNING: what each rank submitted, until the plan is decided.
+  struct Submission {
+    uint64_t fingerprint = 0;       // FingerprintLocalPlan
+    std::optional<LocalPlan> plan;  // its shards, while this machine holds them
+  };
+  absl::btree_map<uint32_t, Submission> submissions_;
+  absl::btree_set<uint32_t> awaiting_shards_;  // sent SEND_PLAN, shards not here yet
   uint64_t plan_attempt_ = 0;
   bool planning_ = false;  // a PlanWork of plan_attempt_ is out
+  // Index = rank: the global plan whose assignment the rank's agent holds (0: none, or not
+  // known — after a recovery). A PIN of that plan leaves the assignment out.
+  std::vector<uint64_t> held_;
 
   // PINNING and later.
   std::shared_ptr<const GlobalPlan> plan_;

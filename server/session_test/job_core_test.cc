@@ -34,6 +34,7 @@
 #include "common/clock.h"
 #include "common/ids.h"
 #include "common/layout.h"
+#include "common/plan_fingerprint.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -293,12 +294,28 @@ class SessionManagerTest : public ::testing::Test {
   }
 
   absl::StatusOr<std::string> Submit(uint32_t rank, int64_t step) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response = SubmitAs(rank, step);
+    if (!response.ok()) return response.status();
+    EXPECT_FALSE(response->send_full_plan()) << "rank " << rank << " sent its shards";
+    return response->session_id();
+  }
+
+  // Rank `rank`'s plan as an agent submits it (agent/save_core.h R10): with its shards, or
+  // only its fingerprint (`omit_shards`), naming the global plan whose assignment it holds.
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitAs(uint32_t rank, int64_t step,
+                                                       bool omit_shards = false,
+                                                       uint64_t held = 0) {
     v1::SubmitLocalPlanRequest request;
     request.set_job_id(kJob);
     request.set_rank(rank);
     request.set_incarnation(incarnations_[rank]);
     request.set_step(step);
-    for (const v1::ShardDesc& s : plans_[rank]) *request.add_shards() = s;
+    request.set_local_plan_fingerprint(FingerprintShards(rank, plans_[rank]));
+    request.set_held_plan_fingerprint(held);
+    request.set_shards_omitted(omit_shards);
+    if (!omit_shards) {
+      for (const v1::ShardDesc& s : plans_[rank]) *request.add_shards() = s;
+    }
     return manager().SubmitLocalPlan(request);
   }
 
@@ -363,17 +380,37 @@ class SessionManagerTest : public ::testing::Test {
     return error.value_or(v1::ErrorDetail());
   }
 
-  // What `rank` was told to do in `session_id`: the assignment of its PIN, even one sent
-  // before a coordinator restart.
-  v1::RankAssignment AssignmentOf(uint32_t rank, const std::string& session_id) const {
+  // The PIN `rank` got in `session_id`, even one sent before a coordinator restart.
+  std::optional<v1::PinCommand> PinOf(uint32_t rank, const std::string& session_id) const {
     for (const SentCommand& c : sink_.sent()) {
       if (c.job_id == kJob && c.rank == rank && c.command.session_id() == session_id &&
           c.command.has_pin()) {
-        return c.command.pin().assignment();
+        return c.command.pin();
       }
     }
-    ADD_FAILURE() << "rank " << rank << " got no PIN in " << session_id;
-    return {};
+    return std::nullopt;
+  }
+
+  // What `rank` was told to do in `session_id`: the assignment of its PIN — or, for a PIN that
+  // left it out, of the last PIN of that plan that carried it, as an agent keeps it.
+  v1::RankAssignment AssignmentOf(uint32_t rank, const std::string& session_id) const {
+    std::optional<v1::PinCommand> pin = PinOf(rank, session_id);
+    if (!pin.has_value()) {
+      ADD_FAILURE() << "rank " << rank << " got no PIN in " << session_id;
+      return {};
+    }
+    if (!pin->assignment_omitted()) return pin->assignment();
+    std::optional<v1::RankAssignment> held;
+    for (const SentCommand& c : sink_.sent()) {
+      if (c.job_id == kJob && c.rank == rank && c.command.has_pin() &&
+          !c.command.pin().assignment_omitted() &&
+          c.command.pin().plan_fingerprint() == pin->plan_fingerprint()) {
+        held = c.command.pin().assignment();
+      }
+    }
+    EXPECT_TRUE(held.has_value()) << "rank " << rank << "'s PIN in " << session_id
+                                  << " left out an assignment it was never sent";
+    return held.value_or(v1::RankAssignment());
   }
 
   std::vector<uint32_t> Writers(const std::string& session_id) const {
@@ -486,12 +523,20 @@ class SessionManagerTest : public ::testing::Test {
 
   // A whole save, committed by the coordinator in Tick().
   std::string SaveAndCommit(int64_t step) {
-    const std::string id = DriveToPersisting(step);
+    const std::string id = SubmitAll(step);
+    FinishSave(id);
+    return id;
+  }
+
+  // Carries a PINNING session through to COMMITTED, every agent doing its part.
+  void FinishSave(const std::string& id) {
+    PhaseAll(id, v1::AGENT_PHASE_PINNED);
+    PhaseAll(id, v1::AGENT_PHASE_STAGED);
+    EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
     GatherAll(id);
     PersistAll(id);
     AdvanceAndTick(absl::Seconds(1));
     EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
-    return id;
   }
 
   v1::SessionStatus Status(const std::string& session_id = "") {
@@ -802,6 +847,130 @@ TEST_F(SessionManagerTest, Save_LatePlanReopensAbortedStep_NewerStepSupersedesIt
   // Step 20 goes on normally.
   for (uint32_t r = 1; r < 4; ++r) ASSERT_TRUE(Submit(r, 20).ok());
   EXPECT_EQ(State(*newer), v1::SESSION_STATE_PINNING);
+}
+
+// --- Plan caching: fingerprints instead of plans (DESIGN.md "Plan caching")
+
+TEST_F(SessionManagerTest, CachedSave_FingerprintsOnly_PinNamesThePlanWithoutAssignment) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string first = SaveAndCommit(10);
+  const uint64_t plan = PinOf(0, first)->plan_fingerprint();
+  ASSERT_NE(plan, 0u);
+  for (uint32_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(PinOf(r, first)->plan_fingerprint(), plan) << "rank " << r;
+    EXPECT_FALSE(PinOf(r, first)->assignment_omitted()) << "rank " << r;
+  }
+
+  // Ranks 0-2 hold the plan's assignment; rank 3's agent restarted and holds none.
+  std::string second;
+  for (uint32_t r = 0; r < 4; ++r) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response =
+        SubmitAs(r, 20, /*omit_shards=*/true, /*held=*/r < 3 ? plan : 0);
+    ASSERT_TRUE(response.ok()) << "rank " << r << ": " << response.status();
+    EXPECT_FALSE(response->send_full_plan()) << "rank " << r;
+    second = response->session_id();
+  }
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PINNING);
+  EXPECT_TRUE(Status(second).plan_cached());
+  EXPECT_THAT(RanksSent(v1::Command::kSendPlan, second), IsEmpty());
+  for (uint32_t r = 0; r < 4; ++r) {
+    const v1::PinCommand pin = *PinOf(r, second);
+    EXPECT_EQ(pin.plan_fingerprint(), plan) << "rank " << r;
+    EXPECT_EQ(pin.assignment_omitted(), r < 3) << "rank " << r;
+    EXPECT_EQ(pin.has_assignment(), r == 3) << "rank " << r;
+    EXPECT_EQ(AssignmentOf(r, second).SerializeAsString(),
+              AssignmentOf(r, first).SerializeAsString())
+        << "rank " << r;
+  }
+  FinishSave(second);
+  EXPECT_THAT(CheckpointSteps(), ElementsAre(20, 10));
+}
+
+TEST_F(SessionManagerTest, CachedSave_OneRankChanged_OthersAreAskedForTheirShards) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string first = SaveAndCommit(10);
+  const uint64_t plan = PinOf(0, first)->plan_fingerprint();
+
+  // Rank 0 now also holds a tensor of its own: it must send its shards (its fingerprint
+  // changed); the others send fingerprints, which the coordinator takes — until it finds that
+  // the global plan changed and needs every shard to validate it again.
+  plans_[0].push_back(Whole("rank0.counter", {2}, {}));
+  ASSERT_TRUE(SubmitAs(0, 20).ok());
+  std::string second;
+  for (uint32_t r = 1; r < 4; ++r) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response =
+        SubmitAs(r, 20, /*omit_shards=*/true, plan);
+    ASSERT_TRUE(response.ok()) << "rank " << r << ": " << response.status();
+    EXPECT_FALSE(response->send_full_plan()) << "rank " << r;
+    second = response->session_id();
+  }
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PLANNING);
+  EXPECT_THAT(RanksSent(v1::Command::kSendPlan, second), ElementsAre(1, 2, 3));
+  EXPECT_THAT(RanksSent(v1::Command::kPin, second), IsEmpty());
+
+  // A repeated fingerprint changes nothing; the shards asked for complete the plan.
+  ASSERT_TRUE(SubmitAs(1, 20, /*omit_shards=*/true, plan).ok());
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PLANNING);
+  for (uint32_t r = 1; r < 4; ++r) ASSERT_TRUE(SubmitAs(r, 20, false, plan).ok());
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PINNING);
+  EXPECT_FALSE(Status(second).plan_cached());
+  for (uint32_t r = 0; r < 4; ++r) {
+    const v1::PinCommand pin = *PinOf(r, second);
+    EXPECT_NE(pin.plan_fingerprint(), plan) << "rank " << r;
+    EXPECT_FALSE(pin.assignment_omitted()) << "rank " << r << " holds the old plan only";
+  }
+  EXPECT_EQ(Status(second).chunks_total(), Status(first).chunks_total() + 1);
+  FinishSave(second);
+}
+
+TEST_F(SessionManagerTest, CachedSave_AfterCoordinatorRestart_FullPlansAskedAndAssignmentsKept) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string first = SaveAndCommit(10);
+  const uint64_t plan = PinOf(0, first)->plan_fingerprint();
+  RestartCoordinator();
+
+  // The restarted coordinator knows no plan by its ranks' fingerprints: each is asked for its
+  // shards in the reply, and nothing of the fingerprint-only submission is recorded.
+  for (uint32_t r = 0; r < 4; ++r) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response =
+        SubmitAs(r, 20, /*omit_shards=*/true, plan);
+    ASSERT_TRUE(response.ok()) << "rank " << r << ": " << response.status();
+    EXPECT_TRUE(response->send_full_plan()) << "rank " << r;
+  }
+  const std::string second = Status().session_id();
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PLANNING);
+  // Three ranks' shards do not make a plan: rank 3's fingerprint was not taken as its plan.
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(SubmitAs(r, 20, false, plan).ok());
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PLANNING);
+  ASSERT_TRUE(SubmitAs(3, 20, false, plan).ok());
+  EXPECT_EQ(State(second), v1::SESSION_STATE_PINNING);
+  EXPECT_FALSE(Status(second).plan_cached());  // validated again after the restart
+  // The same plan: the agents still hold its assignments, and the PINs leave them out.
+  for (uint32_t r = 0; r < 4; ++r) {
+    EXPECT_EQ(PinOf(r, second)->plan_fingerprint(), plan) << "rank " << r;
+    EXPECT_TRUE(PinOf(r, second)->assignment_omitted()) << "rank " << r;
+  }
+  FinishSave(second);
+  EXPECT_THAT(CheckpointSteps(), ElementsAre(20, 10));
+}
+
+TEST_F(SessionManagerTest, Submit_ShardsWithShardsOmitted_MalformedShard) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  v1::SubmitLocalPlanRequest request;
+  request.set_job_id(kJob);
+  request.set_rank(0);
+  request.set_incarnation(incarnations_[0]);
+  request.set_step(10);
+  request.set_shards_omitted(true);
+  *request.add_shards() = plans_[0][0];
+  absl::StatusOr<v1::SubmitLocalPlanResponse> response = manager().SubmitLocalPlan(request);
+  EXPECT_EQ(response.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(response.status()), v1::ERROR_CODE_MALFORMED_SHARD);
+  EXPECT_THAT(response.status().message(), HasSubstr("shards_omitted"));
 }
 
 TEST_F(SessionManagerTest, Save_StepAlreadyCommitted_StepExists) {

@@ -94,7 +94,7 @@ class SessionManagerTest : public ::testing::Test {
   }
 
   // Submits and waits for the answer.
-  absl::StatusOr<std::string> Submit(const std::string& job, uint32_t rank, uint64_t incarnation,
+  absl::StatusOr<v1::SubmitLocalPlanResponse> Submit(const std::string& job, uint32_t rank, uint64_t incarnation,
                                      std::vector<v1::ShardDesc> shards, int64_t step = 5) {
     v1::SubmitLocalPlanRequest request;
     request.set_job_id(job);
@@ -103,8 +103,8 @@ class SessionManagerTest : public ::testing::Test {
     request.set_step(step);
     for (const v1::ShardDesc& s : shards) *request.add_shards() = s;
     absl::Notification done;
-    absl::StatusOr<std::string> result;
-    manager_->SubmitLocalPlan(std::move(request), [&](absl::StatusOr<std::string> r) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> result;
+    manager_->SubmitLocalPlan(std::move(request), [&](absl::StatusOr<v1::SubmitLocalPlanResponse> r) {
       result = std::move(r);
       done.Notify();
     });
@@ -137,20 +137,20 @@ TEST_F(SessionManagerTest, Regression_SlowStoreWriteOfOneJob_DoesNotBlockAnother
   last.set_incarnation(1001);
   last.set_step(5);
   *last.add_shards() = Whole("w", {4}, {"dp"});
-  manager_->SubmitLocalPlan(std::move(last), [&](absl::StatusOr<std::string>) {
+  manager_->SubmitLocalPlan(std::move(last), [&](absl::StatusOr<v1::SubmitLocalPlanResponse>) {
     a_answered.Notify();
   });
   gated.entered.WaitForNotification();
 
   absl::Notification b_done;
-  absl::StatusOr<std::string> b;
+  absl::StatusOr<v1::SubmitLocalPlanResponse> b;
   v1::SubmitLocalPlanRequest other;
   other.set_job_id("job-b");
   other.set_rank(0);
   other.set_incarnation(2000);
   other.set_step(7);
   *other.add_shards() = Whole("v", {4}, {"dp"});
-  manager_->SubmitLocalPlan(std::move(other), [&](absl::StatusOr<std::string> r) {
+  manager_->SubmitLocalPlan(std::move(other), [&](absl::StatusOr<v1::SubmitLocalPlanResponse> r) {
     b = std::move(r);
     b_done.Notify();
   });
@@ -179,7 +179,7 @@ TEST_F(SessionManagerTest, Submit_AnsweredAfterTheWriteIsDurable) {
   request.set_incarnation(1000);
   request.set_step(1);
   *request.add_shards() = Whole("w", {4}, {"dp"});
-  manager_->SubmitLocalPlan(std::move(request), [&](absl::StatusOr<std::string>) {
+  manager_->SubmitLocalPlan(std::move(request), [&](absl::StatusOr<v1::SubmitLocalPlanResponse>) {
     answered.Notify();
   });
   gated.entered.WaitForNotification();

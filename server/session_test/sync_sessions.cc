@@ -102,7 +102,8 @@ absl::Status SyncSessions::Recover() {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::string> SyncSessions::SubmitLocalPlan(v1::SubmitLocalPlanRequest request) {
+absl::StatusOr<v1::SubmitLocalPlanResponse> SyncSessions::SubmitLocalPlan(
+    v1::SubmitLocalPlanRequest request) {
   if (absl::Status s =
           registry_->CheckIncarnation(request.job_id(), request.rank(), request.incarnation());
       !s.ok()) {
@@ -111,7 +112,7 @@ absl::StatusOr<std::string> SyncSessions::SubmitLocalPlan(v1::SubmitLocalPlanReq
   std::optional<MeshLayout> layout = registry_->JobLayout(request.job_id());
   if (!layout.has_value()) return absl::NotFoundError("unknown job");
   const std::string job_id = request.job_id();
-  Outcome<std::string> outcome =
+  Outcome<v1::SubmitLocalPlanResponse> outcome =
       Core(job_id)->SubmitPlan(std::move(request), *layout, clock_->Now());
   if (!Carry(job_id, std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");

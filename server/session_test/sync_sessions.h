@@ -36,7 +36,7 @@ class SyncSessions {
   ~SyncSessions();
 
   absl::Status Recover();
-  absl::StatusOr<std::string> SubmitLocalPlan(v1::SubmitLocalPlanRequest request);
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(v1::SubmitLocalPlanRequest request);
   absl::StatusOr<v1::SessionState> ReportPhase(const v1::ReportPhaseRequest& request);
   absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request);
   void OnAgentRegistered(const std::string& job_id, uint32_t rank,

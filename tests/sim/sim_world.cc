@@ -216,7 +216,7 @@ class World {
   void ReloadJob();
   void CoordinatorTick();
   absl::Status HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanRequest> request,
-                            std::string* session_id);
+                            v1::SubmitLocalPlanResponse* response);
   absl::Status HandleReportPhase(const v1::ReportPhaseRequest& request);
   absl::Status HandleReportChunks(const v1::ReportChunksRequest& request);
 
@@ -763,16 +763,16 @@ void World::CoordinatorTick() {
 }
 
 absl::Status World::HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanRequest> request,
-                                 std::string* session_id) {
+                                 v1::SubmitLocalPlanResponse* response) {
   RETURN_IF_ERROR(coord_.registry->CheckIncarnation(request->job_id(), request->rank(),
                                                     request->incarnation()));
   std::optional<MeshLayout> layout = coord_.registry->JobLayout(kJob);
   if (!layout.has_value()) return absl::NotFoundError("unknown job");
   if (coord_.job == nullptr) return absl::UnavailableError("recovering");
-  Outcome<std::string> outcome =
+  Outcome<v1::SubmitLocalPlanResponse> outcome =
       coord_.job->SubmitPlan(v1::SubmitLocalPlanRequest(*request), *layout, CoordNow());
   if (!Carry(std::move(outcome.effects))) return absl::UnavailableError("store refused");
-  if (outcome.reply.ok()) *session_id = *outcome.reply;
+  if (outcome.reply.ok()) *response = *outcome.reply;
   return outcome.reply.status();
 }
 
@@ -1046,13 +1046,12 @@ void World::SendRpc(uint32_t rank, const CoordinatorRpc& rpc) {
   a.open_rpcs.insert(id);
   auto kind = std::make_shared<int>(static_cast<int>(rpc.request.index()));
   // Exactly one result per RPC: the reply, or DeadlineExceeded at the deadline.
-  auto deliver = [this, rank, life, id, kind](absl::Status status, std::string session) {
-    ForAgent(rank, life, "rpc result", [this, rank, id, kind, status, session] {
+  auto deliver = [this, rank, life, id, kind](absl::Status status,
+                                               v1::SubmitLocalPlanResponse response) {
+    ForAgent(rank, life, "rpc result", [this, rank, id, kind, status, response] {
       AgentProc& a = agents_[rank];
       if (a.open_rpcs.erase(id) == 0) return;
       if (*kind == 0) {
-        v1::SubmitLocalPlanResponse response;
-        response.set_session_id(session);
         absl::StatusOr<v1::SubmitLocalPlanResponse> result = response;
         if (!status.ok()) result = status;
         CarryAgent(rank, a.core->OnPlanSubmitted(now(), id, result));
@@ -1062,29 +1061,29 @@ void World::SendRpc(uint32_t rank, const CoordinatorRpc& rpc) {
     });
   };
   At(kRpcDeadline, "rpc deadline", [deliver] {
-    deliver(absl::DeadlineExceededError("simulated RPC deadline"), "");
+    deliver(absl::DeadlineExceededError("simulated RPC deadline"), {});
   });
   std::function<void()> handle;
   std::string what;
   if (auto* submit = std::get_if<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(&rpc.request)) {
     what = "SubmitLocalPlan";
     handle = [this, rank, request = *submit, deliver] {
-      std::string session;
-      absl::Status s = HandleSubmit(request, &session);
-      ToAgent(rank, "SubmitLocalPlan reply", [deliver, s, session] { deliver(s, session); });
+      v1::SubmitLocalPlanResponse response;
+      absl::Status s = HandleSubmit(request, &response);
+      ToAgent(rank, "SubmitLocalPlan reply", [deliver, s, response] { deliver(s, response); });
     };
   } else if (auto* phase = std::get_if<std::shared_ptr<const v1::ReportPhaseRequest>>(&rpc.request)) {
     what = absl::StrCat("ReportPhase ", v1::AgentPhase_Name((*phase)->phase()));
     handle = [this, rank, request = *phase, deliver] {
       absl::Status s = HandleReportPhase(*request);
-      ToAgent(rank, "ReportPhase reply", [deliver, s] { deliver(s, ""); });
+      ToAgent(rank, "ReportPhase reply", [deliver, s] { deliver(s, {}); });
     };
   } else {
     auto chunks = std::get<std::shared_ptr<const v1::ReportChunksRequest>>(rpc.request);
     what = "ReportChunks";
     handle = [this, rank, request = chunks, deliver] {
       absl::Status s = HandleReportChunks(*request);
-      ToAgent(rank, "ReportChunks reply", [deliver, s] { deliver(s, ""); });
+      ToAgent(rank, "ReportChunks reply", [deliver, s] { deliver(s, {}); });
     };
   }
   ToCoordinator(rank, what, std::move(handle));
