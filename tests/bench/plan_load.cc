@@ -11,10 +11,12 @@
 // data files (the coordinator writes the manifest into the session's directory, which the
 // fake writers create).
 //
-// Save 1 (step 1) is planned from scratch and carried to COMMITTED; save 2 (step 2) submits the
-// same plans, so the coordinator reuses the validated plan (plan caching); it is timed up to
-// PIN and left open (the benchmark stops the coordinator afterwards).
-//
+// Save 1 (step 1) is planned from scratch and carried to COMMITTED. Save 2 (step 2) is what
+// every later save of an unchanged model does: each agent holds its assignment from save 1's
+// PIN, so it submits only its plan's fingerprint (SubmitLocalPlanRequest.shards_omitted), the
+// coordinator reuses the validated plan, and each PIN names the plan without its assignment
+// (DESIGN.md "Plan caching"). Save 2 is timed up to PIN and left open. The agents are spread
+// over --processes worker processes (RunWorker).
 // Measured, for each save:
 //   plan_s:  from the start of the last SubmitLocalPlan call to the arrival of the last PIN
 //            (every rank's plan arrived -> global plan validated, persisted, PIN delivered).
@@ -26,9 +28,11 @@
 // save and after the cached plan, and the wall-clock times of the last submission and the last
 // PIN (run.sh sets them against the coordinator's "plan validated" log line). Prints one JSON
 // object on stdout; progress on stderr.
-// Exit status 0 only if both saves reached PIN and the first committed.
+// Exit status 0 only if both saves reached PIN, the first committed, and every PIN of the
+// second said plan_cached and left the assignment out.
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,6 +50,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
@@ -53,7 +58,9 @@
 #include "absl/time/time.h"
 #include "common/checksum.h"
 #include "common/layout.h"
+#include "common/plan_fingerprint.h"
 #include "common/program.h"
+#include "common/status.h"
 #include "server/testing/llama_plans.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
@@ -65,22 +72,16 @@ ABSL_FLAG(int32_t, pp, 4, "pipeline degree");
 ABSL_FLAG(int32_t, tp, 8, "tensor-parallel degree (divides 1024)");
 ABSL_FLAG(int32_t, dp, 32, "data-parallel degree (divides 4096 / tp)");
 ABSL_FLAG(int32_t, shards_per_rank, 1000, "pieces per rank (rounded up to a multiple of 4)");
-ABSL_FLAG(int32_t, threads, 16, "threads that register and submit");
-ABSL_FLAG(int32_t, channels, 32, "gRPC connections the fake agents share");
+ABSL_FLAG(int32_t, threads, 16, "threads per worker process that register and submit");
+ABSL_FLAG(int32_t, processes, 4, "worker processes the fake agents are spread over");
+ABSL_FLAG(int32_t, channels, 8, "gRPC connections per worker process");
 ABSL_FLAG(int32_t, timeout_s, 600, "give up on any wait after this long");
 
 namespace tessera {
 namespace {
 
-// --- The plans: server/testing/llama_plans.h, the same as server/planner_benchmark.cc's.
-
-std::vector<std::vector<v1::ShardDesc>> BenchPlans(const MeshLayout& layout, int params_per_stage) {
-  std::vector<std::vector<v1::ShardDesc>> plans(layout.world_size());
-  for (uint32_t rank = 0; rank < layout.world_size(); ++rank) {
-    plans[rank] = LlamaRankShards(layout, rank, params_per_stage);
-  }
-  return plans;
-}
+// The plans: server/testing/llama_plans.h LlamaRankShards, the same as
+// server/planner_benchmark.cc's, each worker building only its ranks'.
 
 // --- Made-up checksums every claimant of a piece computes alike
 
@@ -137,7 +138,9 @@ struct Progress {
   std::map<std::string, int> pins ABSL_GUARDED_BY(mu);  // session -> PINs received
   std::map<std::string, int> cached_pins ABSL_GUARDED_BY(mu);
   std::map<std::string, int> committed ABSL_GUARDED_BY(mu);
+  std::map<std::string, int> omitted_pins ABSL_GUARDED_BY(mu);  // without an assignment
   std::map<std::string, absl::Time> last_pin ABSL_GUARDED_BY(mu);
+  std::atomic<int> full_plans_asked{0};  // send_full_plan replies and SEND_PLAN commands
   std::string error ABSL_GUARDED_BY(mu);
 
   void Fail(const std::string& why) {
@@ -214,29 +217,52 @@ class FakeAgent {
   // its PIN, so that PIN delivery is timed without 1,024 agents' replies competing for the CPU.
   absl::Status AckPin() { return Phase(pinned_session_, v1::AGENT_PHASE_PINNED); }
 
-  // A prepared SubmitLocalPlan request (built before the clock starts).
+  // Prepared SubmitLocalPlan requests (built before the clock starts): the full plan, and the
+  // fingerprint-only one a real agent sends once it holds the plan's assignment
+  // (agent/save_core.h R10).
   void SetPlan(std::vector<v1::ShardDesc> shards) {
     shards_ = std::move(shards);
     submit_.set_job_id(job_);
     submit_.set_rank(rank_);
     submit_.set_incarnation(incarnation_);
+    submit_.set_local_plan_fingerprint(FingerprintShards(rank_, shards_));
+    slim_ = submit_;
+    slim_.set_shards_omitted(true);
     for (const v1::ShardDesc& s : shards_) *submit_.add_shards() = s;
   }
 
   absl::StatusOr<std::string> Submit(int64_t step) {
-    submit_.set_step(step);
+    const uint64_t held = held_plan_.load();
+    const bool slim = held != 0;
+    v1::SubmitLocalPlanRequest& request = slim ? slim_ : submit_;
+    request.set_step(step);
+    request.set_held_plan_fingerprint(held);
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response = SubmitRequest(request);
+    if (response.ok() && response->send_full_plan()) {
+      if (!slim) return absl::InternalError("send_full_plan in reply to a full plan");
+      ++progress_->full_plans_asked;
+      submit_.set_step(step);
+      submit_.set_held_plan_fingerprint(held);
+      response = SubmitRequest(submit_);
+    }
+    if (!response.ok()) return response.status();
+    return response->session_id();
+  }
+
+ private:
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitRequest(
+      const v1::SubmitLocalPlanRequest& request) {
     v1::SubmitLocalPlanResponse response;
     grpc::ClientContext context;
     context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(300)));
-    grpc::Status status = stub_->SubmitLocalPlan(&context, submit_, &response);
+    grpc::Status status = stub_->SubmitLocalPlan(&context, request, &response);
     if (!status.ok()) {
       return absl::UnknownError(absl::StrCat("rank ", rank_, ": SubmitLocalPlan: ",
                                              status.error_message()));
     }
-    return response.session_id();
+    return response;
   }
 
- private:
   void Handle(const v1::Command& command) {
     if (command.session_id() == last_session_ && command.seq() <= last_seq_) return;  // replay
     last_session_ = command.session_id();
@@ -245,11 +271,22 @@ class FakeAgent {
     absl::Status status;
     switch (command.body_case()) {
       case v1::Command::kPin: {
-        assignment_ = command.pin().assignment();
+        const v1::PinCommand& pin = command.pin();
+        if (pin.assignment_omitted()) {
+          if (held_plan_.load() != pin.plan_fingerprint()) {
+            progress_->Fail(absl::StrCat("rank ", rank_, ": PIN left out the assignment of a "
+                                         "plan this agent does not hold"));
+            break;
+          }
+        } else {
+          assignment_ = pin.assignment();
+          held_plan_ = pin.plan_fingerprint();
+        }
         pinned_session_ = session;
         absl::MutexLock lock(&progress_->mu);
         ++progress_->pins[session];
-        if (command.pin().plan_cached()) ++progress_->cached_pins[session];
+        if (pin.plan_cached()) ++progress_->cached_pins[session];
+        if (pin.assignment_omitted()) ++progress_->omitted_pins[session];
         progress_->last_pin[session] = absl::Now();
         break;  // the main thread reports PINNED once every rank has its PIN (AckPin)
       }
@@ -268,6 +305,14 @@ class FakeAgent {
       case v1::Command::kCommitted: {
         absl::MutexLock lock(&progress_->mu);
         ++progress_->committed[session];
+        break;
+      }
+      case v1::Command::kSendPlan: {
+        ++progress_->full_plans_asked;
+        submit_.set_step(command.step());
+        submit_.set_held_plan_fingerprint(held_plan_.load());
+        absl::StatusOr<v1::SubmitLocalPlanResponse> r = SubmitRequest(submit_);
+        status = r.status();
         break;
       }
       case v1::Command::kAbort:
@@ -376,7 +421,9 @@ class FakeAgent {
   Progress* const progress_;
   const uint64_t incarnation_;
   std::vector<v1::ShardDesc> shards_;
-  v1::SubmitLocalPlanRequest submit_;
+  v1::SubmitLocalPlanRequest submit_;  // the submitting thread's, or the reader's on SEND_PLAN
+  v1::SubmitLocalPlanRequest slim_;
+  std::atomic<uint64_t> held_plan_{0};  // PinCommand.plan_fingerprint of the assignment held
   // Used by the reader thread only.
   std::string last_session_;
   uint64_t last_seq_ = 0;
@@ -406,25 +453,221 @@ void ParallelFor(int n, int threads, Fn fn) {
   for (std::thread& t : pool) t.join();
 }
 
-struct SaveTiming {
-  std::string session;
-  double plan_s = 0;
-  double span_s = 0;
-  int cached_pins = 0;
-  absl::Time last_submit_start = absl::UnixEpoch();
-  absl::Time last_pin = absl::UnixEpoch();
+// --- Worker processes
+//
+// The fake agents are spread over --processes worker processes (forked before gRPC starts), so
+// that one process's gRPC threads are not the bottleneck of 16,384 agents. The parent drives
+// the workers over pipes, one line per message:
+//   parent -> worker  "submit <step>"  submit every rank's plan; answer when all have their PIN:
+//   worker -> parent  "pinned <first submit ns> <last submit ns> <last PIN ns> <cached PINs>
+//                      <PINs without assignment> <full plans asked>"   (unix-epoch nanoseconds)
+//   parent -> worker  "ack"            (once EVERY worker is pinned) report PINNED, carry the
+//                                      save through; answer "committed" when all committed
+//   parent -> worker  "exit"
+//   worker -> parent  "error <message>" instead of any answer.
+
+struct Pinned {
+  int64_t first_submit_ns = 0;
+  int64_t last_submit_ns = 0;
+  int64_t last_pin_ns = 0;
+  int cached = 0;
+  int omitted = 0;
+  int full_asked = 0;
 };
 
+bool WriteLine(int fd, const std::string& line) {
+  const std::string out = line + "\n";
+  size_t done = 0;
+  while (done < out.size()) {
+    const ssize_t n = write(fd, out.data() + done, out.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    done += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Reads one line (without its newline); false at EOF.
+bool ReadLine(FILE* in, std::string* line) {
+  line->clear();
+  int ch;
+  while ((ch = std::fgetc(in)) != EOF && ch != '\n') line->push_back(static_cast<char>(ch));
+  return ch != EOF || !line->empty();
+}
+
+struct Config {
+  std::string target;
+  std::string job;
+  v1::Layout layout;
+  MeshLayout mesh;
+  int params = 0;
+  int threads = 1;
+  int channels = 1;
+  absl::Duration timeout;
+};
+
+// Serves ranks [begin, end) until "exit" or EOF on `in`.
+[[noreturn]] void RunWorker(const Config& config, uint32_t begin, uint32_t end, FILE* in,
+                            int out) {
+  const uint32_t n = end - begin;
+  auto fail = [&](const std::string& why) {
+    WriteLine(out, absl::StrCat("error ", why));
+    std::_Exit(1);
+  };
+  Progress progress;
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int c = 0; c < std::max(1, config.channels); ++c) {
+    grpc::ChannelArguments args;
+    args.SetInt("tessera.bench.channel", c);  // distinct args: distinct connections
+    args.SetMaxReceiveMessageSize(256 << 20);
+    args.SetMaxSendMessageSize(256 << 20);
+    channels.push_back(
+        grpc::CreateCustomChannel(config.target, grpc::InsecureChannelCredentials(), args));
+  }
+  std::vector<std::unique_ptr<FakeAgent>> agents;
+  for (uint32_t r = begin; r < end; ++r) {
+    agents.push_back(std::make_unique<FakeAgent>(config.job, r, config.layout, config.mesh,
+                                                 channels[r % channels.size()], &progress));
+    agents.back()->SetPlan(LlamaRankShards(config.mesh, r, config.params));
+  }
+  std::atomic<uint32_t> heartbeat_ms{1000};
+  ParallelFor(n, config.threads, [&](int i) {
+    uint32_t ms = 0;
+    absl::Status s = agents[i]->Register(&ms);
+    if (!s.ok()) progress.Fail(absl::StrCat("rank ", begin + i, ": RegisterAgent: ", s.ToString()));
+    if (ms > 0) heartbeat_ms = ms;
+  });
+  for (auto& a : agents) a->OpenStream();
+  std::thread([&] {
+    while (true) {
+      absl::SleepFor(absl::Milliseconds(heartbeat_ms.load()));  // a load generator's pacing
+      for (auto& a : agents) a->Heartbeat();
+    }
+  }).detach();
+  {
+    absl::MutexLock lock(&progress.mu);
+    if (!progress.error.empty()) fail(progress.error);
+  }
+  WriteLine(out, "ready");
+
+  std::string line, session;
+  while (ReadLine(in, &line)) {
+    if (line == "exit") break;
+    if (absl::StartsWith(line, "submit ")) {
+      const int64_t step = std::atoll(line.c_str() + 7);
+      std::vector<absl::Time> starts(n);
+      std::vector<std::string> ids(n);
+      const int asked_before = progress.full_plans_asked.load();
+      ParallelFor(n, config.threads, [&](int i) {
+        starts[i] = absl::Now();
+        absl::StatusOr<std::string> id = agents[i]->Submit(step);
+        if (!id.ok()) return progress.Fail(id.status().ToString());
+        ids[i] = *id;
+      });
+      session = ids[0];
+      absl::MutexLock lock(&progress.mu);
+      auto all_pinned = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) {
+        return !progress.error.empty() || progress.pins[session] == static_cast<int>(n);
+      };
+      if (!progress.mu.AwaitWithTimeout(absl::Condition(&all_pinned), config.timeout)) {
+        fail(absl::StrCat("step ", step, ": ", progress.pins[session], " of ", n,
+                          " agents got PIN"));
+      }
+      if (!progress.error.empty()) fail(progress.error);
+      WriteLine(out, absl::StrCat(
+                         "pinned ", absl::ToUnixNanos(*std::min_element(starts.begin(), starts.end())),
+                         " ", absl::ToUnixNanos(*std::max_element(starts.begin(), starts.end())),
+                         " ", absl::ToUnixNanos(progress.last_pin[session]), " ",
+                         progress.cached_pins[session], " ", progress.omitted_pins[session], " ",
+                         progress.full_plans_asked.load() - asked_before));
+    } else if (line == "ack") {
+      ParallelFor(n, config.threads, [&](int i) {
+        absl::Status s = agents[i]->AckPin();
+        if (!s.ok()) progress.Fail(absl::StrCat("rank ", begin + i, ": ", s.ToString()));
+      });
+      absl::MutexLock lock(&progress.mu);
+      auto all_committed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) {
+        return !progress.error.empty() || progress.committed[session] == static_cast<int>(n);
+      };
+      if (!progress.mu.AwaitWithTimeout(absl::Condition(&all_committed), config.timeout)) {
+        fail(absl::StrCat(progress.committed[session], " of ", n, " agents got COMMITTED"));
+      }
+      if (!progress.error.empty()) fail(progress.error);
+      WriteLine(out, "committed");
+    }
+  }
+  // Closing thousands of streams one by one is slow and measures nothing: leave it to exit.
+  std::_Exit(0);
+}
+
+struct Worker {
+  pid_t pid = 0;
+  int to = -1;         // the worker's stdin
+  FILE* from = nullptr;  // its answers
+};
+
+struct SaveTiming {
+  double plan_s = 0;  // last submission's start -> last PIN
+  double span_s = 0;  // first submission's start -> last PIN
+  int cached = 0, omitted = 0, full_asked = 0;
+  int64_t last_submit_ns = 0, last_pin_ns = 0;
+};
+
+// Sends `command` to every worker and reads one answer line from each.
+absl::StatusOr<std::vector<std::string>> Broadcast(std::vector<Worker>& workers,
+                                                   const std::string& command) {
+  for (Worker& w : workers) {
+    if (!WriteLine(w.to, command)) return absl::InternalError("a worker is gone");
+  }
+  std::vector<std::string> answers;
+  for (Worker& w : workers) {
+    std::string line;
+    if (!ReadLine(w.from, &line)) return absl::InternalError("a worker exited");
+    if (absl::StartsWith(line, "error ")) return absl::AbortedError(line.substr(6));
+    answers.push_back(line);
+  }
+  return answers;
+}
+
+absl::StatusOr<SaveTiming> RunSave(std::vector<Worker>& workers, int64_t step, bool to_commit) {
+  ASSIGN_OR_RETURN(std::vector<std::string> answers,
+                   Broadcast(workers, absl::StrCat("submit ", step)));
+  SaveTiming t;
+  int64_t first = INT64_MAX;
+  for (const std::string& a : answers) {
+    Pinned p;
+    if (std::sscanf(a.c_str(), "pinned %ld %ld %ld %d %d %d", &p.first_submit_ns,
+                    &p.last_submit_ns, &p.last_pin_ns, &p.cached, &p.omitted,
+                    &p.full_asked) != 6) {
+      return absl::InternalError(absl::StrCat("unexpected answer \"", a, "\""));
+    }
+    first = std::min(first, p.first_submit_ns);
+    t.last_submit_ns = std::max(t.last_submit_ns, p.last_submit_ns);
+    t.last_pin_ns = std::max(t.last_pin_ns, p.last_pin_ns);
+    t.cached += p.cached;
+    t.omitted += p.omitted;
+    t.full_asked += p.full_asked;
+  }
+  t.plan_s = (t.last_pin_ns - t.last_submit_ns) / 1e9;
+  t.span_s = (t.last_pin_ns - first) / 1e9;
+  if (to_commit) RETURN_IF_ERROR(Broadcast(workers, "ack").status());
+  return t;
+}
+
+std::string UnixNanosString(int64_t ns) { return UnixSeconds(absl::FromUnixNanos(ns)); }
+
 int Main() {
-  const std::string target = absl::GetFlag(FLAGS_coordinator);
-  if (target.empty()) {
+  Config config;
+  config.target = absl::GetFlag(FLAGS_coordinator);
+  if (config.target.empty()) {
     std::fprintf(stderr, "tessera-plan-load: --coordinator is required\n");
     return 2;
   }
   const int pid = absl::GetFlag(FLAGS_coordinator_pid);
-  const std::string job = absl::GetFlag(FLAGS_job);
-  const int threads = absl::GetFlag(FLAGS_threads);
-  const absl::Duration timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
+  config.job = absl::GetFlag(FLAGS_job);
+  config.threads = absl::GetFlag(FLAGS_threads);
+  config.channels = absl::GetFlag(FLAGS_channels);
+  config.timeout = absl::Seconds(absl::GetFlag(FLAGS_timeout_s));
   const std::string spec = absl::StrCat("pp=", absl::GetFlag(FLAGS_pp), ",tp=",
                                         absl::GetFlag(FLAGS_tp), ",dp=", absl::GetFlag(FLAGS_dp));
   absl::StatusOr<v1::Layout> layout = ParseLayoutSpec(spec);
@@ -437,121 +680,57 @@ int Main() {
     std::fprintf(stderr, "tessera-plan-load: %s\n", mesh.status().ToString().c_str());
     return 2;
   }
+  config.layout = *layout;
+  config.mesh = *mesh;
   const uint32_t world = mesh->world_size();
-  const int params = (absl::GetFlag(FLAGS_shards_per_rank) + 3) / 4;
+  config.params = (absl::GetFlag(FLAGS_shards_per_rank) + 3) / 4;
+  const uint32_t processes =
+      std::clamp<uint32_t>(absl::GetFlag(FLAGS_processes), 1, world);
 
-  std::fprintf(stderr, "plan-load: building %u local plans of %d shards\n", world, 4 * params);
-  std::vector<std::vector<v1::ShardDesc>> plans = BenchPlans(*mesh, params);
-
-  Progress progress;
-  std::vector<std::shared_ptr<grpc::Channel>> channels;
-  for (int c = 0; c < std::max(1, absl::GetFlag(FLAGS_channels)); ++c) {
-    grpc::ChannelArguments args;
-    args.SetInt("tessera.bench.channel", c);  // distinct args: distinct connections
-    args.SetMaxReceiveMessageSize(256 << 20);
-    args.SetMaxSendMessageSize(256 << 20);
-    channels.push_back(
-        grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args));
+  std::fprintf(stderr, "plan-load: %u fake agents with %d shards each in %u processes\n", world,
+               4 * config.params, processes);
+  std::vector<Worker> workers(processes);
+  for (uint32_t p = 0; p < processes; ++p) {
+    int down[2], up[2];
+    if (pipe(down) != 0 || pipe(up) != 0) {
+      std::perror("pipe");
+      return 1;
+    }
+    const uint32_t begin = world * p / processes, end = world * (p + 1) / processes;
+    const pid_t child = fork();
+    if (child < 0) {
+      std::perror("fork");
+      return 1;
+    }
+    if (child == 0) {
+      close(down[1]);
+      close(up[0]);
+      for (uint32_t q = 0; q < p; ++q) {  // the earlier workers' pipes are not this one's
+        close(workers[q].to);
+        std::fclose(workers[q].from);
+      }
+      RunWorker(config, begin, end, fdopen(down[0], "r"), up[1]);
+    }
+    close(down[0]);
+    close(up[1]);
+    workers[p] = {child, down[1], fdopen(up[0], "r")};
   }
-  std::vector<std::unique_ptr<FakeAgent>> agents;
-  for (uint32_t r = 0; r < world; ++r) {
-    agents.push_back(std::make_unique<FakeAgent>(job, r, *layout, *mesh,
-                                                 channels[r % channels.size()], &progress));
-    agents.back()->SetPlan(std::move(plans[r]));
-  }
-  plans.clear();
-
-  std::fprintf(stderr, "plan-load: registering %u agents\n", world);
-  std::atomic<uint32_t> heartbeat_ms{1000};
-  ParallelFor(world, threads, [&](int r) {
-    uint32_t ms = 0;
-    absl::Status s = agents[r]->Register(&ms);
-    if (!s.ok()) progress.Fail(absl::StrCat("rank ", r, ": RegisterAgent: ", s.ToString()));
-    if (ms > 0) heartbeat_ms = ms;
-  });
-  for (auto& a : agents) a->OpenStream();
-  absl::Notification stop_heartbeats;
-  std::thread heartbeats([&] {
-    while (!stop_heartbeats.WaitForNotificationWithTimeout(absl::Milliseconds(heartbeat_ms.load()))) {
-      for (auto& a : agents) {
-        if (stop_heartbeats.HasBeenNotified()) break;
-        a->Heartbeat();
-      }
-    }
-  });
-  const Mem registered = ReadMem(pid);
-
-  auto run_save = [&](int64_t step, bool to_commit) -> absl::StatusOr<SaveTiming> {
-    std::vector<absl::Time> starts(world);
-    std::vector<std::string> ids(world);
-    ParallelFor(world, threads, [&](int r) {
-      starts[r] = absl::Now();
-      absl::StatusOr<std::string> id = agents[r]->Submit(step);
-      if (!id.ok()) {
-        progress.Fail(id.status().ToString());
-        return;
-      }
-      ids[r] = *id;
-    });
-    const absl::Time first_start = *std::min_element(starts.begin(), starts.end());
-    const absl::Time last_start = *std::max_element(starts.begin(), starts.end());
-    SaveTiming t;
-    t.session = ids[0];
-    absl::MutexLock lock(&progress.mu);
-    auto all_pinned = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) {
-      return !progress.error.empty() || progress.pins[t.session] == static_cast<int>(world);
-    };
-    if (!progress.mu.AwaitWithTimeout(absl::Condition(&all_pinned), timeout)) {
-      return absl::DeadlineExceededError(absl::StrCat("step ", step, ": ",
-                                                      progress.pins[t.session], " of ", world,
-                                                      " agents got PIN"));
-    }
-    if (!progress.error.empty()) return absl::AbortedError(progress.error);
-    const absl::Time last_pin = progress.last_pin[t.session];
-    t.plan_s = absl::ToDoubleSeconds(last_pin - last_start);
-    t.span_s = absl::ToDoubleSeconds(last_pin - first_start);
-    t.cached_pins = progress.cached_pins[t.session];
-    t.last_submit_start = last_start;
-    t.last_pin = last_pin;
-    if (to_commit) {
-      progress.mu.Unlock();
-      ParallelFor(world, threads, [&](int r) {
-        absl::Status s = agents[r]->AckPin();
-        if (!s.ok()) progress.Fail(absl::StrCat("rank ", r, ": ", s.ToString()));
-      });
-      progress.mu.Lock();
-      auto all_committed = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(progress.mu) {
-        return !progress.error.empty() ||
-               progress.committed[t.session] == static_cast<int>(world);
-      };
-      if (!progress.mu.AwaitWithTimeout(absl::Condition(&all_committed), timeout)) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("step ", step, ": ", progress.committed[t.session], " of ", world,
-                         " agents got COMMITTED"));
-      }
-      if (!progress.error.empty()) return absl::AbortedError(progress.error);
-    }
-    return t;
-  };
-
   int rc = 0;
   std::string error;
-  SaveTiming first, cached;
-  Mem after_first, after_cached;
-  {
-    std::string fatal;
-    {
-      absl::MutexLock lock(&progress.mu);
-      fatal = progress.error;
-    }
-    if (!fatal.empty()) {
-      error = fatal;
+  for (Worker& w : workers) {
+    std::string line;
+    if (!ReadLine(w.from, &line) || line != "ready") {
+      error = absl::StrCat("a worker did not start: ", line);
       rc = 1;
+      break;
     }
   }
+  const Mem registered = ReadMem(pid);
+  SaveTiming first, cached;
+  Mem after_first, after_cached;
   if (rc == 0) {
     std::fprintf(stderr, "plan-load: save 1 (first plan), carried to COMMITTED\n");
-    absl::StatusOr<SaveTiming> t = run_save(1, /*to_commit=*/true);
+    absl::StatusOr<SaveTiming> t = RunSave(workers, 1, /*to_commit=*/true);
     after_first = ReadMem(pid);
     if (!t.ok()) {
       error = t.status().ToString();
@@ -561,36 +740,40 @@ int Main() {
     }
   }
   if (rc == 0) {
-    std::fprintf(stderr, "plan-load: save 2 (same plans: cached plan), up to PIN\n");
-    absl::StatusOr<SaveTiming> t = run_save(2, /*to_commit=*/false);
+    std::fprintf(stderr, "plan-load: save 2 (same plans: fingerprints, cached plan), up to PIN\n");
+    absl::StatusOr<SaveTiming> t = RunSave(workers, 2, /*to_commit=*/false);
     after_cached = ReadMem(pid);
     if (!t.ok()) {
       error = t.status().ToString();
       rc = 1;
     } else {
       cached = *t;
-      if (cached.cached_pins != static_cast<int>(world)) {
-        error = absl::StrCat("save 2: only ", cached.cached_pins, " of ", world,
-                             " PINs said plan_cached");
+      if (cached.cached != static_cast<int>(world) || cached.omitted != static_cast<int>(world)) {
+        error = absl::StrCat("save 2: ", cached.cached, " of ", world,
+                             " PINs said plan_cached and ", cached.omitted,
+                             " left the assignment out");
         rc = 1;
       }
     }
   }
-  stop_heartbeats.Notify();
-  heartbeats.join();
+  for (Worker& w : workers) WriteLine(w.to, "exit");
+  for (Worker& w : workers) waitpid(w.pid, nullptr, 0);
 
   std::string json = absl::StrCat(
-      "{\"ranks\": ", world, ", \"shards_per_rank\": ", 4 * params, ", \"layout\": \"", spec,
-      "\", \"first_plan_s\": ", first.plan_s, ", \"first_span_s\": ", first.span_s,
-      ", \"cached_plan_s\": ", cached.plan_s, ", \"cached_span_s\": ", cached.span_s,
-      ", \"cached_pins\": ", cached.cached_pins, ", \"rss_kib_registered\": ",
+      "{\"ranks\": ", world, ", \"shards_per_rank\": ", 4 * config.params, ", \"layout\": \"",
+      spec, "\", \"processes\": ", processes, ", \"first_plan_s\": ", first.plan_s,
+      ", \"first_span_s\": ", first.span_s, ", \"cached_plan_s\": ", cached.plan_s,
+      ", \"cached_span_s\": ", cached.span_s, ", \"cached_pins\": ", cached.cached,
+      ", \"pins_without_assignment\": ", cached.omitted,
+      ", \"full_plans_asked_cached\": ", cached.full_asked, ", \"rss_kib_registered\": ",
       registered.rss_kib, ", \"hwm_kib_after_first\": ", after_first.hwm_kib,
       ", \"hwm_kib_after_cached\": ", after_cached.hwm_kib, ", \"rss_kib_after_cached\": ",
       after_cached.rss_kib, ", \"first_last_submit_unix\": ",
-      UnixSeconds(first.last_submit_start), ", \"first_last_pin_unix\": ",
-      UnixSeconds(first.last_pin), ", \"cached_last_submit_unix\": ",
-      UnixSeconds(cached.last_submit_start), ", \"cached_last_pin_unix\": ",
-      UnixSeconds(cached.last_pin), ", \"ok\": ", rc == 0 ? "true" : "false", ", \"error\": \"");
+      UnixNanosString(first.last_submit_ns), ", \"first_last_pin_unix\": ",
+      UnixNanosString(first.last_pin_ns), ", \"cached_last_submit_unix\": ",
+      UnixNanosString(cached.last_submit_ns), ", \"cached_last_pin_unix\": ",
+      UnixNanosString(cached.last_pin_ns), ", \"ok\": ", rc == 0 ? "true" : "false",
+      ", \"error\": \"");
   for (char ch : error) {
     if (ch == '"' || ch == '\\') json += '\\';
     json += (ch == '\n' ? ' ' : ch);
@@ -599,8 +782,7 @@ int Main() {
   std::printf("%s\n", json.c_str());
   std::fflush(stdout);
   if (rc != 0) std::fprintf(stderr, "plan-load: FAILED: %s\n", error.c_str());
-  // Closing 1,024 streams one by one is slow and measures nothing: leave it to exit.
-  std::_Exit(rc);
+  return rc;
 }
 
 }  // namespace
