@@ -1,6 +1,7 @@
 // Start-up shared by every Tessera binary: the usage text and a --help that lists the flags
 // defined in the binary's *_main.cc (absl's default looks for a file named like the binary,
-// which "tessera-agent" vs "agent_main.cc" would never match).
+// which "tessera-agent" vs "agent_main.cc" would never match); absl::Mutex deadlock detection
+// off (program.cc says why).
 //
 // Thread-safety: call once, first thing in main().
 #ifndef TESSERA_COMMON_PROGRAM_H_

@@ -147,6 +147,8 @@ class SessionManager::Port : public EffectsPort {
     m_->Reload(job_);
   }
   void Deliver(std::vector<Outgoing> commands) override {
+    const absl::Time start = absl::Now();
+    const size_t count = commands.size();
     {
       // Current before sent: a stream that connects now replays these (CommandStreams::Open).
       absl::MutexLock lock(&job_->mu);
@@ -160,7 +162,14 @@ class SessionManager::Port : public EffectsPort {
       }
       o = Outgoing();  // free each command as soon as it is handed over
     }
+    if (count >= kLogDeliveriesFrom) {
+      LogInfo("job ", job_->job_id, ": ", count, " commands handed to the streams in ",
+              absl::FormatDuration(absl::Now() - start));
+    }
   }
+  // A fan-out this large (a phase's command to every rank of a large job) is logged with
+  // its duration.
+  static constexpr size_t kLogDeliveriesFrom = 1024;
   void StartPlan(PlanWork work) override {
     SessionManager* m = m_;
     Job* job = job_;

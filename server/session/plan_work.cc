@@ -6,6 +6,8 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -56,7 +58,13 @@ PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& re
     return verdict;
   }
   if (plan == nullptr) {
+    const absl::Time start = absl::Now();
+    size_t pieces = 0;
+    for (const LocalPlan& p : work.plans) pieces += p.shards.size();
     absl::StatusOr<GlobalPlan> built = BuildGlobalPlan(work.layout, work.plans, options);
+    LogInfo("plan of job ", work.job_id, " built in ",
+            absl::FormatDuration(absl::Now() - start), " (", pieces, " pieces from ",
+            work.plans.size(), " ranks)", built.ok() ? "" : ": rejected");
     if (!built.ok()) {
       verdict.plan = built.status();
       return verdict;

@@ -61,7 +61,9 @@
 #include "common/plan_fingerprint.h"
 #include "common/program.h"
 #include "common/status.h"
+#include "format/manifest_io.h"
 #include "server/testing/llama_plans.h"
+#include "storage/posix_storage.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
 
@@ -139,6 +141,7 @@ struct Progress {
   std::map<std::string, int> cached_pins ABSL_GUARDED_BY(mu);
   std::map<std::string, int> committed ABSL_GUARDED_BY(mu);
   std::map<std::string, int> omitted_pins ABSL_GUARDED_BY(mu);  // without an assignment
+  std::string checkpoint_dir ABSL_GUARDED_BY(mu);               // the last COMMITTED's
   std::map<std::string, absl::Time> last_pin ABSL_GUARDED_BY(mu);
   std::atomic<int> full_plans_asked{0};  // send_full_plan replies and SEND_PLAN commands
   std::string error ABSL_GUARDED_BY(mu);
@@ -305,6 +308,7 @@ class FakeAgent {
       case v1::Command::kCommitted: {
         absl::MutexLock lock(&progress_->mu);
         ++progress_->committed[session];
+        progress_->checkpoint_dir = command.committed().checkpoint_dir();
         break;
       }
       case v1::Command::kSendPlan: {
@@ -462,7 +466,7 @@ void ParallelFor(int n, int threads, Fn fn) {
 //   worker -> parent  "pinned <first submit ns> <last submit ns> <last PIN ns> <cached PINs>
 //                      <PINs without assignment> <full plans asked>"   (unix-epoch nanoseconds)
 //   parent -> worker  "ack"            (once EVERY worker is pinned) report PINNED, carry the
-//                                      save through; answer "committed" when all committed
+//                                      save through; answer "committed <checkpoint dir>"
 //   parent -> worker  "exit"
 //   worker -> parent  "error <message>" instead of any answer.
 
@@ -593,7 +597,7 @@ struct Config {
         fail(absl::StrCat(progress.committed[session], " of ", n, " agents got COMMITTED"));
       }
       if (!progress.error.empty()) fail(progress.error);
-      WriteLine(out, "committed");
+      WriteLine(out, absl::StrCat("committed ", progress.checkpoint_dir));
     }
   }
   // Closing thousands of streams one by one is slow and measures nothing: leave it to exit.
@@ -611,6 +615,7 @@ struct SaveTiming {
   double span_s = 0;  // first submission's start -> last PIN
   int cached = 0, omitted = 0, full_asked = 0;
   int64_t last_submit_ns = 0, last_pin_ns = 0;
+  std::string checkpoint_dir;  // the committed save's
 };
 
 // Sends `command` to every worker and reads one answer line from each.
@@ -650,8 +655,40 @@ absl::StatusOr<SaveTiming> RunSave(std::vector<Worker>& workers, int64_t step, b
   }
   t.plan_s = (t.last_pin_ns - t.last_submit_ns) / 1e9;
   t.span_s = (t.last_pin_ns - first) / 1e9;
-  if (to_commit) RETURN_IF_ERROR(Broadcast(workers, "ack").status());
+  if (to_commit) {
+    ASSIGN_OR_RETURN(std::vector<std::string> committed, Broadcast(workers, "ack"));
+    t.checkpoint_dir = committed[0].substr(std::string("committed ").size());
+  }
   return t;
+}
+
+// ReadManifest (parse and validate) of the committed checkpoint, `runs` times: the median and
+// the manifest's size.
+struct ManifestLoad {
+  double median_s = 0;
+  double p90_s = 0;
+  uint64_t bytes = 0;
+  uint64_t chunks = 0;
+};
+
+absl::StatusOr<ManifestLoad> MeasureManifestLoad(const std::string& dir, int runs) {
+  PosixStorage storage;
+  std::vector<double> times;
+  ManifestLoad m;
+  for (int i = 0; i < runs; ++i) {
+    const absl::Time start = absl::Now();
+    ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifest(storage, dir));
+    times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    if (i == 0) {
+      for (const v1::TensorEntry& t : manifest.tensors()) m.chunks += t.chunks_size();
+    }
+  }
+  struct stat st;
+  if (stat(absl::StrCat(dir, "/manifest.pb").c_str(), &st) == 0) m.bytes = st.st_size;
+  std::sort(times.begin(), times.end());
+  m.median_s = times[times.size() / 2];
+  m.p90_s = times[std::min(times.size() - 1, times.size() * 9 / 10)];
+  return m;
 }
 
 std::string UnixNanosString(int64_t ns) { return UnixSeconds(absl::FromUnixNanos(ns)); }
@@ -739,6 +776,16 @@ int Main() {
       first = *t;
     }
   }
+  ManifestLoad manifest;
+  if (rc == 0) {
+    absl::StatusOr<ManifestLoad> m = MeasureManifestLoad(first.checkpoint_dir, 5);
+    if (!m.ok()) {
+      error = m.status().ToString();
+      rc = 1;
+    } else {
+      manifest = *m;
+    }
+  }
   if (rc == 0) {
     std::fprintf(stderr, "plan-load: save 2 (same plans: fingerprints, cached plan), up to PIN\n");
     absl::StatusOr<SaveTiming> t = RunSave(workers, 2, /*to_commit=*/false);
@@ -765,7 +812,10 @@ int Main() {
       ", \"first_span_s\": ", first.span_s, ", \"cached_plan_s\": ", cached.plan_s,
       ", \"cached_span_s\": ", cached.span_s, ", \"cached_pins\": ", cached.cached,
       ", \"pins_without_assignment\": ", cached.omitted,
-      ", \"full_plans_asked_cached\": ", cached.full_asked, ", \"rss_kib_registered\": ",
+      ", \"full_plans_asked_cached\": ", cached.full_asked, ", \"manifest_bytes\": ",
+      manifest.bytes, ", \"manifest_chunks\": ", manifest.chunks, ", \"manifest_load_s\": ",
+      manifest.median_s, ", \"manifest_load_p90_s\": ", manifest.p90_s,
+      ", \"rss_kib_registered\": ",
       registered.rss_kib, ", \"hwm_kib_after_first\": ", after_first.hwm_kib,
       ", \"hwm_kib_after_cached\": ", after_cached.hwm_kib, ", \"rss_kib_after_cached\": ",
       after_cached.rss_kib, ", \"first_last_submit_unix\": ",

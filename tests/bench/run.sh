@@ -5,7 +5,7 @@
 # target was met. Run it on a quiet machine.
 #
 #   ./tests/bench/run.sh                          all figures, default sizes
-#   ./tests/bench/run.sh --sizes=64M --ranks=1,2 --plan=2x2x2 --plan-shards=10   (quick)
+#   ./tests/bench/run.sh --sizes=64M --ranks=1,2 --plan=2x2x2:12 --plan-repeats=1   (quick)
 #   ./tests/bench/run.sh --reference=<machine>    also write docs/benchmarks/reference-<machine>.{md,png}
 #
 # Figures (results.md explains each row):
@@ -16,8 +16,9 @@
 #              async_save with its pinned staging options, vs Tessera: stall and time to durable
 #   4 load     bytes / load time onto another TP degree vs fio sequential read, caches dropped
 #   4b dcp     dcp.load of DCP's checkpoint onto the same other world size, caches dropped
-#   5 plan     1,024 ranks x 1,000 shards through a real coordinator over gRPC: first and
-#              cached plan time, coordinator peak RSS (VmHWM)
+#   5 plan     fake agents (in worker processes) through a real coordinator over gRPC: first
+#              and cached plan time, coordinator peak RSS (VmHWM), manifest size and load time;
+#              1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at 300 shards
 #   6 gpu      only where nvidia-smi sees a GPU (else a "skipped: no GPU" row)
 #
 # Options (environment variable in brackets):
@@ -26,8 +27,11 @@
 #   --steps=3              saves per configuration (step 1 plans from scratch; the stall and
 #                          persist figures use the median of the later, steady-state steps)
 #                                                               [TESSERA_BENCH_STEPS]
-#   --plan=4x8x32          planning mesh pp x tp x dp            [TESSERA_BENCH_PLAN]
-#   --plan-shards=1000     shards per rank for planning          [TESSERA_BENCH_PLAN_SHARDS]
+#   --plan=4x8x32:1000,... planning configurations PPxTPxDP[:SHARDS] [TESSERA_BENCH_PLAN]
+#                          (default: 1,024 x 1,000, 16,384 x 300, and 128 ... 8,192 x 300)
+#   --plan-shards=1000     shards per rank where a configuration names none
+#                                                                [TESSERA_BENCH_PLAN_SHARDS]
+#   --plan-repeats=3       runs of each planning configuration   [TESSERA_BENCH_PLAN_REPEATS]
 #   --fio-size=4G          fio file size (default: the largest configuration's total bytes,
 #                          at least 1 GiB, at most 8 GiB)         [TESSERA_BENCH_FIO_SIZE]
 #   --only=stall,plan,...  run only these figures (stall covers 1-3, dcp 3c and 4b, load is
@@ -53,7 +57,8 @@ source deploy/lib/procs.sh
 SIZES=${TESSERA_BENCH_SIZES:-256M,1G,4G}
 RANKS=${TESSERA_BENCH_RANKS:-1,4}
 STEPS=${TESSERA_BENCH_STEPS:-3}
-PLAN=${TESSERA_BENCH_PLAN:-4x8x32}
+PLAN=${TESSERA_BENCH_PLAN:-4x8x32:1000,16x8x128:300,2x8x8:300,4x8x16:300,4x8x32:300,8x8x64:300}
+PLAN_REPEATS=${TESSERA_BENCH_PLAN_REPEATS:-3}
 PLAN_SHARDS=${TESSERA_BENCH_PLAN_SHARDS:-1000}
 FIO_SIZE=${TESSERA_BENCH_FIO_SIZE:-}
 DATA_DIR=${TESSERA_BENCH_DATA_DIR:-}
@@ -70,6 +75,7 @@ for arg in "$@"; do
     --steps=*) STEPS=${arg#*=} ;;
     --plan=*) PLAN=${arg#*=} ;;
     --plan-shards=*) PLAN_SHARDS=${arg#*=} ;;
+    --plan-repeats=*) PLAN_REPEATS=${arg#*=} ;;
     --fio-size=*) FIO_SIZE=${arg#*=} ;;
     --only=*) ONLY=${arg#*=} ;;
     --data-dir=*) DATA_DIR=${arg#*=} ;;
@@ -310,29 +316,41 @@ if wants stall || wants load || wants dcp; then
 fi
 
 # --- Figure 5: planning through the real coordinator
+# Each configuration MESH:SHARDS (pp x tp x dp ranks, shards per rank) runs PLAN_REPEATS times,
+# each with a fresh coordinator: raw/plan-<config>-<i>.json and plan-events-<config>-<i>.txt.
 if wants plan; then
-  IFS='x' read -r ppd tpd dpd <<<"$PLAN"
-  say "== planning: pp=$ppd x tp=$tpd x dp=$dpd ranks x $PLAN_SHARDS shards, real coordinator"
-  DIR="$DATA_DIR/plan"
-  rm -rf "$DIR"
-  mkdir -p "$DIR/logs"
-  COORD_PORT=""
-  # Leases long enough that 1,024 fake agents heartbeating from one process on a loaded
-  # machine never expire: this figure is about planning, not leases.
-  LEASE_MS=600000
-  if start_coordinator --heartbeat_interval_ms=5000; then
-    timeout 1800 "$BIN/tests/bench/tessera-plan-load" --coordinator="127.0.0.1:$COORD_PORT" \
-      --coordinator_pid="$COORD_PID" --pp="$ppd" --tp="$tpd" --dp="$dpd" \
-      --shards_per_rank="$PLAN_SHARDS" >"$OUT/raw/plan.json" 2>"$OUT/logs/plan-load.log" \
-      || say "planning failed (see $OUT/logs/plan-load.log)"
-    grep -E "plan (validated|reused)" "$DIR/logs/coordinator.log" >"$OUT/raw/plan-events.txt"
-    stop_coordinator >/dev/null 2>&1
-  else
-    say "planning: the coordinator did not start"
-  fi
-  LEASE_MS=2000
-  cp "$DIR/logs/coordinator.log" "$OUT/logs/plan-coordinator.log" 2>/dev/null
-  rm -rf "$DIR"
+  IFS=',' read -ra plan_configs <<<"$PLAN"
+  for config in "${plan_configs[@]}"; do
+    mesh=${config%%:*}
+    shards=$PLAN_SHARDS
+    [[ "$config" == *:* ]] && shards=${config#*:}
+    IFS='x' read -r ppd tpd dpd <<<"$mesh"
+    for i in $(seq 1 "$PLAN_REPEATS"); do
+      tag="$mesh-$shards-$i"
+      say "== planning $i/$PLAN_REPEATS: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards, real coordinator"
+      DIR="$DATA_DIR/plan"
+      rm -rf "$DIR"
+      mkdir -p "$DIR/logs"
+      COORD_PORT=""
+      # Leases long enough that thousands of fake agents heartbeating from a few processes on
+      # a loaded machine never expire: this figure is about planning, not leases.
+      LEASE_MS=600000
+      if start_coordinator --heartbeat_interval_ms=5000; then
+        timeout 1800 "$BIN/tests/bench/tessera-plan-load" --coordinator="127.0.0.1:$COORD_PORT" \
+          --coordinator_pid="$COORD_PID" --pp="$ppd" --tp="$tpd" --dp="$dpd" \
+          --shards_per_rank="$shards" >"$OUT/raw/plan-$tag.json" 2>"$OUT/logs/plan-load-$tag.log" \
+          || say "planning failed (see $OUT/logs/plan-load-$tag.log)"
+        grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams" "$DIR/logs/coordinator.log" \
+          >"$OUT/raw/plan-events-$tag.txt"
+        stop_coordinator >/dev/null 2>&1
+      else
+        say "planning: the coordinator did not start"
+      fi
+      LEASE_MS=2000
+      cp "$DIR/logs/coordinator.log" "$OUT/logs/plan-coordinator-$tag.log" 2>/dev/null
+      rm -rf "$DIR"
+    done
+  done
 fi
 
 # --- Figure 6: GPU
@@ -366,8 +384,10 @@ fi
 /usr/bin/python3 tests/bench/report.py "$OUT" --steps="$STEPS" --data-dir="$DATA_DIR" || exit 1
 if [ -n "$REFERENCE" ]; then
   mkdir -p docs/benchmarks
-  sed "s|chart.png|reference-$REFERENCE.png|" "$OUT/results.md" >"docs/benchmarks/reference-$REFERENCE.md"
+  sed "s|chart.png|reference-$REFERENCE.png|; s|plan.png|reference-$REFERENCE-plan.png|" \
+    "$OUT/results.md" >"docs/benchmarks/reference-$REFERENCE.md"
   [ -f "$OUT/chart.png" ] && cp "$OUT/chart.png" "docs/benchmarks/reference-$REFERENCE.png"
+  [ -f "$OUT/plan.png" ] && cp "$OUT/plan.png" "docs/benchmarks/reference-$REFERENCE-plan.png"
   say "reference written: docs/benchmarks/reference-$REFERENCE.md"
 fi
 cat "$OUT/results.md"
