@@ -263,7 +263,10 @@ def plan_runs(raw):
             runs.setdefault(None, []).append(
                 (os.path.basename(path), (data or {}).get("error", "no output")))
             continue
-        runs.setdefault((data["ranks"], data["shards_per_rank"]), []).append(data)
+        key = (data["ranks"], data["shards_per_rank"])
+        if not data.get("fingerprints", True):
+            key = ("whole",) + key  # the baseline: agents re-send whole plans
+        runs.setdefault(key, []).append(data)
     return runs
 
 
@@ -272,9 +275,25 @@ def median_p90(values):
     return xs[len(xs) // 2], xs[min(len(xs) - 1, (len(xs) * 9) // 10)]
 
 
+def baseline_text(xs):
+    if not xs:
+        return ""
+    med, p90 = median_p90([x["cached_plan_s"] for x in xs])
+    return "; whole plans re-sent (no fingerprints): %s (p90 %s, median of %d)" % (
+        fmt_s(med), fmt_s(p90), len(xs))
+
+
+def ratio(cached, xs):
+    """The cached save's time as a fraction of re-sending whole plans."""
+    if not xs:
+        return None
+    return cached / median_p90([x["cached_plan_s"] for x in xs])[0]
+
+
 def plan_rows(raw):
     runs = plan_runs(raw)
     rows = [Row("5 plan", "failed: %s (%s)" % (err, name)) for name, err in runs.pop(None, [])]
+    whole = {key[1:]: runs.pop(key) for key in [k for k in runs if k[0] == "whole"]}
     for key in sorted(runs, key=lambda k: (k not in PLAN_TARGETS, k)):
         ranks, shards = key
         xs = runs[key]
@@ -302,8 +321,9 @@ def plan_rows(raw):
                 ("< %s" % fmt_s(t[0]) if judged else "-") + suffix,
                 first < t[0] if judged else None),
             Row("5 plan cached, %s" % scale, cached_text,
-                "(%s; fingerprints only: %d of %d PINs without assignment)" % (
-                    n, min(x["pins_without_assignment"] for x in xs), ranks), None,
+                "(%s; fingerprints only: %d of %d PINs without assignment)%s" % (
+                    n, min(x["pins_without_assignment"] for x in xs), ranks,
+                    baseline_text(whole.get(key))), ratio(cached, whole.get(key)),
                 ("< %s" % fmt_s(t[1]) if judged else "-") + suffix,
                 cached < t[1] if judged else None),
             Row("5 plan peak RSS, %s" % scale, "%s VmHWM after the first save" % hwm_text,
@@ -321,8 +341,7 @@ def plan_rows(raw):
 
 def plan_chart(raw, path):
     """First and cached plan time and peak RSS against ranks, at the sweep's shard count."""
-    runs = plan_runs(raw)
-    runs.pop(None, None)
+    runs = {k: xs for k, xs in plan_runs(raw).items() if k is not None and k[0] != "whole"}
     by_shards = {}
     for (ranks, shards), xs in runs.items():
         by_shards.setdefault(shards, []).append((ranks, xs))

@@ -27,8 +27,10 @@
 #   --steps=3              saves per configuration (step 1 plans from scratch; the stall and
 #                          persist figures use the median of the later, steady-state steps)
 #                                                               [TESSERA_BENCH_STEPS]
-#   --plan=4x8x32:1000,... planning configurations PPxTPxDP[:SHARDS] [TESSERA_BENCH_PLAN]
-#                          (default: 1,024 x 1,000, 16,384 x 300, and 128 ... 8,192 x 300)
+#   --plan=4x8x32:1000,... planning configurations PPxTPxDP[:SHARDS[:whole]]
+#                          [TESSERA_BENCH_PLAN]; ":whole": agents re-send whole plans (no
+#                          fingerprints), the baseline of the cached figure (default: 1,024 x
+#                          1,000 and 16,384 x 300 both ways, and 128 ... 8,192 x 300)
 #   --plan-shards=1000     shards per rank where a configuration names none
 #                                                                [TESSERA_BENCH_PLAN_SHARDS]
 #   --plan-repeats=3       runs of each planning configuration   [TESSERA_BENCH_PLAN_REPEATS]
@@ -57,7 +59,7 @@ source deploy/lib/procs.sh
 SIZES=${TESSERA_BENCH_SIZES:-256M,1G,4G}
 RANKS=${TESSERA_BENCH_RANKS:-1,4}
 STEPS=${TESSERA_BENCH_STEPS:-3}
-PLAN=${TESSERA_BENCH_PLAN:-4x8x32:1000,16x8x128:300,2x8x8:300,4x8x16:300,4x8x32:300,8x8x64:300}
+PLAN=${TESSERA_BENCH_PLAN:-4x8x32:1000,4x8x32:1000:whole,16x8x128:300,16x8x128:300:whole,2x8x8:300,4x8x16:300,4x8x32:300,8x8x64:300,8x8x128:300}
 PLAN_REPEATS=${TESSERA_BENCH_PLAN_REPEATS:-3}
 PLAN_SHARDS=${TESSERA_BENCH_PLAN_SHARDS:-1000}
 FIO_SIZE=${TESSERA_BENCH_FIO_SIZE:-}
@@ -321,12 +323,13 @@ fi
 if wants plan; then
   IFS=',' read -ra plan_configs <<<"$PLAN"
   for config in "${plan_configs[@]}"; do
-    mesh=${config%%:*}
-    shards=$PLAN_SHARDS
-    [[ "$config" == *:* ]] && shards=${config#*:}
+    IFS=':' read -r mesh shards protocol <<<"$config"
+    shards=${shards:-$PLAN_SHARDS}
+    fingerprints=true
+    [ "$protocol" = whole ] && fingerprints=false
     IFS='x' read -r ppd tpd dpd <<<"$mesh"
     for i in $(seq 1 "$PLAN_REPEATS"); do
-      tag="$mesh-$shards-$i"
+      tag="$mesh-$shards${protocol:+-$protocol}-$i"
       say "== planning $i/$PLAN_REPEATS: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards, real coordinator"
       DIR="$DATA_DIR/plan"
       rm -rf "$DIR"
@@ -338,7 +341,7 @@ if wants plan; then
       if start_coordinator --heartbeat_interval_ms=5000; then
         timeout 1800 "$BIN/tests/bench/tessera-plan-load" --coordinator="127.0.0.1:$COORD_PORT" \
           --coordinator_pid="$COORD_PID" --pp="$ppd" --tp="$tpd" --dp="$dpd" \
-          --shards_per_rank="$shards" >"$OUT/raw/plan-$tag.json" 2>"$OUT/logs/plan-load-$tag.log" \
+          --shards_per_rank="$shards" --fingerprints="$fingerprints" >"$OUT/raw/plan-$tag.json" 2>"$OUT/logs/plan-load-$tag.log" \
           || say "planning failed (see $OUT/logs/plan-load-$tag.log)"
         grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams" "$DIR/logs/coordinator.log" \
           >"$OUT/raw/plan-events-$tag.txt"
