@@ -597,6 +597,9 @@ class World::CoordPort : public EffectsPort {
     w_->coord_.job->Delivered(commands);
     for (Outgoing& o : commands) {
       if (o.command.has_committed()) w_->acknowledged_.insert(o.command.session_id());
+      if (o.command.has_pin() && o.command.pin().assignment_omitted()) {
+        ++w_->result_.pins_without_assignment;
+      }
       if (o.pin_plan != nullptr) {
         o.command.mutable_pin()->mutable_assignment()->ParseFromString(
             o.pin_plan->assignments[o.rank]);
@@ -773,6 +776,7 @@ absl::Status World::HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanReques
       coord_.job->SubmitPlan(v1::SubmitLocalPlanRequest(*request), *layout, CoordNow());
   if (!Carry(std::move(outcome.effects))) return absl::UnavailableError("store refused");
   if (outcome.reply.ok()) *response = *outcome.reply;
+  if (outcome.reply.ok() && outcome.reply->send_full_plan()) ++result_.full_plans_asked;
   return outcome.reply.status();
 }
 

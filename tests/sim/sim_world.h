@@ -90,6 +90,10 @@ struct SimResult {
   uint64_t events = 0;
   int committed = 0;                // saves that committed
   int aborted = 0;                  // saves that did not
+  // Plan caching (DESIGN.md): PINs delivered without their assignment, and fingerprint-only
+  // submissions answered send_full_plan (a restarted coordinator knows no plan).
+  int pins_without_assignment = 0;
+  int full_plans_asked = 0;
   absl::Duration simulated;         // simulated time the schedule took
   // What the scenario set out to do, as it happened (e.g. "renamed, then the parent's fsync
   // failed"): a regression seed checks its scenario still reaches its bug.
