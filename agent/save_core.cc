@@ -181,6 +181,7 @@ void SaveCore::SendSubmission(PendingBegin& begin, SaveEffects& fx) {
   const uint64_t id = next_id_++;
   begin.rpc = id;
   begin.retry_at = absl::InfiniteFuture();
+  begin.sent_at_connection = connections_;
   rpcs_[id] = {RpcOwner::kBegin, begin.ticket, ""};
   fx.rpcs.push_back({id, begin.slim != nullptr ? begin.slim : begin.plan});
 }
@@ -188,6 +189,7 @@ void SaveCore::SendSubmission(PendingBegin& begin, SaveEffects& fx) {
 void SaveCore::Resubmit(Session& s, SaveEffects& fx) {
   const uint64_t rpc = next_id_++;
   s.resubmit_rpc = rpc;
+  s.resubmit_sent_at_connection = connections_;
   rpcs_[rpc] = {RpcOwner::kResubmit, 0, s.id};
   fx.rpcs.push_back({rpc, s.slim != nullptr ? s.slim : s.plan});
 }
@@ -203,8 +205,12 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
   if (ref.owner == RpcOwner::kResubmit) {  // R3
     Session* s = Find(ref.session);
     if (s == nullptr) return Done(now, std::move(fx));
-    if (s->resubmit_rpc == rpc_id) s->resubmit_rpc = 0;
-    if (s->phase != SavePhase::kPlanned) return Done(now, std::move(fx));
+    const bool latest = s->resubmit_rpc == rpc_id;
+    if (latest) s->resubmit_rpc = 0;
+    if (s->phase != SavePhase::kPlanned) {
+      PruneHeld(fx);
+      return Done(now, std::move(fx));
+    }
     if (result.ok() && result->send_full_plan() && s->slim != nullptr) {  // R10
       Log(fx, Severity::kInfo,
           absl::StrCat("the coordinator asked for the shards of ", Describe(*s)));
@@ -240,6 +246,16 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
         sessions_.insert(std::move(node));
       }
     }
+    // R1: commands for the session this reply names that arrived before it.
+    if (result.ok() && latest) {
+      if (Session* named = Find(result->session_id()); named != nullptr) {
+        for (const v1::Command& command : TakeHeld(named->id)) Dispatch(now, *named, command, fx);
+        if (named->resubmit_sent_at_connection != connections_) {
+          AskAgainAfterReconnect(*named, fx);
+        }
+      }
+    }
+    PruneHeld(fx);
     return Done(now, std::move(fx));
   }
 
@@ -346,15 +362,8 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
     Reply(fx, ticket, BeginSaveReply{std::move(answer)});
   }
   // R1: commands that arrived before this reply.
-  std::vector<v1::Command> mine;
-  for (auto it = held_.begin(); it != held_.end();) {
-    if (it->session_id() == session_id) {
-      mine.push_back(std::move(*it));
-      it = held_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  std::vector<v1::Command> mine = TakeHeld(session_id);
+  const bool reconnected = begin.sent_at_connection != connections_;
   EndPendingBegin(ticket, fx);
   // R8: the trainer left while its plan was being submitted.
   if (gone && s->begin_ticket == ticket && s->phase < SavePhase::kStaged) {
@@ -364,15 +373,51 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
          fx);
   }
   for (const v1::Command& command : mine) Dispatch(now, *s, command, fx);
+  if (reconnected) AskAgainAfterReconnect(*s, fx);
+}
+
+void SaveCore::AskAgainAfterReconnect(Session& s, SaveEffects& fx) {
+  // R3: the stream (re)connected while the plan was out, so the session's verdict may have
+  // gone to a stream this agent no longer had, and that reconnection's re-submission came
+  // before the session was known here. Submit again: the coordinator names the session that
+  // holds the plan now (the same one while it is planning: a repeated plan changes nothing).
+  if (s.phase != SavePhase::kPlanned || s.plan == nullptr) return;
+  Log(fx, Severity::kInfo,
+      absl::StrCat("the command stream reconnected while the plan of ", Describe(s),
+                   " was being submitted: submitting it again"));
+  Resubmit(s, fx);
+}
+
+bool SaveCore::SubmittingStep(int64_t step) const {
+  return std::any_of(begins_.begin(), begins_.end(),
+                     [&](const auto& b) { return b.second->step == step; }) ||
+         std::any_of(sessions_.begin(), sessions_.end(), [&](const auto& s) {
+           return s.second->step == step && s.second->phase == SavePhase::kPlanned &&
+                  s.second->resubmit_rpc != 0;
+         });
+}
+
+std::vector<v1::Command> SaveCore::TakeHeld(const std::string& session_id) {
+  std::vector<v1::Command> mine;
+  for (auto it = held_.begin(); it != held_.end();) {
+    if (it->session_id() == session_id) {
+      mine.push_back(std::move(*it));
+      it = held_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return mine;
 }
 
 void SaveCore::EndPendingBegin(uint64_t ticket, SaveEffects& fx) {
   begins_.erase(ticket);
+  PruneHeld(fx);
+}
+
+void SaveCore::PruneHeld(SaveEffects& fx) {
   for (auto it = held_.begin(); it != held_.end();) {
-    const int64_t step = it->step();
-    const bool submitting = std::any_of(begins_.begin(), begins_.end(),
-                                        [&](const auto& b) { return b.second->step == step; });
-    if (submitting) {
+    if (SubmittingStep(it->step())) {
       ++it;
       continue;
     }
@@ -488,9 +533,7 @@ SaveEffects SaveCore::OnCommand(absl::Time now, const v1::Command& command) {
       s = &NewSession(command.session_id(), command.step());
       s->phase = SavePhase::kCommitOnly;
       s->lease = lease_;
-    } else if (std::any_of(begins_.begin(), begins_.end(), [&](const auto& b) {
-                 return b.second->step == command.step();
-               })) {
+    } else if (SubmittingStep(command.step())) {
       held_.push_back(command);
       return Done(now, std::move(fx));
     } else {
@@ -840,6 +883,7 @@ SaveEffects SaveCore::OnRegistered(absl::Time now, uint64_t coordinator_incarnat
   SaveEffects fx;
   if (stopped_) return Done(now, std::move(fx));
   storage_root_ = storage_root;
+  ++connections_;
   ResendAll(absl::StrCat("registered with coordinator incarnation ", coordinator_incarnation),
             fx);
   return Done(now, std::move(fx));
@@ -847,7 +891,10 @@ SaveEffects SaveCore::OnRegistered(absl::Time now, uint64_t coordinator_incarnat
 
 SaveEffects SaveCore::OnStreamConnected(absl::Time now) {
   SaveEffects fx;
-  if (!stopped_) ResendAll("the command stream connected", fx);
+  if (!stopped_) {
+    ++connections_;
+    ResendAll("the command stream connected", fx);
+  }
   return Done(now, std::move(fx));
 }
 

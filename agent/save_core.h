@@ -32,8 +32,9 @@
 //
 // R1 Commands. A command whose seq is not above the last handled for its session is ignored.
 //    A command for a session this agent does not know is held while a plan of its step is
-//    being submitted (the coordinator may answer on the stream before the submission's reply
-//    arrives) and handled when that submission names the session; a COMMIT for an unknown
+//    being submitted — by a BeginSave or an R3 re-submission — (the coordinator may answer on
+//    the stream before the submission's reply arrives) and handled when that submission names
+//    the session; a COMMIT for an unknown
 //    session is edge 11 (a fresh committer: its earlier incarnation had the session); any
 //    other is ignored. A command for a phase already under way or done is ignored (the
 //    stream's reconnection, which replays it, already re-sent the reports: R3) — except
@@ -53,7 +54,9 @@
 //    after every (re)connection and on a timer (1 s doubling to 30 s) until the verdict is
 //    here. On the same triggers a session still
 //    PLANNED re-submits its plan; if the coordinator then names another session, the PLANNED
-//    session moves to that id.
+//    session moves to that id. A submission whose reply arrives after the stream (re)connected
+//    is sent once more: that reconnection's re-submission came before the session was known
+//    here, and its verdict may have gone to the stream that broke.
 // R4 Paths. The directories the coordinator names — PERSIST's tmp_dir, COMMIT's tmp_dir and
 //    final_dir — must equal TmpDirPath / StepDirPath (common/ids.h) of the storage root this
 //    agent registered with, its job, the session's step and id; session ids must be one safe
@@ -304,6 +307,7 @@ class SaveCore {
     Backoff remind_backoff{BackoffOptions{absl::Seconds(1), absl::Seconds(30), 2.0, 0.0},
                            /*seed=*/0};
     uint64_t resubmit_rpc = 0;    // an R3 re-submission out, 0 if none
+    uint64_t resubmit_sent_at_connection = 0;  // connections_ when it was sent
     std::optional<Commit> commit;
     absl::Status outcome;         // the failure (FAILED) or the verdict (ENDING, ended)
     std::string checkpoint_dir;
@@ -317,6 +321,7 @@ class SaveCore {
     absl::Time give_up_at;
     absl::Time retry_at = absl::InfiniteFuture();  // set while backing off
     uint64_t rpc = 0;                              // the submission out, 0 if none
+    uint64_t sent_at_connection = 0;               // connections_ when it was sent
     bool trainer_gone = false;                     // answered Cancelled already
     Backoff backoff;
     PendingBegin(const BackoffOptions& options, uint64_t seed) : backoff(options, seed) {}
@@ -351,6 +356,14 @@ class SaveCore {
   void AcceptPlan(absl::Time now, PendingBegin& begin, const std::string& session_id,
                   SaveEffects& fx);
   void EndPendingBegin(uint64_t ticket, SaveEffects& fx);
+  // R1: a plan of `step` is being submitted (a BeginSave, or an R3 re-submission).
+  bool SubmittingStep(int64_t step) const;
+  // R1: the held commands of `session_id`, removed from held_.
+  std::vector<v1::Command> TakeHeld(const std::string& session_id);
+  // R1: drops (and logs) held commands no submission can claim any more.
+  void PruneHeld(SaveEffects& fx);
+  // R3: re-submits a PLANNED session whose plan was out while the stream reconnected.
+  void AskAgainAfterReconnect(Session& s, SaveEffects& fx);
   v1::BeginSaveResponse SlotsOf(const Session& s) const;
 
   // Commands (R1).
@@ -414,6 +427,7 @@ class SaveCore {
   absl::Time resend_at_ = absl::InfiniteFuture();  // R3, after a failed report
   Backoff resend_backoff_;
   bool reports_failing_ = false;  // logs an outage once, and its end
+  uint64_t connections_ = 0;      // registrations and stream connections so far (R3)
   uint64_t next_id_ = 1;          // RPC and work ids
   uint64_t next_created_ = 1;
   uint64_t seeds_drawn_ = 0;

@@ -30,6 +30,9 @@ constexpr uint32_t kRank = 3;
 
 alignas(4096) unsigned char staging_buffer[1 << 16];
 
+// A later session of step 8.
+constexpr char kSecondSession[] = "s8-00000000000000c3";
+
 // The global plan's fingerprint the fake coordinator's PINs name.
 constexpr uint64_t kPlan = 0xfeedf00d;
 
@@ -1013,9 +1016,37 @@ TEST_F(SaveCoreTest, R7_WorkResultAfterTheAbort_NoFailureReported) {
   EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
 }
 
-// --- R10: cached plans ---------------------------------------------------------------------------
+// --- R1 and R3: a submission answered after a reconnection ------------------------------------
 
-constexpr char kSecond[] = "s8-00000000000000c3";
+TEST_F(SaveCoreTest, R1_VerdictForTheSessionAReSubmissionNames_HeldUntilItsReply) {
+  ToPlanned();
+  Register();  // the coordinator restarted: the PLANNED session re-submits its plan
+  ASSERT_EQ(rpcs_.size(), 1u);
+  // It moved the plan to another session and aborted that before the reply arrived.
+  constexpr char kMoved[] = "s7-00000000000000b2";
+  v1::Command abort = Abort(1, v1::ERROR_CODE_AGENT_LOST, "lost rank 1");
+  abort.set_session_id(kMoved);
+  Command(abort);
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kMoved), ElementsAre("PLAN"));
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kAborted) << "the held ABORT was dropped";
+  EXPECT_THAT(std::string(BeginStatus(1).message()), HasSubstr("lost rank 1"));
+}
+
+TEST_F(SaveCoreTest, R3_PlanAnsweredAfterTheStreamReconnected_SubmittedAgain) {
+  Register();
+  Begin();
+  ASSERT_EQ(rpcs_.size(), 1u);
+  Apply(core_.OnStreamConnected(now_));  // nothing to re-send yet: the session is not known
+  EXPECT_EQ(rpcs_.size(), 1u);
+  // The reply names the session; its verdict may have gone to the stream that broke.
+  ASSERT_THAT(Deliver(), ElementsAre("PLAN", "PLAN"));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPlanned);
+  // Without a reconnection, a reply is taken as it is.
+  Begin(/*ticket=*/7, /*step=*/8);
+  EXPECT_THAT(Deliver(absl::StatusCode::kOk, kSecondSession), ElementsAre("PLAN"));
+}
+
+// --- R10: cached plans ---------------------------------------------------------------------------
 
 TEST_F(SaveCoreTest, R10_SamePlanAgain_OnlyItsFingerprintAndTheHeldAssignment) {
   FirstSaveCommitted();
@@ -1030,13 +1061,13 @@ TEST_F(SaveCoreTest, R10_SamePlanAgain_OnlyItsFingerprintAndTheHeldAssignment) {
   EXPECT_EQ(slim.local_plan_fingerprint(), local);
   EXPECT_EQ(slim.held_plan_fingerprint(), kPlan);
   EXPECT_EQ(slim.step(), 8);
-  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN"));
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecondSession), ElementsAre("PLAN"));
 
   // The PIN names the plan; the staging layout is the one the first PIN's assignment gave.
-  Command(PinWithoutAssignment(1, kSecond, kPlan));
+  Command(PinWithoutAssignment(1, kSecondSession, kPlan));
   SaveWork pin = TakeWork();
   ASSERT_TRUE(std::holds_alternative<PinWork>(pin.item));
-  EXPECT_EQ(PhaseOf(kSecond), SavePhase::kPinning);
+  EXPECT_EQ(PhaseOf(kSecondSession), SavePhase::kPinning);
   const StagingLayout& layout = *std::get<PinWork>(pin.item).layout;
   ASSERT_EQ(layout.shards.size(), 1u);
   EXPECT_EQ(layout.file_name, "data-00003.safetensors");
@@ -1048,12 +1079,12 @@ TEST_F(SaveCoreTest, R10_CoordinatorDoesNotKnowTheFingerprint_ShardsSentAtOnce) 
   knows_no_plans_ = true;  // e.g. it restarted
   Begin(/*ticket=*/7, /*step=*/8);
   EXPECT_TRUE(LastPlanOut().shards_omitted());
-  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN", "PLAN"));
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecondSession), ElementsAre("PLAN", "PLAN"));
   const v1::SubmitLocalPlanRequest full = LastPlanOut();
   EXPECT_FALSE(full.shards_omitted());
   ASSERT_EQ(full.shards_size(), 1);
   EXPECT_EQ(full.held_plan_fingerprint(), kPlan);  // a PIN of the same plan may still omit it
-  EXPECT_EQ(PhaseOf(kSecond), SavePhase::kPlanned);
+  EXPECT_EQ(PhaseOf(kSecondSession), SavePhase::kPlanned);
   EXPECT_EQ(ReplyTo(7), nullptr);  // the trainer still waits for its slots
   // Re-submissions of the session (a RESEND) carry the shards from now on.
   Command(Resend(1));
@@ -1064,13 +1095,13 @@ TEST_F(SaveCoreTest, R10_CoordinatorDoesNotKnowTheFingerprint_ShardsSentAtOnce) 
 TEST_F(SaveCoreTest, R10_SendPlanCommand_ShardsSubmittedAgain) {
   FirstSaveCommitted();
   Begin(/*ticket=*/7, /*step=*/8);
-  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN"));
-  Command(SendPlan(1, kSecond));
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecondSession), ElementsAre("PLAN"));
+  Command(SendPlan(1, kSecondSession));
   ASSERT_EQ(rpcs_.size(), 1u);
   EXPECT_FALSE(LastPlanOut().shards_omitted());
   EXPECT_EQ(LastPlanOut().shards_size(), 1);
-  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecond), ElementsAre("PLAN"));
-  EXPECT_EQ(PhaseOf(kSecond), SavePhase::kPlanned);
+  ASSERT_THAT(Deliver(absl::StatusCode::kOk, kSecondSession), ElementsAre("PLAN"));
+  EXPECT_EQ(PhaseOf(kSecondSession), SavePhase::kPlanned);
 }
 
 TEST_F(SaveCoreTest, R10_ChangedPlan_SubmittedWithItsShards) {
