@@ -142,28 +142,24 @@ SaveEffects SaveCore::BeginSave(absl::Time now, uint64_t ticket, v1::BeginSaveRe
     Reply(fx, ticket, BeginSaveReply{absl::UnavailableError("the agent is shutting down")});
     return Done(now, std::move(fx));
   }
-  auto plan = std::make_shared<v1::SubmitLocalPlanRequest>();
-  plan->set_job_id(options_.job_id);
-  plan->set_rank(options_.rank);
-  plan->set_incarnation(options_.incarnation);
-  plan->set_step(request.step());
-  plan->set_plan_fingerprint(request.plan_fingerprint());
+  // Everything but the shards; the fingerprint-only submission is this alone (R10).
+  v1::SubmitLocalPlanRequest header;
+  header.set_job_id(options_.job_id);
+  header.set_rank(options_.rank);
+  header.set_incarnation(options_.incarnation);
+  header.set_step(request.step());
+  header.set_plan_fingerprint(request.plan_fingerprint());
+  header.set_local_plan_fingerprint(FingerprintShards(options_.rank, request.shards()));
+  const bool held = held_plan_.has_value() &&
+                    held_plan_->local_fingerprint == header.local_plan_fingerprint();
+  if (held) header.set_held_plan_fingerprint(held_plan_->plan_fingerprint);
+  auto plan = std::make_shared<v1::SubmitLocalPlanRequest>(header);
   // Moved, not copied: a plan can hold thousands of shards, on the trainer's blocking path.
   plan->mutable_shards()->Swap(request.mutable_shards());
-  const uint64_t local = FingerprintShards(options_.rank, plan->shards());
-  plan->set_local_plan_fingerprint(local);
   std::shared_ptr<v1::SubmitLocalPlanRequest> slim;
-  if (held_plan_.has_value() && held_plan_->local_fingerprint == local) {  // R10
-    plan->set_held_plan_fingerprint(held_plan_->plan_fingerprint);
-    slim = std::make_shared<v1::SubmitLocalPlanRequest>();
-    slim->set_job_id(plan->job_id());
-    slim->set_rank(plan->rank());
-    slim->set_incarnation(plan->incarnation());
-    slim->set_step(plan->step());
-    slim->set_plan_fingerprint(plan->plan_fingerprint());
-    slim->set_local_plan_fingerprint(local);
+  if (held) {
+    slim = std::make_shared<v1::SubmitLocalPlanRequest>(std::move(header));
     slim->set_shards_omitted(true);
-    slim->set_held_plan_fingerprint(held_plan_->plan_fingerprint);
   }
   auto begin = std::make_unique<PendingBegin>(options_.retry_backoff, NewSeed());
   begin->ticket = ticket;

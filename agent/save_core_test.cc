@@ -200,7 +200,9 @@ class SaveCoreTest : public ::testing::Test {
       v1::SubmitLocalPlanResponse accepted;
       accepted.set_session_id(session);
       const auto& plan = *std::get<std::shared_ptr<const v1::SubmitLocalPlanRequest>>(rpc.request);
-      if (plan.shards_omitted() && knows_no_plans_) accepted.set_send_full_plan(true);
+      if ((plan.shards_omitted() && knows_no_plans_) || asks_for_sent_shards_) {
+        accepted.set_send_full_plan(true);
+      }
       absl::StatusOr<v1::SubmitLocalPlanResponse> result = accepted;
       if (!status.ok()) result = status;
       Apply(core_.OnPlanSubmitted(now_, rpc.id, result));
@@ -336,6 +338,7 @@ class SaveCoreTest : public ::testing::Test {
   }
 
   bool knows_no_plans_ = false;  // the fake coordinator answers fingerprints send_full_plan
+  bool asks_for_sent_shards_ = false;  // ... and every plan, shards or not (a broken one)
   SaveCore core_{Options()};
   absl::Time now_ = absl::FromUnixSeconds(1000000);
   std::deque<CoordinatorRpc> rpcs_;
@@ -1090,6 +1093,15 @@ TEST_F(SaveCoreTest, R10_CoordinatorDoesNotKnowTheFingerprint_ShardsSentAtOnce) 
   Command(Resend(1));
   ASSERT_EQ(rpcs_.size(), 1u);
   EXPECT_EQ(LastPlanOut().shards_size(), 1);
+}
+
+TEST_F(SaveCoreTest, R10_AskedForShardsThatWereSent_TrainerGetsInternalAndNoSession) {
+  Register();
+  asks_for_sent_shards_ = true;
+  Begin();
+  ASSERT_THAT(Deliver(), ElementsAre("PLAN"));  // not sent again: it would be answered alike
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kInternal);
+  EXPECT_FALSE(core_.View(kSession).has_value());
 }
 
 TEST_F(SaveCoreTest, R10_SendPlanCommand_ShardsSubmittedAgain) {

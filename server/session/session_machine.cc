@@ -72,6 +72,7 @@ SessionMachine::SessionMachine(SessionContext context, v1::SessionRecord record,
       record_(std::move(record)),
       phase_started_(now),
       ranks_(context_.mesh.world_size()),
+      held_(context_.mesh.world_size(), 0),
       commit_backoff_(context_.options->commit_retry_initial) {}
 
 SessionMachine::SessionMachine(SessionContext context, std::string session_id, int64_t step,
@@ -151,7 +152,6 @@ absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> 
     return absl::FailedPreconditionError(
         absl::StrCat("session ", record_.session_id(), " is past PLANNING"));
   }
-  if (held_.size() != world()) held_.assign(world(), 0);
   held_[rank] = held;
   auto [it, fresh] = submissions_.try_emplace(rank);
   Submission& sub = it->second;
@@ -505,7 +505,7 @@ void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
   v1::PinCommand* pin = c.mutable_pin();
   pin->set_plan_cached(record_.plan_cached());
   pin->set_plan_fingerprint(plan_->fingerprint);
-  if (plan_->fingerprint != 0 && rank < held_.size() && held_[rank] == plan_->fingerprint) {
+  if (plan_->fingerprint != 0 && held_[rank] == plan_->fingerprint) {
     pin->set_assignment_omitted(true);  // the agent holds it: 8 bytes instead of the plan
     Emit(rank, std::move(c), out);
   } else {

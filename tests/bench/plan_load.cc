@@ -545,9 +545,12 @@ struct Config {
     if (ms > 0) heartbeat_ms = ms;
   });
   for (auto& a : agents) a->OpenStream();
+  // Heartbeats keep the leases alive for the whole run (the worker ends with _Exit). Their
+  // period is the protocol's heartbeat interval, not a wait for an event: this is the one
+  // place a timed sleep is what a real agent does too.
   std::thread([&] {
     while (true) {
-      absl::SleepFor(absl::Milliseconds(heartbeat_ms.load()));  // a load generator's pacing
+      absl::SleepFor(absl::Milliseconds(heartbeat_ms.load()));
       for (auto& a : agents) a->Heartbeat();
     }
   }).detach();
