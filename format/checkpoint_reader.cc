@@ -18,6 +18,7 @@
 namespace tessera {
 namespace {
 
+using format_internal::BlockBegin;
 using format_internal::BlockEnd;
 using format_internal::FindBadBlock;
 using format_internal::ReadChunkBytes;
@@ -64,12 +65,32 @@ struct AtomicStats {
   std::atomic<uint64_t> bytes_copied{0};
   std::atomic<uint64_t> read_calls{0};
   std::atomic<uint64_t> blocks_verified{0};
+  std::atomic<uint64_t> bytes_from_memory{0};
+  std::atomic<uint64_t> memory_blocks_rejected{0};
 };
 
 // Runs of one request and one chunk that fall into one read window of the chunk.
 struct WorkItem {
   char* dest;
   std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
+};
+
+// Where one work item's bytes come from: its chunk's data file, and the file's resident copy
+// if there is one.
+struct Source {
+  ReadableFile* file = nullptr;
+  const ResidentBytes* resident = nullptr;
+
+  // The resident copy of chunk body bytes [begin, end), or nullptr if memory does not hold
+  // all of them.
+  const char* InMemory(const v1::ChunkEntry& chunk, uint64_t begin, uint64_t end) const {
+    if (resident == nullptr) return nullptr;
+    const uint64_t from = chunk.offset() + begin;
+    if (from < resident->file_offset || from + (end - begin) > resident->file_offset + resident->size) {
+      return nullptr;
+    }
+    return resident->data + (from - resident->file_offset);
+  }
 };
 
 // A reusable scratch buffer, uninitialized, aligned for O_DIRECT (storage/posix_storage.h) so spans
@@ -99,8 +120,9 @@ class Bounce {
 
 // Reads, verifies and copies one work item: every block its runs touch, in spans of
 // consecutive blocks.
-absl::Status ServeWorkItem(const WorkItem& item, ReadableFile& file, Bounce& bounce,
+absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& bounce,
                            AtomicStats& stats) {
+  ReadableFile& file = *source.file;
   const std::vector<ByteRun>& runs = item.runs;
   const v1::TensorEntry& tensor = *runs.front().tensor;
   const v1::ChunkEntry& chunk = *runs.front().chunk;
@@ -132,12 +154,36 @@ absl::Status ServeWorkItem(const WorkItem& item, ReadableFile& file, Bounce& bou
       return absl::ResourceExhaustedError(absl::StrCat(
           "no memory for a ", end - begin, "-byte read buffer (", file.path(), ")"));
     }
-    RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
-    stats.read_calls.fetch_add(1, std::memory_order_relaxed);
-    stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
     const uint64_t blocks = last_block - first_block + 1;
-    if (std::optional<uint64_t> bad = FindBadBlock(chunk, first_block, blocks, target)) {
-      return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
+    if (const char* memory = source.InMemory(chunk, begin, end)) {
+      // Copy first, verify the copy: the resident bytes may change under us.
+      memcpy(target, memory, end - begin);
+      stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
+      for (uint64_t b = first_block; b <= last_block;) {
+        std::optional<uint64_t> bad =
+            FindBadBlock(chunk, b, last_block - b + 1, target + (BlockBegin(chunk, b) - begin));
+        if (!bad) break;
+        // This block from the file instead.
+        const uint64_t block_begin = BlockBegin(chunk, *bad);
+        const uint64_t block_size = BlockEnd(chunk, *bad) - block_begin;
+        char* block_target = target + (block_begin - begin);
+        RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
+        stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+        stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
+        stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
+        stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
+        if (FindBadBlock(chunk, *bad, 1, block_target)) {
+          return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
+        }
+        b = *bad + 1;
+      }
+    } else {
+      RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
+      stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+      stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
+      if (std::optional<uint64_t> bad = FindBadBlock(chunk, first_block, blocks, target)) {
+        return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
+      }
     }
     stats.blocks_verified.fetch_add(blocks, std::memory_order_relaxed);
 
@@ -320,7 +366,7 @@ absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::Plan(
 }
 
 absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
-    absl::Span<const ReadRequest> requests, ReadStats* stats) const {
+    absl::Span<const ReadRequest> requests, ReadStats* stats, const ResidentFiles* resident) const {
   ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, Plan(requests));
   std::vector<ReadResult> results(plans.size());
 
@@ -374,8 +420,12 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   auto worker = [&] {
     Bounce bounce;
     for (size_t w = next.fetch_add(1); w < work.size() && !failed.load(); w = next.fetch_add(1)) {
-      ReadableFile& file = *files.at(work[w].runs.front().chunk->file());
-      absl::Status s = ServeWorkItem(work[w], file, bounce, counters);
+      const std::string& name = work[w].runs.front().chunk->file();
+      Source source{files.at(name).get(), nullptr};
+      if (resident != nullptr) {
+        if (auto it = resident->find(name); it != resident->end()) source.resident = &it->second;
+      }
+      absl::Status s = ServeWorkItem(work[w], source, bounce, counters);
       if (!s.ok()) {
         absl::MutexLock lock(&mu);
         if (first_error.ok()) first_error = s;
@@ -395,6 +445,8 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
     stats->bytes_copied = counters.bytes_copied.load();
     stats->read_calls = counters.read_calls.load();
     stats->blocks_verified = counters.blocks_verified.load();
+    stats->bytes_from_memory = counters.bytes_from_memory.load();
+    stats->memory_blocks_rejected = counters.memory_blocks_rejected.load();
   }
   RETURN_IF_ERROR(first_error);
   return results;

@@ -25,6 +25,13 @@
 // scattered small reads such as a narrow column slice of a row-major matrix, where each row
 // touches its own block.
 //
+// Memory tier (DESIGN.md "Memory tier"): Read may be given copies of data files that are still
+// resident in memory (an agent's staging of the last committed save). A span inside such a copy
+// is copied from memory instead of read, then verified exactly as a read is — after the copy,
+// so bytes that change under it are caught too; every block that does not match is read from
+// the file and verified again. Memory is never trusted: a stale, reused or corrupted copy costs
+// a read, never a wrong byte.
+//
 // Destinations are host memory (or shared memory mapped by the caller); device copies are the
 // caller's next step.
 //
@@ -101,8 +108,23 @@ struct ReadStats {
   uint64_t bytes_read = 0;       // from data files, including whole blocks read for checksums
   uint64_t bytes_copied = 0;     // into destinations (direct reads included)
   uint64_t read_calls = 0;       // ReadAt calls
-  uint64_t blocks_verified = 0;  // checksum blocks hashed
+  uint64_t blocks_verified = 0;  // checksum blocks hashed (a rejected block counts once)
+  // Memory tier: bytes taken from resident copies and verified (whole blocks, like
+  // bytes_read), and blocks of resident copies that did not match and were read instead.
+  uint64_t bytes_from_memory = 0;
+  uint64_t memory_blocks_rejected = 0;
 };
+
+// Bytes [file_offset, file_offset + size) of a data file, resident in memory at `data`. The
+// memory must stay mapped for the Read; its contents may change meanwhile (they are verified).
+struct ResidentBytes {
+  uint64_t file_offset = 0;
+  const char* data = nullptr;
+  uint64_t size = 0;
+};
+
+// Resident copies by data file name (ChunkEntry.file).
+using ResidentFiles = absl::flat_hash_map<std::string, ResidentBytes>;
 
 struct CheckpointReaderOptions {
   // Largest single ReadAt, rounded down to whole checksum blocks (at least one block). Large
@@ -140,13 +162,15 @@ class CheckpointReader {
   // requested region, or if chunks overlap within it.
   absl::StatusOr<std::vector<RequestPlan>> Plan(absl::Span<const ReadRequest> requests) const;
 
-  // Plans, reads, verifies and copies every request. `stats`, if given, is filled in.
+  // Plans, reads, verifies and copies every request. `stats`, if given, is filled in. Spans
+  // that `resident` (if given) holds whole are copied from memory instead of read.
   // Errors: as Plan; DataLoss + CHECKSUM_MISMATCH naming the tensor key, chunk box, file and
   // block; DataLoss + IO_ERROR naming the file if a data file is missing or shorter than the
   // manifest says; other I/O errors from the storage (storage/storage.h). On error,
   // destinations hold unspecified bytes (possibly unverified ones).
   absl::StatusOr<std::vector<ReadResult>> Read(absl::Span<const ReadRequest> requests,
-                                               ReadStats* stats = nullptr) const;
+                                               ReadStats* stats = nullptr,
+                                               const ResidentFiles* resident = nullptr) const;
 
  private:
   CheckpointReader(Storage* storage, std::string dir, CheckpointReaderOptions options,

@@ -5,7 +5,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <functional>
+#include <iterator>
+#include <map>
+#include <tuple>
+#include <utility>
 #include <memory>
 #include <random>
 #include <string>
@@ -361,6 +366,120 @@ TEST_P(CheckpointReaderTest, Read_FlippedByte_ChecksumMismatchNamingTensorChunkF
 
   // Rows 0..1 of that chunk lie in block 0 only: verified and served.
   ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 6}, {2, 6}));
+}
+
+// Memory tier: every data file's bytes, as an agent's staging would hold them after the save.
+class ResidentCopies {
+ public:
+  ResidentCopies(const std::string& dir, const v1::Manifest& manifest) {
+    for (const v1::TensorEntry& t : manifest.tensors()) {
+      for (const v1::ChunkEntry& c : t.chunks()) {
+        if (bytes_.count(c.file()) != 0) continue;
+        std::ifstream in(JoinPath(dir, c.file()), std::ios::binary);
+        bytes_[c.file()].assign(std::istreambuf_iterator<char>(in), {});
+      }
+    }
+    Refresh();
+  }
+
+  // The copy of `file`, to corrupt or cut short; call Refresh() after.
+  std::string& bytes(const std::string& file) { return bytes_.at(file); }
+
+  // Only file bytes [from, to) of `file` stay resident.
+  void Keep(const std::string& file, uint64_t from, uint64_t to) { kept_[file] = {from, to}; }
+
+  void Refresh() {
+    files_.clear();
+    for (auto& [name, data] : bytes_) {
+      uint64_t from = 0;
+      uint64_t to = data.size();
+      if (auto it = kept_.find(name); it != kept_.end()) std::tie(from, to) = it->second;
+      files_[name] = ResidentBytes{from, data.data() + from, to - from};
+    }
+  }
+
+  const ResidentFiles* files() const { return &files_; }
+
+ private:
+  std::map<std::string, std::string> bytes_;
+  std::map<std::string, std::pair<uint64_t, uint64_t>> kept_;
+  ResidentFiles files_;
+};
+
+TEST_P(CheckpointReaderTest, Read_EveryFileResident_NothingReadFromFiles) {
+  ResidentCopies memory(dir_, manifest_);
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  for (const TestTensor& t : tensors_) {
+    if (t.state_absent) continue;
+    SCOPED_TRACE(t.key());
+    std::string got;
+    ReadStats stats;
+    ASSERT_TRUE(reader->Read({Request(t.key(), FullBox(t.shape), &got)}, &stats, memory.files()).ok());
+    EXPECT_EQ(got, Reference(t, FullBox(t.shape), std::nullopt));
+    EXPECT_EQ(stats.bytes_read, 0u);
+    EXPECT_EQ(stats.read_calls, 0u);
+    EXPECT_EQ(stats.memory_blocks_rejected, 0u);
+    EXPECT_EQ(stats.bytes_from_memory, got.size());
+  }
+}
+
+TEST_P(CheckpointReaderTest, Read_ResidentCopyWithFlippedByte_ThatBlockReadFromFile) {
+  // Chunk 1 of wq: 96 bytes in blocks of 64; flip a byte of block 1 (32 bytes) in memory.
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
+  ASSERT_EQ(chunk.block_xxh3_size(), 2);
+  ResidentCopies memory(dir_, manifest_);
+  memory.bytes(chunk.file())[chunk.offset() + 70] ^= 0x5a;
+
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string got;
+  ReadStats stats;
+  ASSERT_TRUE(
+      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, &stats, memory.files())
+          .ok());
+  EXPECT_EQ(got, Reference(Tensor("layers.0.attn.wq"), FullBox({8, 12}), std::nullopt));
+  EXPECT_EQ(stats.memory_blocks_rejected, 1u);
+  EXPECT_EQ(stats.bytes_read, 32u);
+  EXPECT_EQ(stats.read_calls, 1u);
+  EXPECT_EQ(stats.bytes_from_memory, got.size() - 32u);
+}
+
+TEST_P(CheckpointReaderTest, Read_ResidentCopyAndFileBothCorrupt_ChecksumMismatch) {
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
+  ResidentCopies memory(dir_, manifest_);
+  memory.bytes(chunk.file())[chunk.offset() + 70] ^= 0x5a;
+  FlipByte(JoinPath(dir_, chunk.file()), chunk.offset() + 71);
+
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string got;
+  absl::Status s =
+      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr, memory.files())
+          .status();
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_CHECKSUM_MISMATCH) << s;
+  EXPECT_THAT(s.message(), HasSubstr("block 1"));
+  EXPECT_THAT(s.message(), HasSubstr(chunk.file()));
+}
+
+TEST_P(CheckpointReaderTest, Read_ResidentCopyCoversPartOfFile_RestReadFromFile) {
+  // wq's chunk 1 stays resident up to its last byte exclusive: that chunk comes from the file.
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
+  ResidentCopies memory(dir_, manifest_);
+  memory.Keep(chunk.file(), 0, chunk.offset() + chunk.nbytes() - 1);
+  memory.Refresh();
+
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string got;
+  ReadStats stats;
+  ASSERT_TRUE(
+      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, &stats, memory.files())
+          .ok());
+  EXPECT_EQ(got, Reference(Tensor("layers.0.attn.wq"), FullBox({8, 12}), std::nullopt));
+  EXPECT_EQ(stats.bytes_read, chunk.nbytes());
+  EXPECT_EQ(stats.bytes_from_memory, got.size() - chunk.nbytes());
+  EXPECT_EQ(stats.memory_blocks_rejected, 0u);
 }
 
 TEST_P(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
