@@ -26,6 +26,7 @@
 #include "agent/peer/grpc_peer_transport.h"
 #include "agent/peer/peer_address_book.h"
 #include "agent/save_executor.h"
+#include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "storage/fault_injecting_storage.h"
 #include "storage/posix_storage.h"
@@ -58,6 +59,10 @@ ABSL_FLAG(int64_t, host_ram_budget_mb, 0,
           "declared)");
 ABSL_FLAG(int64_t, staging_budget_mb, 0,
           "MiB this agent may map for staging (0: half of physical memory)");
+ABSL_FLAG(bool, memory_tier, true,
+          "keep the last committed checkpoint's staged bytes in memory, so a trainer restarted "
+          "on this node loads it from there (verified against the manifest's checksums); "
+          "bounded by --staging_budget_mb, dropped when a save needs the room");
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
@@ -196,9 +201,37 @@ int main(int argc, char** argv) {
                                                     const std::map<uint32_t, std::string>& a) {
     addresses.Set(session, a);
   };
+  // The memory tier: a committed save's staging stays resident; every heartbeat states it
+  // (at once after a commit), and loads read this node's copies from memory.
+  tessera::MemoryTier memory_tier([&lifeline_for_lease] {
+    if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
+  });
+  tessera::MemoryTier* const memory =
+      absl::GetFlag(FLAGS_memory_tier) ? &memory_tier : nullptr;
+  executor_options.memory_tier = memory;
   tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
                                  executor_options);
-  tessera::Loader loader(&storage, load_pool->get(), urank);
+  const std::string node = absl::GetFlag(FLAGS_node_id);
+  tessera::LoaderOptions loader_options;
+  loader_options.memory = memory;
+  loader_options.node_id = node.empty() ? Hostname() : node;
+  if (memory != nullptr) {
+    loader_options.find_copies = [&coordinator, &job, urank, incarnation](
+                                     int64_t step, const std::string& session_id)
+        -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
+      tessera::v1::FindMemoryCopiesRequest request;
+      request.set_job_id(job);
+      request.set_rank(urank);
+      request.set_incarnation(incarnation);
+      request.set_step(step);
+      request.set_session_id(session_id);
+      absl::StatusOr<tessera::v1::FindMemoryCopiesResponse> found =
+          coordinator.FindMemoryCopies(request);
+      if (!found.ok()) return found.status();
+      return std::vector<tessera::v1::MemoryCopy>(found->copies().begin(), found->copies().end());
+    };
+  }
+  tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
 
   tessera::v1::RegisterAgentRequest registration;
   registration.set_job_id(job);
@@ -206,8 +239,7 @@ int main(int argc, char** argv) {
   for (uint32_t c : mesh->Coords(urank)) registration.mutable_coord()->add_index(c);
   *registration.mutable_layout() = *layout;
   registration.set_incarnation(incarnation);
-  const std::string node = absl::GetFlag(FLAGS_node_id);
-  registration.set_node_id(node.empty() ? Hostname() : node);
+  registration.set_node_id(loader_options.node_id);
   registration.set_node_host_ram_budget(
       static_cast<uint64_t>(absl::GetFlag(FLAGS_host_ram_budget_mb)) << 20);
   registration.set_peer_address(tessera::AdvertisedPeerAddress(
@@ -217,6 +249,7 @@ int main(int argc, char** argv) {
   registration.set_has_gpu(gpu);
 
   tessera::LifelineOptions lifeline_options;
+  if (memory != nullptr) lifeline_options.resident = [memory] { return memory->CurrentCopy(); };
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
     loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
     executor.OnRegistered(response);

@@ -66,4 +66,17 @@ absl::StatusOr<v1::ReportChunksResponse> GrpcCoordinatorClient::ReportChunks(
       });
 }
 
+absl::StatusOr<v1::FindMemoryCopiesResponse> CoordinatorClient::FindMemoryCopies(
+    const v1::FindMemoryCopiesRequest&) {
+  return absl::UnimplementedError("this coordinator client does not find memory copies");
+}
+
+absl::StatusOr<v1::FindMemoryCopiesResponse> GrpcCoordinatorClient::FindMemoryCopies(
+    const v1::FindMemoryCopiesRequest& request) {
+  return Unary<v1::FindMemoryCopiesResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::FindMemoryCopiesResponse* response) {
+        return stub_->FindMemoryCopies(ctx, request, response);
+      });
+}
+
 }  // namespace tessera

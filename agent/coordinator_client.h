@@ -38,6 +38,11 @@ class CoordinatorClient {
   // Errors: as Coordinator.ReportChunks; Unavailable / DeadlineExceeded if unreachable.
   virtual absl::StatusOr<v1::ReportChunksResponse> ReportChunks(
       const v1::ReportChunksRequest& request) = 0;
+
+  // Errors: as Coordinator.FindMemoryCopies; Unavailable / DeadlineExceeded if unreachable.
+  // The default (fakes that do not serve it) is Unimplemented.
+  virtual absl::StatusOr<v1::FindMemoryCopiesResponse> FindMemoryCopies(
+      const v1::FindMemoryCopiesRequest& request);
 };
 
 class GrpcCoordinatorClient : public CoordinatorClient {
@@ -55,6 +60,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
       const v1::ReportPhaseRequest& request) override;
   absl::StatusOr<v1::ReportChunksResponse> ReportChunks(
       const v1::ReportChunksRequest& request) override;
+  absl::StatusOr<v1::FindMemoryCopiesResponse> FindMemoryCopies(
+      const v1::FindMemoryCopiesRequest& request) override;
 
   v1::Coordinator::Stub* stub() { return stub_.get(); }
 

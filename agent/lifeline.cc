@@ -31,6 +31,14 @@ bool Lifeline::WaitFor(absl::Duration delay) {
   return !stop_;
 }
 
+bool Lifeline::WaitForBeat(absl::Duration delay) {
+  absl::MutexLock lock(&mu_);
+  auto due = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || beat_now_; };
+  mu_.AwaitWithTimeout(absl::Condition(&due), delay);
+  beat_now_ = false;
+  return !stop_;
+}
+
 void Lifeline::SetState(State state) {
   absl::MutexLock lock(&mu_);
   state_ = state;
@@ -72,6 +80,11 @@ uint64_t Lifeline::registrations() const {
 void Lifeline::SetPinnedBytes(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   pinned_bytes_ = bytes;
+}
+
+void Lifeline::BeatNow() {
+  absl::MutexLock lock(&mu_);
+  beat_now_ = true;
 }
 
 std::optional<uint64_t> Lifeline::LeaseGeneration() const {
@@ -120,7 +133,7 @@ void Lifeline::Run() {
     // REGISTERED: heartbeat until it fails.
     bool first_beat = true;
     bool lapsed = false;
-    while (WaitFor(interval)) {
+    while (WaitForBeat(interval)) {
       {
         absl::MutexLock lock(&mu_);
         const absl::Duration gap = absl::FromChrono(std::chrono::steady_clock::now() - renewed_);
@@ -144,6 +157,11 @@ void Lifeline::Run() {
       {
         absl::MutexLock lock(&mu_);
         request.set_pinned_bytes(pinned_bytes_);
+      }
+      if (options_.resident) {
+        if (std::optional<v1::MemoryCopy> resident = options_.resident()) {
+          *request.mutable_resident() = *std::move(resident);
+        }
       }
       sent = std::chrono::steady_clock::now();
       absl::StatusOr<v1::HeartbeatResponse> beat = client_->Heartbeat(request);

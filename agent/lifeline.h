@@ -40,6 +40,9 @@ struct LifelineOptions {
   // Called on the lifeline's thread after every successful registration (the first, and
   // each one after a coordinator restart or a lost lease), with no lock held. Default: none.
   std::function<void(const v1::RegisterAgentResponse&)> on_registered;
+  // The memory copy this agent holds (memory tier), asked before every heartbeat, which
+  // states it (nullopt: none). Called with no lock held. Default: none.
+  std::function<std::optional<v1::MemoryCopy>()> resident;
 };
 
 class Lifeline {
@@ -73,6 +76,9 @@ class Lifeline {
   // Reported in heartbeats.
   void SetPinnedBytes(uint64_t bytes) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Sends the next heartbeat now instead of at its interval (what it states changed).
+  void BeatNow() ABSL_LOCKS_EXCLUDED(mu_);
+
   // The lease generation if the lease is current now (registered, and renewed within the
   // lease by the coordinator's clock as far as this process can tell), else nullopt. The
   // generation grows each time the lease was found lapsed, so work begun under one generation
@@ -86,6 +92,8 @@ class Lifeline {
   void Run();
   // Waits `delay` or until Stop(); returns false if stopping.
   bool WaitFor(absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
+  // Waits `delay`, until Stop() or until a heartbeat is due at once; false if stopping.
+  bool WaitForBeat(absl::Duration delay) ABSL_LOCKS_EXCLUDED(mu_);
   void SetState(State state) ABSL_LOCKS_EXCLUDED(mu_);
 
   CoordinatorClient* const client_;
@@ -98,6 +106,7 @@ class Lifeline {
   uint64_t heartbeats_ok_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t registrations_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  bool beat_now_ ABSL_GUARDED_BY(mu_) = false;  // BeatNow() was called
   // Monotonic time of the last renewal (registration or heartbeat, taken when it was sent),
   // and the lease the coordinator granted.
   std::chrono::steady_clock::time_point renewed_ ABSL_GUARDED_BY(mu_);

@@ -1,6 +1,7 @@
 #include "agent/lifeline.h"
 
 #include <deque>
+#include <optional>
 
 #include "absl/synchronization/mutex.h"
 #include "common/status.h"
@@ -23,8 +24,8 @@ class FakeCoordinator : public CoordinatorClient {
       return s;
     }
     v1::RegisterAgentResponse response;
-    response.set_lease_ms(100);
-    response.set_heartbeat_interval_ms(1);
+    response.set_lease_ms(lease_ms_);
+    response.set_heartbeat_interval_ms(interval_ms_);
     return response;
   }
 
@@ -32,6 +33,8 @@ class FakeCoordinator : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     ++heartbeats_;
     last_pinned_ = request.pinned_bytes();
+    last_resident_.reset();
+    if (request.has_resident()) last_resident_ = request.resident();
     if (!heartbeat_errors_.empty()) {
       absl::Status s = heartbeat_errors_.front();
       heartbeat_errors_.pop_front();
@@ -74,6 +77,16 @@ class FakeCoordinator : public CoordinatorClient {
     absl::MutexLock lock(&mu_);
     return last_pinned_;
   }
+  std::optional<v1::MemoryCopy> last_resident() {
+    absl::MutexLock lock(&mu_);
+    return last_resident_;
+  }
+  // Lease and heartbeat interval granted by later registrations.
+  void Grant(uint32_t lease_ms, uint32_t interval_ms) {
+    absl::MutexLock lock(&mu_);
+    lease_ms_ = lease_ms;
+    interval_ms_ = interval_ms;
+  }
 
  private:
   absl::Mutex mu_;
@@ -81,6 +94,9 @@ class FakeCoordinator : public CoordinatorClient {
   int heartbeats_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_pinned_ ABSL_GUARDED_BY(mu_) = 0;
+  std::optional<v1::MemoryCopy> last_resident_ ABSL_GUARDED_BY(mu_);
+  uint32_t lease_ms_ ABSL_GUARDED_BY(mu_) = 100;
+  uint32_t interval_ms_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<absl::Status> register_errors_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);
 };
@@ -159,6 +175,49 @@ TEST(LifelineTest, PinnedBytes_ReportedInHeartbeats) {
   lifeline.Start();
   fake.AwaitHeartbeats(2);
   EXPECT_EQ(fake.last_pinned(), 1u << 20);
+}
+
+TEST(LifelineTest, Resident_StatedInEveryHeartbeatWhileHeld) {
+  FakeCoordinator fake;
+  absl::Mutex mu;
+  std::optional<v1::MemoryCopy> held;
+  LifelineOptions options = FastOptions();
+  options.resident = [&]() -> std::optional<v1::MemoryCopy> {
+    absl::MutexLock lock(&mu);
+    return held;
+  };
+  Lifeline lifeline(&fake, Registration(), options);
+  {
+    absl::MutexLock lock(&mu);
+    held.emplace();
+    held->set_step(7);
+    held->set_region("/tessera-job-r0-1");
+  }
+  lifeline.Start();
+  fake.AwaitHeartbeats(2);
+  ASSERT_TRUE(fake.last_resident().has_value());
+  EXPECT_EQ(fake.last_resident()->step(), 7);
+  EXPECT_EQ(fake.last_resident()->region(), "/tessera-job-r0-1");
+
+  {
+    absl::MutexLock lock(&mu);
+    held.reset();  // dropped to make room for a save
+  }
+  // A heartbeat that began before the reset may still state it; the one after does not.
+  fake.AwaitHeartbeats(static_cast<int>(lifeline.heartbeats_ok()) + 2);
+  EXPECT_FALSE(fake.last_resident().has_value());
+}
+
+TEST(LifelineTest, BeatNow_HeartbeatWithoutWaitingForTheInterval) {
+  FakeCoordinator fake;
+  fake.Grant(/*lease_ms=*/0, /*interval_ms=*/3'600'000);  // no lease, one beat an hour
+  Lifeline lifeline(&fake, Registration(), FastOptions());
+  lifeline.Start();
+  ASSERT_TRUE(lifeline.WaitRegistered(absl::Seconds(30)));
+  lifeline.BeatNow();
+  fake.AwaitHeartbeats(1);  // would wait an hour without BeatNow
+  lifeline.Stop();
+  EXPECT_EQ(lifeline.heartbeats_ok(), 1u);
 }
 
 TEST(BackoffTest, GrowsToMaxWithJitterAndResets) {

@@ -18,8 +18,8 @@ uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
 }  // namespace
 
-Loader::Loader(Storage* storage, StagingPool* staging, uint32_t rank)
-    : storage_(storage), staging_(staging), rank_(rank) {}
+Loader::Loader(Storage* storage, StagingPool* staging, uint32_t rank, LoaderOptions options)
+    : storage_(storage), staging_(staging), rank_(rank), options_(std::move(options)) {}
 
 Loader::~Loader() {
   absl::MutexLock lock(&mu_);
@@ -102,9 +102,24 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
     reads.push_back(std::move(read));
     read_index.push_back(i);
   }
+  // The memory tier: what this agent and its node's peers still hold of this very checkpoint
+  // (step and session).
+  const std::string& session_id = (*reader)->manifest().session_id();
+  ResidentView resident;
+  if (options_.memory != nullptr) resident = options_.memory->Find(step, session_id);
+  if (options_.find_copies) {
+    absl::StatusOr<std::vector<v1::MemoryCopy>> copies = options_.find_copies(step, session_id);
+    if (copies.ok()) {
+      AddNodeCopies(*copies, rank_, options_.node_id, resident);
+    } else {
+      LogWarning("memory copies of step ", step, " unknown (", copies.status().ToString(),
+                 "): reading what this agent does not hold from disk");
+    }
+  }
   const absl::Time read_start = absl::Now();
   ReadStats stats;
-  absl::StatusOr<std::vector<ReadResult>> results = (*reader)->Read(reads, &stats);
+  absl::StatusOr<std::vector<ReadResult>> results =
+      (*reader)->Read(reads, &stats, resident.files.empty() ? nullptr : &resident.files);
   const absl::Time read_end = absl::Now();
   if (!results.ok()) {
     staging_->ReleaseAll();
@@ -124,6 +139,9 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
     slot->set_nbytes(absent[i] ? 0 : slots[i].second);
     if (absent[i]) response.add_absent(static_cast<uint32_t>(i));
   }
+  response.set_bytes_from_memory(stats.bytes_from_memory);
+  response.set_bytes_from_disk(stats.bytes_read);
+  response.set_memory_blocks_rejected(stats.memory_blocks_rejected);
   current_load_ = response.load_id();
   // One line per load, split where the time goes: opening (manifest) and staging, then the
   // reads (bandwidth over the bytes read from data files, verified blocks included).
@@ -132,6 +150,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
       read_s > 0 ? static_cast<double>(stats.bytes_read) / read_s / (1 << 20) : 0;
   LogInfo("load ", response.load_id(), " step=", step, " shards=", request.shards_size(),
           " bytes=", stats.bytes_copied, " read_bytes=", stats.bytes_read,
+          " memory_bytes=", stats.bytes_from_memory,
+          " memory_blocks_rejected=", stats.memory_blocks_rejected,
           " reads=", stats.read_calls, " setup_ms=",
           absl::ToDoubleMilliseconds(read_start - start), " read_ms=", read_s * 1e3,
           " read_mib_s=", read_mib_s);

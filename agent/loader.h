@@ -2,28 +2,47 @@
 // every requested piece with resharding (format/checkpoint_reader.h: only the byte runs it
 // needs, checksums verified) into a staging region the trainer maps, and keeps the region
 // until ReleaseLoad. One load is staged at a time: a new Load releases the previous one.
+// What this agent, or another agent on its node, still holds of the checkpoint in memory
+// (agent/memory_tier.h) is copied from there, verified the same way; the response says how
+// many bytes came from where.
 //
 // Thread-safety: all methods are safe for concurrent use (loads are serialized).
 #ifndef TESSERA_AGENT_LOADER_H_
 #define TESSERA_AGENT_LOADER_H_
 
 #include <cstdint>
+#include <functional>
+#include <vector>
 #include <string>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "storage/storage.h"
 #include "tessera/v1/agent.pb.h"
 
 namespace tessera {
 
+struct LoaderOptions {
+  // This agent's memory tier; null: none. Must outlive the loader. Default: null.
+  const MemoryTier* memory = nullptr;
+  // The memory copies of checkpoint (step, session id) that the job's agents hold
+  // (Coordinator.FindMemoryCopies); those on `node_id` are read from memory too. An error
+  // only costs reads. Default: none (this agent's own tier alone).
+  std::function<absl::StatusOr<std::vector<v1::MemoryCopy>>(int64_t step,
+                                                             const std::string& session_id)>
+      find_copies;
+  // This agent's node (RegisterAgentRequest.node_id). Default: "".
+  std::string node_id;
+};
+
 class Loader {
  public:
   // `storage` and `staging` must outlive the loader; `staging` serves loads only.
-  Loader(Storage* storage, StagingPool* staging, uint32_t rank);
+  Loader(Storage* storage, StagingPool* staging, uint32_t rank, LoaderOptions options = {});
   // Waits for a background release.
   ~Loader();
 
@@ -49,6 +68,7 @@ class Loader {
   Storage* const storage_;
   StagingPool* const staging_;
   const uint32_t rank_;
+  const LoaderOptions options_;
   absl::Mutex mu_;
   std::string job_dir_ ABSL_GUARDED_BY(mu_);
   std::string current_load_ ABSL_GUARDED_BY(mu_);

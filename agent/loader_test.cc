@@ -3,12 +3,16 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
+#include "format/manifest_io.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 #include "common/box.h"
@@ -132,6 +136,159 @@ TEST_F(LoaderTest, ReleaseThenDestroy_RegionFreed) {
     loader.Release(id);
   }
   EXPECT_EQ(pool_->mapped_bytes(), 0u);
+}
+
+// The memory tier: the agent still holds the checkpoint's data files (here: read into a
+// resident region of a save pool, as a committed save leaves them).
+class LoaderMemoryTierTest : public LoaderTest {
+ protected:
+  void SetUp() override {
+    LoaderTest::SetUp();
+    const std::string dir = JoinPath(job_dir_, StepDirName(7));
+    absl::StatusOr<v1::Manifest> manifest = ReadManifest(storage_, dir);
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    file_ = manifest->tensors(0).chunks(0).file();
+    for (const v1::ChunkEntry& c : manifest->tensors(0).chunks()) ASSERT_EQ(c.file(), file_);
+    session_id_ = manifest->session_id();
+    first_chunk_offset_ = manifest->tensors(0).chunks(0).offset();
+    std::ifstream in(JoinPath(dir, file_), std::ios::binary);
+    const std::string bytes((std::istreambuf_iterator<char>(in)), {});
+
+    StagingPoolOptions options;
+    options.job_id = absl::StrCat("loader_tier_test.", getpid());
+    options.pin = false;
+    options.budget_bytes = 64 << 20;
+    absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(options);
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    save_pool_ = *std::move(pool);
+    absl::StatusOr<std::vector<StagingSlot>> slots = save_pool_->Acquire({bytes.size()});
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    memcpy((*slots)[0].data, bytes.data(), bytes.size());
+    std::vector<ResidentRegion> regions = save_pool_->Retain((*slots)[0].acquisition);
+    ASSERT_EQ(regions.size(), 1u);
+    region_ = regions[0];
+    file_size_ = bytes.size();
+  }
+
+  void Publish(const std::string& session_id) {
+    memory_.Publish(ResidentCheckpoint{7, session_id, file_, 0, file_size_, region_});
+  }
+
+  // The coordinator's answer: rank 1 on `node` holds the file in the region.
+  std::vector<v1::MemoryCopy> PeerCopy(const std::string& node) const {
+    v1::MemoryCopy copy;
+    copy.set_step(7);
+    copy.set_session_id(session_id_);
+    copy.set_file(file_);
+    copy.set_file_offset(0);
+    copy.set_nbytes(file_size_);
+    copy.set_region(region_.name);
+    copy.set_rank(1);
+    copy.set_node_id(node);
+    return {copy};
+  }
+
+  // Loads the whole tensor, checks the bytes, and returns the reply.
+  v1::LoadResponse LoadAll(LoaderOptions options = {}) {
+    if (options.memory == nullptr && !options.find_copies) options.memory = &memory_;
+    Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+    loader.SetJobDir(job_dir_);
+    v1::LoadRequest request;
+    request.set_step(7);
+    *request.add_shards() = Shard(tensor_, Box{{0, 0}, {256, 1024}});
+    absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (!response.ok()) return {};
+    absl::StatusOr<std::unique_ptr<MappedStaging>> mapped =
+        MapStaging(response->shm_name(), response->shm_size());
+    EXPECT_TRUE(mapped.ok()) << mapped.status();
+    const std::string want = Reference(tensor_, Box{{0, 0}, {256, 1024}});
+    if (mapped.ok()) {
+      EXPECT_EQ(std::memcmp((*mapped)->data(), want.data(), want.size()), 0);
+    }
+    loader.Release(response->load_id());
+    return *response;
+  }
+
+  static constexpr uint64_t kTensorBytes = 256 * 1024 * 4;
+  MemoryTier memory_;
+  std::unique_ptr<StagingPool> save_pool_;
+  ResidentRegion region_;
+  std::string file_;
+  std::string session_id_;
+  uint64_t file_size_ = 0;
+  uint64_t first_chunk_offset_ = 0;
+};
+
+TEST_F(LoaderMemoryTierTest, Load_CheckpointResident_EveryByteFromMemory) {
+  Publish(session_id_);
+  const v1::LoadResponse response = LoadAll();
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);
+  EXPECT_EQ(response.bytes_from_disk(), 0u);
+  EXPECT_EQ(response.memory_blocks_rejected(), 0u);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_FlippedByteInMemory_ThatBlockFromDisk) {
+  Publish(session_id_);
+  // A byte of the first chunk's second 4 KiB block (its body starts 4 KiB-aligned).
+  const_cast<char*>(region_.data)[first_chunk_offset_ + 4096 + 10] ^= 0x5a;
+  const v1::LoadResponse response = LoadAll();
+  EXPECT_EQ(response.memory_blocks_rejected(), 1u);
+  EXPECT_EQ(response.bytes_from_disk(), 4096u);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes - 4096u);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_ResidentCopyOfAnotherSession_EveryByteFromDisk) {
+  Publish("another-session");
+  const v1::LoadResponse response = LoadAll();
+  EXPECT_EQ(response.bytes_from_memory(), 0u);
+  EXPECT_EQ(response.bytes_from_disk(), kTensorBytes);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_ResidentRegionDropped_EveryByteFromDisk) {
+  Publish(session_id_);
+  save_pool_->ReleaseAll();  // as when a save needs the room
+  const v1::LoadResponse response = LoadAll();
+  EXPECT_EQ(response.bytes_from_memory(), 0u);
+  EXPECT_EQ(response.bytes_from_disk(), kTensorBytes);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) {
+  LoaderOptions options;
+  options.node_id = "node-a";
+  int asked = 0;
+  options.find_copies = [&](int64_t step, const std::string& session)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    ++asked;
+    EXPECT_EQ(step, 7);
+    EXPECT_EQ(session, session_id_);
+    return PeerCopy("node-a");
+  };
+  const v1::LoadResponse response = LoadAll(options);
+  EXPECT_EQ(asked, 1);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);
+  EXPECT_EQ(response.bytes_from_disk(), 0u);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_PeerOnAnotherNodeOrCoordinatorDown_EveryByteFromDisk) {
+  LoaderOptions options;
+  options.node_id = "node-a";
+  options.find_copies = [&](int64_t, const std::string&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-b"); };
+  EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
+
+  options.find_copies = [&](int64_t, const std::string&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    return absl::UnavailableError("coordinator down");
+  };
+  EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
+
+  // The peer's region is gone (its agent died): disk too.
+  options.find_copies = [&](int64_t, const std::string&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-a"); };
+  save_pool_->ReleaseAll();
+  region_ = ResidentRegion();
+  EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 }
 
 TEST_F(LoaderTest, Load_BeforeJobDir_FailedPrecondition) {

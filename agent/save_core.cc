@@ -1101,6 +1101,12 @@ void SaveCore::ContinueEnding(Session& s, SaveEffects& fx) {
 
 void SaveCore::End(Session& s, absl::Status outcome, std::string checkpoint_dir,
                    SaveEffects& fx) {
+  // R11: this rank wrote its data file from staging, and nothing was staged since.
+  if (outcome.ok() && s.phase == SavePhase::kPersisted && s.layout != nullptr &&
+      s.layout->file.has_value() && s.memory.data != nullptr) {
+    fx.resident = ResidentSave{s.step, s.id, s.layout->file_name, s.layout->file->data_start,
+                               s.layout->file->data_size, s.memory};
+  }
   s.phase = outcome.ok() ? SavePhase::kCommitted : SavePhase::kAborted;
   s.outcome = std::move(outcome);
   s.checkpoint_dir = std::move(checkpoint_dir);

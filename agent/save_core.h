@@ -96,6 +96,11 @@
 //    the coordinator's send_full_plan reply, or a SEND_PLAN command, makes it submit the
 //    shards at once (and for the rest of the session). A PIN with assignment_omitted uses the
 //    held layout; if this agent holds none of that plan the session fails (INTERNAL).
+// R11 Memory tier (DESIGN.md "Memory tier"). A session that ends COMMITTED while PERSISTED —
+//    this rank wrote its data file straight from staging — hands its staging to the shell as
+//    `resident`, which keeps it for loads of that checkpoint unless another save has acquired
+//    staging since (a verdict that arrives late; StagingPool::Retain refuses it). A session
+//    that failed, never wrote, or only committed (COMMIT_ONLY) hands nothing.
 //
 // Thread-safety: none. One caller at a time (the shell holds its mutex around every call).
 #ifndef TESSERA_AGENT_SAVE_CORE_H_

@@ -26,6 +26,7 @@ constexpr char kJob[] = "job";
 constexpr char kRoot[] = "/ckpt";
 constexpr char kSession[] = "s7-00000000000000a1";
 constexpr int64_t kStep = 7;
+constexpr uint64_t kAcquisition = 42;  // the staging pool's number for the session's staging
 constexpr uint32_t kRank = 3;
 
 alignas(4096) unsigned char staging_buffer[1 << 16];
@@ -153,6 +154,7 @@ class SaveCoreTest : public ::testing::Test {
     for (TrainerReply& reply : fx.replies) replies_.push_back(std::move(reply));
     for (std::string& s : fx.cancel_exchanges) cancelled_.push_back(std::move(s));
     for (LogLine& line : fx.logs) logs_.push_back(std::move(line.text));
+    if (fx.resident.has_value()) resident_.push_back(std::move(*fx.resident));
     next_tick_ = fx.next_tick;
   }
 
@@ -231,7 +233,7 @@ class SaveCoreTest : public ::testing::Test {
   void StagingReady(uint64_t id) {
     Apply(core_.OnStagingReady(now_, id,
                                StagingMemory{"/tessera-test", staging_buffer,
-                                             sizeof(staging_buffer)}));
+                                             sizeof(staging_buffer), kAcquisition}));
   }
   void Gathered(uint64_t id, int hashes = 0) {
     std::vector<v1::ReplicaHash> h(hashes);
@@ -311,7 +313,8 @@ class SaveCoreTest : public ::testing::Test {
   void ToPersisted() {
     ToGathered();
     Command(Persist(4));
-    Persisted(TakeWork().id, 3);
+    persist_work_ = TakeWork();
+    Persisted(persist_work_.id, 3);
     ASSERT_THAT(Deliver(), ElementsAre("CHUNKS(2)", "CHUNKS(1)", "PERSISTED"));
   }
 
@@ -347,6 +350,8 @@ class SaveCoreTest : public ::testing::Test {
   std::vector<TrainerReply> replies_;
   std::vector<std::string> cancelled_;
   std::vector<std::string> logs_;
+  std::vector<ResidentSave> resident_;
+  SaveWork persist_work_;  // ToPersisted's
   absl::Time next_tick_ = absl::InfiniteFuture();
 };
 
@@ -683,6 +688,50 @@ TEST_F(SaveCoreTest, Edge16_CommittedAfterALocalFailure_Committed) {
   Wait(20);
   Command(Committed(5));
   EXPECT_TRUE(WaitResult(20).ok());
+}
+
+TEST_F(SaveCoreTest, R11_CommittedAfterWriting_StagingHandedOverAsResident) {
+  ToPersisted();
+  EXPECT_TRUE(resident_.empty());
+  Command(Committed(5));
+  ASSERT_EQ(resident_.size(), 1u);
+  const ResidentSave& r = resident_[0];
+  EXPECT_EQ(r.step, kStep);
+  EXPECT_EQ(r.session_id, kSession);
+  EXPECT_EQ(r.memory.name, "/tessera-test");
+  EXPECT_EQ(r.memory.data, staging_buffer);
+  EXPECT_EQ(r.memory.acquisition, kAcquisition);
+  // The data section of the file this rank wrote: where staging's bytes sit in the file.
+  const PersistWork& persist = std::get<PersistWork>(persist_work_.item);
+  ASSERT_TRUE(persist.layout->file.has_value());
+  EXPECT_EQ(r.file, persist.layout->file_name);
+  EXPECT_EQ(r.file_offset, persist.layout->file->data_start);
+  EXPECT_GT(r.file_offset, 0u);
+  EXPECT_EQ(r.nbytes, persist.layout->file->data_size);
+  Command(Committed(6));  // a repeated verdict hands nothing again
+  EXPECT_EQ(resident_.size(), 1u);
+}
+
+TEST_F(SaveCoreTest, R11_CommittedWithoutHavingWritten_NothingResident) {
+  // A local failure before writing: the commit can still come (R7); staging is not the file.
+  ToStaged();
+  Command(Gather(3));
+  Apply(core_.OnGathered(now_, TakeWork().id, absl::DeadlineExceededError("peer 2 silent")));
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  Command(Committed(5));
+  EXPECT_EQ(PhaseOf(), SavePhase::kCommitted);
+  EXPECT_TRUE(resident_.empty());
+}
+
+TEST_F(SaveCoreTest, R11_AbortedAfterWriting_NothingResident) {
+  ToPersisted();
+  Command(Abort(5, v1::ERROR_CODE_TIMEOUT, "rank 2 timed out"));
+  while (!work_.empty()) {
+    const SaveWork w = TakeWork();
+    Apply(core_.OnRemoved(now_, w.id, absl::OkStatus()));
+  }
+  EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
+  EXPECT_TRUE(resident_.empty());
 }
 
 TEST_F(SaveCoreTest, WaitCommitted_DeadlinePasses_DeadlineExceeded) {

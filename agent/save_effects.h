@@ -49,6 +49,19 @@ struct StagingMemory {
   std::string name;       // what the trainer maps (BeginSaveResponse.shm_name)
   void* data = nullptr;   // `capacity` bytes, page-aligned
   uint64_t capacity = 0;
+  uint64_t acquisition = 0;  // StagingSlot.acquisition, for StagingPool::Retain
+};
+
+// A save that committed while its staging still begins with the body of the data file this
+// rank wrote (it wrote it, and nothing was staged since): the shell may keep that staging
+// resident for loads of the checkpoint (agent/memory_tier.h).
+struct ResidentSave {
+  int64_t step = 0;
+  std::string session_id;
+  std::string file;          // data file name
+  uint64_t file_offset = 0;  // FileLayout.data_start
+  uint64_t nbytes = 0;       // FileLayout.data_size
+  StagingMemory memory;
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -143,11 +156,12 @@ struct SaveEffects {
   std::vector<TrainerReply> replies;
   std::vector<std::string> cancel_exchanges;
   std::vector<LogLine> logs;
+  std::optional<ResidentSave> resident;  // a committed save's staging to keep resident
   absl::Time next_tick = absl::InfiniteFuture();
 
   bool empty() const {
     return rpcs.empty() && work.empty() && replies.empty() && cancel_exchanges.empty() &&
-           logs.empty();
+           logs.empty() && !resident.has_value();
   }
 };
 

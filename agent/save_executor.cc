@@ -4,6 +4,7 @@
 #include <utility>
 #include <variant>
 
+#include "absl/strings/str_cat.h"
 #include "agent/save_work.h"
 #include "common/log.h"
 
@@ -102,7 +103,25 @@ void SaveExecutor::Drive(const Event& event) {
   for (auto& reply : out.replies) reply();
 }
 
+void SaveExecutor::KeepResidentLocked(const ResidentSave& save, Outbox& out) {
+  if (options_.memory_tier == nullptr) return;
+  std::vector<ResidentRegion> regions = staging_->Retain(save.memory.acquisition);
+  if (regions.empty()) {
+    out.logs.push_back({LogLine::Severity::kInfo,
+                        absl::StrCat("step ", save.step, " is not kept in memory: its staging ",
+                                     "was handed to another save")});
+    return;
+  }
+  options_.memory_tier->Publish(ResidentCheckpoint{save.step, save.session_id, save.file,
+                                                   save.file_offset, save.nbytes, regions[0]});
+  out.logs.push_back({LogLine::Severity::kInfo,
+                      absl::StrCat("step ", save.step, " kept in memory: ", save.nbytes,
+                                   " bytes of ", save.file, " in ", regions[0].name,
+                                   " (a region of ", regions[0].capacity, " bytes)")});
+}
+
 void SaveExecutor::ApplyLocked(SaveEffects effects, Outbox& out) {
+  if (effects.resident.has_value()) KeepResidentLocked(*effects.resident, out);
   for (CoordinatorRpc& rpc : effects.rpcs) rpcs_.push_back(std::move(rpc));
   for (SaveWork& work : effects.work) work_.push_back(std::move(work));
   for (TrainerReply& reply : effects.replies) {
@@ -280,7 +299,7 @@ void SaveExecutor::Run(const SaveWork& work) {
               memory = slots.status();
             } else {
               const StagingSlot& slot = (*slots)[0];
-              memory = StagingMemory{slot.name, slot.data, slot.capacity};
+              memory = StagingMemory{slot.name, slot.data, slot.capacity, slot.acquisition};
               if (absl::Status prepared = PrepareStaging(*pin.layout, *memory); !prepared.ok()) {
                 memory = prepared;
               }

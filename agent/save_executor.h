@@ -35,6 +35,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "agent/coordinator_client.h"
+#include "agent/memory_tier.h"
 #include "agent/peer/peer_transport.h"
 #include "agent/save_core.h"
 #include "agent/save_effects.h"
@@ -59,6 +60,9 @@ struct SaveExecutorOptions {
   // transport's resolver can find them. Default: none.
   std::function<void(const std::string& session_id, const std::map<uint32_t, std::string>&)>
       on_peer_addresses;
+  // Where committed saves' staging is kept resident for loads (SaveCore R11); must outlive
+  // the executor. Default: none (the memory tier is off; staging is reused as is).
+  MemoryTier* memory_tier = nullptr;
 };
 
 class SaveExecutor {
@@ -128,6 +132,10 @@ class SaveExecutor {
   // Hands `event` to the core (after the lease, if it changed), then carries out the effects.
   void Drive(const Event& event) ABSL_LOCKS_EXCLUDED(mu_);
   void ApplyLocked(SaveEffects effects, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Keeps a committed save's staging resident in the memory tier, if it is on and the
+  // staging is still that save's.
+  void KeepResidentLocked(const ResidentSave& save, Outbox& out)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RunWorker() ABSL_LOCKS_EXCLUDED(mu_);
   void RunRpcs() ABSL_LOCKS_EXCLUDED(mu_);
   void RunTimer() ABSL_LOCKS_EXCLUDED(mu_);

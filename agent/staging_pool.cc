@@ -133,9 +133,16 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
   return region;
 }
 
+uint64_t StagingPool::ResidentBytesLocked() const {
+  uint64_t total = 0;
+  for (const auto& region : resident_) total += region->capacity();
+  return total;
+}
+
 absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<uint64_t>& sizes) {
   absl::MutexLock lock(&mu_);
-  // Admission first, so a refused save leaves the pool as it was.
+  // Admission first, so a refused save leaves the pool as it was (the resident set aside: a
+  // save that does not fit beside it drops it, below).
   std::vector<uint64_t> capacities(sizes.size());
   uint64_t total = 0;
   for (size_t i = 0; i < sizes.size(); ++i) {
@@ -157,7 +164,12 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
     }
   }
 
+  if (!resident_.empty() && total + ResidentBytesLocked() > budget_bytes_) {
+    resident_.clear();
+    ++evictions_;
+  }
   regions_.resize(sizes.size());  // releases regions beyond the request
+  ++acquisitions_;
   std::vector<StagingSlot> slots(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (regions_[i] == nullptr || regions_[i]->capacity() < sizes[i]) {
@@ -167,7 +179,7 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
     }
     const Region& region = *regions_[i];
     slots[i] = StagingSlot{region.name(), region.data(), sizes[i], region.capacity(),
-                           region.pinned()};
+                           region.pinned(), acquisitions_};
   }
   return slots;
 }
@@ -175,15 +187,44 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
 void StagingPool::ReleaseAll() {
   absl::MutexLock lock(&mu_);
   regions_.clear();
+  resident_.clear();
+  ++acquisitions_;  // what was handed out is gone: nothing of it can be retained
+}
+
+std::vector<ResidentRegion> StagingPool::Retain(uint64_t acquisition) {
+  absl::MutexLock lock(&mu_);
+  if (acquisition != acquisitions_ || regions_.empty()) return {};
+  for (const auto& region : regions_) {
+    if (region == nullptr) return {};
+  }
+  // The set resident until now becomes the next save's (its regions stay mapped for reuse).
+  resident_.swap(regions_);
+  ++acquisitions_;  // the retained regions are no longer the last Acquire's
+  std::vector<ResidentRegion> out;
+  for (const auto& region : resident_) {
+    out.push_back(ResidentRegion{region->name(), static_cast<const char*>(region->data()),
+                                 region->capacity(), std::weak_ptr<const void>(region)});
+  }
+  return out;
 }
 
 uint64_t StagingPool::mapped_bytes() const {
   absl::MutexLock lock(&mu_);
-  uint64_t total = 0;
+  uint64_t total = ResidentBytesLocked();
   for (const auto& region : regions_) {
     if (region != nullptr) total += region->capacity();
   }
   return total;
+}
+
+uint64_t StagingPool::resident_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return ResidentBytesLocked();
+}
+
+uint64_t StagingPool::resident_evictions() const {
+  absl::MutexLock lock(&mu_);
+  return evictions_;
 }
 
 uint64_t StagingPool::regions_created() const {

@@ -14,6 +14,15 @@
 // a host-RAM budget. Destruction unpins, unmaps and unlinks every region; mappings the
 // trainer still holds stay valid until it unmaps them (POSIX shm semantics).
 //
+// Memory tier (DESIGN.md "Memory tier"): Retain() sets the regions of a committed save aside
+// as the resident set, readable by loads, and the next save stages into the other set — the
+// one retained before, kept mapped for reuse — so saves alternate between two sets of regions
+// and the trainer maps each once. Both sets count against the budget; an Acquire that does not
+// fit with the resident set kept drops it first (resident bytes are a cache, a save is not).
+// Loads hold a resident set through ResidentRegion::hold: a dropped set stays mapped until the
+// last load holding it ends (its memory then outlives the budget briefly), and a set that a
+// save reuses changes under a load that still reads it — loads verify every block for this.
+//
 // Thread-safety: StagingPool is thread-safe. The StagingSlot pointers returned by Acquire()
 // stay valid until the next Acquire(), ReleaseAll() or the pool's destruction; the caller
 // must not call those while slots are in use. MappedStaging is not thread-safe to destroy
@@ -77,6 +86,16 @@ struct StagingSlot {
   uint64_t size = 0;      // bytes requested for this save
   uint64_t capacity = 0;  // bytes mapped: >= size, a whole number of pages, >= 1 page
   bool pinned = false;    // page-locked for the GPU
+  uint64_t acquisition = 0;  // which Acquire handed it out (1, 2, ...): Retain names it
+};
+
+// A region of the resident set (memory tier), read-only for loads.
+struct ResidentRegion {
+  std::string name;
+  const char* data = nullptr;
+  uint64_t capacity = 0;
+  // Expires when the pool drops the set; lock it to keep the mapping while reading.
+  std::weak_ptr<const void> hold;
 };
 
 class StagingPool {
@@ -99,12 +118,25 @@ class StagingPool {
   // retries it.
   absl::StatusOr<std::vector<StagingSlot>> Acquire(const std::vector<uint64_t>& sizes);
 
-  // Unpins, unmaps and unlinks every region (e.g. when the agent goes idle). Errors: none
-  // reported; an unpin failure is ignored because the memory is unmapped anyway.
+  // Unpins, unmaps and unlinks every region (e.g. when the agent goes idle), the resident set
+  // too. Errors: none reported; an unpin failure is ignored because the memory is unmapped
+  // anyway.
   void ReleaseAll();
 
-  // Bytes currently mapped (sum of capacities).
+  // Makes the regions handed out by Acquire number `acquisition` the resident set (the one
+  // before it is dropped from the tier and becomes the next save's set) and returns them.
+  // Returns nothing, changing nothing, if a later Acquire has handed them out again or the
+  // pool released them since: their bytes are no longer that save's.
+  std::vector<ResidentRegion> Retain(uint64_t acquisition);
+
+  // Bytes currently mapped (sum of capacities, the resident set included).
   uint64_t mapped_bytes() const;
+
+  // Bytes of the resident set; 0 if none.
+  uint64_t resident_bytes() const;
+
+  // Resident sets dropped to make room for a save, since the pool was made.
+  uint64_t resident_evictions() const;
 
   // The effective budget (options.budget_bytes, or its default).
   uint64_t budget_bytes() const { return budget_bytes_; }
@@ -131,15 +163,20 @@ class StagingPool {
 
   absl::StatusOr<std::unique_ptr<Region>> CreateRegionLocked(uint64_t capacity)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t ResidentBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StagingPoolOptions options_;
   const uint64_t budget_bytes_;
   const uint64_t page_size_;
 
   mutable absl::Mutex mu_;
-  // Slot i's region; nullptr after a failed creation.
-  std::vector<std::unique_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
+  // Slot i's region; nullptr after a failed creation. Shared with loads of the resident set.
+  std::vector<std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
+  // The resident set (memory tier); empty if none.
+  std::vector<std::shared_ptr<Region>> resident_ ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t acquisitions_ ABSL_GUARDED_BY(mu_) = 0;  // of regions_: the last Acquire's number
+  uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // A staging region mapped by another process (the trainer) by name. Unmaps (and unpins) on

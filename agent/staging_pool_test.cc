@@ -151,6 +151,84 @@ TEST(StagingPool, Acquire_OverBudget_AdmissionDeniedPoolUnchanged) {
   EXPECT_EQ(pool->mapped_bytes(), 1 * kMiB);
 }
 
+TEST(StagingPool, Retain_SavesAlternateBetweenTwoSets_ResidentBytesKept) {
+  auto pool = MakePool(TestJob("retain"), 4);
+  absl::StatusOr<std::vector<StagingSlot>> a = pool->Acquire({kMiB});
+  ASSERT_TRUE(a.ok());
+  memset((*a)[0].data, 'a', kMiB);
+  std::vector<ResidentRegion> resident = pool->Retain((*a)[0].acquisition);
+  ASSERT_EQ(resident.size(), 1u);
+  EXPECT_EQ(resident[0].name, (*a)[0].name);
+  EXPECT_EQ(resident[0].data, (*a)[0].data);
+  EXPECT_EQ(pool->resident_bytes(), kMiB);
+
+  // The next save stages elsewhere; the resident bytes stay.
+  absl::StatusOr<std::vector<StagingSlot>> b = pool->Acquire({kMiB});
+  ASSERT_TRUE(b.ok());
+  EXPECT_NE((*b)[0].name, (*a)[0].name);
+  memset((*b)[0].data, 'b', kMiB);
+  EXPECT_EQ(resident[0].data[kMiB - 1], 'a');
+  EXPECT_EQ(pool->mapped_bytes(), 2 * kMiB);
+
+  // Its commit makes it resident; the save after it reuses the first set: two regions ever.
+  std::vector<ResidentRegion> next = pool->Retain((*b)[0].acquisition);
+  ASSERT_EQ(next.size(), 1u);
+  EXPECT_EQ(next[0].name, (*b)[0].name);
+  absl::StatusOr<std::vector<StagingSlot>> c = pool->Acquire({kMiB});
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ((*c)[0].name, (*a)[0].name);
+  EXPECT_EQ(pool->regions_created(), 2u);
+  EXPECT_FALSE(resident[0].hold.expired());  // the region lives on as the next save's
+  EXPECT_EQ(next[0].data[0], 'b');
+}
+
+TEST(StagingPool, Retain_AfterALaterAcquireOrRelease_Refused) {
+  auto pool = MakePool(TestJob("retainlate"), 5);
+  absl::StatusOr<std::vector<StagingSlot>> first = pool->Acquire({kMiB});
+  ASSERT_TRUE(first.ok());
+  absl::StatusOr<std::vector<StagingSlot>> second = pool->Acquire({kMiB});
+  ASSERT_TRUE(second.ok());
+  // The same region, handed out again: its bytes are the second save's.
+  EXPECT_EQ((*second)[0].name, (*first)[0].name);
+  EXPECT_TRUE(pool->Retain((*first)[0].acquisition).empty());
+  EXPECT_EQ(pool->resident_bytes(), 0u);
+
+  pool->ReleaseAll();
+  EXPECT_TRUE(pool->Retain((*second)[0].acquisition).empty());
+  EXPECT_EQ(pool->mapped_bytes(), 0u);
+}
+
+TEST(StagingPool, Acquire_NoRoomBesideTheResidentSet_DropsIt) {
+  auto pool = MakePool(TestJob("evict"), 6, /*budget=*/1 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> a = pool->Acquire({512 * kKiB});
+  ASSERT_TRUE(a.ok());
+  std::vector<ResidentRegion> resident = pool->Retain((*a)[0].acquisition);
+  ASSERT_EQ(resident.size(), 1u);
+
+  // Fits beside it: kept.
+  absl::StatusOr<std::vector<StagingSlot>> b = pool->Acquire({512 * kKiB});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(pool->resident_evictions(), 0u);
+  EXPECT_FALSE(resident[0].hold.expired());
+
+  // Does not: the resident set goes, the save is admitted.
+  memset((*a)[0].data, 'r', 512 * kKiB);
+  std::shared_ptr<const void> reading = resident[0].hold.lock();  // a load in flight
+  absl::StatusOr<std::vector<StagingSlot>> big = pool->Acquire({768 * kKiB});
+  ASSERT_TRUE(big.ok()) << big.status();
+  EXPECT_EQ(pool->resident_evictions(), 1u);
+  EXPECT_EQ(pool->resident_bytes(), 0u);
+  EXPECT_EQ(pool->mapped_bytes(), 768 * kKiB);
+  // The load still reads the dropped region; when it ends, the region is unlinked and freed.
+  EXPECT_EQ(resident[0].data[512 * kKiB - 1], 'r');
+  reading.reset();
+  EXPECT_TRUE(resident[0].hold.expired());
+  EXPECT_EQ(MapStaging(resident[0].name, 0).status().code(), absl::StatusCode::kNotFound);
+
+  // A save larger than the budget is still refused.
+  EXPECT_EQ(GetErrorCode(pool->Acquire({2 * kMiB}).status()), v1::ERROR_CODE_ADMISSION_DENIED);
+}
+
 TEST(StagingPool, Create_BudgetBelowOnePage_Rejected) {
   StagingPoolOptions options;
   options.budget_bytes = 100;

@@ -380,6 +380,9 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
 
   LoadResult result;
   result.step = response.step();
+  result.bytes_from_memory = response.bytes_from_memory();
+  result.bytes_from_disk = response.bytes_from_disk();
+  result.memory_blocks_rejected = response.memory_blocks_rejected();
   std::vector<bool> absent(into.size(), false);
   for (uint32_t index : response.absent()) {
     if (index >= into.size() || absent[index] ||

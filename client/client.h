@@ -128,6 +128,12 @@ struct LoadResult {
   // Indices into Load's `into` of optimizer shards whose state the checkpoint records as
   // absent; their memory was not written. Ascending.
   std::vector<size_t> absent;
+  // Where the agent found the bytes (DESIGN.md "Memory tier"; whole checksum blocks): its
+  // memory tier, verified; data files; blocks of the memory copy that failed verification
+  // and were read from the file instead.
+  uint64_t bytes_from_memory = 0;
+  uint64_t bytes_from_disk = 0;
+  uint64_t memory_blocks_rejected = 0;
 };
 
 // Counters for tests and metrics.

@@ -221,5 +221,10 @@ int main(int argc, char** argv) {
                 loaded->absent.size());
   }
   std::printf("\n");
+  std::printf("rank %u: load sources: memory_bytes=%llu disk_bytes=%llu "
+              "memory_blocks_rejected=%llu\n",
+              rank, static_cast<unsigned long long>(loaded->bytes_from_memory),
+              static_cast<unsigned long long>(loaded->bytes_from_disk),
+              static_cast<unsigned long long>(loaded->memory_blocks_rejected));
   return 0;
 }

@@ -73,6 +73,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   agent.registration.mutable_coord()->clear_index();
   for (uint32_t c : job.layout.Coords(rank)) agent.registration.mutable_coord()->add_index(c);
   agent.last_heartbeat = clock_->Now();
+  agent.resident.reset();  // its next heartbeat states what it holds
   return result;
 }
 
@@ -97,12 +98,33 @@ absl::StatusOr<AgentRegistry::Agent*> AgentRegistry::FindLocked(const std::strin
 }
 
 absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
-                                      uint64_t incarnation, uint64_t pinned_bytes) {
+                                      uint64_t incarnation, uint64_t pinned_bytes,
+                                      std::optional<v1::MemoryCopy> resident) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
   agent->last_heartbeat = clock_->Now();
   agent->pinned_bytes = pinned_bytes;
+  if (resident.has_value()) {
+    resident->set_rank(rank);
+    resident->set_node_id(agent->registration.node_id());
+  }
+  agent->resident = std::move(resident);
   return absl::OkStatus();
+}
+
+std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_id, int64_t step,
+                                                        const std::string& session_id) const {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::MemoryCopy> copies;
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return copies;
+  for (const auto& [rank, agent] : job->second.agents) {
+    if (now - agent.last_heartbeat > options_.lease || !agent.resident.has_value()) continue;
+    if (agent.resident->step() != step || agent.resident->session_id() != session_id) continue;
+    copies.push_back(*agent.resident);
+  }
+  return copies;
 }
 
 absl::Status AgentRegistry::CheckIncarnation(const std::string& job_id, uint32_t rank,
@@ -167,6 +189,7 @@ absl::StatusOr<std::vector<v1::AgentInfo>> AgentRegistry::ListAgents(
     info.set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - agent.last_heartbeat));
     info.set_pinned_bytes(agent.pinned_bytes);
     info.set_has_gpu(agent.registration.has_gpu());
+    if (agent.resident.has_value()) *info.mutable_resident() = *agent.resident;
     agents.push_back(std::move(info));
   }
   return agents;

@@ -57,10 +57,20 @@ class AgentRegistry {
   absl::StatusOr<Registered> Register(const v1::RegisterAgentRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Renews the lease. Errors: NotFound if (job, rank) is not registered;
+  // Renews the lease and records what the heartbeat states: pinned bytes, and the memory copy
+  // the agent holds (none if unset). Errors: NotFound if (job, rank) is not registered;
   // FailedPrecondition + STALE_INCARNATION if `incarnation` is not the registered one.
   absl::Status Heartbeat(const std::string& job_id, uint32_t rank, uint64_t incarnation,
-                         uint64_t pinned_bytes) ABSL_LOCKS_EXCLUDED(mu_);
+                         uint64_t pinned_bytes,
+                         std::optional<v1::MemoryCopy> resident = std::nullopt)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Memory tier: the copies of checkpoint (step, session_id) that live agents of `job_id`
+  // hold, by rank, with rank and node_id filled in. An agent that re-registered has none
+  // until its next heartbeat states one; an expired agent's is left out.
+  std::vector<v1::MemoryCopy> MemoryCopies(const std::string& job_id, int64_t step,
+                                           const std::string& session_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK if `incarnation` is the registered one for (job, rank). Errors as Heartbeat.
   absl::Status CheckIncarnation(const std::string& job_id, uint32_t rank,
@@ -89,6 +99,7 @@ class AgentRegistry {
     v1::RegisterAgentRequest registration;
     absl::Time last_heartbeat;
     uint64_t pinned_bytes = 0;
+    std::optional<v1::MemoryCopy> resident;  // rank and node_id filled in
   };
   struct Job {
     MeshLayout layout;

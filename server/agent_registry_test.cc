@@ -126,6 +126,53 @@ TEST_F(AgentRegistryTest, Heartbeat_RecordsPinnedBytes) {
   EXPECT_EQ(registry_.ListAgents("job")->at(0).pinned_bytes(), 4096u);
 }
 
+v1::MemoryCopy Copy(int64_t step, const std::string& session, const std::string& region) {
+  v1::MemoryCopy c;
+  c.set_step(step);
+  c.set_session_id(session);
+  c.set_file("data.safetensors");
+  c.set_region(region);
+  c.set_rank(99);           // the coordinator's to set
+  c.set_node_id("forged");  // likewise
+  return c;
+}
+
+TEST_F(AgentRegistryTest, MemoryCopies_OfThatCheckpoint_FromLiveAgentsWithRankAndNode) {
+  for (uint32_t r : {0u, 1u, 2u}) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0, Copy(7, "s7", "/a")).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 1, 2, 0, Copy(7, "s7", "/b")).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0, Copy(6, "s6", "/c")).ok());
+
+  std::vector<v1::MemoryCopy> copies = registry_.MemoryCopies("job", 7, "s7");
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0].region(), "/a");
+  EXPECT_EQ(copies[0].rank(), 0u);
+  EXPECT_EQ(copies[0].node_id(), "node0");
+  EXPECT_EQ(copies[1].region(), "/b");
+  EXPECT_EQ(copies[1].rank(), 1u);
+  EXPECT_TRUE(registry_.MemoryCopies("job", 7, "s7-again").empty());
+  EXPECT_TRUE(registry_.MemoryCopies("other", 7, "s7").empty());
+  EXPECT_EQ(registry_.ListAgents("job")->at(2).resident().region(), "/c");
+}
+
+TEST_F(AgentRegistryTest, MemoryCopies_ForgottenOnLossRestartOrAHeartbeatWithout) {
+  for (uint32_t r : {0u, 1u, 2u}) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  for (uint32_t r : {0u, 1u, 2u}) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(7, "s7", "/x")).ok());
+  }
+  ASSERT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 3u);
+
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());  // rank 0 dropped its copy
+  ASSERT_TRUE(registry_.Register(Registration(1, 20)).ok());  // rank 1's agent restarted
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 1, 20, 0).ok());
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 1u);  // rank 2's, still alive
+  clock_.Advance(absl::Seconds(3));  // rank 2's lease expires
+  EXPECT_TRUE(registry_.MemoryCopies("job", 7, "s7").empty());
+  EXPECT_FALSE(registry_.ListAgents("job")->at(1).has_resident());
+}
+
 TEST_F(AgentRegistryTest, Jobs_AreSeparate) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1, "a")).ok());
   ASSERT_TRUE(registry_.Register(Registration(0, 2, "b")).ok());

@@ -59,12 +59,29 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
 grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerContext* context,
                                                         const v1::HeartbeatRequest* request,
                                                         v1::HeartbeatResponse* response) {
-  absl::Status status = registry_->Heartbeat(request->job_id(), request->rank(),
-                                             request->incarnation(), request->pinned_bytes());
+  std::optional<v1::MemoryCopy> resident;
+  if (request->has_resident()) resident = request->resident();
+  absl::Status status =
+      registry_->Heartbeat(request->job_id(), request->rank(), request->incarnation(),
+                           request->pinned_bytes(), std::move(resident));
   if (status.ok()) {
     response->set_lease_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(registry_->options().lease)));
     response->set_coordinator_incarnation(options_.coordinator_incarnation);
+  }
+  return FinishUnary(context, status);
+}
+
+grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
+    grpc::CallbackServerContext* context, const v1::FindMemoryCopiesRequest* request,
+    v1::FindMemoryCopiesResponse* response) {
+  absl::Status status =
+      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
+  if (status.ok()) {
+    for (v1::MemoryCopy& copy :
+         registry_->MemoryCopies(request->job_id(), request->step(), request->session_id())) {
+      *response->add_copies() = std::move(copy);
+    }
   }
   return FinishUnary(context, status);
 }

@@ -59,6 +59,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* ExchangePeerId(grpc::CallbackServerContext* context,
                                            const v1::ExchangePeerIdRequest* request,
                                            v1::ExchangePeerIdResponse* response) override;
+  grpc::ServerUnaryReactor* FindMemoryCopies(grpc::CallbackServerContext* context,
+                                             const v1::FindMemoryCopiesRequest* request,
+                                             v1::FindMemoryCopiesResponse* response) override;
 
  private:
   AgentRegistry* const registry_;

@@ -152,8 +152,8 @@ int AdminCommands::Agents(const std::string& job) {
   for (const v1::AgentInfo& a : response.agents()) agents.push_back(&a);
   std::sort(agents.begin(), agents.end(),
             [](const auto* a, const auto* b) { return a->coord().rank() < b->coord().rank(); });
-  Table table(
-      {"RANK", "COORDS", "NODE", "PEER", "ALIVE", "HEARTBEAT", "PINNED", "GPU", "INCARNATION"});
+  Table table({"RANK", "COORDS", "NODE", "PEER", "ALIVE", "HEARTBEAT", "PINNED", "IN MEMORY",
+               "GPU", "INCARNATION"});
   for (size_t c : {0, 5, 6}) table.AlignRight(c);
   int alive = 0;
   for (const v1::AgentInfo* a : agents) {
@@ -161,7 +161,11 @@ int AdminCommands::Agents(const std::string& job) {
     table.AddRow({absl::StrCat(a->coord().rank()), a->coords(), a->node_id(), a->peer_address(),
                   a->alive() ? "yes" : "NO",
                   absl::StrCat(HumanDuration(absl::Milliseconds(a->ms_since_heartbeat())), " ago"),
-                  FormatBytes(a->pinned_bytes()), a->has_gpu() ? "yes" : "no",
+                  FormatBytes(a->pinned_bytes()),
+                  a->has_resident() ? absl::StrCat("step ", a->resident().step(), " (",
+                                                   FormatBytes(a->resident().nbytes()), ")")
+                                    : "-",
+                  a->has_gpu() ? "yes" : "no",
                   absl::StrFormat("%016x", a->incarnation())});
   }
   table.Print(out_);

@@ -175,7 +175,8 @@ class PyClient {
     return ValueOrRaise(std::move(dir));
   }
 
-  // Returns (step loaded, indices of `refs` recorded absent).
+  // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
+  // "bytes_from_disk", "memory_blocks_rejected"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;
@@ -186,7 +187,11 @@ class PyClient {
     LoadResult r = ValueOrRaise(std::move(result));
     py::list absent;
     for (size_t i : r.absent) absent.append(i);
-    return py::make_tuple(r.step, absent);
+    py::dict sources;
+    sources["bytes_from_memory"] = r.bytes_from_memory;
+    sources["bytes_from_disk"] = r.bytes_from_disk;
+    sources["memory_blocks_rejected"] = r.memory_blocks_rejected;
+    return py::make_tuple(r.step, absent, sources);
   }
 
   py::dict Stats() const {

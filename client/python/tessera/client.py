@@ -22,6 +22,7 @@ HEADER_FQN = "tessera.objects.header"      # 8 bytes: little-endian u64 length o
 INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "objects": [[name, nbytes]]}
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
+_NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0}
 
 
 def padded(data):
@@ -116,6 +117,9 @@ class Client:
         # Keys of the last load's `into` whose optimizer state the checkpoint records absent
         # (their memory was left untouched).
         self.last_absent = []
+        # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
+        # "bytes_from_disk", "memory_blocks_rejected"}, whole checksum blocks counted.
+        self.last_load = dict(_NO_SOURCES)
 
     @property
     def identity(self):
@@ -212,10 +216,18 @@ class Client:
         refs, keys, keep = self._refs(into, for_load=True)
         names = []
         blobs = []
+        sources = dict(_NO_SOURCES)
+
+        def native_load(step, refs):
+            loaded, absent, found = _call(self._native.load, step, refs)
+            for k in sources:
+                sources[k] += found[k]
+            return loaded, absent
+
         if objects:
             header = _Buffer(size=8)
             try:
-                step, _ = _call(self._native.load, step, [header.ref(HEADER_FQN)])
+                step, _ = native_load(step, [header.ref(HEADER_FQN)])
             except errors.InvalidArgumentError as e:
                 raise errors.InvalidArgumentError(
                     "the checkpoint holds no objects for rank %d (it was not saved by tessera's "
@@ -223,7 +235,7 @@ class Client:
                     code=e.code, status_code=e.status_code, fqns=e.fqns, ranks=e.ranks) from None
             (index_size,) = struct.unpack("<Q", bytes(header.data))
             index_buf = _Buffer(size=index_size)
-            _call(self._native.load, step, [index_buf.ref(INDEX_FQN)])
+            native_load(step, [index_buf.ref(INDEX_FQN)])
             index = json.loads(bytes(index_buf.data).decode("utf-8"))
             if index.get("format") != INDEX_FORMAT:
                 raise errors.DataLossError("unknown objects index format %r" % index.get("format"))
@@ -231,9 +243,10 @@ class Client:
                 names.append(name)
                 blobs.append(_Buffer(size=size))
             refs = refs + [b.ref(OBJECT_PREFIX + n) for n, b in zip(names, blobs)]
-        loaded, absent = _call(self._native.load, step, refs)
+        loaded, absent = native_load(step, refs)
         del keep
         self.last_absent = [keys[i] for i in absent if i < len(keys)]
+        self.last_load = sources
         write_back_numbers(into or {})
         if not objects:
             return loaded
@@ -246,7 +259,7 @@ class Client:
         Raises: UnavailableError; DeadlineExceededError.
         """
         try:
-            step, _ = _call(self._native.load, -1, [])
+            step, _, _ = _call(self._native.load, -1, [])
         except errors.NotFoundError as e:
             if e.code == "CHECKPOINT_NOT_FOUND":
                 return None

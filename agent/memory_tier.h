@@ -1,0 +1,93 @@
+// MemoryTier: which committed checkpoint this agent's staging still holds, and the view a load
+// reads it through (DESIGN.md "Memory tier").
+//
+// An agent outlives its trainer. When a save commits, the agent's staging region begins with
+// the body of the data file it wrote (agent/staging_layout.h), so the shell keeps that region
+// resident (StagingPool::Retain) and publishes it here. A trainer restarted on the same node
+// then loads that checkpoint from memory: Find gives the loader the file's bytes as
+// format/checkpoint_reader.h ResidentFiles — which the reader verifies block by block against
+// the manifest, reading from disk whatever does not match — and holds that keep the region
+// mapped for the load even if the pool drops it meanwhile.
+//
+// A checkpoint is named by its step and its session id (the manifest's), so a step saved
+// again by another session never matches an older resident copy. The agent states its
+// resident checkpoint in every heartbeat (CurrentCopy), so the coordinator can tell a loading
+// agent which of its node's peers hold the rest of a checkpoint (AddNodeCopies).
+//
+// Thread-safety: all methods are safe for concurrent use.
+#ifndef TESSERA_AGENT_MEMORY_TIER_H_
+#define TESSERA_AGENT_MEMORY_TIER_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/staging_pool.h"
+#include "format/checkpoint_reader.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+
+// One committed checkpoint's data file, resident in a staging region.
+struct ResidentCheckpoint {
+  int64_t step = 0;
+  std::string session_id;
+  std::string file;          // data file name (ChunkEntry.file)
+  uint64_t file_offset = 0;  // where the region's bytes begin in the file (its data section)
+  uint64_t nbytes = 0;       // bytes of the file held, from the region's start
+  ResidentRegion region;
+};
+
+// What a load may read from memory, and the holds that keep it mapped while it does.
+struct ResidentView {
+  ResidentFiles files;
+  std::vector<std::shared_ptr<const void>> holds;
+  uint64_t bytes = 0;  // resident bytes in `files`
+};
+
+class MemoryTier {
+ public:
+  // `on_publish`, if set, is called after every Publish (with no lock held): the agent's
+  // heartbeat then tells the coordinator at once.
+  explicit MemoryTier(std::function<void()> on_publish = nullptr)
+      : on_publish_(std::move(on_publish)) {}
+
+  // Makes `checkpoint` the resident one, replacing any other.
+  void Publish(ResidentCheckpoint checkpoint) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Forgets the resident checkpoint (if any).
+  void Clear() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The resident bytes of the checkpoint of `step` saved by `session_id`; empty if this agent
+  // holds none of it, or its region has been dropped.
+  ResidentView Find(int64_t step, absl::string_view session_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The resident checkpoint, if its region is still held (for listings and metrics).
+  std::optional<ResidentCheckpoint> Current() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Current() as the heartbeat states it (rank and node_id left to the coordinator).
+  std::optional<v1::MemoryCopy> CurrentCopy() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const std::function<void()> on_publish_;
+  mutable absl::Mutex mu_;
+  std::optional<ResidentCheckpoint> current_ ABSL_GUARDED_BY(mu_);
+};
+
+// Adds to `view` the copies of other agents on this node (`node_id`) that the coordinator
+// listed for the checkpoint (Coordinator.FindMemoryCopies), each region mapped read-only by
+// name and held by the view. Skips this agent's own (`self_rank`: its tier serves it), copies
+// on other nodes, files the view already has, and regions that are gone or smaller than the
+// copy claims (the agent holding it dropped or replaced it). Returns how many it added.
+int AddNodeCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
+                  absl::string_view node_id, ResidentView& view);
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_MEMORY_TIER_H_
