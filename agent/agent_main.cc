@@ -26,7 +26,10 @@
 #include "agent/peer/grpc_peer_transport.h"
 #include "agent/peer/peer_address_book.h"
 #include "agent/save_executor.h"
+#include "agent/buddy_replicator.h"
+#include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
+#include "agent/peer_memory.h"
 #include "agent/staging_pool.h"
 #include "storage/fault_injecting_storage.h"
 #include "storage/posix_storage.h"
@@ -63,6 +66,9 @@ ABSL_FLAG(bool, memory_tier, true,
           "keep the last committed checkpoint's staged bytes in memory, so a trainer restarted "
           "on this node loads it from there (verified against the manifest's checksums); "
           "bounded by --staging_budget_mb, dropped when a save needs the room");
+ABSL_FLAG(int64_t, buddy_budget_mb, 0,
+          "memory tier: MiB this agent may hold as other ranks' memory buddy (0: as much as "
+          "--staging_budget_mb)");
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
@@ -90,6 +96,13 @@ std::string Hostname() {
   char name[256] = {};
   if (gethostname(name, sizeof(name) - 1) != 0) return "localhost";
   return name;
+}
+
+// Memory copies between agents: one channel per transfer (rare: one per save and buddy, or
+// per file a load reads from another node), bounded by a generous deadline.
+constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
+std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address) {
+  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
 }
 
 int Fail(const std::string& message) {
@@ -174,8 +187,27 @@ int main(int argc, char** argv) {
   tessera::Storage& storage = storage_fault.empty()
                                   ? static_cast<tessera::Storage&>(posix_storage)
                                   : static_cast<tessera::Storage&>(faulty_storage);
+  // The memory tier (DESIGN.md "Memory tier"): a committed save's staging stays resident;
+  // every heartbeat states it (at once after a commit) and the copies this agent holds as
+  // other ranks' buddy; the buddy the coordinator names gets a copy; loads read copies from
+  // memory — this node's mapped, other nodes' over PeerMemory.
+  const bool memory_on = absl::GetFlag(FLAGS_memory_tier);
+  tessera::Lifeline* lifeline_for_lease = nullptr;  // set once the lifeline exists
+  tessera::BuddyReplicator* replicator = nullptr;    // likewise
+  tessera::MemoryTier memory_tier([&lifeline_for_lease, &replicator] {
+    if (replicator != nullptr) replicator->OnPublished();
+    if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
+  });
+  tessera::MemoryTier* const memory = memory_on ? &memory_tier : nullptr;
+  const uint64_t buddy_budget = absl::GetFlag(FLAGS_buddy_budget_mb) > 0
+                                    ? static_cast<uint64_t>(absl::GetFlag(FLAGS_buddy_budget_mb)) << 20
+                                    : (*save_pool)->budget_bytes();
+  tessera::BuddyStore buddy_store(buddy_budget);
+  tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
+
   tessera::PeerAddressBook addresses;  // filled from GATHER commands
   tessera::GrpcPeerTransportOptions peer_options;
+  if (memory_on) peer_options.extra_services.push_back(&peer_memory);
   peer_options.rank = urank;
   peer_options.listen_address = absl::GetFlag(FLAGS_peer_listen);
   peer_options.resolve_peer = [&addresses](const std::string& session, uint32_t r) {
@@ -187,7 +219,6 @@ int main(int argc, char** argv) {
 
   // The executor asks the lifeline whether this agent's lease is still current before
   // writing; the lifeline is created below, before the executor runs any command.
-  tessera::Lifeline* lifeline_for_lease = nullptr;
   tessera::SaveExecutorOptions executor_options;
   executor_options.lease_generation = [&lifeline_for_lease]() -> std::optional<uint64_t> {
     if (lifeline_for_lease == nullptr) return std::nullopt;
@@ -201,19 +232,13 @@ int main(int argc, char** argv) {
                                                     const std::map<uint32_t, std::string>& a) {
     addresses.Set(session, a);
   };
-  // The memory tier: a committed save's staging stays resident; every heartbeat states it
-  // (at once after a commit), and loads read this node's copies from memory.
-  tessera::MemoryTier memory_tier([&lifeline_for_lease] {
-    if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
-  });
-  tessera::MemoryTier* const memory =
-      absl::GetFlag(FLAGS_memory_tier) ? &memory_tier : nullptr;
   executor_options.memory_tier = memory;
   tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
                                  executor_options);
   const std::string node = absl::GetFlag(FLAGS_node_id);
   tessera::LoaderOptions loader_options;
   loader_options.memory = memory;
+  if (memory_on) loader_options.buddies = &buddy_store;
   loader_options.node_id = node.empty() ? Hostname() : node;
   if (memory != nullptr) {
     loader_options.find_copies = [&coordinator, &job, urank, incarnation](
@@ -230,8 +255,23 @@ int main(int argc, char** argv) {
       if (!found.ok()) return found.status();
       return std::vector<tessera::v1::MemoryCopy>(found->copies().begin(), found->copies().end());
     };
+    loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy) {
+      return tessera::ReadMemoryCopy(PeerChannel(copy.peer_address()), job, copy,
+                                     kMemoryCopyTimeout);
+    };
   }
   tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
+  std::unique_ptr<tessera::BuddyReplicator> replicator_owner;
+  if (memory_on) {
+    replicator_owner = std::make_unique<tessera::BuddyReplicator>(
+        &memory_tier, urank,
+        [&job](const std::string& address, const tessera::v1::MemoryCopy& copy,
+               const char* data, const std::atomic<bool>& cancel) {
+          return tessera::SendMemoryCopy(PeerChannel(address), job, copy, data,
+                                         kMemoryCopyTimeout, &cancel);
+        });
+    replicator = replicator_owner.get();
+  }
 
   tessera::v1::RegisterAgentRequest registration;
   registration.set_job_id(job);
@@ -249,7 +289,20 @@ int main(int argc, char** argv) {
   registration.set_has_gpu(gpu);
 
   tessera::LifelineOptions lifeline_options;
-  if (memory != nullptr) lifeline_options.resident = [memory] { return memory->CurrentCopy(); };
+  if (memory_on) {
+    lifeline_options.fill_heartbeat = [&memory_tier,
+                                       &buddy_store](tessera::v1::HeartbeatRequest& request) {
+      if (std::optional<tessera::v1::MemoryCopy> own = memory_tier.CurrentCopy()) {
+        *request.mutable_resident() = *std::move(own);
+      }
+      for (tessera::v1::MemoryCopy& held : buddy_store.Copies()) {
+        *request.add_buddy_copies() = std::move(held);
+      }
+    };
+    lifeline_options.on_heartbeat = [&replicator](const tessera::v1::HeartbeatResponse& reply) {
+      replicator->SetBuddy(reply.has_buddy() ? std::optional(reply.buddy()) : std::nullopt);
+    };
+  }
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
     loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
     executor.OnRegistered(response);

@@ -158,19 +158,18 @@ void Lifeline::Run() {
         absl::MutexLock lock(&mu_);
         request.set_pinned_bytes(pinned_bytes_);
       }
-      if (options_.resident) {
-        if (std::optional<v1::MemoryCopy> resident = options_.resident()) {
-          *request.mutable_resident() = *std::move(resident);
-        }
-      }
+      if (options_.fill_heartbeat) options_.fill_heartbeat(request);
       sent = std::chrono::steady_clock::now();
       absl::StatusOr<v1::HeartbeatResponse> beat = client_->Heartbeat(request);
       if (beat.ok()) {
         if (first_beat) LogInfo("lease renewed by the first heartbeat");
         first_beat = false;
-        absl::MutexLock lock(&mu_);
-        ++heartbeats_ok_;
-        renewed_ = sent;
+        {
+          absl::MutexLock lock(&mu_);
+          ++heartbeats_ok_;
+          renewed_ = sent;
+        }
+        if (options_.on_heartbeat) options_.on_heartbeat(*beat);
         continue;
       }
       if (GetErrorCode(beat.status()) == v1::ERROR_CODE_STALE_INCARNATION) {

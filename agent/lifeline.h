@@ -40,9 +40,12 @@ struct LifelineOptions {
   // Called on the lifeline's thread after every successful registration (the first, and
   // each one after a coordinator restart or a lost lease), with no lock held. Default: none.
   std::function<void(const v1::RegisterAgentResponse&)> on_registered;
-  // The memory copy this agent holds (memory tier), asked before every heartbeat, which
-  // states it (nullopt: none). Called with no lock held. Default: none.
-  std::function<std::optional<v1::MemoryCopy>()> resident;
+  // Adds what the agent states in every heartbeat beyond its identity (the memory tier's
+  // copies). Called on the lifeline's thread before each heartbeat, with no lock held.
+  // Default: none.
+  std::function<void(v1::HeartbeatRequest&)> fill_heartbeat;
+  // Called with every successful heartbeat's reply (the memory buddy), likewise. Default: none.
+  std::function<void(const v1::HeartbeatResponse&)> on_heartbeat;
 };
 
 class Lifeline {

@@ -69,6 +69,12 @@ class FakeCoordinator : public CoordinatorClient {
     auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeats_ >= n; };
     mu_.Await(absl::Condition(&enough));
   }
+  // As AwaitHeartbeats, giving up after `timeout`; false then.
+  bool AwaitHeartbeatsFor(int n, absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto enough = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return heartbeats_ >= n; };
+    return mu_.AwaitWithTimeout(absl::Condition(&enough), timeout);
+  }
   int registers() {
     absl::MutexLock lock(&mu_);
     return registers_;
@@ -177,14 +183,14 @@ TEST(LifelineTest, PinnedBytes_ReportedInHeartbeats) {
   EXPECT_EQ(fake.last_pinned(), 1u << 20);
 }
 
-TEST(LifelineTest, Resident_StatedInEveryHeartbeatWhileHeld) {
+TEST(LifelineTest, FillHeartbeat_StatedInEveryHeartbeat) {
   FakeCoordinator fake;
   absl::Mutex mu;
   std::optional<v1::MemoryCopy> held;
   LifelineOptions options = FastOptions();
-  options.resident = [&]() -> std::optional<v1::MemoryCopy> {
+  options.fill_heartbeat = [&](v1::HeartbeatRequest& request) {
     absl::MutexLock lock(&mu);
-    return held;
+    if (held.has_value()) *request.mutable_resident() = *held;
   };
   Lifeline lifeline(&fake, Registration(), options);
   {
@@ -208,6 +214,24 @@ TEST(LifelineTest, Resident_StatedInEveryHeartbeatWhileHeld) {
   EXPECT_FALSE(fake.last_resident().has_value());
 }
 
+TEST(LifelineTest, OnHeartbeat_GetsEveryReply) {
+  FakeCoordinator fake;
+  absl::Mutex mu;
+  int replies = 0;
+  LifelineOptions options = FastOptions();
+  options.on_heartbeat = [&](const v1::HeartbeatResponse&) {
+    absl::MutexLock lock(&mu);
+    ++replies;
+  };
+  Lifeline lifeline(&fake, Registration(), options);
+  lifeline.Start();
+  fake.AwaitHeartbeats(3);
+  lifeline.Stop();
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(static_cast<uint64_t>(replies), lifeline.heartbeats_ok());
+  EXPECT_GE(replies, 2);
+}
+
 TEST(LifelineTest, BeatNow_HeartbeatWithoutWaitingForTheInterval) {
   FakeCoordinator fake;
   fake.Grant(/*lease_ms=*/0, /*interval_ms=*/3'600'000);  // no lease, one beat an hour
@@ -215,7 +239,7 @@ TEST(LifelineTest, BeatNow_HeartbeatWithoutWaitingForTheInterval) {
   lifeline.Start();
   ASSERT_TRUE(lifeline.WaitRegistered(absl::Seconds(30)));
   lifeline.BeatNow();
-  fake.AwaitHeartbeats(1);  // would wait an hour without BeatNow
+  EXPECT_TRUE(fake.AwaitHeartbeatsFor(1, absl::Seconds(60)));  // an hour without BeatNow
   lifeline.Stop();
   EXPECT_EQ(lifeline.heartbeats_ok(), 1u);
 }

@@ -1,5 +1,9 @@
 #include "agent/loader.h"
 
+#include <algorithm>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -17,6 +21,32 @@ namespace {
 uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
 }  // namespace
+
+uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<ReadRequest>& reads,
+                             const std::vector<v1::MemoryCopy>& copies, ResidentView& view) {
+  // The files this load reads: the reader's plan names each run's chunk and file.
+  absl::StatusOr<std::vector<RequestPlan>> plans = reader.Plan(reads);
+  if (!plans.ok()) return 0;  // Read reports the same error
+  absl::flat_hash_set<std::string> files;
+  for (const RequestPlan& plan : *plans) {
+    for (const ByteRun& run : plan.runs) {
+      if (!view.files.contains(run.chunk->file())) files.insert(run.chunk->file());
+    }
+  }
+  if (files.empty()) return 0;
+  // Each needed file's size as the manifest implies it: its last chunk's end, 4 KiB-aligned.
+  absl::flat_hash_map<std::string, uint64_t> needed;
+  for (const v1::TensorEntry& tensor : reader.manifest().tensors()) {
+    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
+      if (!files.contains(chunk.file())) continue;
+      uint64_t& size = needed[chunk.file()];
+      size = std::max(size, AlignUp(chunk.offset() + chunk.nbytes()));
+    }
+  }
+  const uint64_t max_bytes =
+      options_.max_fetch_bytes > 0 ? options_.max_fetch_bytes : staging_->budget_bytes();
+  return AddRemoteCopies(copies, rank_, needed, max_bytes, options_.fetch_copy, view);
+}
 
 Loader::Loader(Storage* storage, StagingPool* staging, uint32_t rank, LoaderOptions options)
     : storage_(storage), staging_(staging), rank_(rank), options_(std::move(options)) {}
@@ -106,11 +136,14 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   // (step and session).
   const std::string& session_id = (*reader)->manifest().session_id();
   ResidentView resident;
+  uint64_t fetched = 0;  // bytes read from other nodes' memory
   if (options_.memory != nullptr) resident = options_.memory->Find(step, session_id);
   if (options_.find_copies) {
     absl::StatusOr<std::vector<v1::MemoryCopy>> copies = options_.find_copies(step, session_id);
     if (copies.ok()) {
+      if (options_.buddies != nullptr) AddHeldCopies(*copies, rank_, *options_.buddies, resident);
       AddNodeCopies(*copies, rank_, options_.node_id, resident);
+      if (options_.fetch_copy) fetched = FetchNeeded(**reader, reads, *copies, resident);
     } else {
       LogWarning("memory copies of step ", step, " unknown (", copies.status().ToString(),
                  "): reading what this agent does not hold from disk");
@@ -142,6 +175,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   response.set_bytes_from_memory(stats.bytes_from_memory);
   response.set_bytes_from_disk(stats.bytes_read);
   response.set_memory_blocks_rejected(stats.memory_blocks_rejected);
+  response.set_bytes_fetched_from_peers(fetched);
   current_load_ = response.load_id();
   // One line per load, split where the time goes: opening (manifest) and staging, then the
   // reads (bandwidth over the bytes read from data files, verified blocks included).
@@ -152,6 +186,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
           " bytes=", stats.bytes_copied, " read_bytes=", stats.bytes_read,
           " memory_bytes=", stats.bytes_from_memory,
           " memory_blocks_rejected=", stats.memory_blocks_rejected,
+          " fetched_from_peers=", fetched,
           " reads=", stats.read_calls, " setup_ms=",
           absl::ToDoubleMilliseconds(read_start - start), " read_ms=", read_s * 1e3,
           " read_mib_s=", read_mib_s);

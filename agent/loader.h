@@ -2,9 +2,10 @@
 // every requested piece with resharding (format/checkpoint_reader.h: only the byte runs it
 // needs, checksums verified) into a staging region the trainer maps, and keeps the region
 // until ReleaseLoad. One load is staged at a time: a new Load releases the previous one.
-// What this agent, or another agent on its node, still holds of the checkpoint in memory
-// (agent/memory_tier.h) is copied from there, verified the same way; the response says how
-// many bytes came from where.
+// What this agent still holds of the checkpoint in memory (agent/memory_tier.h), or agents on
+// its node, or — for files the load reads that no agent here holds — agents on other nodes
+// (read whole over the network), is copied from there, verified the same way; the response
+// says how many bytes came from where.
 //
 // Thread-safety: all methods are safe for concurrent use (loads are serialized).
 #ifndef TESSERA_AGENT_LOADER_H_
@@ -21,6 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
+#include "format/checkpoint_reader.h"
 #include "storage/storage.h"
 #include "tessera/v1/agent.pb.h"
 
@@ -29,6 +31,8 @@ namespace tessera {
 struct LoaderOptions {
   // This agent's memory tier; null: none. Must outlive the loader. Default: null.
   const MemoryTier* memory = nullptr;
+  // The copies this agent holds as other ranks' memory buddy; null: none. Likewise.
+  const BuddyStore* buddies = nullptr;
   // The memory copies of checkpoint (step, session id) that the job's agents hold
   // (Coordinator.FindMemoryCopies); those on `node_id` are read from memory too. An error
   // only costs reads. Default: none (this agent's own tier alone).
@@ -37,6 +41,12 @@ struct LoaderOptions {
       find_copies;
   // This agent's node (RegisterAgentRequest.node_id). Default: "".
   std::string node_id;
+  // Reads a copy that an agent on another node holds (a buddy's, after this node replaced a
+  // lost one); only files the load needs are read. Default: none (copies on this node only).
+  FetchMemoryCopy fetch_copy;
+  // Most bytes one load reads from other nodes' copies (they sit in this agent's heap until
+  // the load's reads are done). Default: 0, meaning the load staging pool's budget.
+  uint64_t max_fetch_bytes = 0;
 };
 
 class Loader {
@@ -64,6 +74,11 @@ class Loader {
  private:
   // Waits for a background release to finish.
   void JoinReleaserLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Reads into `view` the copies held on other nodes of the files `reads` need and `view`
+  // lacks (options_.fetch_copy). Returns the bytes read.
+  uint64_t FetchNeeded(const CheckpointReader& reader, const std::vector<ReadRequest>& reads,
+                       const std::vector<v1::MemoryCopy>& copies, ResidentView& view);
 
   Storage* const storage_;
   StagingPool* const staging_;

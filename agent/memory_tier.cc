@@ -2,6 +2,8 @@
 
 #include <utility>
 
+#include "common/log.h"
+
 namespace tessera {
 
 void MemoryTier::Publish(ResidentCheckpoint checkpoint) {
@@ -25,10 +27,8 @@ ResidentView MemoryTier::Find(int64_t step, absl::string_view session_id) const 
   }
   std::shared_ptr<const void> hold = current_->region.hold.lock();
   if (hold == nullptr) return view;  // dropped to make room for a save
-  view.files[current_->file] =
-      ResidentBytes{current_->file_offset, current_->region.data, current_->nbytes};
-  view.holds.push_back(std::move(hold));
-  view.bytes = current_->nbytes;
+  view.Add(current_->file, current_->file_offset, current_->region.data, current_->nbytes,
+           std::move(hold));
   return view;
 }
 
@@ -56,7 +56,7 @@ int AddNodeCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
   int added = 0;
   for (const v1::MemoryCopy& copy : copies) {
     if (copy.rank() == self_rank || copy.node_id() != node_id || copy.nbytes() == 0 ||
-        view.files.contains(copy.file())) {
+        copy.region().empty() || view.files.contains(copy.file())) {
       continue;
     }
     MapStagingOptions options;
@@ -66,13 +66,56 @@ int AddNodeCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
         MappedStaging::Map(copy.region(), copy.nbytes(), options);
     if (!mapped.ok()) continue;  // dropped, or replaced by a save that needed the room
     std::shared_ptr<const MappedStaging> hold = *std::move(mapped);
-    view.files[copy.file()] = ResidentBytes{copy.file_offset(),
-                                            static_cast<const char*>(hold->data()), copy.nbytes()};
-    view.holds.push_back(std::move(hold));
-    view.bytes += copy.nbytes();
+    const char* data = static_cast<const char*>(hold->data());  // before `hold` moves
+    view.Add(copy.file(), copy.file_offset(), data, copy.nbytes(), std::move(hold));
     ++added;
   }
   return added;
+}
+
+int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
+                  const BuddyStore& store, ResidentView& view) {
+  int added = 0;
+  for (const v1::MemoryCopy& copy : copies) {
+    if (copy.rank() != self_rank || view.files.contains(copy.file())) continue;
+    std::optional<HeldCopy> held = store.Find(copy.step(), copy.session_id(), copy.file());
+    if (!held.has_value()) continue;
+    view.Add(copy.file(), held->copy.file_offset(), held->bytes->data(), held->bytes->size(),
+             held->bytes);
+    ++added;
+  }
+  return added;
+}
+
+uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
+                         const absl::flat_hash_map<std::string, uint64_t>& needed,
+                         uint64_t max_bytes, const FetchMemoryCopy& fetch, ResidentView& view) {
+  uint64_t fetched = 0;
+  for (const v1::MemoryCopy& copy : copies) {
+    auto file = needed.find(copy.file());
+    if (file == needed.end() || view.files.contains(copy.file()) || copy.rank() == self_rank ||
+        copy.peer_address().empty()) {
+      continue;
+    }
+    // Sizes come from another agent: bounded by the manifest and the budget before reading.
+    if (copy.nbytes() > file->second || copy.file_offset() > file->second - copy.nbytes() ||
+        copy.nbytes() > max_bytes - fetched) {
+      LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " not read: ",
+                 copy.nbytes(), " bytes at ", copy.file_offset(), " (the file has ",
+                 file->second, "; ", max_bytes - fetched, " may still be read)");
+      continue;
+    }
+    absl::StatusOr<std::shared_ptr<const MemoryBuffer>> bytes = fetch(copy);
+    if (!bytes.ok()) {
+      LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " on ",
+                 copy.node_id(), " not read (", bytes.status().ToString(), ")");
+      continue;
+    }
+    const char* data = (*bytes)->data();  // before `bytes` moves
+    view.Add(copy.file(), copy.file_offset(), data, copy.nbytes(), *std::move(bytes));
+    fetched += copy.nbytes();
+  }
+  return fetched;
 }
 
 }  // namespace tessera

@@ -26,8 +26,11 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/buddy_store.h"
 #include "agent/staging_pool.h"
 #include "format/checkpoint_reader.h"
 #include "tessera/v1/types.pb.h"
@@ -49,6 +52,14 @@ struct ResidentView {
   ResidentFiles files;
   std::vector<std::shared_ptr<const void>> holds;
   uint64_t bytes = 0;  // resident bytes in `files`
+
+  // Adds `file`'s bytes [file_offset, file_offset + size) at `data`, kept alive by `hold`.
+  void Add(const std::string& file, uint64_t file_offset, const char* data, uint64_t size,
+           std::shared_ptr<const void> hold) {
+    files[file] = ResidentBytes{file_offset, data, size};
+    bytes += size;
+    if (hold != nullptr) holds.push_back(std::move(hold));
+  }
 };
 
 class MemoryTier {
@@ -83,10 +94,30 @@ class MemoryTier {
 // Adds to `view` the copies of other agents on this node (`node_id`) that the coordinator
 // listed for the checkpoint (Coordinator.FindMemoryCopies), each region mapped read-only by
 // name and held by the view. Skips this agent's own (`self_rank`: its tier serves it), copies
-// on other nodes, files the view already has, and regions that are gone or smaller than the
+// on other nodes, copies in no shared region (a buddy's, in its holder's heap), files the
+// view already has, and regions that are gone or smaller than the
 // copy claims (the agent holding it dropped or replaced it). Returns how many it added.
 int AddNodeCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
                   absl::string_view node_id, ResidentView& view);
+
+// Adds to `view` the copies of `copies` that this agent (`self_rank`) holds in `store` as
+// other ranks' buddy, held by the view. Returns how many it added.
+int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
+                  const BuddyStore& store, ResidentView& view);
+
+// Reads a memory copy from the agent holding it (PeerMemory.ReadMemoryCopy).
+using FetchMemoryCopy =
+    std::function<absl::StatusOr<std::shared_ptr<const MemoryBuffer>>(const v1::MemoryCopy&)>;
+
+// Adds to `view` each file of `needed` (file name -> the file's size as the manifest implies
+// it: its last chunk's end, rounded up to 4 KiB) that it lacks and that an agent of `copies`
+// other than `self_rank` holds (on another node: a buddy, or the writer itself), read whole
+// with `fetch` into this process. A copy that claims bytes beyond its file's size, or that
+// would take the bytes read past `max_bytes`, is not read; one that cannot be read is skipped
+// for the next holder of the file. Returns the bytes read.
+uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
+                         const absl::flat_hash_map<std::string, uint64_t>& needed,
+                         uint64_t max_bytes, const FetchMemoryCopy& fetch, ResidentView& view);
 
 }  // namespace tessera
 

@@ -1,8 +1,11 @@
 #include "agent/memory_tier.h"
 
+#include <cstring>
 #include <memory>
+#include <vector>
 #include <string>
 
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -64,6 +67,68 @@ TEST(MemoryTier, RegionDroppedByThePool_NothingAndNoCurrent) {
   bytes.reset();  // the pool made room for a save
   EXPECT_TRUE(tier.Find(7, "s7").files.empty());
   EXPECT_FALSE(tier.Current().has_value());
+}
+
+v1::MemoryCopy Held(const std::string& file, uint32_t holder, uint64_t offset, uint64_t nbytes,
+                    const std::string& address) {
+  v1::MemoryCopy c;
+  c.set_step(7);
+  c.set_session_id("s7");
+  c.set_file(file);
+  c.set_file_offset(offset);
+  c.set_nbytes(nbytes);
+  c.set_rank(holder);
+  c.set_peer_address(address);
+  return c;
+}
+
+TEST(MemoryTier, AddRemoteCopies_OnlyNeededBoundedFilesFromOtherHolders) {
+  const std::vector<v1::MemoryCopy> copies = {
+      Held("data-00000", /*holder=*/0, 4096, 8192, "self:1"),     // this agent's own: skipped
+      Held("data-00009", 3, 4096, 8192, "c:1"),                    // not needed: skipped
+      Held("data-00001", 1, 4096, 1 << 30, "liar:1"),              // past the file: skipped
+      Held("data-00001", 2, 4096, 8192, "down:1"),                 // fails: next holder
+      Held("data-00001", 4, 4096, 8192, "d:1"),                    // read
+      Held("data-00002", 5, 4096, 8192, "e:1"),                    // over max_bytes: skipped
+  };
+  const absl::flat_hash_map<std::string, uint64_t> needed = {
+      {"data-00000", 12288}, {"data-00001", 12288}, {"data-00002", 12288}};
+  std::vector<std::string> asked;
+  FetchMemoryCopy fetch = [&](const v1::MemoryCopy& copy)
+      -> absl::StatusOr<std::shared_ptr<const MemoryBuffer>> {
+    asked.push_back(copy.peer_address());
+    if (copy.peer_address() == "down:1") return absl::UnavailableError("down");
+    auto buffer = std::make_shared<MemoryBuffer>(copy.nbytes());
+    memset(buffer->data(), 'r', copy.nbytes());
+    return std::shared_ptr<const MemoryBuffer>(std::move(buffer));
+  };
+  ResidentView view;
+  EXPECT_EQ(AddRemoteCopies(copies, /*self_rank=*/0, needed, /*max_bytes=*/10000, fetch, view),
+            8192u);
+  EXPECT_THAT(asked, ::testing::ElementsAre("down:1", "d:1"));
+  ASSERT_EQ(view.files.size(), 1u);
+  EXPECT_EQ(view.files.at("data-00001").file_offset, 4096u);
+  EXPECT_EQ(view.files.at("data-00001").size, 8192u);
+  EXPECT_EQ(view.files.at("data-00001").data[8191], 'r');
+  EXPECT_EQ(view.holds.size(), 1u);
+}
+
+TEST(MemoryTier, AddHeldCopies_ThisAgentsBuddyCopiesFromItsStore) {
+  BuddyStore store(1 << 20);
+  v1::MemoryCopy copy = Held("data-00001", /*holder=*/0, 4096, 100, "");
+  copy.set_writer_rank(1);
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> buffer = store.Reserve(copy);
+  ASSERT_TRUE(buffer.ok());
+  memset((*buffer)->data(), 'b', 100);
+  store.Keep(copy, *buffer);
+
+  ResidentView view;
+  const std::vector<v1::MemoryCopy> copies = {copy, Held("data-00003", 2, 4096, 100, "x:1")};
+  EXPECT_EQ(AddHeldCopies(copies, /*self_rank=*/0, store, view), 1);
+  ASSERT_EQ(view.files.count("data-00001"), 1u);
+  EXPECT_EQ(view.files.at("data-00001").data, (*buffer)->data());
+  EXPECT_EQ(view.bytes, 100u);
+  EXPECT_EQ(AddHeldCopies(copies, /*self_rank=*/2, store, view), 0);  // rank 2's: not here
 }
 
 }  // namespace

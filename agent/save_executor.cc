@@ -100,28 +100,25 @@ void SaveExecutor::Drive(const Event& event) {
   }
   for (const std::string& session : out.cancel_exchanges) peers_->CancelSession(session);
   for (const LogLine& line : out.logs) Write(line);
+  if (out.resident.has_value()) KeepResident(*out.resident);
   for (auto& reply : out.replies) reply();
 }
 
-void SaveExecutor::KeepResidentLocked(const ResidentSave& save, Outbox& out) {
+void SaveExecutor::KeepResident(const ResidentSave& save) {
   if (options_.memory_tier == nullptr) return;
   std::vector<ResidentRegion> regions = staging_->Retain(save.memory.acquisition);
   if (regions.empty()) {
-    out.logs.push_back({LogLine::Severity::kInfo,
-                        absl::StrCat("step ", save.step, " is not kept in memory: its staging ",
-                                     "was handed to another save")});
+    LogInfo("step ", save.step, " is not kept in memory: its staging was handed to another save");
     return;
   }
+  LogInfo("step ", save.step, " kept in memory: ", save.nbytes, " bytes of ", save.file, " in ",
+          regions[0].name, " (a region of ", regions[0].capacity, " bytes)");
   options_.memory_tier->Publish(ResidentCheckpoint{save.step, save.session_id, save.file,
                                                    save.file_offset, save.nbytes, regions[0]});
-  out.logs.push_back({LogLine::Severity::kInfo,
-                      absl::StrCat("step ", save.step, " kept in memory: ", save.nbytes,
-                                   " bytes of ", save.file, " in ", regions[0].name,
-                                   " (a region of ", regions[0].capacity, " bytes)")});
 }
 
 void SaveExecutor::ApplyLocked(SaveEffects effects, Outbox& out) {
-  if (effects.resident.has_value()) KeepResidentLocked(*effects.resident, out);
+  if (effects.resident.has_value()) out.resident = std::move(effects.resident);
   for (CoordinatorRpc& rpc : effects.rpcs) rpcs_.push_back(std::move(rpc));
   for (SaveWork& work : effects.work) work_.push_back(std::move(work));
   for (TrainerReply& reply : effects.replies) {
@@ -293,8 +290,13 @@ void SaveExecutor::Run(const SaveWork& work) {
       Overloaded{
           [&](const PinWork& pin) {
             absl::StatusOr<StagingMemory> memory;
+            const uint64_t evictions = staging_->resident_evictions();
             absl::StatusOr<std::vector<StagingSlot>> slots =
                 staging_->Acquire({pin.layout->total_bytes});
+            if (staging_->resident_evictions() != evictions) {
+              LogInfo("the memory copy of the last committed step was dropped: session ",
+                      work.session_id, " needs its room in the staging budget");
+            }
             if (!slots.ok()) {
               memory = slots.status();
             } else {

@@ -151,6 +151,11 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
       return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
                        absl::StrCat("staging slot ", i, " of ", sizes[i], " bytes is too large"));
     }
+    // A region a load still reads (memory tier: it was resident) is not written under it:
+    // the pool lets go of it (the reader frees it) and stages in a new one.
+    if (i < regions_.size() && regions_[i] != nullptr && regions_[i].use_count() > 1) {
+      regions_[i].reset();
+    }
     const bool reuse = i < regions_.size() && regions_[i] != nullptr &&
                        regions_[i]->capacity() >= sizes[i];
     capacities[i] = reuse ? regions_[i]->capacity() : needed;

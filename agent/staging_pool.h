@@ -20,8 +20,10 @@
 // and the trainer maps each once. Both sets count against the budget; an Acquire that does not
 // fit with the resident set kept drops it first (resident bytes are a cache, a save is not).
 // Loads hold a resident set through ResidentRegion::hold: a dropped set stays mapped until the
-// last load holding it ends (its memory then outlives the budget briefly), and a set that a
-// save reuses changes under a load that still reads it — loads verify every block for this.
+// last load holding it ends (its memory then outlives the budget while it is read; the last
+// holder's thread unpins, unmaps and unlinks it), and Acquire never hands out a region that
+// anyone holds — it stages in a new one instead — so no save writes under a reader in this
+// process. Other processes map regions by name and verify every block they copy.
 //
 // Thread-safety: StagingPool is thread-safe. The StagingSlot pointers returned by Acquire()
 // stay valid until the next Acquire(), ReleaseAll() or the pool's destruction; the caller

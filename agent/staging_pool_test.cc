@@ -180,6 +180,15 @@ TEST(StagingPool, Retain_SavesAlternateBetweenTwoSets_ResidentBytesKept) {
   EXPECT_EQ(pool->regions_created(), 2u);
   EXPECT_FALSE(resident[0].hold.expired());  // the region lives on as the next save's
   EXPECT_EQ(next[0].data[0], 'b');
+
+  // A region a load still holds is not handed to a save: a new one is made.
+  ASSERT_EQ(pool->Retain((*c)[0].acquisition).size(), 1u);  // c (= a's region) resident; b free
+  std::shared_ptr<const void> reading = next[0].hold.lock();  // a load of b's step, late
+  absl::StatusOr<std::vector<StagingSlot>> d = pool->Acquire({kMiB});
+  ASSERT_TRUE(d.ok());
+  EXPECT_NE((*d)[0].name, (*b)[0].name);
+  EXPECT_EQ(pool->regions_created(), 3u);
+  EXPECT_EQ(next[0].data[0], 'b');  // untouched under the reader
 }
 
 TEST(StagingPool, Retain_AfterALaterAcquireOrRelease_Refused) {

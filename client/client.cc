@@ -383,6 +383,7 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   result.bytes_from_memory = response.bytes_from_memory();
   result.bytes_from_disk = response.bytes_from_disk();
   result.memory_blocks_rejected = response.memory_blocks_rejected();
+  result.bytes_fetched_from_peers = response.bytes_fetched_from_peers();
   std::vector<bool> absent(into.size(), false);
   for (uint32_t index : response.absent()) {
     if (index >= into.size() || absent[index] ||

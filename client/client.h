@@ -134,6 +134,8 @@ struct LoadResult {
   uint64_t bytes_from_memory = 0;
   uint64_t bytes_from_disk = 0;
   uint64_t memory_blocks_rejected = 0;
+  // Of bytes_from_memory: read over the network from other nodes' agents (buddy copies).
+  uint64_t bytes_fetched_from_peers = 0;
 };
 
 // Counters for tests and metrics.

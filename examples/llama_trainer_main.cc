@@ -222,9 +222,10 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   std::printf("rank %u: load sources: memory_bytes=%llu disk_bytes=%llu "
-              "memory_blocks_rejected=%llu\n",
+              "memory_blocks_rejected=%llu fetched_from_peers=%llu\n",
               rank, static_cast<unsigned long long>(loaded->bytes_from_memory),
               static_cast<unsigned long long>(loaded->bytes_from_disk),
-              static_cast<unsigned long long>(loaded->memory_blocks_rejected));
+              static_cast<unsigned long long>(loaded->memory_blocks_rejected),
+              static_cast<unsigned long long>(loaded->bytes_fetched_from_peers));
   return 0;
 }

@@ -74,6 +74,8 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   for (uint32_t c : job.layout.Coords(rank)) agent.registration.mutable_coord()->add_index(c);
   agent.last_heartbeat = clock_->Now();
   agent.resident.reset();  // its next heartbeat states what it holds
+  agent.buddy_copies.clear();
+  job.buddies.reset();
   return result;
 }
 
@@ -99,17 +101,56 @@ absl::StatusOr<AgentRegistry::Agent*> AgentRegistry::FindLocked(const std::strin
 
 absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
                                       uint64_t incarnation, uint64_t pinned_bytes,
-                                      std::optional<v1::MemoryCopy> resident) {
+                                      std::optional<v1::MemoryCopy> resident,
+                                      std::vector<v1::MemoryCopy> buddy_copies) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
   agent->last_heartbeat = clock_->Now();
   agent->pinned_bytes = pinned_bytes;
+  auto held_here = [&](v1::MemoryCopy& copy) {
+    copy.set_rank(rank);
+    copy.set_node_id(agent->registration.node_id());
+    copy.set_peer_address(agent->registration.peer_address());
+  };
   if (resident.has_value()) {
-    resident->set_rank(rank);
-    resident->set_node_id(agent->registration.node_id());
+    held_here(*resident);
+    resident->set_writer_rank(rank);
   }
+  for (v1::MemoryCopy& copy : buddy_copies) held_here(copy);
   agent->resident = std::move(resident);
+  agent->buddy_copies = std::move(buddy_copies);
   return absl::OkStatus();
+}
+
+std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
+                                                      uint32_t rank) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return std::nullopt;
+  const Job& j = job->second;
+  if (!j.buddies.has_value()) {
+    // A ring over nodes: the i-th rank of a node (by rank) pairs with the i-th of the next.
+    absl::btree_map<std::string, std::vector<uint32_t>> nodes;
+    for (const auto& [r, agent] : j.agents) nodes[agent.registration.node_id()].push_back(r);
+    j.buddies.emplace();
+    if (nodes.size() > 1) {
+      for (auto it = nodes.begin(); it != nodes.end(); ++it) {
+        auto next = std::next(it) == nodes.end() ? nodes.begin() : std::next(it);
+        for (size_t i = 0; i < it->second.size(); ++i) {
+          (*j.buddies)[it->second[i]] = next->second[std::min(i, next->second.size() - 1)];
+        }
+      }
+    }
+  }
+  auto buddy = j.buddies->find(rank);
+  if (buddy == j.buddies->end()) return std::nullopt;
+  const Agent& agent = j.agents.at(buddy->second);
+  v1::MemoryBuddy out;
+  out.set_rank(buddy->second);
+  out.set_peer_address(agent.registration.peer_address());
+  out.set_node_id(agent.registration.node_id());
+  out.set_incarnation(agent.registration.incarnation());
+  return out;
 }
 
 std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_id, int64_t step,
@@ -119,10 +160,15 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
   std::vector<v1::MemoryCopy> copies;
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return copies;
+  auto wanted = [&](const v1::MemoryCopy& c) {
+    return c.step() == step && c.session_id() == session_id;
+  };
   for (const auto& [rank, agent] : job->second.agents) {
-    if (now - agent.last_heartbeat > options_.lease || !agent.resident.has_value()) continue;
-    if (agent.resident->step() != step || agent.resident->session_id() != session_id) continue;
-    copies.push_back(*agent.resident);
+    if (now - agent.last_heartbeat > options_.lease) continue;
+    if (agent.resident.has_value() && wanted(*agent.resident)) copies.push_back(*agent.resident);
+    for (const v1::MemoryCopy& c : agent.buddy_copies) {
+      if (wanted(c)) copies.push_back(c);
+    }
   }
   return copies;
 }
@@ -190,6 +236,7 @@ absl::StatusOr<std::vector<v1::AgentInfo>> AgentRegistry::ListAgents(
     info.set_pinned_bytes(agent.pinned_bytes);
     info.set_has_gpu(agent.registration.has_gpu());
     if (agent.resident.has_value()) *info.mutable_resident() = *agent.resident;
+    for (const v1::MemoryCopy& c : agent.buddy_copies) *info.add_buddy_copies() = c;
     agents.push_back(std::move(info));
   }
   return agents;

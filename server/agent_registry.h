@@ -62,12 +62,14 @@ class AgentRegistry {
   // FailedPrecondition + STALE_INCARNATION if `incarnation` is not the registered one.
   absl::Status Heartbeat(const std::string& job_id, uint32_t rank, uint64_t incarnation,
                          uint64_t pinned_bytes,
-                         std::optional<v1::MemoryCopy> resident = std::nullopt)
+                         std::optional<v1::MemoryCopy> resident = std::nullopt,
+                         std::vector<v1::MemoryCopy> buddy_copies = {})
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Memory tier: the copies of checkpoint (step, session_id) that live agents of `job_id`
-  // hold, by rank, with rank and node_id filled in. An agent that re-registered has none
-  // until its next heartbeat states one; an expired agent's is left out.
+  // hold — their own and those they hold as buddies — by holder rank, with rank, node_id and
+  // peer_address filled in (writer_rank too, for an agent's own). An agent that re-registered
+  // has none until its next heartbeat states them; an expired agent's are left out.
   std::vector<v1::MemoryCopy> MemoryCopies(const std::string& job_id, int64_t step,
                                            const std::string& session_id) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -78,6 +80,13 @@ class AgentRegistry {
 
   // Ranks of `job_id` whose lease has expired, ascending.
   std::vector<uint32_t> ExpiredRanks(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Memory tier: the agent (job, rank) replicates its resident copy to — the agent of the
+  // same position (by rank) on the next node in a ring over the job's nodes (by node id), or
+  // the next node's last if it has fewer; nullopt if the job has one node, or the agent is
+  // unknown. Recomputed after a registration changes the job's agents.
+  std::optional<v1::MemoryBuddy> BuddyOf(const std::string& job_id, uint32_t rank) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The job's mesh, if any agent of it has registered.
   std::optional<MeshLayout> JobLayout(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
@@ -99,11 +108,14 @@ class AgentRegistry {
     v1::RegisterAgentRequest registration;
     absl::Time last_heartbeat;
     uint64_t pinned_bytes = 0;
-    std::optional<v1::MemoryCopy> resident;  // rank and node_id filled in
+    std::optional<v1::MemoryCopy> resident;  // rank, node_id, peer_address filled in
+    std::vector<v1::MemoryCopy> buddy_copies;  // likewise
   };
   struct Job {
     MeshLayout layout;
     absl::btree_map<uint32_t, Agent> agents;
+    // BuddyOf's ring, by rank; recomputed on first use after `agents` changed.
+    mutable std::optional<absl::btree_map<uint32_t, uint32_t>> buddies;
   };
 
   // Errors as CheckIncarnation.

@@ -1,5 +1,6 @@
 #include "server/agent_registry.h"
 
+#include "absl/strings/str_cat.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -171,6 +172,57 @@ TEST_F(AgentRegistryTest, MemoryCopies_ForgottenOnLossRestartOrAHeartbeatWithout
   clock_.Advance(absl::Seconds(3));  // rank 2's lease expires
   EXPECT_TRUE(registry_.MemoryCopies("job", 7, "s7").empty());
   EXPECT_FALSE(registry_.ListAgents("job")->at(1).has_resident());
+}
+
+TEST_F(AgentRegistryTest, MemoryCopies_BuddyCopiesListedWithTheirHolder) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  v1::MemoryCopy held = Copy(7, "s7", "");
+  held.set_file("data-00001.safetensors");
+  held.set_writer_rank(1);
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0, Copy(7, "s7", "/own"), {held}).ok());
+  std::vector<v1::MemoryCopy> copies = registry_.MemoryCopies("job", 7, "s7");
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0].writer_rank(), 0u);
+  EXPECT_EQ(copies[1].file(), "data-00001.safetensors");
+  EXPECT_EQ(copies[1].writer_rank(), 1u);
+  EXPECT_EQ(copies[1].rank(), 0u);
+  EXPECT_EQ(copies[1].node_id(), "node0");
+}
+
+TEST_F(AgentRegistryTest, BuddyOf_RingOverNodes_SamePositionOnTheNextNode) {
+  // node-a: ranks 0, 2, 4; node-b: 1, 3; node-c: 5.
+  const std::vector<std::pair<uint32_t, std::string>> placement = {
+      {0, "node-a"}, {1, "node-b"}, {2, "node-a"}, {3, "node-b"}, {4, "node-a"}, {5, "node-c"}};
+  for (const auto& [rank, node] : placement) {
+    v1::RegisterAgentRequest r = Registration(rank, rank + 1);
+    r.set_node_id(node);
+    r.set_peer_address(absl::StrCat("10.0.0.", rank, ":7000"));
+    ASSERT_TRUE(registry_.Register(r).ok());
+  }
+  auto buddy = [&](uint32_t rank) { return registry_.BuddyOf("job", rank)->rank(); };
+  EXPECT_EQ(buddy(0), 1u);  // a[0] -> b[0]
+  EXPECT_EQ(buddy(2), 3u);  // a[1] -> b[1]
+  EXPECT_EQ(buddy(4), 3u);  // a[2] -> b's last
+  EXPECT_EQ(buddy(1), 5u);  // b -> c
+  EXPECT_EQ(buddy(3), 5u);
+  EXPECT_EQ(buddy(5), 0u);  // c -> a, round the ring
+  EXPECT_EQ(registry_.BuddyOf("job", 0)->peer_address(), "10.0.0.1:7000");
+  EXPECT_EQ(registry_.BuddyOf("job", 0)->node_id(), "node-b");
+  EXPECT_EQ(registry_.BuddyOf("job", 0)->incarnation(), 2u);
+  EXPECT_FALSE(registry_.BuddyOf("job", 9).has_value());
+
+  // Rank 5 moves to node-b (a replacement): two nodes now.
+  v1::RegisterAgentRequest moved = Registration(5, 50);
+  moved.set_node_id("node-b");
+  ASSERT_TRUE(registry_.Register(moved).ok());
+  EXPECT_EQ(buddy(1), 0u);
+  EXPECT_EQ(buddy(5), 4u);  // b[2] -> a[2]
+}
+
+TEST_F(AgentRegistryTest, BuddyOf_OneNode_None) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
+  EXPECT_FALSE(registry_.BuddyOf("job", 0).has_value());
 }
 
 TEST_F(AgentRegistryTest, Jobs_AreSeparate) {

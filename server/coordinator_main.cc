@@ -34,6 +34,9 @@
 #include "server/session_manager.h"
 #include "server/store/rocksdb_state_store.h"
 
+ABSL_FLAG(bool, memory_buddies, true,
+          "memory tier: pair every agent with a buddy on another node (a ring over nodes) "
+          "that holds a copy of its last committed checkpoint in memory");
 ABSL_FLAG(std::string, listen, "127.0.0.1:7070",
           "host:port the Coordinator and Admin gRPC services listen on; port 0 picks a free "
           "port (logged)");
@@ -171,6 +174,7 @@ int main(int argc, char** argv) {
   tessera::CoordinatorServiceOptions service_options;
   service_options.coordinator_incarnation = tessera::NewIncarnation();
   service_options.storage_root = session_options.storage_root;
+  service_options.memory_buddies = absl::GetFlag(FLAGS_memory_buddies);
   tessera::CoordinatorService coordinator(&registry, &sessions, &streams, &broker, clock,
                                           service_options);
   tessera::AdminService admin(&registry, &sessions, token);

@@ -61,13 +61,20 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         v1::HeartbeatResponse* response) {
   std::optional<v1::MemoryCopy> resident;
   if (request->has_resident()) resident = request->resident();
-  absl::Status status =
-      registry_->Heartbeat(request->job_id(), request->rank(), request->incarnation(),
-                           request->pinned_bytes(), std::move(resident));
+  absl::Status status = registry_->Heartbeat(
+      request->job_id(), request->rank(), request->incarnation(), request->pinned_bytes(),
+      std::move(resident),
+      std::vector<v1::MemoryCopy>(request->buddy_copies().begin(), request->buddy_copies().end()));
   if (status.ok()) {
     response->set_lease_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(registry_->options().lease)));
     response->set_coordinator_incarnation(options_.coordinator_incarnation);
+    if (options_.memory_buddies) {
+      if (std::optional<v1::MemoryBuddy> buddy =
+              registry_->BuddyOf(request->job_id(), request->rank())) {
+        *response->mutable_buddy() = *std::move(buddy);
+      }
+    }
   }
   return FinishUnary(context, status);
 }

@@ -30,6 +30,9 @@ struct CoordinatorServiceOptions {
   std::string storage_root;
   // Longest an ExchangePeerId call waits for its leader. Default: 60 s.
   absl::Duration peer_id_timeout = absl::Seconds(60);
+  // Memory tier: name each agent's memory buddy (AgentRegistry::BuddyOf) in its heartbeat
+  // replies. Default: true.
+  bool memory_buddies = true;
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

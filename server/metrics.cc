@@ -81,14 +81,24 @@ std::vector<MetricFamily> CoordinatorMetrics::Collect() const {
 
   MetricFamily alive = Family("tessera_agents_alive", "Agents whose lease is valid, by job.",
                               MetricType::Gauge);
+  MetricFamily memory = Family("tessera_memory_tier_bytes",
+                               "Bytes of committed checkpoints live agents hold in memory "
+                               "(the memory tier), by job.",
+                               MetricType::Gauge);
   for (const std::string& job : registry_->Jobs()) {
     absl::StatusOr<std::vector<v1::AgentInfo>> agents = registry_->ListAgents(job);
     if (!agents.ok()) continue;
     ClientMetric m = Labelled("job", job);
-    for (const v1::AgentInfo& a : *agents) m.gauge.value += a.alive() ? 1 : 0;
+    ClientMetric held = Labelled("job", job);
+    for (const v1::AgentInfo& a : *agents) {
+      m.gauge.value += a.alive() ? 1 : 0;
+      if (a.alive() && a.has_resident()) held.gauge.value += static_cast<double>(a.resident().nbytes());
+    }
     alive.metric.push_back(std::move(m));
+    memory.metric.push_back(std::move(held));
   }
   families.push_back(std::move(alive));
+  families.push_back(std::move(memory));
   return families;
 }
 

@@ -8,6 +8,7 @@
 //   tessera_phase_seconds{phase}                      summary (sum and count of completed phases)
 //   tessera_trainer_stall_seconds                     summary (one sample per rank per save)
 //   tessera_agents_alive{job}                         gauge
+//   tessera_memory_tier_bytes{job}                    gauge (checkpoint bytes live agents hold)
 //
 // Thread-safety: Collect() may run concurrently with everything else.
 #ifndef TESSERA_SERVER_METRICS_H_

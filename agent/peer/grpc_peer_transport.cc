@@ -444,6 +444,7 @@ absl::StatusOr<std::unique_ptr<GrpcPeerTransport>> GrpcPeerTransport::Create(
       opts.server_credentials ? opts.server_credentials : grpc::InsecureServerCredentials(),
       &transport->port_);
   builder.RegisterService(transport->service_.get());
+  for (grpc::Service* service : opts.extra_services) builder.RegisterService(service);
   builder.SetMaxReceiveMessageSize(opts.max_receive_message_bytes);
   transport->server_ = builder.BuildAndStart();
   if (transport->server_ == nullptr || transport->port_ == 0) {

@@ -85,6 +85,10 @@ struct GrpcPeerTransportOptions {
 
   // The receiving side's bookkeeping (ended sessions remembered; a parked-chunk hook).
   SliceInboxOptions inbox;
+
+  // More services for the same server and port (the memory tier's PeerMemory); each must
+  // outlive the transport. Default: none.
+  std::vector<grpc::Service*> extra_services;
 };
 
 class GrpcPeerTransport : public PeerTransport {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "client/cli/exit_codes.h"
@@ -162,15 +163,27 @@ int AdminCommands::Agents(const std::string& job) {
                   a->alive() ? "yes" : "NO",
                   absl::StrCat(HumanDuration(absl::Milliseconds(a->ms_since_heartbeat())), " ago"),
                   FormatBytes(a->pinned_bytes()),
-                  a->has_resident() ? absl::StrCat("step ", a->resident().step(), " (",
-                                                   FormatBytes(a->resident().nbytes()), ")")
-                                    : "-",
+                  InMemory(*a),
                   a->has_gpu() ? "yes" : "no",
                   absl::StrFormat("%016x", a->incarnation())});
   }
   table.Print(out_);
   out_ << alive << " of " << agents.size() << " agents alive\n";
   return kExitOk;
+}
+
+// What an agent holds in memory: "step 300 (512.0 MiB)", then ", buddy of 1 (512.0 MiB)"
+// per copy it holds for another rank; "-" if nothing.
+std::string AdminCommands::InMemory(const v1::AgentInfo& agent) {
+  std::vector<std::string> parts;
+  if (agent.has_resident()) {
+    parts.push_back(absl::StrCat("step ", agent.resident().step(), " (",
+                                 FormatBytes(agent.resident().nbytes()), ")"));
+  }
+  for (const v1::MemoryCopy& c : agent.buddy_copies()) {
+    parts.push_back(absl::StrCat("buddy of ", c.writer_rank(), " (", FormatBytes(c.nbytes()), ")"));
+  }
+  return parts.empty() ? "-" : absl::StrJoin(parts, ", ");
 }
 
 int AdminCommands::Status(const std::string& job, const std::string& session_id) {

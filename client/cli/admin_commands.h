@@ -85,6 +85,8 @@ class AdminCommands {
   int Abort(const std::string& job, const std::string& reason);
 
  private:
+  // The IN MEMORY cell of `tessera agents`.
+  static std::string InMemory(const v1::AgentInfo& agent);
   // A context carrying the token and, if `deadline`, the unary deadline.
   std::unique_ptr<grpc::ClientContext> NewContext(bool deadline) const;
   int Fail(const grpc::Status& status);

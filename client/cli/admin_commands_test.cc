@@ -317,16 +317,19 @@ TEST_F(AdminCommandsTest, Agents_Table_SortedByRank) {
     if (rank == 0) {
       a->mutable_resident()->set_step(300);
       a->mutable_resident()->set_nbytes(512ull << 20);
+      v1::MemoryCopy* held = a->add_buddy_copies();
+      held->set_writer_rank(7);
+      held->set_nbytes(1ull << 20);
     }
   }
   EXPECT_EQ(Commands().Agents("demo"), kExitOk) << err_.str();
   EXPECT_EQ(out_.str(),
             "RANK  COORDS  NODE    PEER           ALIVE  HEARTBEAT   PINNED  IN MEMORY"
-            "             GPU  INCARNATION\n"
-            "   0  dp=0    node-a  10.0.0.1:7100  yes    500ms ago  3.0 GiB  step 300 (512.0 MiB)"
-            "  no   0000000000abcdef\n"
+            "                                   GPU  INCARNATION\n"
+            "   0  dp=0    node-a  10.0.0.1:7100  yes    500ms ago  3.0 GiB  step 300 (512.0 MiB), "
+            "buddy of 7 (1.0 MiB)  no   0000000000abcdef\n"
             "   1  dp=1    node-a  10.0.0.1:7101  NO     1m05s ago  3.0 GiB  -"
-            "                     no   0000000000abcdef\n"
+            "                                           no   0000000000abcdef\n"
             "1 of 2 agents alive\n");
 }
 

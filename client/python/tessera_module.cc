@@ -176,7 +176,7 @@ class PyClient {
   }
 
   // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
-  // "bytes_from_disk", "memory_blocks_rejected"}).
+  // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;
@@ -191,6 +191,7 @@ class PyClient {
     sources["bytes_from_memory"] = r.bytes_from_memory;
     sources["bytes_from_disk"] = r.bytes_from_disk;
     sources["memory_blocks_rejected"] = r.memory_blocks_rejected;
+    sources["bytes_fetched_from_peers"] = r.bytes_fetched_from_peers;
     return py::make_tuple(r.step, absent, sources);
   }
 

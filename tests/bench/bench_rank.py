@@ -257,7 +257,7 @@ def do_load(a):
         if not torch.equal(t, expected):
             bad.append(fqn)
     return {"rank": a.rank, "world": a.world, "bytes": total, "step": step, "start": wall0,
-            "load_s": dt, "end": wall0 + dt, "mismatched": bad}
+            "load_s": dt, "end": wall0 + dt, "mismatched": bad, "sources": client.last_load}
 
 
 def main():

@@ -28,6 +28,16 @@ targets"). Definitions, as measured by bench_rank.py / tessera-plan-load:
            cache dropped before (or not: the row says). Baseline: fio sequential read
            (O_DIRECT, after dropping the cache; the faster of one and four requests in
            flight). Ratio = Tessera / fio.
+  memory   (4m) right after the saves, the same layout loads the last step from its agents'
+           memory tier (DESIGN.md "Memory tier"): all loaders' bytes / (first load() call ->
+           last returned). Baseline: figure 1's memcpy of the same bytes; ratio = memcpy time
+           / restore time (target >= 0.80, issue 16); judged only if every byte came from
+           memory. A restore is two copies (resident region -> load staging, verified; staging
+           -> tensors), so one memcpy is the physical limit it is held to.
+           Buddy restore (2+ ranks): the odd ranks' agents are SIGKILLed once their buddies
+           hold the last step, restart on a new node id and load it: bytes they read from
+           their buddies' memory / (first of their load() calls -> last returned). Baseline:
+           loopback TCP with as many parallel streams (link_bw.py, best of 3).
   3c, 4b   PyTorch DCP on the same state and ranks: tests/bench/report_dcp.py.
   plan     through a real tessera-coordinator over gRPC with fake agents: first plan = start
            of the last SubmitLocalPlan -> last PIN received (validated, persisted to RocksDB,
@@ -225,6 +235,7 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                         None if rd is None else rd > 1,
                         ratio_text=None if rd is None else "%.2fx" % rd))
     rows += report_dcp.save_rows(Row, fmt_s, raw, tag, name, ranks, blocked, span)
+    rows += memory_rows(raw, tag, name, ranks, memcpy)
     loads = [load_json(p) for p in sorted(glob.glob(os.path.join(raw, "load-%s-*.json" % tag)))]
     loads = [x for x in loads if x]
     layout_file = os.path.join(raw, "load-layout-%s.txt" % tag)
@@ -247,6 +258,62 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
             rows += report_dcp.load_rows(Row, fmt_s, fmt_bw, raw, tag, name, saved_world,
                                          load_world, lspan)
     return rows
+
+
+def memory_rows(raw, tag, name, ranks, memcpy):
+    """Figure 4m: the last saved step loaded on the same layout from the agents' memory tier.
+    Baseline: the slowest rank's memcpy of its bytes (figure 1's). Judged only if every byte
+    came from memory."""
+    loads = [load_json(p) for p in
+             sorted(glob.glob(os.path.join(raw, "memload-%s-*.json" % tag)))]
+    loads = [x for x in loads if x]
+    if not loads:
+        return []
+    if len(loads) < ranks or any(x["mismatched"] for x in loads):
+        return [Row("4m memory restore, %s" % name, "failed (see logs/%s)" % tag)]
+    disk = sum(x["sources"]["bytes_from_disk"] for x in loads)
+    memory = sum(x["sources"]["bytes_from_memory"] for x in loads)
+    total = sum(x["bytes"] for x in loads)
+    span = max(x["end"] for x in loads) - min(x["start"] for x in loads)
+    ratio = memcpy / span if span > 0 and memcpy > 0 else None
+    judged = disk == 0 and ratio is not None
+    rows = buddy_rows(raw, tag, name)
+    return [Row("4m memory restore, %s" % name,
+                "%s (%s in %s; %s from memory, %s from disk)" % (
+                    fmt_bw(total / span if span > 0 else None), fmt_size(int(mib(total))),
+                    fmt_s(span), fmt_size(int(mib(memory))), fmt_size(int(mib(disk)))),
+                "memcpy %s (%s)" % (fmt_s(memcpy), fmt_bw(mib(total / ranks) * 2**20 / memcpy)
+                                    if memcpy else "-"),
+                ratio, ">= 0.80", (ratio >= 0.8) if judged else None,
+                chart=("memory restore %s" % name, ratio, 0.8, True))] + rows
+
+
+def buddy_rows(raw, tag, name):
+    """Figure 4m, buddy: the ranks whose node was lost restore on a new one; bytes they read
+    from their buddies / (first of their load() calls -> last returned), vs loopback TCP with
+    as many streams. Judged only if they read nothing from disk."""
+    loads = [load_json(p) for p in
+             sorted(glob.glob(os.path.join(raw, "buddyload-%s-*.json" % tag)))]
+    loads = [x for x in loads if x]
+    if not loads:
+        return []
+    moved = [x for x in loads if x["rank"] % 2 == 1]
+    link = load_json(os.path.join(raw, "link-%s.json" % tag))
+    if not moved or any(x["mismatched"] for x in loads):
+        return [Row("4m buddy restore, %s" % name, "failed (see logs/%s)" % tag)]
+    fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
+    disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
+    span = max(x["end"] for x in moved) - min(x["start"] for x in moved)
+    bw = fetched / span if span > 0 else None
+    link_bw = link["bytes_per_s"] if link else None
+    ratio = bw / link_bw if bw and link_bw else None
+    return [Row("4m buddy restore, %s" % name,
+                "%s (%d ranks on a new node: %s from buddies in %s, %s from disk)" % (
+                    fmt_bw(bw), len(moved), fmt_size(int(mib(fetched))), fmt_s(span),
+                    fmt_size(int(mib(disk)))),
+                "loopback TCP %s (%d streams)" % (fmt_bw(link_bw), link["streams"]) if link else "-",
+                ratio, ">= 0.80", (ratio >= 0.8) if ratio is not None and disk == 0 else None,
+                chart=("buddy restore %s" % name, ratio, 0.8, True))]
 
 
 # The planning targets (issue 15): (ranks, shards) -> first plan s, cached plan s, RSS MiB,

@@ -16,6 +16,10 @@
 #              async_save with its pinned staging options, vs Tessera: stall and time to durable
 #   4 load     bytes / load time onto another TP degree vs fio sequential read, caches dropped
 #   4b dcp     dcp.load of DCP's checkpoint onto the same other world size, caches dropped
+#   4m memory  restore from memory: right after the saves, the same layout loads the last step
+#              from its agents' memory tier, vs the memcpy of the same bytes; with 2+ ranks,
+#              the odd ranks' "node" is then lost and they restore on a new one from their
+#              buddies' copies, vs loopback TCP bandwidth (link_bw.py)
 #   5 plan     fake agents (in worker processes) through a real coordinator over gRPC: first
 #              and cached plan time, coordinator peak RSS (VmHWM), manifest size and load time;
 #              1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at 300 shards
@@ -37,7 +41,7 @@
 #   --fio-size=4G          fio file size (default: the largest configuration's total bytes,
 #                          at least 1 GiB, at most 8 GiB)         [TESSERA_BENCH_FIO_SIZE]
 #   --only=stall,plan,...  run only these figures (stall covers 1-3, dcp 3c and 4b, load is
-#                          4, plan 5, gpu 6)
+#                          4, memory 4m, plan 5, gpu 6)
 #   --data-dir=DIR         where checkpoints and the fio file go (the disk measured; default
 #                          <results>/data, removed at the end)  [TESSERA_BENCH_DATA_DIR]
 #   --out=DIR              results directory (default tests/bench/results/<timestamp>; also
@@ -65,7 +69,7 @@ PLAN_SHARDS=${TESSERA_BENCH_PLAN_SHARDS:-1000}
 FIO_SIZE=${TESSERA_BENCH_FIO_SIZE:-}
 DATA_DIR=${TESSERA_BENCH_DATA_DIR:-}
 BAZEL=${TESSERA_BENCH_BAZEL:-bazel}
-ONLY=stall,dcp,load,plan,gpu
+ONLY=stall,dcp,load,memory,plan,gpu
 OUT=""
 REFERENCE=""
 BUILD=1
@@ -166,7 +170,7 @@ drop_caches() {
 }
 
 # --- Configurations and what fits
-wants stall || wants load || wants dcp || SIZES=""
+wants stall || wants load || wants dcp || wants memory || SIZES=""
 IFS=',' read -ra size_list <<<"$SIZES"
 IFS=',' read -ra rank_list <<<"$RANKS"
 mem_avail_mib=$(( $(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo) / 1024 ))
@@ -260,7 +264,7 @@ run_dcp() {
   return $rc
 }
 
-if wants stall || wants load || wants dcp; then
+if wants stall || wants load || wants dcp || wants memory; then
   while read -r mib r verdict need <&3; do
     [ "$verdict" = run ] || continue
     tag="${mib}M-x$r"
@@ -274,6 +278,8 @@ if wants stall || wants load || wants dcp; then
     if ! start_coordinator --metrics_listen="127.0.0.1:$metrics_port"; then
       say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
+    # Figure 4m's buddy restore needs two nodes: even ranks on bench-n0, odd ones on bench-n1.
+    place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=bench-n$(($1 % 2)); }
     if ! start_agents "$job" "tp=$r"; then
       say "$tag: agents did not register"; stop_all; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
@@ -285,7 +291,38 @@ if wants stall || wants load || wants dcp; then
     /usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
       "http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$metrics_port" \
       >"$OUT/raw/metrics-$tag.txt" 2>/dev/null || say "$tag: no metrics from the coordinator"
+    if wants memory; then
+      # The agents still hold the last step: the same layout loads it from memory.
+      run_ranks load "$job" "$r" "$OUT/raw/memload-$tag" --mib="$mib" --saved-world="$r" \
+        --barrier="$DIR/barrier-memload" || say "$tag: a memory load rank failed (logs in $OUT/logs/$tag)"
+      if [ "$r" -gt 1 ]; then
+        # Node bench-n1 is lost once its ranks' buddies on bench-n0 hold the last step; its
+        # ranks start again on bench-n2 and load it: their files come from the buddies.
+        held=1
+        for q in $(seq 1 2 $((r - 1))); do
+          wait_for_line "$DIR/logs/agent-$job-$q.log" "memory copy of step $STEPS .*sent to buddy" 120 ||
+            { say "$tag: rank $q's buddy copy of step $STEPS was not sent"; held=0; }
+        done
+        if [ "$held" = 1 ]; then
+          place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=bench-n$(($1 % 2 == 0 ? 0 : 2)); }
+          for q in $(seq 1 2 $((r - 1))); do
+            kill -KILL "${AGENT_PIDS[$q]}" 2>/dev/null; wait "${AGENT_PIDS[$q]}" 2>/dev/null
+            mark_agent_log "$job" "$q"
+            start_agent "$job" "tp=$r" "$q"
+          done
+          for q in $(seq 1 2 $((r - 1))); do
+            wait_registered "$job" "$q" || say "$tag: rank $q's replacement did not register"
+          done
+          $PY tests/bench/link_bw.py --streams=$((r / 2)) --mib="$mib" >"$OUT/raw/link-$tag.json" \
+            2>>"$OUT/logs/link.log" || say "$tag: loopback bandwidth not measured"
+          run_ranks load "$job" "$r" "$OUT/raw/buddyload-$tag" --mib="$mib" --saved-world="$r" \
+            --barrier="$DIR/barrier-buddyload" || say "$tag: a buddy restore rank failed (logs in $OUT/logs/$tag)"
+        fi
+        place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
+      fi
+    fi
     stop_agents >/dev/null 2>&1
+    place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
     rm -rf "$DIR/torch"
     if wants dcp; then
       say "$tag: PyTorch DCP on the same state and ranks: save, async_save (${STEPS} each)"

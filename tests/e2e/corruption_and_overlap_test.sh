@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end (real processes on loopback, tp=2,dp=2):
 # - a byte flipped inside a chunk of a committed data file: `tessera verify` exits 1 naming the
-#   tensor, chunk and file; a trainer loading that step fails with CHECKSUM_MISMATCH;
+#   tensor, chunk and file; trainers restarted beside the agents that saved it still load it
+#   from their memory tier, byte for byte; once the agents restart, a trainer loading that
+#   step fails with CHECKSUM_MISMATCH;
 # - a save of a step that is already committed is refused with STEP_EXISTS.
 set -uo pipefail
 source deploy/lib/procs.sh
@@ -69,8 +71,20 @@ for p in mismatches:
     assert p["tensor"] and p["chunk"] and p["file"].endswith(sys.argv[2]), p
 PY
   fail "verify --json does not report a CHECKSUM_MISMATCH naming tensor, chunk and $victim: $(cat "$DIR/logs/verify-20-after.json")"
+# The agents still hold step 20 in memory (DESIGN.md "Memory tier"), verified against the
+# manifest: a restart on this node loads it byte for byte and reads nothing from the damaged
+# file.
+run_trainers job "$LAYOUT" --mode=load --load_step=20 --layers=2 --dim=128 ||
+  fail "step 20 does not load from the agents' memory"
+for r in 0 1 2 3; do
+  grep -q "load sources: .* disk_bytes=0 " "$DIR/logs/trainer-job-$r.out" ||
+    fail "rank $r read step 20 from disk: $(grep 'load sources' "$DIR/logs/trainer-job-$r.out")"
+done
+# New agents hold nothing: the load reads the file and finds the flipped byte.
+stop_agents || fail "agents did not stop cleanly"
+start_agents job "$LAYOUT" || fail "agents (restarted)"
 if run_trainers job "$LAYOUT" --mode=load --load_step=20 --layers=2 --dim=128; then
-  fail "loading the corrupted step 20 succeeded"
+  fail "loading the corrupted step 20 from disk succeeded"
 fi
 # The trainer prints the status (DATA_LOSS, with the CHECKSUM_MISMATCH ErrorDetail as a binary
 # payload): accept the code name or the checksum-mismatch message naming the corrupted file.

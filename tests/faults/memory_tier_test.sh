@@ -15,6 +15,8 @@ ulimit -c 0
 
 COORD="127.0.0.1:0"  # set after start_coordinator
 
+# agent_lines_count REGEX: lines of every agent log of the job matching REGEX.
+agent_lines_count() { agent_logs | grep -Ec -- "$1"; }
 # sum_sources FIELD: FIELD summed over every trainer's "load sources" line.
 sum_sources() {
   cat "$DIR"/logs/trainer-"$JOB"-*.out | sed -nE "s/.*load sources:.* $1=([0-9]+).*/\1/p" |
@@ -56,7 +58,9 @@ load_all() {
   [ "$(loaded_ranks)" -eq 4 ] || fail "only $(loaded_ranks) of 4 trainers reported their load"
 }
 
-start_coordinator --coordinator_commits=false || fail "coordinator"
+metrics_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+start_coordinator --coordinator_commits=false --metrics_listen="127.0.0.1:$metrics_port" ||
+  fail "coordinator"
 COORD=$(coordinator_address)
 start_agents "$JOB" "$LAYOUT" || fail "agents"
 
@@ -69,6 +73,17 @@ done
 TRAINER_PIDS=()
 wait_latest 20
 wait_held 20
+# What the agents hold is exported: tessera_memory_tier_bytes is the sum of their copies.
+agents_json || fail "tessera agents"
+python3 - "$metrics_port" "$JOB" "$DIR/logs/agents.json" <<'EOF' || fail "tessera_memory_tier_bytes"
+import json, re, sys, urllib.request
+text = urllib.request.urlopen("http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode()
+m = re.search(r'^tessera_memory_tier_bytes\{job="%s"\} ([0-9.e+]+)$' % sys.argv[2], text, re.M)
+assert m, "no tessera_memory_tier_bytes for the job in /metrics"
+held = sum(int(a["resident"]["nbytes"]) for a in json.load(open(sys.argv[3]))["agents"]
+           if "resident" in a)
+assert held > 0 and float(m.group(1)) == held, (m.group(1), held)
+EOF
 load_all -1
 grep -q "loaded step 20 " "$DIR/logs/trainer-$JOB-0.out" || fail "loaded the wrong step"
 [ "$(sum_sources disk_bytes)" -eq 0 ] ||
@@ -112,7 +127,11 @@ print(mib if sizes and mib * 2**20 < 2 * min(sizes) else 0)')
 for r in 0 1 2 3; do restart_agent "$r" --staging_budget_mb="$budget_mb"; done
 run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=30 "${MODEL[@]}" || fail "save 30"
 wait_held 30
+drops=$(agent_lines_count "memory copy of the last committed step was dropped")
+# Without dropping step 30's copy, step 40's staging would not fit and the save would fail.
 run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=40 "${MODEL[@]}" || fail "save 40"
+[ "$(agent_lines_count "memory copy of the last committed step was dropped")" -eq $((drops + 4)) ] ||
+  fail "not every agent dropped step 30's memory copy to stage step 40"
 wait_held 40
 [ "$(holding 30)" -eq 0 ] || fail "step 30 is still held in memory beside step 40"
 load_all 30

@@ -12,7 +12,9 @@
 #
 # Saves tp=2,dp=2 with the distributed optimizer (its DP gather crosses hosts a and b), commits,
 # `tessera verify` in the coordinator's namespace, reloads on tp=1,dp=4 over hosts c, a, b and
-# checks every byte. Asserts: every TCP listener of every namespace is bound to that host's
+# checks every byte; then saves again on a and b, loses host b (its agents SIGKILLed) and
+# restores its ranks on host c from the memory copies their buddies on a hold (DESIGN.md
+# "Memory tier"), none from disk. Asserts: every TCP listener of every namespace is bound to that host's
 # private address (none on 127.0.0.1, 0.0.0.0 or [::]); every agent's advertised peer address
 # is its host's address and is listening there; agents on different hosts report different
 # node ids (their hostnames); the gather's bytes crossed the links between hosts a and b.
@@ -250,7 +252,61 @@ for r in $(seq 0 $(($(world_size "$LOAD_LAYOUT") - 1))); do
     fail "rank $r did not load step 20 byte for byte: $(cat "$DIR/logs/trainer-$JOB-$r.out")"
 done
 stop_agents || fail "agents ($LOAD_LAYOUT) did not stop cleanly"
+
+# ---- a node lost: its replacement restores from memory, its buddies' -----------------------
+# Step 30 saved on hosts a and b again: each agent's memory buddy is on the other host (the
+# coordinator's ring over the two nodes), so a's agents hold copies of the data files b's
+# agents wrote. Host b is lost: its agents SIGKILLed. Ranks 1 and 3 start again on host c, a
+# node that never held anything; their trainers load step 30 byte for byte with every byte
+# from memory — their own files from the buddy copies on a, the rest from a's agents' own
+# copies — and none from disk.
+RANK_HOSTS=(a b)
+start_agents "$JOB" "$SAVE_LAYOUT" || fail "agents ($SAVE_LAYOUT, for step 30)"
+run_trainers "$JOB" "$SAVE_LAYOUT" --mode=save --steps=30 --optimizer=distributed "${MODEL[@]}" ||
+  fail "saving step 30 on $SAVE_LAYOUT across hosts a and b"
+dir30="$DIR/ckpt/$JOB/step-000000030"
+[ -f "$dir30/manifest.pb" ] || fail "no committed directory for step 30"
+# buddies_hold: every data file of step 30 that a rank on b wrote is held as a buddy copy by
+# an agent on a.
+buddies_hold() {
+  tessera agents "$JOB" --json >"$DIR/logs/agents-buddies.json" 2>/dev/null || return 1
+  /usr/bin/python3 - "$DIR/logs/agents-buddies.json" "$dir30" "$TAG-a" <<'PY'
+import json, os, re, sys
+agents = json.load(open(sys.argv[1]))["agents"]
+written_on_b = {int(m.group(1)) for f in os.listdir(sys.argv[2])
+                for m in [re.match(r"data-(\d+)\.safetensors$", f)] if m and int(m.group(1)) % 2 == 1}
+held_on_a = {c.get("writer_rank", 0) for a in agents if a["node_id"] == sys.argv[3]
+             for c in a.get("buddy_copies", []) if c["step"] == "30"}
+sys.exit(0 if written_on_b and written_on_b <= held_on_a else 1)
+PY
+}
+wait_until 30 buddies_hold ||
+  fail "host a's agents do not hold buddy copies of b's step 30 files: $(cat "$DIR/logs/agents-buddies.json")"
+for r in 1 3; do
+  kill -KILL "${AGENT_PIDS[$r]}" 2>/dev/null
+  wait "${AGENT_PIDS[$r]}" 2>/dev/null
+done
+echo "host b lost: agents of ranks 1 and 3 SIGKILLed; starting them on host c"
+RANK_HOSTS=(a c)
+for r in 1 3; do
+  mark_agent_log "$JOB" "$r"
+  start_agent "$JOB" "$SAVE_LAYOUT" "$r"
+  wait_registered "$JOB" "$r" || fail "rank $r's replacement on host c did not register"
+done
+run_trainers "$JOB" "$SAVE_LAYOUT" --mode=load --load_step=-1 --optimizer=distributed "${MODEL[@]}" ||
+  fail "loading step 30 with ranks 1 and 3 on host c"
+for r in 0 1 2 3; do
+  grep -q "loaded step 30 on $SAVE_LAYOUT" "$DIR/logs/trainer-$JOB-$r.out" ||
+    fail "rank $r did not load step 30 byte for byte: $(cat "$DIR/logs/trainer-$JOB-$r.out")"
+done
+for r in 1 3; do
+  sources=$(grep "load sources:" "$DIR/logs/trainer-$JOB-$r.out")
+  echo "rank $r on host c: $sources"
+  echo "$sources" | grep -q " disk_bytes=0 " || fail "rank $r read from disk: $sources"
+  echo "$sources" | grep -Eq "fetched_from_peers=[1-9]" || fail "rank $r fetched nothing from host a: $sources"
+done
+stop_agents || fail "agents (step 30) did not stop cleanly"
 stop_coordinator || fail "coordinator did not stop cleanly"
 echo "PASS: coordinator and agents on separate hosts ($TAG-*); saved $SAVE_LAYOUT on a+b" \
   "(distributed optimizer, gather across hosts), verified, reloaded byte-identical on" \
-  "$LOAD_LAYOUT on c+a+b"
+  "$LOAD_LAYOUT on c+a+b; host b lost, its ranks restored on c from memory (buddy copies on a)"

@@ -22,7 +22,8 @@ HEADER_FQN = "tessera.objects.header"      # 8 bytes: little-endian u64 length o
 INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "objects": [[name, nbytes]]}
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
-_NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0}
+_NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0,
+               "bytes_fetched_from_peers": 0}
 
 
 def padded(data):
@@ -118,7 +119,8 @@ class Client:
         # (their memory was left untouched).
         self.last_absent = []
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
-        # "bytes_from_disk", "memory_blocks_rejected"}, whole checksum blocks counted.
+        # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers"}, whole
+        # checksum blocks counted.
         self.last_load = dict(_NO_SOURCES)
 
     @property

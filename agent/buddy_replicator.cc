@@ -1,0 +1,85 @@
+#include "agent/buddy_replicator.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace tessera {
+
+BuddyReplicator::BuddyReplicator(const MemoryTier* tier, uint32_t rank, Send send)
+    : tier_(tier), rank_(rank), send_(std::move(send)) {
+  thread_ = std::thread([this] { Run(); });
+}
+
+BuddyReplicator::~BuddyReplicator() {
+  cancel_.store(true);
+  {
+    absl::MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  thread_.join();
+}
+
+void BuddyReplicator::SetBuddy(std::optional<v1::MemoryBuddy> buddy) {
+  absl::MutexLock lock(&mu_);
+  buddy_ = std::move(buddy);
+  wake_ = true;
+}
+
+void BuddyReplicator::OnPublished() {
+  absl::MutexLock lock(&mu_);
+  wake_ = true;
+}
+
+uint64_t BuddyReplicator::copies_sent() const {
+  absl::MutexLock lock(&mu_);
+  return copies_sent_;
+}
+
+void BuddyReplicator::Run() {
+  while (true) {
+    std::optional<v1::MemoryBuddy> buddy;
+    {
+      absl::MutexLock lock(&mu_);
+      auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || wake_; };
+      mu_.Await(absl::Condition(&woken));
+      if (stop_) return;
+      wake_ = false;
+      buddy = buddy_;
+    }
+    std::optional<v1::MemoryCopy> copy = tier_->CurrentCopy();
+    if (!buddy.has_value() || !copy.has_value()) continue;
+    const std::string key =
+        absl::StrCat(buddy->rank(), "@", buddy->peer_address(), "#", buddy->incarnation(), "/",
+                     copy->step(), "/", copy->session_id());
+    {
+      absl::MutexLock lock(&mu_);
+      if (key == sent_) continue;
+    }
+    // Hold the region while its bytes are read; it may be dropped for a save meanwhile.
+    ResidentView view = tier_->Find(copy->step(), copy->session_id());
+    auto file = view.files.find(copy->file());
+    if (file == view.files.end()) continue;
+    copy->set_writer_rank(rank_);
+    copy->clear_region();  // the buddy holds it in its heap, not in this region
+    const absl::Status sent = send_(buddy->peer_address(), *copy, file->second.data, cancel_);
+    if (!sent.ok()) {
+      absl::MutexLock lock(&mu_);
+      if (failed_ != key) {
+        failed_ = key;
+        LogWarning("memory copy of step ", copy->step(), " not sent to buddy rank ",
+                   buddy->rank(), " at ", buddy->peer_address(), " (", sent.ToString(),
+                   "); trying again at each heartbeat");
+      }
+      continue;
+    }
+    LogInfo("memory copy of step ", copy->step(), " (", copy->nbytes(), " bytes) sent to buddy rank ",
+            buddy->rank(), " on ", buddy->node_id());
+    absl::MutexLock lock(&mu_);
+    sent_ = key;
+    ++copies_sent_;
+  }
+}
+
+}  // namespace tessera

@@ -1,0 +1,77 @@
+// BuddyReplicator: sends this agent's resident copy (agent/memory_tier.h) to its memory buddy
+// on another node (DESIGN.md "Memory tier"), in the background.
+//
+// The coordinator names the buddy in every heartbeat reply (SetBuddy); the memory tier says
+// when a save committed a new copy (OnPublished). Whenever the copy the buddy should hold —
+// (buddy and its incarnation, step, session) — differs from the last one sent whole, a thread
+// sends it (PeerMemory.PutMemoryCopy) from the resident region, holding it: the staging pool
+// never hands a held region to a save (agent/staging_pool.h), so the bytes stay the commit's.
+// Sending starts after the commit, so it never competes with the save's disk write. A failed
+// send is logged (once per copy and buddy) and tried again at the next SetBuddy (the next
+// heartbeat). At most one send runs at a time; destruction cancels it between chunks.
+//
+// Thread-safety: all methods are safe for concurrent use.
+#ifndef TESSERA_AGENT_BUDDY_REPLICATOR_H_
+#define TESSERA_AGENT_BUDDY_REPLICATOR_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "agent/memory_tier.h"
+#include "tessera/v1/coordinator.pb.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+
+class BuddyReplicator {
+ public:
+  // Sends `copy` (header, writer_rank set, no region) with its copy.nbytes() bytes at `data`
+  // to the agent at `peer_address`, giving up between chunks once `cancel` is true. Returns
+  // the receiver's error or the transport's.
+  using Send = std::function<absl::Status(const std::string& peer_address,
+                                          const v1::MemoryCopy& copy, const char* data,
+                                          const std::atomic<bool>& cancel)>;
+
+  // `tier` must outlive the replicator. `rank` is this agent's (the copies' writer_rank).
+  BuddyReplicator(const MemoryTier* tier, uint32_t rank, Send send);
+  ~BuddyReplicator();  // stops the thread (a send in progress finishes first)
+
+  // The buddy the coordinator named (nullopt: none).
+  void SetBuddy(std::optional<v1::MemoryBuddy> buddy) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The memory tier published a new resident copy.
+  void OnPublished() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Copies sent whole, for tests and logs.
+  uint64_t copies_sent() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  void Run();
+
+  const MemoryTier* const tier_;
+  const uint32_t rank_;
+  const Send send_;
+
+  mutable absl::Mutex mu_;
+  std::optional<v1::MemoryBuddy> buddy_ ABSL_GUARDED_BY(mu_);
+  bool wake_ ABSL_GUARDED_BY(mu_) = false;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::string sent_ ABSL_GUARDED_BY(mu_);    // key of the last copy sent whole
+  std::string failed_ ABSL_GUARDED_BY(mu_);  // key of the last failure logged
+  uint64_t copies_sent_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> cancel_{false};
+
+  std::thread thread_;  // last: joins before the fields above go away
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_BUDDY_REPLICATOR_H_

@@ -1,0 +1,67 @@
+#include "agent/buddy_store.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera {
+
+absl::StatusOr<std::shared_ptr<MemoryBuffer>> BuddyStore::Reserve(const v1::MemoryCopy& copy) {
+  {
+    absl::MutexLock lock(&mu_);
+    const uint32_t writer = copy.writer_rank();
+    uint64_t others = 0;
+    for (const auto& [w, held] : copies_) others += w == writer ? 0 : held.copy.nbytes();
+    for (const auto& [w, bytes] : incoming_) others += w == writer ? 0 : bytes;
+    if (copy.nbytes() > budget_bytes_ || others > budget_bytes_ - copy.nbytes()) {
+      return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                       absl::StrCat("a memory copy of ", copy.nbytes(), " bytes for rank ",
+                                    writer, " does not fit the buddy budget of ", budget_bytes_,
+                                    " bytes beside ", others, " held or being received"));
+    }
+    incoming_[writer] = copy.nbytes();
+  }
+  return std::make_shared<MemoryBuffer>(copy.nbytes());
+}
+
+void BuddyStore::Keep(v1::MemoryCopy copy, std::shared_ptr<const MemoryBuffer> bytes) {
+  absl::MutexLock lock(&mu_);
+  const uint32_t writer = copy.writer_rank();
+  copy.clear_region();
+  incoming_.erase(writer);
+  copies_[writer] = HeldCopy{std::move(copy), std::move(bytes)};
+}
+
+void BuddyStore::Abandon(uint32_t writer_rank) {
+  absl::MutexLock lock(&mu_);
+  incoming_.erase(writer_rank);
+}
+
+std::optional<HeldCopy> BuddyStore::Find(int64_t step, absl::string_view session_id,
+                                         absl::string_view file) const {
+  absl::MutexLock lock(&mu_);
+  for (const auto& [writer, held] : copies_) {
+    if (held.copy.step() == step && held.copy.session_id() == session_id &&
+        held.copy.file() == file) {
+      return held;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<v1::MemoryCopy> BuddyStore::Copies() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::MemoryCopy> out;
+  for (const auto& [writer, held] : copies_) out.push_back(held.copy);
+  return out;
+}
+
+uint64_t BuddyStore::held_bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& [writer, held] : copies_) total += held.copy.nbytes();
+  return total;
+}
+
+}  // namespace tessera

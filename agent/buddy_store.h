@@ -1,0 +1,81 @@
+// BuddyStore: the copies an agent holds as the memory buddy of agents on other nodes
+// (DESIGN.md "Memory tier"): each sender's last committed data file, in this agent's heap,
+// so a replacement of the sender's node can restore from it (PeerMemory.ReadMemoryCopy).
+//
+// One copy per writer rank: a newer one replaces it once it arrived whole. Bounded by a byte
+// budget; the copy a sender replaces does not count against its replacement.
+//
+// Thread-safety: all methods are safe for concurrent use.
+#ifndef TESSERA_AGENT_BUDDY_STORE_H_
+#define TESSERA_AGENT_BUDDY_STORE_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+
+// Bytes in memory, uninitialized when made.
+class MemoryBuffer {
+ public:
+  explicit MemoryBuffer(uint64_t size) : data_(new char[size]), size_(size) {}
+  char* data() { return data_.get(); }
+  const char* data() const { return data_.get(); }
+  uint64_t size() const { return size_; }
+
+ private:
+  std::unique_ptr<char[]> data_;
+  uint64_t size_;
+};
+
+struct HeldCopy {
+  v1::MemoryCopy copy;
+  std::shared_ptr<const MemoryBuffer> bytes;  // copy.nbytes() bytes
+};
+
+class BuddyStore {
+ public:
+  explicit BuddyStore(uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
+
+  // Reserves room for `copy` (copy.writer_rank names the sender) and returns a buffer to
+  // receive it into; the room counts until Keep or Abandon of that writer.
+  // Errors: ResourceExhausted if it would not fit the budget beside the other senders' copies,
+  // held or being received.
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> Reserve(const v1::MemoryCopy& copy)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Keeps `bytes` as the copy of copy.writer_rank, replacing the one held (its region name, if
+  // any, is cleared: the bytes live in this agent's heap).
+  void Keep(v1::MemoryCopy copy, std::shared_ptr<const MemoryBuffer> bytes)
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Gives back the room reserved for a copy of `writer_rank` that did not arrive whole.
+  void Abandon(uint32_t writer_rank) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The copy of `file` of checkpoint (step, session_id), if held.
+  std::optional<HeldCopy> Find(int64_t step, absl::string_view session_id,
+                               absl::string_view file) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Every copy held (for heartbeats), by writer rank.
+  std::vector<v1::MemoryCopy> Copies() const ABSL_LOCKS_EXCLUDED(mu_);
+
+  uint64_t held_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
+
+ private:
+  const uint64_t budget_bytes_;
+  mutable absl::Mutex mu_;
+  std::map<uint32_t, HeldCopy> copies_ ABSL_GUARDED_BY(mu_);  // by writer rank
+  std::map<uint32_t, uint64_t> incoming_ ABSL_GUARDED_BY(mu_);  // reserved, by writer rank
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_AGENT_BUDDY_STORE_H_

@@ -1,0 +1,223 @@
+#include "agent/peer_memory.h"
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/notification.h"
+#include "agent/buddy_replicator.h"
+#include "agent/buddy_store.h"
+#include "agent/memory_tier.h"
+#include "common/status.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kJob[] = "job";
+
+std::string Pattern(uint64_t size, char seed) {
+  std::string s(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) s[i] = static_cast<char>(seed + i * 7 + (i >> 12));
+  return s;
+}
+
+v1::MemoryCopy Copy(int64_t step, const std::string& file, uint64_t nbytes, uint32_t writer) {
+  v1::MemoryCopy c;
+  c.set_step(step);
+  c.set_session_id("s" + std::to_string(step));
+  c.set_file(file);
+  c.set_file_offset(4096);
+  c.set_nbytes(nbytes);
+  c.set_writer_rank(writer);
+  return c;
+}
+
+// A PeerMemory server in this process: its own memory tier (holding `own_` as step 7) and a
+// buddy store of `budget` bytes.
+class PeerMemoryTest : public ::testing::Test {
+ protected:
+  void Start(uint64_t budget) {
+    store_ = std::make_unique<BuddyStore>(budget);
+    service_ = std::make_unique<PeerMemoryService>(kJob, &tier_, store_.get());
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    address_ = "127.0.0.1:" + std::to_string(port);
+    channel_ = grpc::CreateChannel(address_, grpc::InsecureChannelCredentials());
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown();
+  }
+
+  // A PutMemoryCopy stream of `chunk` alone; its status code.
+  grpc::StatusCode PutOneChunk(const v1::MemoryCopyChunk& chunk) {
+    v1::PeerMemory::Stub stub(channel_);
+    grpc::ClientContext context;
+    v1::PutMemoryCopyResponse response;
+    std::unique_ptr<grpc::ClientWriter<v1::MemoryCopyChunk>> writer =
+        stub.PutMemoryCopy(&context, &response);
+    writer->Write(chunk);
+    writer->WritesDone();
+    return writer->Finish().error_code();
+  }
+
+  // Publishes `bytes` as this server's own resident copy of step 7, file "data-00000".
+  void PublishOwn(std::shared_ptr<std::string> bytes) {
+    tier_.Publish(ResidentCheckpoint{7, "s7", "data-00000", 4096, bytes->size(),
+                                     ResidentRegion{"/own", bytes->data(), bytes->size(), bytes}});
+  }
+
+  MemoryTier tier_;
+  std::unique_ptr<BuddyStore> store_;
+  std::unique_ptr<PeerMemoryService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::shared_ptr<grpc::Channel> channel_;
+};
+
+TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
+  Start(/*budget=*/64 << 20);
+  const std::string bytes = Pattern((9 << 20) + 123, 'a');  // several chunks, a short last one
+  const v1::MemoryCopy copy = Copy(7, "data-00003", bytes.size(), /*writer=*/3);
+  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30)).ok());
+  ASSERT_EQ(store_->Copies().size(), 1u);
+  EXPECT_EQ(store_->Copies()[0].writer_rank(), 3u);
+  EXPECT_EQ(store_->held_bytes(), bytes.size());
+
+  absl::StatusOr<std::shared_ptr<const MemoryBuffer>> back =
+      ReadMemoryCopy(channel_, kJob, copy, absl::Seconds(30));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::string((*back)->data(), (*back)->size()), bytes);
+
+  // A newer copy from the same writer replaces it.
+  const std::string newer = Pattern(5000, 'z');
+  ASSERT_TRUE(
+      SendMemoryCopy(channel_, kJob, Copy(8, "data-00003", newer.size(), 3), newer.data(), absl::Seconds(30))
+          .ok());
+  EXPECT_EQ(store_->held_bytes(), newer.size());
+  EXPECT_EQ(ReadMemoryCopy(channel_, kJob, copy, absl::Seconds(30)).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(PeerMemoryTest, Read_TheAgentsOwnResidentCopy) {
+  Start(/*budget=*/1 << 20);
+  auto own = std::make_shared<std::string>(Pattern((2 << 20) + 5, 'o'));
+  PublishOwn(own);
+  absl::StatusOr<std::shared_ptr<const MemoryBuffer>> back =
+      ReadMemoryCopy(channel_, kJob, Copy(7, "data-00000", own->size(), 0), absl::Seconds(30));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(std::string((*back)->data(), (*back)->size()), *own);
+}
+
+TEST_F(PeerMemoryTest, Read_NothingHeldOrAnotherJob_Errors) {
+  Start(/*budget=*/1 << 20);
+  absl::Status none =
+      ReadMemoryCopy(channel_, kJob, Copy(7, "data-00009", 10, 9), absl::Seconds(30)).status();
+  EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
+  EXPECT_NE(none.message().find("data-00009"), std::string::npos);
+  EXPECT_EQ(ReadMemoryCopy(channel_, "other", Copy(7, "data-00009", 10, 9), absl::Seconds(30))
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(PeerMemoryTest, Put_OverTheBuddyBudget_RefusedAndNothingHeld) {
+  Start(/*budget=*/1 << 20);
+  const std::string bytes = Pattern((1 << 20) + 1, 'b');
+  absl::Status s =
+      SendMemoryCopy(channel_, kJob, Copy(7, "data-00001", bytes.size(), 1), bytes.data(), absl::Seconds(30));
+  EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+  EXPECT_TRUE(store_->Copies().empty());
+}
+
+TEST_F(PeerMemoryTest, Put_FromAnotherJob_FailedPreconditionAndNothingHeld) {
+  Start(/*budget=*/1 << 20);
+  const std::string bytes = Pattern(1000, 'j');
+  EXPECT_EQ(SendMemoryCopy(channel_, "other-job", Copy(7, "data-00001", bytes.size(), 1),
+                           bytes.data(), absl::Seconds(30))
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_TRUE(store_->Copies().empty());
+}
+
+TEST_F(PeerMemoryTest, Put_GapInTheChunks_InvalidArgumentAndTheRoomGivenBack) {
+  Start(/*budget=*/1 << 20);
+  v1::MemoryCopyChunk chunk;
+  *chunk.mutable_copy() = Copy(7, "data-00001", 1 << 20, 1);
+  chunk.set_job_id(kJob);
+  chunk.set_offset(4096);  // the first byte is at 0
+  chunk.set_data("late");
+  EXPECT_EQ(PutOneChunk(chunk), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(store_->Copies().empty());
+  // The whole budget is free again: a copy of all of it fits.
+  const std::string all = Pattern(1 << 20, 'w');
+  EXPECT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00002", all.size(), 2), all.data(),
+                             absl::Seconds(30))
+                  .ok());
+}
+
+TEST(BuddyStore, Reserve_CopiesBeingReceivedCountAgainstTheBudget) {
+  BuddyStore store(/*budget_bytes=*/1000);
+  ASSERT_TRUE(store.Reserve(Copy(7, "a", 600, 1)).ok());
+  // Writer 2's copy would fit beside what is held (nothing) but not beside writer 1's in flight.
+  EXPECT_EQ(store.Reserve(Copy(7, "b", 600, 2)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  // Writer 1 replacing its own reservation is not counted twice.
+  EXPECT_TRUE(store.Reserve(Copy(8, "a", 900, 1)).ok());
+  store.Abandon(1);
+  EXPECT_TRUE(store.Reserve(Copy(7, "b", 600, 2)).ok());
+}
+
+TEST_F(PeerMemoryTest, Put_WithoutACopyHeader_InvalidArgument) {
+  Start(/*budget=*/1 << 20);
+  v1::MemoryCopyChunk chunk;
+  chunk.set_job_id(kJob);
+  chunk.set_data("orphan bytes");
+  EXPECT_EQ(PutOneChunk(chunk), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(store_->Copies().empty());
+}
+
+TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {
+  Start(/*budget=*/64 << 20);
+  MemoryTier sender_tier;
+  absl::Notification step8_sent;
+  BuddyReplicator replicator(
+      &sender_tier, /*rank=*/5,
+      [&](const std::string& address, const v1::MemoryCopy& copy, const char* data,
+          const std::atomic<bool>& cancel) {
+        EXPECT_EQ(address, address_);
+        EXPECT_TRUE(copy.region().empty());
+        absl::Status s = SendMemoryCopy(channel_, kJob, copy, data, absl::Seconds(30), &cancel);
+        if (s.ok() && copy.step() == 8) step8_sent.Notify();
+        return s;
+      });
+  v1::MemoryBuddy buddy;
+  buddy.set_rank(1);
+  buddy.set_peer_address(address_);
+  replicator.SetBuddy(buddy);
+
+  auto first = std::make_shared<std::string>(Pattern(3 << 20, 'f'));
+  sender_tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, first->size(),
+                                         ResidentRegion{"/r", first->data(), first->size(), first}});
+  replicator.OnPublished();
+  auto second = std::make_shared<std::string>(Pattern(1 << 20, 's'));
+  sender_tier.Publish(ResidentCheckpoint{8, "s8", "data-00005", 4096, second->size(),
+                                         ResidentRegion{"/r", second->data(), second->size(), second}});
+  replicator.OnPublished();
+  // Step 7 may be sent first or overtaken by step 8; step 8 is sent, and replaces it.
+  step8_sent.WaitForNotification();
+  std::optional<HeldCopy> held = store_->Find(8, "s8", "data-00005");
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->copy.writer_rank(), 5u);
+  EXPECT_EQ(std::string(held->bytes->data(), held->bytes->size()), *second);
+  EXPECT_EQ(store_->Copies().size(), 1u);
+}
+
+}  // namespace
+}  // namespace tessera
