@@ -100,21 +100,26 @@ void SaveExecutor::Drive(const Event& event) {
   }
   for (const std::string& session : out.cancel_exchanges) peers_->CancelSession(session);
   for (const LogLine& line : out.logs) Write(line);
-  if (out.resident.has_value()) KeepResident(*out.resident);
+  // Kept before the trainer hears of the commit, so a load it starts next finds it.
+  const uint64_t kept = out.resident.has_value() ? KeepResident(*out.resident) : 0;
   for (auto& reply : out.replies) reply();
+  // The next save stages in the other set of regions: make it now, after the trainer's
+  // answers and while it computes, not in that save's stall (a no-op once both sets exist).
+  if (kept > 0) staging_->Prepare({kept});
 }
 
-void SaveExecutor::KeepResident(const ResidentSave& save) {
-  if (options_.memory_tier == nullptr) return;
+uint64_t SaveExecutor::KeepResident(const ResidentSave& save) {
+  if (options_.memory_tier == nullptr) return 0;
   std::vector<ResidentRegion> regions = staging_->Retain(save.memory.acquisition);
   if (regions.empty()) {
     LogInfo("step ", save.step, " is not kept in memory: its staging was handed to another save");
-    return;
+    return 0;
   }
   LogInfo("step ", save.step, " kept in memory: ", save.nbytes, " bytes of ", save.file, " in ",
           regions[0].name, " (a region of ", regions[0].capacity, " bytes)");
   options_.memory_tier->Publish(ResidentCheckpoint{save.step, save.session_id, save.file,
                                                    save.file_offset, save.nbytes, regions[0]});
+  return regions[0].capacity;
 }
 
 void SaveExecutor::ApplyLocked(SaveEffects effects, Outbox& out) {

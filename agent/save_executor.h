@@ -134,10 +134,10 @@ class SaveExecutor {
   void Drive(const Event& event) ABSL_LOCKS_EXCLUDED(mu_);
   void ApplyLocked(SaveEffects effects, Outbox& out) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Keeps a committed save's staging resident in the memory tier, if it is on and the
-  // staging is still that save's. Runs after the lock is released (the tier's publish hook
-  // calls out), before the event that decided it returns: so before the next command can
-  // pin another save's staging.
-  void KeepResident(const ResidentSave& save) ABSL_LOCKS_EXCLUDED(mu_);
+  // staging is still that save's; returns the bytes kept (0: none). Runs after the lock is
+  // released (the tier's publish hook calls out), before the event that decided it returns:
+  // so before the next command can pin another save's staging.
+  uint64_t KeepResident(const ResidentSave& save) ABSL_LOCKS_EXCLUDED(mu_);
   void RunWorker() ABSL_LOCKS_EXCLUDED(mu_);
   void RunRpcs() ABSL_LOCKS_EXCLUDED(mu_);
   void RunTimer() ABSL_LOCKS_EXCLUDED(mu_);

@@ -141,6 +141,17 @@ uint64_t StagingPool::ResidentBytesLocked() const {
 
 absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<uint64_t>& sizes) {
   absl::MutexLock lock(&mu_);
+  return FillLocked(sizes, /*prepare=*/false);
+}
+
+bool StagingPool::Prepare(const std::vector<uint64_t>& sizes) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<std::vector<StagingSlot>> slots = FillLocked(sizes, /*prepare=*/true);
+  return slots.ok() && !slots->empty();
+}
+
+absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vector<uint64_t>& sizes,
+                                                                 bool prepare) {
   // Admission first, so a refused save leaves the pool as it was (the resident set aside: a
   // save that does not fit beside it drops it, below).
   std::vector<uint64_t> capacities(sizes.size());
@@ -170,11 +181,12 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
   }
 
   if (!resident_.empty() && total + ResidentBytesLocked() > budget_bytes_) {
+    if (prepare) return std::vector<StagingSlot>();  // only a save may drop the resident set
     resident_.clear();
     ++evictions_;
   }
   regions_.resize(sizes.size());  // releases regions beyond the request
-  ++acquisitions_;
+  if (!prepare) ++acquisitions_;
   std::vector<StagingSlot> slots(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (regions_[i] == nullptr || regions_[i]->capacity() < sizes[i]) {
@@ -184,7 +196,7 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
     }
     const Region& region = *regions_[i];
     slots[i] = StagingSlot{region.name(), region.data(), sizes[i], region.capacity(),
-                           region.pinned(), acquisitions_};
+                           region.pinned(), prepare ? 0 : acquisitions_};
   }
   return slots;
 }

@@ -131,6 +131,12 @@ class StagingPool {
   // pool released them since: their bytes are no longer that save's.
   std::vector<ResidentRegion> Retain(uint64_t acquisition);
 
+  // Memory tier: creates (and faults in) the next save's regions for `sizes` ahead of time,
+  // as Acquire would, so a save after a Retain does not pay for new regions on the trainer's
+  // time — only if they fit beside the resident set (it is never dropped here). Returns
+  // whether the regions are ready; hands nothing out.
+  bool Prepare(const std::vector<uint64_t>& sizes);
+
   // Bytes currently mapped (sum of capacities, the resident set included).
   uint64_t mapped_bytes() const;
 
@@ -166,6 +172,10 @@ class StagingPool {
   absl::StatusOr<std::unique_ptr<Region>> CreateRegionLocked(uint64_t capacity)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ResidentBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Acquire, or with `prepare` Prepare: the slots, or none if preparing does not fit.
+  absl::StatusOr<std::vector<StagingSlot>> FillLocked(const std::vector<uint64_t>& sizes,
+                                                      bool prepare)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StagingPoolOptions options_;
   const uint64_t budget_bytes_;

@@ -191,6 +191,26 @@ TEST(StagingPool, Retain_SavesAlternateBetweenTwoSets_ResidentBytesKept) {
   EXPECT_EQ(next[0].data[0], 'b');  // untouched under the reader
 }
 
+TEST(StagingPool, Prepare_NextSetMadeAheadBesideTheResidentOne_NeverDropsIt) {
+  auto pool = MakePool(TestJob("prepare"), 7, /*budget=*/3 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> a = pool->Acquire({kMiB});
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(pool->Retain((*a)[0].acquisition).size(), 1u);
+  EXPECT_TRUE(pool->Prepare({kMiB}));
+  EXPECT_EQ(pool->regions_created(), 2u);
+  EXPECT_EQ(pool->mapped_bytes(), 2 * kMiB);
+  // The next save finds it ready: no region is created on its time.
+  absl::StatusOr<std::vector<StagingSlot>> b = pool->Acquire({kMiB});
+  ASSERT_TRUE(b.ok());
+  EXPECT_EQ(pool->regions_created(), 2u);
+  EXPECT_NE((*b)[0].name, (*a)[0].name);
+  // Too big to prepare beside the resident set: nothing happens, the resident set stays.
+  ASSERT_EQ(pool->Retain((*b)[0].acquisition).size(), 1u);
+  EXPECT_FALSE(pool->Prepare({2 * kMiB + 1}));
+  EXPECT_EQ(pool->resident_bytes(), kMiB);
+  EXPECT_EQ(pool->resident_evictions(), 0u);
+}
+
 TEST(StagingPool, Retain_AfterALaterAcquireOrRelease_Refused) {
   auto pool = MakePool(TestJob("retainlate"), 5);
   absl::StatusOr<std::vector<StagingSlot>> first = pool->Acquire({kMiB});

@@ -24,6 +24,9 @@
 namespace tessera {
 namespace {
 
+// Save regions kept mapped: the memory tier alternates between two.
+constexpr size_t kMaxSaveMappings = 2;
+
 void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -188,16 +191,22 @@ absl::StatusOr<MappedStaging*> Client::SaveMappingLocked(const std::string& name
                                                          bool pin) {
   // A region name never changes size (the agent's pool replaces a region that must grow by
   // one with a new name), so a mapping of the same name that is large enough is still valid.
-  if (staging_ != nullptr && staging_->name() == name && staging_->size() >= size &&
-      (staging_->pinned() || !pin)) {
-    return staging_.get();
+  for (auto it = staging_.begin(); it != staging_.end(); ++it) {
+    if ((*it)->name() != name) continue;
+    if ((*it)->size() >= size && ((*it)->pinned() || !pin)) {
+      std::rotate(it, it + 1, staging_.end());  // the latest last
+      return staging_.back().get();
+    }
+    staging_.erase(it);
+    break;
   }
-  // Unmap the old region first: the agent has unlinked it, and our mapping alone would keep
-  // its memory alive.
-  staging_.reset();
-  ASSIGN_OR_RETURN(staging_, MapStaging(name, size, pin));
+  // Unmap the oldest first when two are held: the agent has let it go, and our mapping alone
+  // would keep its memory alive.
+  if (staging_.size() >= kMaxSaveMappings) staging_.erase(staging_.begin());
+  ASSIGN_OR_RETURN(std::unique_ptr<MappedStaging> mapped, MapStaging(name, size, pin));
+  staging_.push_back(std::move(mapped));
   CountMap();
-  return staging_.get();
+  return staging_.back().get();
 }
 
 absl::Status Client::CopyLocked(absl::Span<const TensorRef> tensors,
@@ -408,9 +417,11 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   std::unique_ptr<MappedStaging> temporary;
   if (total > 0) {
     char* base = nullptr;
-    if (staging_ != nullptr && staging_->name() == response.shm_name() &&
-        staging_->size() >= response.shm_size()) {
-      base = static_cast<char*>(staging_->data());
+    auto cached = std::find_if(staging_.begin(), staging_.end(), [&](const auto& m) {
+      return m->name() == response.shm_name() && m->size() >= response.shm_size();
+    });
+    if (cached != staging_.end()) {
+      base = static_cast<char*>((*cached)->data());
     } else {
       // Read-only, not pre-faulted: the copy threads fault the pages in as they read them,
       // in parallel and overlapped with the copy, instead of one serial pass before it.

@@ -24,7 +24,7 @@
 // the release would be the last reference and pay for freeing its pages inside Load.
 //
 // Lifecycle: Connect() once per trainer process (after the agent registered); the Client is
-// kept for the whole run. The staging mapping of the last save is cached and reused while the
+// kept for the whole run. The staging mappings of the last two saves are cached and reused while the
 // agent hands out the same region (the common case), and replaced when it hands out another.
 //
 // Thread-safety: all methods may be called from any thread. Save and Load are serialised by
@@ -232,8 +232,9 @@ class Client {
 
   // Serialises Save and Load.
   absl::Mutex mu_;
-  // The staging region of the last save, mapped into this process.
-  std::unique_ptr<MappedStaging> staging_ ABSL_GUARDED_BY(mu_);
+  // The staging regions of the last two saves, mapped into this process, the latest last: an
+  // agent with the memory tier on alternates between two regions (agent/staging_pool.h).
+  std::vector<std::unique_ptr<MappedStaging>> staging_ ABSL_GUARDED_BY(mu_);
   // Declared after staging_ so it is destroyed first: no copy is in flight at unmap.
   DeviceCopier device_ ABSL_GUARDED_BY(mu_);
 

@@ -116,6 +116,7 @@ class FakeAgent final : public v1::Agent::Service {
   std::vector<v1::BeginSaveRequest> begin_requests ABSL_GUARDED_BY(mu);
   std::vector<Snapshot> staged ABSL_GUARDED_BY(mu);
   std::string region_name ABSL_GUARDED_BY(mu);  // of the last BeginSave
+  bool retain_each_save ABSL_GUARDED_BY(mu) = false;  // keep each staged region resident
   grpc::Status wait_status ABSL_GUARDED_BY(mu);
   std::vector<v1::WaitCommittedRequest> wait_requests ABSL_GUARDED_BY(mu);
   grpc::Status load_error ABSL_GUARDED_BY(mu);
@@ -179,6 +180,8 @@ class FakeAgent final : public v1::Agent::Service {
       if (!in_slot[i] && base[i] != kUntouched) snapshot.gaps_untouched = false;
     }
     staged.push_back(std::move(snapshot));
+    // As a committed save does with the memory tier on: the next save stages elsewhere.
+    if (retain_each_save) pool_->Retain(region_.acquisition);
     return grpc::Status::OK;
   }
 
@@ -760,6 +763,28 @@ TEST_F(ClientTest, Save_SameRegion_MappingReusedAndReplacedWhenRegionChanges) {
   ASSERT_TRUE(client->Save(4, {HostRef("a", &a)}).ok());
   EXPECT_EQ(client->stats().staging_maps, 2u);
   EXPECT_EQ(client->stats().saves, 4u);
+}
+
+TEST_F(ClientTest, Save_RegionsAlternate_EachMappedOnce) {
+  // The agent keeps each committed save's region resident (memory tier), so saves alternate
+  // between two regions: the client keeps both mapped.
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->retain_each_save = true;
+  }
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a = Pattern(1000, 1);
+  std::set<std::string> regions;
+  for (int64_t step = 1; step <= 5; ++step) {
+    a[0] = static_cast<uint8_t>(step);
+    ASSERT_TRUE(client->Save(step, {HostRef("a", &a)}).ok());
+    absl::MutexLock lock(&fake_->mu);
+    regions.insert(fake_->region_name);
+    EXPECT_EQ(fake_->staged.back().slots[0], Bytes(a)) << "step " << step;
+  }
+  EXPECT_EQ(regions.size(), 2u);
+  EXPECT_EQ(client->stats().staging_maps, 2u);
 }
 
 TEST_F(ClientTest, Save_LargeTotal_ThreadedCopyByteExact) {
