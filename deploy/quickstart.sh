@@ -72,6 +72,12 @@ latest="$DIR/ckpt/demo/step-000000300"
 echo "== tessera verify $latest"
 "$TESSERA" verify "$latest" | sed 's/^/   /' || fail "tessera verify found problems"
 "$TESSERA" status demo --json >"$DIR/status.json" || fail "tessera status --json"
+
+echo "== restarting the 8 trainers beside their agents: step 300 loads from the agents' memory"
+run_trainers demo pp=2,tp=2,dp=2 --mode=load --load_step=-1 --total_mb="$MB" \
+  --optimizer="$OPTIMIZER" || fail "reloading from the agents' memory failed (see $DIR/logs)"
+sed 's/^/   /' "$DIR/logs/trainer-demo-0.out"
+for f in "$DIR"/logs/trainer-demo-*.out; do mv "$f" "${f%.out}.memload"; done
 stop_agents || fail "an agent did not stop cleanly"
 
 echo "== resuming on a different layout: 8 agents as PP1 x TP2 x DP4 load step 300"
