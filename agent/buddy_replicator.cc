@@ -32,11 +32,6 @@ void BuddyReplicator::OnPublished() {
   wake_ = true;
 }
 
-uint64_t BuddyReplicator::copies_sent() const {
-  absl::MutexLock lock(&mu_);
-  return copies_sent_;
-}
-
 void BuddyReplicator::Run() {
   while (true) {
     std::optional<v1::MemoryBuddy> buddy;
@@ -78,7 +73,6 @@ void BuddyReplicator::Run() {
             buddy->rank(), " on ", buddy->node_id());
     absl::MutexLock lock(&mu_);
     sent_ = key;
-    ++copies_sent_;
   }
 }
 

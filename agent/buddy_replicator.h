@@ -50,9 +50,6 @@ class BuddyReplicator {
   // The memory tier published a new resident copy.
   void OnPublished() ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Copies sent whole, for tests and logs.
-  uint64_t copies_sent() const ABSL_LOCKS_EXCLUDED(mu_);
-
  private:
   void Run();
 
@@ -66,7 +63,6 @@ class BuddyReplicator {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::string sent_ ABSL_GUARDED_BY(mu_);    // key of the last copy sent whole
   std::string failed_ ABSL_GUARDED_BY(mu_);  // key of the last failure logged
-  uint64_t copies_sent_ ABSL_GUARDED_BY(mu_) = 0;
   std::atomic<bool> cancel_{false};
 
   std::thread thread_;  // last: joins before the fields above go away

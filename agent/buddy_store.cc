@@ -56,12 +56,4 @@ std::vector<v1::MemoryCopy> BuddyStore::Copies() const {
   for (const auto& [writer, held] : copies_) out.push_back(held.copy);
   return out;
 }
-
-uint64_t BuddyStore::held_bytes() const {
-  absl::MutexLock lock(&mu_);
-  uint64_t total = 0;
-  for (const auto& [writer, held] : copies_) total += held.copy.nbytes();
-  return total;
-}
-
 }  // namespace tessera

@@ -67,8 +67,6 @@ class BuddyStore {
   // Every copy held (for heartbeats), by writer rank.
   std::vector<v1::MemoryCopy> Copies() const ABSL_LOCKS_EXCLUDED(mu_);
 
-  uint64_t held_bytes() const ABSL_LOCKS_EXCLUDED(mu_);
-
  private:
   const uint64_t budget_bytes_;
   mutable absl::Mutex mu_;

@@ -24,6 +24,12 @@ uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
 uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<ReadRequest>& reads,
                              const std::vector<v1::MemoryCopy>& copies, ResidentView& view) {
+  // Only if another agent offers a file this view lacks is it worth planning the reads (Read
+  // plans them again): on a restart where this node holds everything, nothing is done twice.
+  const bool offered = std::any_of(copies.begin(), copies.end(), [&](const v1::MemoryCopy& c) {
+    return c.rank() != rank_ && !c.peer_address().empty() && !view.files.contains(c.file());
+  });
+  if (!offered) return 0;
   // The files this load reads: the reader's plan names each run's chunk and file.
   absl::StatusOr<std::vector<RequestPlan>> plans = reader.Plan(reads);
   if (!plans.ok()) return 0;  // Read reports the same error

@@ -14,11 +14,6 @@ void MemoryTier::Publish(ResidentCheckpoint checkpoint) {
   if (on_publish_) on_publish_();
 }
 
-void MemoryTier::Clear() {
-  absl::MutexLock lock(&mu_);
-  current_.reset();
-}
-
 ResidentView MemoryTier::Find(int64_t step, absl::string_view session_id) const {
   absl::MutexLock lock(&mu_);
   ResidentView view;

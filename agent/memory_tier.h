@@ -51,13 +51,11 @@ struct ResidentCheckpoint {
 struct ResidentView {
   ResidentFiles files;
   std::vector<std::shared_ptr<const void>> holds;
-  uint64_t bytes = 0;  // resident bytes in `files`
 
   // Adds `file`'s bytes [file_offset, file_offset + size) at `data`, kept alive by `hold`.
   void Add(const std::string& file, uint64_t file_offset, const char* data, uint64_t size,
            std::shared_ptr<const void> hold) {
     files[file] = ResidentBytes{file_offset, data, size};
-    bytes += size;
     if (hold != nullptr) holds.push_back(std::move(hold));
   }
 };
@@ -71,9 +69,6 @@ class MemoryTier {
 
   // Makes `checkpoint` the resident one, replacing any other.
   void Publish(ResidentCheckpoint checkpoint) ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Forgets the resident checkpoint (if any).
-  void Clear() ABSL_LOCKS_EXCLUDED(mu_);
 
   // The resident bytes of the checkpoint of `step` saved by `session_id`; empty if this agent
   // holds none of it, or its region has been dropped.

@@ -11,6 +11,17 @@
 namespace tessera {
 namespace {
 
+// Appends `chunk`'s data to `buffer` (which holds `*received` of `total` bytes) if it is the
+// next piece in order and fits; false, changing nothing, otherwise.
+bool AppendInOrder(const v1::MemoryCopyChunk& chunk, uint64_t total, MemoryBuffer& buffer,
+                   uint64_t* received) {
+  const std::string& data = chunk.data();
+  if (chunk.offset() != *received || data.size() > total - *received) return false;
+  memcpy(buffer.data() + *received, data.data(), data.size());
+  *received += data.size();
+  return true;
+}
+
 // PutMemoryCopy: chunks in order into a reserved buffer, kept once the last byte is in.
 class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
  public:
@@ -46,14 +57,12 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
       if (!buffer.ok()) return Fail(buffer.status());
       buffer_ = *std::move(buffer);
     }
-    const std::string& data = chunk_.data();
-    if (chunk_.offset() != received_ || data.size() > copy_.nbytes() - received_) {
+    if (!AppendInOrder(chunk_, copy_.nbytes(), *buffer_, &received_)) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "chunk of ", data.size(), " bytes at ", chunk_.offset(), " of the memory copy of ",
-          copy_.file(), ": expected bytes from ", received_, " of ", copy_.nbytes())));
+          "chunk of ", chunk_.data().size(), " bytes at ", chunk_.offset(),
+          " of the memory copy of ", copy_.file(), ": expected bytes from ", received_, " of ",
+          copy_.nbytes())));
     }
-    memcpy(buffer_->data() + received_, data.data(), data.size());
-    received_ += data.size();
     StartRead(&chunk_);
   }
 
@@ -200,14 +209,11 @@ absl::StatusOr<std::shared_ptr<const MemoryBuffer>> ReadMemoryCopy(
   v1::MemoryCopyChunk chunk;
   bool in_order = true;
   while (reader->Read(&chunk)) {
-    const std::string& data = chunk.data();
-    if (chunk.offset() != received || data.size() > copy.nbytes() - received) {
+    if (!AppendInOrder(chunk, copy.nbytes(), *buffer, &received)) {
       in_order = false;
       context.TryCancel();
       break;
     }
-    memcpy(buffer->data() + received, data.data(), data.size());
-    received += data.size();
   }
   const absl::Status status = FromGrpcStatus(reader->Finish());
   if (!in_order || (status.ok() && received != copy.nbytes())) {

@@ -88,7 +88,7 @@ TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
   ASSERT_TRUE(SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30)).ok());
   ASSERT_EQ(store_->Copies().size(), 1u);
   EXPECT_EQ(store_->Copies()[0].writer_rank(), 3u);
-  EXPECT_EQ(store_->held_bytes(), bytes.size());
+  EXPECT_EQ(store_->Copies()[0].nbytes(), bytes.size());
 
   absl::StatusOr<std::shared_ptr<const MemoryBuffer>> back =
       ReadMemoryCopy(channel_, kJob, copy, absl::Seconds(30));
@@ -100,7 +100,8 @@ TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
   ASSERT_TRUE(
       SendMemoryCopy(channel_, kJob, Copy(8, "data-00003", newer.size(), 3), newer.data(), absl::Seconds(30))
           .ok());
-  EXPECT_EQ(store_->held_bytes(), newer.size());
+  ASSERT_EQ(store_->Copies().size(), 1u);
+  EXPECT_EQ(store_->Copies()[0].step(), 8);
   EXPECT_EQ(ReadMemoryCopy(channel_, kJob, copy, absl::Seconds(30)).status().code(),
             absl::StatusCode::kNotFound);
 }
@@ -183,6 +184,51 @@ TEST_F(PeerMemoryTest, Put_WithoutACopyHeader_InvalidArgument) {
   EXPECT_TRUE(store_->Copies().empty());
 }
 
+TEST(BuddyReplicator, FailedSendTriedAgainAtTheNextHeartbeat_RestartedBuddySentAgain) {
+  MemoryTier tier;
+  auto bytes = std::make_shared<std::string>(Pattern(1000, 'q'));
+  tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, bytes->size(),
+                                  ResidentRegion{"/r", bytes->data(), bytes->size(), bytes}});
+  absl::Mutex mu;
+  int calls = 0;
+  absl::Notification first, second, third;
+  auto replicator = std::make_unique<BuddyReplicator>(
+      &tier, /*rank=*/5,
+      [&](const std::string& address, const v1::MemoryCopy& copy, const char* data,
+          const std::atomic<bool>&) {
+        EXPECT_EQ(address, "10.0.0.2:7000");
+        EXPECT_EQ(copy.step(), 7);
+        EXPECT_EQ(std::string(data, copy.nbytes()), *bytes);
+        absl::MutexLock lock(&mu);
+        switch (++calls) {
+          case 1:
+            first.Notify();
+            return absl::UnavailableError("buddy down");  // tried again at the next heartbeat
+          case 2:
+            second.Notify();
+            return absl::OkStatus();
+          default:
+            if (!third.HasBeenNotified()) third.Notify();
+            return absl::OkStatus();
+        }
+      });
+  v1::MemoryBuddy buddy;
+  buddy.set_rank(1);
+  buddy.set_peer_address("10.0.0.2:7000");
+  buddy.set_incarnation(100);
+  replicator->SetBuddy(buddy);  // a heartbeat reply
+  ASSERT_TRUE(first.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  replicator->SetBuddy(buddy);  // the next one: the failed send goes again
+  ASSERT_TRUE(second.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  replicator->SetBuddy(buddy);  // sent whole already: nothing
+  buddy.set_incarnation(101);   // the buddy restarted at the same address: it holds nothing
+  replicator->SetBuddy(buddy);
+  ASSERT_TRUE(third.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  replicator.reset();  // joins: every send it would make is made
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(calls, 3);
+}
+
 TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {
   Start(/*budget=*/64 << 20);
   MemoryTier sender_tier;
@@ -211,7 +257,7 @@ TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {
                                          ResidentRegion{"/r", second->data(), second->size(), second}});
   replicator.OnPublished();
   // Step 7 may be sent first or overtaken by step 8; step 8 is sent, and replaces it.
-  step8_sent.WaitForNotification();
+  ASSERT_TRUE(step8_sent.WaitForNotificationWithTimeout(absl::Seconds(60)));
   std::optional<HeldCopy> held = store_->Find(8, "s8", "data-00005");
   ASSERT_TRUE(held.has_value());
   EXPECT_EQ(held->copy.writer_rank(), 5u);

@@ -155,35 +155,37 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
           "no memory for a ", end - begin, "-byte read buffer (", file.path(), ")"));
     }
     const uint64_t blocks = last_block - first_block + 1;
-    if (const char* memory = source.InMemory(chunk, begin, end)) {
-      // Copy first, verify the copy: the resident bytes may change under us.
+    // Fill the span from memory if it is resident there, else from the file; then verify
+    // what landed (memory may change under us, so the copy is what is checked).
+    const char* memory = source.InMemory(chunk, begin, end);
+    if (memory != nullptr) {
       memcpy(target, memory, end - begin);
       stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
-      for (uint64_t b = first_block; b <= last_block;) {
-        std::optional<uint64_t> bad =
-            FindBadBlock(chunk, b, last_block - b + 1, target + (BlockBegin(chunk, b) - begin));
-        if (!bad) break;
-        // This block from the file instead.
-        const uint64_t block_begin = BlockBegin(chunk, *bad);
-        const uint64_t block_size = BlockEnd(chunk, *bad) - block_begin;
-        char* block_target = target + (block_begin - begin);
-        RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
-        stats.read_calls.fetch_add(1, std::memory_order_relaxed);
-        stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
-        stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
-        stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
-        if (FindBadBlock(chunk, *bad, 1, block_target)) {
-          return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
-        }
-        b = *bad + 1;
-      }
     } else {
       RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
       stats.read_calls.fetch_add(1, std::memory_order_relaxed);
       stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
-      if (std::optional<uint64_t> bad = FindBadBlock(chunk, first_block, blocks, target)) {
+    }
+    for (uint64_t b = first_block; b <= last_block;) {
+      const std::optional<uint64_t> bad =
+          FindBadBlock(chunk, b, last_block - b + 1, target + (BlockBegin(chunk, b) - begin));
+      if (!bad) break;
+      if (memory == nullptr) {
         return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
       }
+      // A resident block that does not match: this block from the file instead.
+      const uint64_t block_begin = BlockBegin(chunk, *bad);
+      const uint64_t block_size = BlockEnd(chunk, *bad) - block_begin;
+      char* block_target = target + (block_begin - begin);
+      RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
+      stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+      stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
+      stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
+      stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
+      if (FindBadBlock(chunk, *bad, 1, block_target)) {
+        return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
+      }
+      b = *bad + 1;
     }
     stats.blocks_verified.fetch_add(blocks, std::memory_order_relaxed);
 

@@ -156,6 +156,20 @@ class CheckpointReaderTest : public ::testing::TestWithParam<bool> {
     EXPECT_EQ(got, Reference(Tensor(key), box, range));
   }
 
+  // Reads the whole of `key` with `memory`'s copies resident, checks it against the reference
+  // and returns the read's stats.
+  ReadStats ReadWholeWithMemory(const std::string& key, const ResidentFiles* memory) {
+    const TestTensor& t = Tensor(key);
+    std::unique_ptr<CheckpointReader> reader = Open();
+    ReadStats stats;
+    if (reader == nullptr) return stats;
+    std::string got;
+    absl::Status s = reader->Read({Request(key, FullBox(t.shape), &got)}, &stats, memory).status();
+    EXPECT_TRUE(s.ok()) << s;
+    EXPECT_EQ(got, Reference(t, FullBox(t.shape), std::nullopt));
+    return stats;
+  }
+
   // Rewrites the manifest after `mutate`, keeping total_bytes consistent.
   void RewriteManifest(const std::function<void(v1::Manifest&)>& mutate) {
     v1::Manifest m = manifest_;
@@ -408,19 +422,14 @@ class ResidentCopies {
 
 TEST_P(CheckpointReaderTest, Read_EveryFileResident_NothingReadFromFiles) {
   ResidentCopies memory(dir_, manifest_);
-  std::unique_ptr<CheckpointReader> reader = Open();
-  ASSERT_NE(reader, nullptr);
   for (const TestTensor& t : tensors_) {
     if (t.state_absent) continue;
     SCOPED_TRACE(t.key());
-    std::string got;
-    ReadStats stats;
-    ASSERT_TRUE(reader->Read({Request(t.key(), FullBox(t.shape), &got)}, &stats, memory.files()).ok());
-    EXPECT_EQ(got, Reference(t, FullBox(t.shape), std::nullopt));
+    const ReadStats stats = ReadWholeWithMemory(t.key(), memory.files());
     EXPECT_EQ(stats.bytes_read, 0u);
     EXPECT_EQ(stats.read_calls, 0u);
     EXPECT_EQ(stats.memory_blocks_rejected, 0u);
-    EXPECT_EQ(stats.bytes_from_memory, got.size());
+    EXPECT_EQ(stats.bytes_from_memory, Reference(t, FullBox(t.shape), std::nullopt).size());
   }
 }
 
@@ -431,18 +440,27 @@ TEST_P(CheckpointReaderTest, Read_ResidentCopyWithFlippedByte_ThatBlockReadFromF
   ResidentCopies memory(dir_, manifest_);
   memory.bytes(chunk.file())[chunk.offset() + 70] ^= 0x5a;
 
-  std::unique_ptr<CheckpointReader> reader = Open();
-  ASSERT_NE(reader, nullptr);
-  std::string got;
-  ReadStats stats;
-  ASSERT_TRUE(
-      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, &stats, memory.files())
-          .ok());
-  EXPECT_EQ(got, Reference(Tensor("layers.0.attn.wq"), FullBox({8, 12}), std::nullopt));
+  const ReadStats stats = ReadWholeWithMemory("layers.0.attn.wq", memory.files());
   EXPECT_EQ(stats.memory_blocks_rejected, 1u);
   EXPECT_EQ(stats.bytes_read, 32u);
   EXPECT_EQ(stats.read_calls, 1u);
-  EXPECT_EQ(stats.bytes_from_memory, got.size() - 32u);
+  EXPECT_EQ(stats.bytes_from_memory, 8u * 12 * 4 - 32);
+}
+
+TEST_P(CheckpointReaderTest, Read_ResidentCopyWithTwoBadBlocksApart_EachReadFromFile) {
+  // exp_avg's chunk 0: rows 0..3, 192 bytes in blocks of 64. Blocks 0 and 2 are bad in memory,
+  // block 1 between them is good.
+  const v1::ChunkEntry& chunk = manifest_.tensors(1).chunks(0);
+  ASSERT_EQ(chunk.block_xxh3_size(), 3);
+  ResidentCopies memory(dir_, manifest_);
+  memory.bytes(chunk.file())[chunk.offset() + 1] ^= 0x5a;
+  memory.bytes(chunk.file())[chunk.offset() + 130] ^= 0x5a;
+
+  const ReadStats stats = ReadWholeWithMemory("layers.0.attn.wq#exp_avg", memory.files());
+  EXPECT_EQ(stats.memory_blocks_rejected, 2u);
+  EXPECT_EQ(stats.bytes_read, 128u);
+  EXPECT_EQ(stats.read_calls, 2u);
+  EXPECT_EQ(stats.bytes_from_memory, 8u * 12 * 4 - 128);
 }
 
 TEST_P(CheckpointReaderTest, Read_ResidentCopyAndFileBothCorrupt_ChecksumMismatch) {
@@ -469,16 +487,9 @@ TEST_P(CheckpointReaderTest, Read_ResidentCopyCoversPartOfFile_RestReadFromFile)
   memory.Keep(chunk.file(), 0, chunk.offset() + chunk.nbytes() - 1);
   memory.Refresh();
 
-  std::unique_ptr<CheckpointReader> reader = Open();
-  ASSERT_NE(reader, nullptr);
-  std::string got;
-  ReadStats stats;
-  ASSERT_TRUE(
-      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, &stats, memory.files())
-          .ok());
-  EXPECT_EQ(got, Reference(Tensor("layers.0.attn.wq"), FullBox({8, 12}), std::nullopt));
+  const ReadStats stats = ReadWholeWithMemory("layers.0.attn.wq", memory.files());
   EXPECT_EQ(stats.bytes_read, chunk.nbytes());
-  EXPECT_EQ(stats.bytes_from_memory, got.size() - chunk.nbytes());
+  EXPECT_EQ(stats.bytes_from_memory, 8u * 12 * 4 - chunk.nbytes());
   EXPECT_EQ(stats.memory_blocks_rejected, 0u);
 }
 
