@@ -311,6 +311,10 @@ def train(args, client, identity):
                         full, os.path.join(args.dump, "full-%d.safetensors" % step))
     full = full_tensors(tessera.flatten_state(*state_dicts(model, optimizer)))
     say("final", args.steps, digest(full))
+    # Every rank is done with the group before any tears it down: a Gloo group destroyed while
+    # a peer still talks to it can abort the process at exit ("terminate called without an
+    # active exception"), after every check passed.
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -332,6 +336,10 @@ def load(args, client, identity):
     # What the live model and optimizer hold now, gathered whole.
     now = full_tensors(tessera.flatten_state(*state_dicts(model, optimizer)))
     placements = sorted({str(v.placements) for v in model_sd.values() if isinstance(v, DTensor)})
+    # Every rank is done with the group before any tears it down: a Gloo group destroyed while
+    # a peer still talks to it can abort the process at exit ("terminate called without an
+    # active exception"), after every check passed.
+    dist.barrier()
     dist.destroy_process_group()
     if loaded != args.step or set(now) != set(saved):
         raise SystemExit("FAIL: loaded step %s; keys differ: %s" % (loaded, set(now) ^ set(saved)))
