@@ -67,12 +67,23 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
   }
 
   void OnDone() override {
-    if (buffer_ != nullptr && !kept_) store_->Abandon(copy_.writer_rank());
+    GiveBackRoom();  // the sender went away mid-stream
     delete this;
   }
 
  private:
-  void Fail(const absl::Status& status) { Finish(ToGrpcStatus(status)); }
+  // The room is given back before the sender hears the error, so a send it makes next finds it.
+  void Fail(const absl::Status& status) {
+    GiveBackRoom();
+    Finish(ToGrpcStatus(status));
+  }
+
+  void GiveBackRoom() {
+    if (buffer_ != nullptr && !kept_) {
+      store_->Abandon(copy_.writer_rank());
+      buffer_.reset();
+    }
+  }
 
   const std::string* const job_id_;
   BuddyStore* const store_;
