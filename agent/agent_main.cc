@@ -351,7 +351,9 @@ int main(int argc, char** argv) {
   *identity.mutable_layout() = *layout;
   identity.set_has_gpu(gpu);
   identity.set_coordinator(absl::GetFlag(FLAGS_coordinator));
-  tessera::TrainerService trainer(&executor, &loader, identity);
+  // With the memory tier saves alternate between two sets of regions: reserve both.
+  tessera::TrainerService trainer(&executor, &loader, identity, save_pool->get(),
+                                 memory_on ? 2 : 1);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(256 << 20);

@@ -103,9 +103,13 @@ void SaveExecutor::Drive(const Event& event) {
   // Kept before the trainer hears of the commit, so a load it starts next finds it.
   const uint64_t kept = out.resident.has_value() ? KeepResident(*out.resident) : 0;
   for (auto& reply : out.replies) reply();
-  // The next save stages in the other set of regions: make it now, after the trainer's
-  // answers and while it computes, not in that save's stall (a no-op once both sets exist).
-  if (kept > 0) staging_->Prepare({kept});
+  if (kept > 0) {
+    // The next save stages in the other set of regions: make it now, while the trainer
+    // computes, not in that save's stall — on the worker, so the command stream is not held
+    // up (a no-op once both sets exist; a PIN queued after it reuses what it made).
+    absl::MutexLock lock(&mu_);
+    prepare_bytes_ = kept;
+  }
 }
 
 uint64_t SaveExecutor::KeepResident(const ResidentSave& save) {
@@ -275,15 +279,24 @@ void SaveExecutor::Send(const CoordinatorRpc& rpc) {
 void SaveExecutor::RunWorker() {
   while (true) {
     SaveWork work;
+    uint64_t prepare = 0;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-        return stop_ || !work_.empty();
+        return stop_ || !work_.empty() || prepare_bytes_ > 0;
       };
       mu_.Await(absl::Condition(&ready));
       if (stop_) return;
-      work = std::move(work_.front());
-      work_.pop_front();
+      if (prepare_bytes_ > 0) {
+        prepare = std::exchange(prepare_bytes_, 0);
+      } else {
+        work = std::move(work_.front());
+        work_.pop_front();
+      }
+    }
+    if (prepare > 0) {
+      staging_->Prepare({prepare});
+      continue;
     }
     Run(work);
   }

@@ -159,6 +159,8 @@ class SaveExecutor {
   std::map<uint64_t, StatusDone> staged_calls_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, CommitDone> wait_calls_ ABSL_GUARDED_BY(mu_);
   std::deque<SaveWork> work_ ABSL_GUARDED_BY(mu_);
+  // Bytes of the next save's regions for the worker to make before its next work (0: none).
+  uint64_t prepare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CoordinatorRpc> rpcs_ ABSL_GUARDED_BY(mu_);
   absl::Time next_tick_ ABSL_GUARDED_BY(mu_) = absl::InfiniteFuture();
   bool stop_ ABSL_GUARDED_BY(mu_) = false;

@@ -1,5 +1,8 @@
 #include "agent/staging_layout.h"
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "common/box.h"
 #include "common/dtype.h"
@@ -120,6 +123,16 @@ absl::StatusOr<StagingLayout> ComputeStagingLayout(const v1::RankAssignment& ass
   }
   layout.total_bytes = std::max<uint64_t>(AlignUp(tail), kDataAlignment);
   return layout;
+}
+
+uint64_t StagingBytesBound(uint64_t bytes, uint64_t tensors) {
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  const uint64_t slack_per_tensor = kDataAlignment - 1;
+  if (tensors > (kMax - kDataAlignment) / slack_per_tensor) return kMax;
+  const uint64_t slack = tensors * slack_per_tensor;
+  if (bytes > kMax - slack - kDataAlignment) return kMax;
+  // As ComputeStagingLayout's total: whole alignment units, at least one.
+  return std::max<uint64_t>(AlignUp(bytes + slack), kDataAlignment);
 }
 
 }  // namespace tessera

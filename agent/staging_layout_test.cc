@@ -1,5 +1,7 @@
 #include "agent/staging_layout.h"
 
+#include <limits>
+
 #include "common/status.h"
 #include "gtest/gtest.h"
 
@@ -68,6 +70,19 @@ TEST(StagingLayoutTest, WrittenShardsStagedInPlace_OthersAfterTheDataSection) {
   EXPECT_EQ(layout->sends[0].peer, 3u);
   EXPECT_EQ(layout->sends[0].begin, 10);
   EXPECT_GE(layout->total_bytes, layout->shards[2].offset + 40);
+  // What a trainer can reserve before the plan (ReserveStaging) covers this layout.
+  EXPECT_GE(StagingBytesBound(400 + 100 + 40, 3), layout->total_bytes);
+}
+
+TEST(StagingLayoutTest, StagingBytesBound_EachTensorAlignedAtLeastOneUnitSaturates) {
+  EXPECT_EQ(StagingBytesBound(0, 0), kDataAlignment);
+  EXPECT_EQ(StagingBytesBound(1, 1), kDataAlignment);
+  EXPECT_EQ(StagingBytesBound(kDataAlignment + 1, 2), 3 * kDataAlignment);
+  // An upper bound: tensors already aligned get up to one unit each they do not need.
+  EXPECT_EQ(StagingBytesBound(10 * kDataAlignment, 10), 20 * kDataAlignment);
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(StagingBytesBound(kMax - 10, 1), kMax);
+  EXPECT_EQ(StagingBytesBound(1, kMax / 2), kMax);
 }
 
 TEST(StagingLayoutTest, GatheredChunk_OwnSliceInPlace_PeerSlicesReceivedInPlace) {

@@ -139,15 +139,80 @@ uint64_t StagingPool::ResidentBytesLocked() const {
   return total;
 }
 
+uint64_t StagingPool::SpareBytesLocked() const {
+  uint64_t total = 0;
+  for (const auto& region : spare_) total += region->capacity();
+  return total;
+}
+
 absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<uint64_t>& sizes) {
   absl::MutexLock lock(&mu_);
   return FillLocked(sizes, /*prepare=*/false);
 }
 
+bool StagingPool::NextSetEmptyLocked() const {
+  for (const auto& region : regions_) {
+    if (region != nullptr) return false;
+  }
+  return true;
+}
+
 bool StagingPool::Prepare(const std::vector<uint64_t>& sizes) {
   absl::MutexLock lock(&mu_);
+  if (!NextSetEmptyLocked()) {  // never replaced: say whether it will do
+    if (regions_.size() < sizes.size()) return false;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (regions_[i] == nullptr || regions_[i]->capacity() < sizes[i]) return false;
+    }
+    return true;
+  }
   absl::StatusOr<std::vector<StagingSlot>> slots = FillLocked(sizes, /*prepare=*/true);
   return slots.ok() && !slots->empty();
+}
+
+absl::StatusOr<std::vector<StagingSlot>> StagingPool::Reserve(uint64_t bytes, int sets) {
+  if (bytes == 0 || sets < 1 || sets > 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a staging reservation needs bytes > 0 and 1 or 2 sets, not ", bytes, " and ", sets));
+  }
+  absl::MutexLock lock(&mu_);
+  const uint64_t capacity = std::max<uint64_t>(RoundUp(bytes, page_size_), page_size_);
+  if (capacity < bytes) {
+    return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                     absl::StrCat("a staging reservation of ", bytes, " bytes is too large"));
+  }
+  uint64_t mapped = ResidentBytesLocked() + SpareBytesLocked();
+  for (const auto& region : regions_) mapped += region != nullptr ? region->capacity() : 0;
+  const bool make_next = NextSetEmptyLocked();
+  if (make_next && (capacity > budget_bytes_ || mapped > budget_bytes_ - capacity)) {
+    return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                     absl::StrCat("reserving staging of ", capacity, " bytes beside the ", mapped,
+                                  " mapped exceeds ", budget_bytes_,
+                                  ", the host-RAM budget of rank ", options_.rank,
+                                  " (a save would drop a memory copy to make room; a "
+                                  "reservation does not)"));
+  }
+  if (make_next) mapped += capacity;
+  // The spare only where it fits (else the memory tier cannot keep a save beside the next one
+  // anyway), and not beside a resident set: that is the save after next's already.
+  const bool make_spare = sets == 2 && resident_.empty() && spare_.empty() &&
+                          capacity <= budget_bytes_ - mapped;
+  if (make_next) {
+    regions_.assign(1, nullptr);
+    ASSIGN_OR_RETURN(regions_[0], CreateRegionLocked(capacity));
+  }
+  if (make_spare) {
+    ASSIGN_OR_RETURN(std::shared_ptr<Region> spare, CreateRegionLocked(capacity));
+    spare_.assign(1, std::move(spare));
+  }
+  std::vector<StagingSlot> out;
+  for (const auto* set : {&regions_, &spare_, &resident_}) {
+    for (const auto& region : *set) {
+      out.push_back(StagingSlot{region->name(), region->data(), 0, region->capacity(),
+                                region->pinned(), 0});
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vector<uint64_t>& sizes,
@@ -180,6 +245,11 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
     }
   }
 
+  // Room beside the sets kept ahead: the spare set goes first, then the resident one.
+  if (!spare_.empty() && total + ResidentBytesLocked() + SpareBytesLocked() > budget_bytes_) {
+    if (prepare) return std::vector<StagingSlot>();
+    spare_.clear();
+  }
   if (!resident_.empty() && total + ResidentBytesLocked() > budget_bytes_) {
     if (prepare) return std::vector<StagingSlot>();  // only a save may drop the resident set
     resident_.clear();
@@ -205,6 +275,7 @@ void StagingPool::ReleaseAll() {
   absl::MutexLock lock(&mu_);
   regions_.clear();
   resident_.clear();
+  spare_.clear();
   ++acquisitions_;  // what was handed out is gone: nothing of it can be retained
 }
 
@@ -216,6 +287,8 @@ std::vector<ResidentRegion> StagingPool::Retain(uint64_t acquisition) {
   }
   // The set resident until now becomes the next save's (its regions stay mapped for reuse).
   resident_.swap(regions_);
+  // The first retain of a reserved pool: the spare set is the next save's.
+  if (regions_.empty()) regions_.swap(spare_);
   ++acquisitions_;  // the retained regions are no longer the last Acquire's
   std::vector<ResidentRegion> out;
   for (const auto& region : resident_) {
@@ -227,7 +300,7 @@ std::vector<ResidentRegion> StagingPool::Retain(uint64_t acquisition) {
 
 uint64_t StagingPool::mapped_bytes() const {
   absl::MutexLock lock(&mu_);
-  uint64_t total = ResidentBytesLocked();
+  uint64_t total = ResidentBytesLocked() + SpareBytesLocked();
   for (const auto& region : regions_) {
     if (region != nullptr) total += region->capacity();
   }

@@ -14,6 +14,10 @@
 // a host-RAM budget. Destruction unpins, unmaps and unlinks every region; mappings the
 // trainer still holds stay valid until it unmaps them (POSIX shm semantics).
 //
+// The first save (DESIGN.md "The first save"): Reserve() makes a declared size's regions (both
+// sets with the memory tier) before any save, so no save creates a region on the trainer's
+// time unless its layout outgrew them.
+//
 // Memory tier (DESIGN.md "Memory tier"): Retain() sets the regions of a committed save aside
 // as the resident set, readable by loads, and the next save stages into the other set — the
 // one retained before, kept mapped for reuse — so saves alternate between two sets of regions
@@ -133,11 +137,25 @@ class StagingPool {
 
   // Memory tier: creates (and faults in) the next save's regions for `sizes` ahead of time,
   // as Acquire would, so a save after a Retain does not pay for new regions on the trainer's
-  // time — only if they fit beside the resident set (it is never dropped here). Returns
-  // whether the regions are ready; hands nothing out.
+  // time — only if the next save's set has no region yet (one that exists is never
+  // replaced: a save may be using it), and only if they fit beside the resident set (it is
+  // never dropped here). Returns whether the next save's set now holds regions of `sizes`;
+  // hands nothing out.
   bool Prepare(const std::vector<uint64_t>& sizes);
 
-  // Bytes currently mapped (sum of capacities, the resident set included).
+  // The first save (a trainer's ReserveStaging): creates and faults in one region of at least
+  // `bytes` for the next save and, with `sets` = 2 (the memory tier: saves alternate) where it
+  // fits in the budget too, a spare one for the save after it, which the first Retain() makes
+  // the next save's set. Like Prepare, it only fills a set that has no region, never replaces
+  // one and never drops the resident set. Returns the regions of both sets (for the trainer to
+  // map ahead), created now or before.
+  // Errors: InvalidArgument if `bytes` is 0 or `sets` is not 1 or 2; ResourceExhausted +
+  // ADMISSION_DENIED if the next save's region does not fit in the budget beside what is
+  // mapped (nothing is then created); errors of region creation as Acquire (the set that
+  // failed stays empty).
+  absl::StatusOr<std::vector<StagingSlot>> Reserve(uint64_t bytes, int sets);
+
+  // Bytes currently mapped (sum of capacities, the resident and spare sets included).
   uint64_t mapped_bytes() const;
 
   // Bytes of the resident set; 0 if none.
@@ -172,6 +190,9 @@ class StagingPool {
   absl::StatusOr<std::unique_ptr<Region>> CreateRegionLocked(uint64_t capacity)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ResidentBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t SpareBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True if the next save's set has no region at all.
+  bool NextSetEmptyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acquire, or with `prepare` Prepare: the slots, or none if preparing does not fit.
   absl::StatusOr<std::vector<StagingSlot>> FillLocked(const std::vector<uint64_t>& sizes,
                                                       bool prepare)
@@ -186,6 +207,9 @@ class StagingPool {
   std::vector<std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
   // The resident set (memory tier); empty if none.
   std::vector<std::shared_ptr<Region>> resident_ ABSL_GUARDED_BY(mu_);
+  // Made by Reserve for the save after the next one; the first Retain makes it the next
+  // save's set. The first to go when a save needs room. Empty if none.
+  std::vector<std::shared_ptr<Region>> spare_ ABSL_GUARDED_BY(mu_);
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acquisitions_ ABSL_GUARDED_BY(mu_) = 0;  // of regions_: the last Acquire's number
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;

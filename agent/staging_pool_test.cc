@@ -204,10 +204,103 @@ TEST(StagingPool, Prepare_NextSetMadeAheadBesideTheResidentOne_NeverDropsIt) {
   ASSERT_TRUE(b.ok());
   EXPECT_EQ(pool->regions_created(), 2u);
   EXPECT_NE((*b)[0].name, (*a)[0].name);
-  // Too big to prepare beside the resident set: nothing happens, the resident set stays.
+  // The next set exists (a's region) but is too small: it is never replaced here (a save may
+  // be staging in it); the save that needs more makes its own.
   ASSERT_EQ(pool->Retain((*b)[0].acquisition).size(), 1u);
+  EXPECT_FALSE(pool->Prepare({2 * kMiB}));
+  EXPECT_EQ(pool->regions_created(), 2u);
+  EXPECT_EQ(pool->mapped_bytes(), 2 * kMiB);
+}
+
+TEST(StagingPool, Prepare_NoRoomBesideTheResidentSet_NothingMadeNothingDropped) {
+  auto pool = MakePool(TestJob("prepfull"), 8, /*budget=*/3 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> a = pool->Acquire({kMiB});
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(pool->Retain((*a)[0].acquisition).size(), 1u);
   EXPECT_FALSE(pool->Prepare({2 * kMiB + 1}));
+  EXPECT_EQ(pool->regions_created(), 1u);
   EXPECT_EQ(pool->resident_bytes(), kMiB);
+  EXPECT_EQ(pool->resident_evictions(), 0u);
+}
+
+TEST(StagingPool, Reserve_BothSetsMadeAhead_NoSaveCreatesARegion) {
+  auto pool = MakePool(TestJob("reserve"), 9, /*budget=*/8 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> reserved = pool->Reserve(kMiB - 100, 2);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  ASSERT_EQ(reserved->size(), 2u);
+  EXPECT_NE((*reserved)[0].name, (*reserved)[1].name);
+  EXPECT_EQ((*reserved)[0].capacity, kMiB);
+  EXPECT_EQ(pool->regions_created(), 2u);
+  EXPECT_EQ(pool->mapped_bytes(), 2 * kMiB);
+  EXPECT_EQ(pool->resident_bytes(), 0u);  // the spare set holds no checkpoint
+
+  // Saves alternate between the two reserved regions; none is created on a save's time.
+  const std::string names[] = {(*reserved)[0].name, (*reserved)[1].name};
+  for (int save = 0; save < 4; ++save) {
+    absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({kMiB - 4096});
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    EXPECT_EQ((*slots)[0].name, names[save % 2]) << "save " << save;
+    ASSERT_EQ(pool->Retain((*slots)[0].acquisition).size(), 1u);
+  }
+  EXPECT_EQ(pool->regions_created(), 2u);
+
+  // Reserving again makes nothing: both sets exist (one resident).
+  absl::StatusOr<std::vector<StagingSlot>> again = pool->Reserve(kMiB, 2);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->size(), 2u);
+  EXPECT_EQ(pool->regions_created(), 2u);
+}
+
+TEST(StagingPool, Reserve_NeverReplacesARegion_AdmittedAgainstTheBudget) {
+  auto pool = MakePool(TestJob("reserve2"), 10, /*budget=*/4 * kMiB);
+  EXPECT_EQ(pool->Reserve(0, 1).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(pool->Reserve(kMiB, 3).status().code(), absl::StatusCode::kInvalidArgument);
+  // Over the budget: refused, nothing made.
+  absl::Status over = pool->Reserve(5 * kMiB, 1).status();
+  EXPECT_EQ(GetErrorCode(over), v1::ERROR_CODE_ADMISSION_DENIED);
+  EXPECT_THAT(over.message(), HasSubstr("host-RAM budget of rank 3"));
+  EXPECT_EQ(pool->regions_created(), 0u);
+
+  // A save stages in a 1 MiB region: a larger reservation leaves it where it is (the save's
+  // slot pointers stay valid) and makes only the spare set.
+  absl::StatusOr<std::vector<StagingSlot>> save = pool->Acquire({kMiB});
+  ASSERT_TRUE(save.ok());
+  absl::StatusOr<std::vector<StagingSlot>> reserved = pool->Reserve(2 * kMiB, 2);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  ASSERT_EQ(reserved->size(), 2u);
+  EXPECT_EQ((*reserved)[0].name, (*save)[0].name);
+  EXPECT_EQ((*reserved)[0].data, (*save)[0].data);
+  EXPECT_EQ((*reserved)[1].capacity, 2 * kMiB);
+  EXPECT_EQ(pool->mapped_bytes(), 3 * kMiB);
+}
+
+TEST(StagingPool, Reserve_SpareOnlyWhereItFits_NeverBesideOrInsteadOfAResidentSet) {
+  auto pool = MakePool(TestJob("reserve3"), 12, /*budget=*/3 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> reserved = pool->Reserve(2 * kMiB, 2);
+  ASSERT_TRUE(reserved.ok()) << reserved.status();
+  EXPECT_EQ(reserved->size(), 1u);  // a second 2 MiB set does not fit in 3 MiB
+  EXPECT_EQ(pool->mapped_bytes(), 2 * kMiB);
+
+  // A committed save resident, the next set empty and no room for it: refused, resident kept.
+  absl::StatusOr<std::vector<StagingSlot>> save = pool->Acquire({2 * kMiB});
+  ASSERT_TRUE(save.ok());
+  ASSERT_EQ(pool->Retain((*save)[0].acquisition).size(), 1u);
+  EXPECT_EQ(GetErrorCode(pool->Reserve(2 * kMiB, 2).status()), v1::ERROR_CODE_ADMISSION_DENIED);
+  EXPECT_EQ(pool->resident_bytes(), 2 * kMiB);
+  EXPECT_EQ(pool->resident_evictions(), 0u);
+}
+
+TEST(StagingPool, Acquire_NoRoomBesideTheSpareSet_DropsItBeforeAnythingElse) {
+  auto pool = MakePool(TestJob("spare"), 11, /*budget=*/2 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> reserved = pool->Reserve(kMiB, 2);
+  ASSERT_TRUE(reserved.ok());
+  // The first save outgrew the reservation (a DP leader's peers' slices): it needs a larger
+  // region, which fits only without the spare set.
+  absl::StatusOr<std::vector<StagingSlot>> save = pool->Acquire({kMiB + kMiB / 2});
+  ASSERT_TRUE(save.ok()) << save.status();
+  EXPECT_NE((*save)[0].name, (*reserved)[0].name);
+  EXPECT_EQ(pool->mapped_bytes(), kMiB + kMiB / 2);
+  EXPECT_EQ(MapStaging((*reserved)[1].name, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(pool->resident_evictions(), 0u);
 }
 

@@ -2,7 +2,9 @@
 
 #include <memory>
 
+#include "agent/staging_layout.h"
 #include "common/grpc_reactors.h"
+#include "common/log.h"
 #include "common/grpc_status.h"
 
 namespace tessera {
@@ -52,8 +54,13 @@ class BeginSaveReactor : public grpc::ServerUnaryReactor {
 }  // namespace
 
 TrainerService::TrainerService(SaveExecutor* executor, Loader* loader,
-                               v1::AgentIdentity identity)
-    : executor_(executor), loader_(loader), identity_(std::move(identity)) {
+                               v1::AgentIdentity identity, StagingPool* staging,
+                               int staging_sets)
+    : executor_(executor),
+      loader_(loader),
+      identity_(std::move(identity)),
+      staging_(staging),
+      staging_sets_(staging_sets) {
   load_worker_ = std::thread([this] { RunLoads(); });
 }
 
@@ -128,13 +135,46 @@ grpc::ServerUnaryReactor* TrainerService::Load(grpc::CallbackServerContext* cont
                                                const v1::LoadRequest* request,
                                                v1::LoadResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  absl::MutexLock lock(&mu_);
-  loads_.push_back([this, reactor, request, response] {
+  Queue([this, reactor, request, response] {
     absl::StatusOr<v1::LoadResponse> loaded = loader_->Load(*request);
     if (loaded.ok()) *response = *std::move(loaded);
     reactor->Finish(ToGrpcStatus(loaded.status()));
   });
   return reactor;
+}
+
+grpc::ServerUnaryReactor* TrainerService::ReserveStaging(
+    grpc::CallbackServerContext* context, const v1::ReserveStagingRequest* request,
+    v1::ReserveStagingResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Queue([this, reactor, request, response] {
+    absl::Status status;
+    if (request->bytes() == 0) {
+      status = absl::InvalidArgumentError("ReserveStaging: bytes is 0; declare the bytes a save "
+                                          "stages (the sum of the tensors' sizes)");
+    } else {
+      const uint64_t bytes = StagingBytesBound(request->bytes(), request->tensors());
+      absl::StatusOr<std::vector<StagingSlot>> regions = staging_->Reserve(bytes, staging_sets_);
+      status = regions.status();
+      if (regions.ok()) {
+        for (const StagingSlot& region : *regions) {
+          v1::StagingRegion* out = response->add_regions();
+          out->set_shm_name(region.name);
+          out->set_shm_size(region.capacity);
+        }
+        LogInfo("staging reserved ahead of the first save: ", regions->size(), " region(s) of ",
+                bytes, " bytes for ", request->tensors(), " tensors of ", request->bytes(),
+                " bytes");
+      }
+    }
+    reactor->Finish(ToGrpcStatus(status));
+  });
+  return reactor;
+}
+
+void TrainerService::Queue(std::function<void()> task) {
+  absl::MutexLock lock(&mu_);
+  loads_.push_back(std::move(task));
 }
 
 grpc::ServerUnaryReactor* TrainerService::ReleaseLoad(grpc::CallbackServerContext* context,

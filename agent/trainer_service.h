@@ -2,7 +2,8 @@
 // a unix socket. Saves go to the SaveExecutor, loads to the Loader.
 //
 // Nothing blocks a gRPC thread: BeginSave, Staged and WaitCommitted finish from the
-// executor's callbacks; Load runs on this service's own worker thread (reads can take long).
+// executor's callbacks; Load and ReserveStaging run on this service's own worker thread (reads
+// and faulting in a region can take long).
 //
 // Thread-safety: safe for concurrent RPCs.
 #ifndef TESSERA_AGENT_TRAINER_SERVICE_H_
@@ -16,14 +17,17 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/loader.h"
 #include "agent/save_executor.h"
+#include "agent/staging_pool.h"
 #include "tessera/v1/agent.grpc.pb.h"
 
 namespace tessera {
 
 class TrainerService final : public v1::Agent::CallbackService {
  public:
-  // `executor` and `loader` must outlive the service. `identity` is returned by GetInfo.
-  TrainerService(SaveExecutor* executor, Loader* loader, v1::AgentIdentity identity);
+  // `executor`, `loader` and `staging` (the save pool) must outlive the service. `identity` is
+  // returned by GetInfo. ReserveStaging makes `staging_sets` sets (2 with the memory tier).
+  TrainerService(SaveExecutor* executor, Loader* loader, v1::AgentIdentity identity,
+                 StagingPool* staging, int staging_sets);
   ~TrainerService() override;
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
@@ -44,13 +48,20 @@ class TrainerService final : public v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* ReleaseLoad(grpc::CallbackServerContext* context,
                                         const v1::ReleaseLoadRequest* request,
                                         v1::ReleaseLoadResponse* response) override;
+  grpc::ServerUnaryReactor* ReserveStaging(grpc::CallbackServerContext* context,
+                                           const v1::ReserveStagingRequest* request,
+                                           v1::ReserveStagingResponse* response) override;
 
  private:
   void RunLoads();
+  // Runs `task` on the worker thread, after the tasks queued before it.
+  void Queue(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
   SaveExecutor* const executor_;
   Loader* const loader_;
   const v1::AgentIdentity identity_;
+  StagingPool* const staging_;
+  const int staging_sets_;
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> loads_ ABSL_GUARDED_BY(mu_);

@@ -313,6 +313,37 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   return result;
 }
 
+absl::Status Client::ReserveStaging(absl::Span<const TensorRef> tensors) {
+  v1::ReserveStagingRequest request;
+  uint64_t bytes = 0;
+  uint32_t count = 0;
+  for (const TensorRef& t : tensors) {
+    if (t.state_absent || t.nbytes == 0) continue;
+    bytes += t.nbytes;
+    ++count;
+  }
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReserveStaging: the ", tensors.size(), " tensors hold no bytes to stage"));
+  }
+  request.set_bytes(bytes);
+  request.set_tensors(count);
+  absl::MutexLock lock(&mu_);
+  v1::ReserveStagingResponse response;
+  {
+    grpc::ClientContext context;
+    SetTimeout(&context, options_.reserve_staging_timeout);
+    grpc::Status status = stub_->ReserveStaging(&context, request, &response);
+    if (!status.ok()) return Prefixed("ReserveStaging: ", FromGrpcStatus(status));
+  }
+  // Pinned as a save with CUDA tensors maps it, where a GPU could use it.
+  const bool pin = options_.pin_staging && identity_.has_gpu();
+  for (const v1::StagingRegion& region : response.regions()) {
+    RETURN_IF_ERROR(SaveMappingLocked(region.shm_name(), region.shm_size(), pin).status());
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> Client::WaitCommitted(int64_t step, absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError(absl::StrCat("WaitCommitted needs a positive timeout, not ",

@@ -72,6 +72,9 @@ struct ClientOptions {
   // Default: 30 min.
   absl::Duration load_timeout = absl::Minutes(30);
 
+  // Deadline of ReserveStaging (creating and faulting in the regions). Default: 10 min.
+  absl::Duration reserve_staging_timeout = absl::Minutes(10);
+
   // Deadline of ReleaseLoad. Default: 10 s.
   absl::Duration release_load_timeout = absl::Seconds(10);
 
@@ -182,6 +185,18 @@ class Client {
   // Staged: Aborted if the session aborted meanwhile; NotFound for a session the agent does not
   // know; Unavailable / DeadlineExceeded.
   absl::StatusOr<SaveResult> Save(int64_t step, absl::Span<const TensorRef> tensors);
+
+  // Makes the agent create the staging of saves of `tensors` now (ReserveStaging) and maps it
+  // here, so the first save — and with the memory tier the second, which stages in the other
+  // region — stalls for its copy alone, not for creating and faulting in gigabytes of shared
+  // memory. Call it once the model and optimizer state exist, e.g. right after a load;
+  // optional. Blocks for the creation (about as long as the first save would have stalled
+  // longer). A DP leader's save also stages its peers' optimizer slices, which only the plan
+  // tells: its first save still makes a larger region.
+  // Errors: InvalidArgument if `tensors` holds no bytes; from the agent ResourceExhausted +
+  // ADMISSION_DENIED over its staging budget, + IO_ERROR if /dev/shm is full; Unavailable;
+  // errors of MapStaging.
+  absl::Status ReserveStaging(absl::Span<const TensorRef> tensors);
 
   // Blocks until the save of `step` is COMMITTED and returns the checkpoint directory, or
   // until `timeout` (InfiniteDuration: no limit).

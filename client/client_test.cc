@@ -122,6 +122,7 @@ class FakeAgent final : public v1::Agent::Service {
   grpc::Status load_error ABSL_GUARDED_BY(mu);
   std::set<std::string> absent_states ABSL_GUARDED_BY(mu);  // "fqn/state_key" absent on load
   std::vector<v1::LoadRequest> load_requests ABSL_GUARDED_BY(mu);
+  std::vector<v1::ReserveStagingRequest> reserve_requests ABSL_GUARDED_BY(mu);
   std::vector<std::string> released ABSL_GUARDED_BY(mu);
   // At each ReleaseLoad: the mappings of the load region in this process (the fake's own
   // pool mapping is one; a client that unmaps before releasing adds none).
@@ -221,6 +222,22 @@ class FakeAgent final : public v1::Agent::Service {
     response->set_shm_name(region_.name);
     response->set_shm_size(total);
     for (const v1::StagingSlot& slot : slots) *response->add_slots() = slot;
+    return grpc::Status::OK;
+  }
+
+  // As the agent: both sets of regions (memory tier), for the request's bound.
+  grpc::Status ReserveStaging(grpc::ServerContext*, const v1::ReserveStagingRequest* request,
+                              v1::ReserveStagingResponse* response) override {
+    absl::MutexLock lock(&mu);
+    reserve_requests.push_back(*request);
+    absl::StatusOr<std::vector<StagingSlot>> regions =
+        pool_->Reserve(request->bytes() + request->tensors() * kSlotGap * 3, 2);
+    if (!regions.ok()) return ToGrpcStatus(regions.status());
+    for (const StagingSlot& region : *regions) {
+      v1::StagingRegion* out = response->add_regions();
+      out->set_shm_name(region.name);
+      out->set_shm_size(region.capacity);
+    }
     return grpc::Status::OK;
   }
 
@@ -785,6 +802,61 @@ TEST_F(ClientTest, Save_RegionsAlternate_EachMappedOnce) {
   }
   EXPECT_EQ(regions.size(), 2u);
   EXPECT_EQ(client->stats().staging_maps, 2u);
+}
+
+TEST_F(ClientTest, ReserveStaging_RegionsMappedAhead_NoSaveMapsOne) {
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->retain_each_save = true;
+  }
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a = Pattern(5000, 1);
+  std::vector<uint8_t> b = Pattern(3000, 2);
+  TensorRef absent;
+  absent.fqn = "opt";
+  absent.state_key = "exp_avg";
+  absent.dtype = v1::DTYPE_U8;
+  absent.global_shape = {8};
+  absent.state_absent = true;
+  ASSERT_TRUE(client->ReserveStaging({HostRef("a", &a), HostRef("b", &b), absent}).ok());
+  {
+    absl::MutexLock lock(&fake_->mu);
+    ASSERT_EQ(fake_->reserve_requests.size(), 1u);
+    EXPECT_EQ(fake_->reserve_requests[0].bytes(), 8000u);  // the absent state stages nothing
+    EXPECT_EQ(fake_->reserve_requests[0].tensors(), 2u);
+  }
+  EXPECT_EQ(client->stats().staging_maps, 2u);
+
+  // Saves alternate between the two reserved regions, which the client already maps.
+  for (int64_t step = 1; step <= 4; ++step) {
+    a[0] = static_cast<uint8_t>(step);
+    ASSERT_TRUE(client->Save(step, {HostRef("a", &a), HostRef("b", &b)}).ok());
+    absl::MutexLock lock(&fake_->mu);
+    EXPECT_EQ(fake_->staged.back().slots[0], Bytes(a)) << "step " << step;
+    EXPECT_EQ(fake_->staged.back().slots[1], Bytes(b)) << "step " << step;
+  }
+  EXPECT_EQ(client->stats().staging_maps, 2u);
+  EXPECT_EQ(pool_->regions_created(), 2u);
+}
+
+TEST_F(ClientTest, ReserveStaging_NoBytesOrOverBudget_ErrorsNamingWhy) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  absl::Status empty = client->ReserveStaging({});
+  EXPECT_EQ(empty.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(empty.message(), HasSubstr("no bytes"));
+  // The fake's pool holds 1 GiB.
+  TensorRef huge;
+  huge.fqn = "w";
+  huge.dtype = v1::DTYPE_U8;
+  huge.global_shape = {1100 * static_cast<int64_t>(kMiB)};
+  huge.nbytes = 1100 * kMiB;
+  absl::Status over = client->ReserveStaging({huge});
+  EXPECT_EQ(over.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(GetErrorCode(over), v1::ERROR_CODE_ADMISSION_DENIED);
+  EXPECT_THAT(over.message(), HasSubstr("ReserveStaging: "));
+  EXPECT_EQ(client->stats().staging_maps, 0u);
 }
 
 TEST_F(ClientTest, Save_LargeTotal_ThreadedCopyByteExact) {

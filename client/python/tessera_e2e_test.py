@@ -83,6 +83,13 @@ class SaveLoadDp2Test(unittest.TestCase):
             # Step 2 describes the same tensors (and same-sized objects) as step 1.
             self.assertEqual(cached, [False, True])
 
+    def test_Reserve_BothRegionsMappedBeforeTheFirstSave_NoSaveMapsAnother(self):
+        for report in self.saves:
+            # The agents keep the last commit in memory: saves alternate between two regions,
+            # both reserved and mapped before step 1.
+            self.assertEqual(report["maps_after_reserve"], 2, report)
+            self.assertEqual(report["staging_maps"], 2, report)
+
     def test_Identity_Dp2_RankAndCoords(self):
         for rank, report in enumerate(self.saves):
             identity = report["identity"]

@@ -163,6 +163,16 @@ class PyClient {
     return py::make_tuple(r.session_id, absl::ToDoubleSeconds(r.stall), r.plan_cached);
   }
 
+  void Reserve(const py::sequence& refs) {
+    std::vector<TensorRef> tensors = RefsFromList(refs);
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->ReserveStaging(tensors);
+    }
+    if (!status.ok()) RaiseStatus(status);
+  }
+
   // Returns the checkpoint directory. `timeout_s` None: no limit.
   std::string Wait(int64_t step, std::optional<double> timeout_s) {
     const absl::Duration timeout =
@@ -236,6 +246,7 @@ PYBIND11_MODULE(_tessera, m) {
                   py::arg("get_info_timeout_s") = 0.0)
       .def("identity", &tessera::PyClient::Identity)
       .def("save", &tessera::PyClient::Save, py::arg("step"), py::arg("refs"))
+      .def("reserve", &tessera::PyClient::Reserve, py::arg("refs"))
       .def("wait", &tessera::PyClient::Wait, py::arg("step"), py::arg("timeout_s"))
       .def("load", &tessera::PyClient::Load, py::arg("step"), py::arg("refs"))
       .def("stats", &tessera::PyClient::Stats);

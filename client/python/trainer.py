@@ -92,6 +92,9 @@ def do_save(client, out, steps, frozen):
             train_step(model, optimizer, scheduler)
         state = tessera.flatten_state(model.state_dict(), optimizer)
         objs = capture_objects(optimizer, scheduler, rank, batch=step)
+        if not report["saves"]:  # staging made and mapped before the first save
+            client.reserve(state, objects=objs)
+            report["maps_after_reserve"] = client.stats()["staging_maps"]
         result = client.save(step, state, objects=objs)
         directory = client.wait(step, timeout=60)
         expected = {"tensors": {k: (v.tensor if isinstance(v, tessera.Shard) else v).clone()
@@ -104,6 +107,7 @@ def do_save(client, out, steps, frozen):
                                 "session_id": result.session_id, "dir": directory,
                                 "stall_seconds": result.stall_seconds})
     report["latest"] = client.latest()
+    report["staging_maps"] = client.stats()["staging_maps"]
     return report
 
 

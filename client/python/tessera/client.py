@@ -168,6 +168,30 @@ class Client:
         must be restarted); UnavailableError; DeadlineExceededError.
         """
         step = _step(step, allow_latest=False)
+        refs, keep = self._save_refs(tensors, objects)
+        session_id, stall, cached = _call(self._native.save, step, refs)
+        del keep  # the tensors had to stay alive until here
+        return SaveResult(session_id, stall, cached)
+
+    def reserve(self, tensors, *, objects=None):
+        """Makes the agent create (and this process map) the staging that saves of `tensors`
+        need, now: the first save then stalls for its copy alone instead of also creating and
+        faulting in its shared memory (seconds per ten GiB). Optional; call it once the model
+        and optimizer state exist (after a load, or before the first step). Arguments as
+        save(). A DP leader's save also stages its peers' optimizer slices, which only the
+        plan tells: its first save still makes a larger region.
+
+        Raises: InvalidArgumentError if the tensors hold no bytes, or as save() for a tensor
+        that fails the local checks; ResourceExhaustedError (ADMISSION_DENIED over the agent's
+        staging budget, IO_ERROR when /dev/shm is full); UnavailableError.
+        """
+        refs, keep = self._save_refs(tensors, objects)
+        _call(self._native.reserve, refs)
+        del keep
+
+    def _save_refs(self, tensors, objects):
+        """The refs a save of `tensors` and `objects` stages, and what must stay alive until
+        the native call returns."""
         refs, _, keep = self._refs(tensors, for_load=False)
         buffers = []
         index = []
@@ -181,9 +205,7 @@ class Client:
         header_buf = _Buffer(struct.pack("<Q", len(index_buf.data)))
         buffers += [(INDEX_FQN, index_buf), (HEADER_FQN, header_buf)]
         refs += [buf.ref(fqn) for fqn, buf in buffers]
-        session_id, stall, cached = _call(self._native.save, step, refs)
-        del keep  # the tensors had to stay alive until here
-        return SaveResult(session_id, stall, cached)
+        return refs, (keep, buffers)
 
     def wait(self, step, timeout=None):
         """Blocks until checkpoint `step` is committed; returns its directory.
