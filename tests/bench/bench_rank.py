@@ -6,6 +6,8 @@
                      --out FILE.json                 (S: MiB per rank of the save)
   bench_rank.py gpu  --agent SOCK --rank 0 --world 1 --mib S --steps K --barrier DIR
                      --torch-dir DIR --out FILE.json (needs a CUDA device)
+  bench_rank.py memcpy --rank R --world N --bytes B --barrier DIR --out FILE.json
+                     (the memcpy baselines alone, for B bytes: another workload's ranks)
 
 The state: this rank's row block of `S / tensor_mib` int32 tensors of tensor_mib MiB each (rows
 of 1,024 elements; tensor i, global row g holds i * 2**20 + g), described as tessera.Shard with
@@ -13,14 +15,23 @@ no replication, so N ranks hold N distinct blocks (a tp=N layout) and every byte
 
 save, in order (ranks meet at a file barrier before each timed step, so no rank's time includes
 waiting for a late one to start):
-  1. memcpy baseline: ctypes.memmove (libc memcpy, one thread) of every tensor into one
-     pre-faulted buffer of the same size; best of 3. The buffer is freed afterwards.
+  1. memcpy baselines: every tensor copied into one pre-faulted buffer of the same size the
+     way the client copies into staging (client/parallel_copy.h): the bytes, concatenated in
+     tensor order, cut into T equal runs, each copied by its own thread with ctypes.memmove
+     (libc memcpy; it releases the GIL, so the threads copy in parallel); best of 3. T = 1,
+     the client's copy threads (ClientOptions.copy_threads' default capped at the CPUs this
+     process may use), and every usable CPU. The buffer is freed afterwards.
   2. Tessera: K saves of the same tensors (step 1 plans from scratch and sizes staging; later
      steps reuse the plan and the staging pool). Per step: time blocked in client.save()
-     (Python wall, and the client's own SaveResult stall), and the time until client.wait()
-     returned (COMMITTED), with wall-clock stamps so run.sh can take spans across ranks.
-  3. Peer: torch.save of the same tensors (plain dict fqn -> tensor) into --torch-dir, then
-     flush + os.fsync: blocked time (torch.save returned) and durable time (after fsync).
+     (Python wall, and the client's own SaveResult stall), the time until client.wait()
+     returned (COMMITTED), with wall-clock stamps so run.sh can take spans across ranks, and
+     the session id. Afterwards, the threads the client's last copy used (its stats), which
+     the stall row checks against the baseline's T.
+  3. Peer: --torch-runs times torch.save of the same tensors (plain dict fqn -> tensor) into
+     --torch-dir, then flush + os.fsync: blocked time (torch.save returned) and durable time
+     (after fsync).
+memcpy: the baselines of step 1 alone, on B bytes in tensors of at most --tensor-mib (another
+workload's ranks: run.sh's llama figure, whose trainer prints how many bytes each rank holds).
 load: this rank's row block in the N'-rank layout (a different TP degree than the N of the
 save: resharding), destinations pre-allocated and pre-faulted as a resumed model's are; one
 timed client.load(), then every byte is checked.
@@ -38,6 +49,7 @@ import ctypes
 import json
 import os
 import sys
+import threading
 import time
 
 import torch
@@ -45,11 +57,19 @@ import torch
 import tessera
 
 COLS = 1024  # int32 elements per row: 4 KiB rows
+# ClientOptions.copy_threads' default (client/client.h); the client caps it at the usable CPUs.
+# The save records the threads the client actually used, so a change of the default shows up
+# as an unjudged stall row, not as a wrong baseline.
+CLIENT_COPY_THREADS = 4
 
 
 def layout(mib, tensor_mib):
     """[(tensor index, bytes per rank)] for `mib` MiB per rank in tensors of tensor_mib."""
-    total = mib << 20
+    return layout_bytes(mib << 20, tensor_mib)
+
+
+def layout_bytes(total, tensor_mib):
+    """[(tensor index, bytes)] for `total` bytes in tensors of at most tensor_mib MiB."""
     step = tensor_mib << 20
     out = []
     i = 0
@@ -104,22 +124,74 @@ def barrier(directory, name, rank, world, timeout=600):
         time.sleep(0.001)
 
 
-def memcpy_baseline(tensors, total):
+def usable_cpus():
+    return len(os.sched_getaffinity(0))
+
+
+def baseline_threads():
+    """{role: threads} of the memcpy baselines: one thread, the client's copy threads, every
+    usable CPU."""
+    cpus = usable_cpus()
+    return {"one": 1, "client": min(CLIENT_COPY_THREADS, cpus), "all_cores": cpus}
+
+
+def parallel_memmove(items, threads):
+    """Copies [(dst, src, n)] as client/parallel_copy.cc does: the bytes, concatenated in item
+    order, cut into `threads` equal runs (items split where needed), one thread per run, the
+    calling thread taking the first."""
+    total = sum(n for _, _, n in items)
+    bounds = [min(total, k * -(-total // threads)) for k in range(threads + 1)]
+    runs = [[] for _ in range(threads)]
+    pos = 0
+    for dst, src, n in items:
+        for k in range(threads):
+            lo, hi = max(pos, bounds[k]), min(pos + n, bounds[k + 1])
+            if lo < hi:
+                runs[k].append((dst + lo - pos, src + lo - pos, hi - lo))
+        pos += n
+
+    def copy(run):
+        for dst, src, n in run:
+            ctypes.memmove(dst, src, n)
+
+    workers = [threading.Thread(target=copy, args=(run,)) for run in runs[1:]]
+    for w in workers:
+        w.start()
+    copy(runs[0])
+    for w in workers:
+        w.join()
+
+
+def memcpy_baselines(tensors, total, barrier_dir, rank, world):
+    """{threads: best of 3 seconds} for each of baseline_threads(), every rank copying at
+    once as they do in a save (a barrier before each thread count)."""
     dst = torch.empty(total, dtype=torch.uint8)
     dst.fill_(1)  # pre-fault every page
-    base = dst.data_ptr()
-    best = None
-    for _ in range(3):
-        off = 0
-        t0 = time.perf_counter()
-        for t in tensors.values():
-            n = t.numel() * t.element_size()
-            ctypes.memmove(base + off, t.data_ptr(), n)
-            off += n
-        dt = time.perf_counter() - t0
-        best = dt if best is None else min(best, dt)
+    items = []
+    off = 0
+    for t in tensors.values():
+        n = t.numel() * t.element_size()
+        items.append((dst.data_ptr() + off, t.data_ptr(), n))
+        off += n
+    out = {}
+    for threads in sorted(set(baseline_threads().values())):
+        barrier(barrier_dir, "memcpy-%d" % threads, rank, world)
+        best = None
+        for _ in range(3):
+            t0 = time.perf_counter()
+            parallel_memmove(items, threads)
+            dt = time.perf_counter() - t0
+            best = dt if best is None else min(best, dt)
+        out[str(threads)] = best
     del dst
-    return best
+    return out
+
+
+def memcpy_report(tensors, a):
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    return {"rank": a.rank, "world": a.world, "bytes": total, "tensors": len(tensors),
+            "memcpy_threads": baseline_threads(),
+            "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world)}
 
 
 def connect(agent):
@@ -133,13 +205,18 @@ def connect(agent):
             time.sleep(0.1)
 
 
+def do_memcpy(a):
+    tensors = {}
+    for index, nbytes in layout_bytes(a.bytes, a.tensor_mib):
+        t = torch.empty(nbytes, dtype=torch.uint8)
+        t.fill_(index & 0xFF)
+        tensors["bench.w%03d" % index] = t
+    return memcpy_report(tensors, a)
+
+
 def do_save(a):
     state, tensors = make_state(a.rank, a.world, a.mib, a.tensor_mib)
-    total = sum(t.numel() * t.element_size() for t in tensors.values())
-    report = {"rank": a.rank, "world": a.world, "bytes": total, "tensors": len(tensors)}
-
-    barrier(a.barrier, "memcpy", a.rank, a.world)
-    report["memcpy_s"] = memcpy_baseline(tensors, total)
+    report = memcpy_report(tensors, a)
 
     client = connect(a.agent)
     saves = []
@@ -153,25 +230,31 @@ def do_save(a):
         t2 = time.perf_counter()
         saves.append({"step": step, "start": wall0, "blocked_s": t1 - t0,
                       "stall_s": result.stall_seconds, "committed_s": t2 - t0,
-                      "committed_at": wall0 + (t2 - t0), "plan_cached": result.plan_cached})
+                      "committed_at": wall0 + (t2 - t0), "plan_cached": result.plan_cached,
+                      "session_id": result.session_id})
     report["saves"] = saves
+    report["client_copy_threads"] = client.stats()["last_copy_threads"]
 
     if a.torch_dir:
         os.makedirs(a.torch_dir, exist_ok=True)
         path = os.path.join(a.torch_dir, "rank-%d.pt" % a.rank)
         plain = dict(tensors)
-        barrier(a.barrier, "torch", a.rank, a.world)
-        wall0 = time.time()
-        t0 = time.perf_counter()
-        with open(path, "wb") as f:
-            torch.save(plain, f)
-            f.flush()
-            t1 = time.perf_counter()
-            os.fsync(f.fileno())
-        t2 = time.perf_counter()
-        report["torch"] = {"start": wall0, "blocked_s": t1 - t0, "durable_s": t2 - t0,
-                           "durable_at": wall0 + (t2 - t0), "file_bytes": os.path.getsize(path)}
-        os.unlink(path)
+        runs = []
+        for run in range(1, a.torch_runs + 1):
+            barrier(a.barrier, "torch-%d" % run, a.rank, a.world)
+            wall0 = time.time()
+            t0 = time.perf_counter()
+            with open(path, "wb") as f:
+                torch.save(plain, f)
+                f.flush()
+                t1 = time.perf_counter()
+                os.fsync(f.fileno())
+            t2 = time.perf_counter()
+            runs.append({"run": run, "start": wall0, "blocked_s": t1 - t0,
+                         "durable_s": t2 - t0, "durable_at": wall0 + (t2 - t0),
+                         "file_bytes": os.path.getsize(path)})
+            os.unlink(path)
+        report["torch"] = runs
     return report
 
 
@@ -262,20 +345,26 @@ def do_load(a):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("mode", choices=["save", "load", "gpu"])
-    p.add_argument("--agent", required=True)
+    p.add_argument("mode", choices=["save", "load", "gpu", "memcpy"])
+    p.add_argument("--agent", default="")
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--world", type=int, required=True)
     p.add_argument("--saved-world", type=int, default=None)
-    p.add_argument("--mib", type=int, required=True)
+    p.add_argument("--mib", type=int, default=0)
+    p.add_argument("--bytes", type=int, default=0, help="memcpy: bytes of this rank")
     p.add_argument("--tensor-mib", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--barrier", required=True)
     p.add_argument("--torch-dir", default="")
+    p.add_argument("--torch-runs", type=int, default=3)
     p.add_argument("--out", required=True)
     a = p.parse_args()
+    if a.mode == "memcpy" and a.bytes <= 0:
+        p.error("memcpy needs --bytes")
+    if a.mode != "memcpy" and (not a.agent or a.mib <= 0):
+        p.error("%s needs --agent and --mib" % a.mode)
     torch.set_num_threads(1)
-    report = {"save": do_save, "load": do_load, "gpu": do_gpu}[a.mode](a)
+    report = {"save": do_save, "load": do_load, "gpu": do_gpu, "memcpy": do_memcpy}[a.mode](a)
     with open(a.out, "w") as f:
         json.dump(report, f)
     if a.mode == "load" and report["mismatched"]:

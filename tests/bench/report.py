@@ -4,40 +4,63 @@
   report.py RESULTS_DIR [--steps K]
 
 Every row is figure, Tessera, baseline, ratio, target, met? (DESIGN.md "Performance
-targets"). Definitions, as measured by bench_rank.py / tessera-plan-load:
-  stall    Tessera: the slowest rank's time blocked in client.save() (Python wall clock),
-           median over the steady-state saves (steps >= 2: plan cached, staging pool reused).
-           Baseline: the slowest rank's ctypes.memmove (libc memcpy, one thread) of the same
-           tensors into a pre-faulted buffer, best of 3, all ranks copying at once as they
-           do in a save. Ratio = Tessera / baseline.
+targets", issue 14). Every Tessera figure is the median of its runs with the p90 beside it
+(median_p90: the steady-state saves, steps >= 2; the load runs; the torch.save runs); a
+baseline is the best of its runs, the physical limit. Definitions, as measured by
+bench_rank.py / tessera-plan-load / tessera-llama-trainer:
+  fio      the disk's limit: run.sh's sweep of bs x iodepth x numjobs (libaio, O_DIRECT where
+           the file system takes it), each point's aggregate bandwidth (writes include their
+           final fsync; reads follow dropping the page cache). The fastest point of each
+           direction is the baseline of the persist and load rows; its row names it. If the
+           page cache could not be dropped, the read limit and the rows held to it are not
+           judged.
+  stall    Tessera: the slowest rank's time blocked in client.save() (Python wall clock) per
+           steady-state save. Baseline: the slowest rank's memcpy of the same tensors into a
+           pre-faulted buffer with as many threads as the client copies with, split as the
+           client splits them (bench_rank.py), all ranks copying at once as they do in a save;
+           memcpy with every usable core is reported beside it. Ratio = Tessera / baseline,
+           target <= 1.15; not judged if the client's last copy used another thread count
+           than the baseline.
+  first    the first save's stall (it plans from scratch and sizes staging; one sample per
+           configuration) / the steady stall's median; target <= 3.
   persist  Tessera: all ranks' bytes / (first rank's save() call -> last rank's wait()
-           returned COMMITTED), median over the steady-state saves. Baseline: fio sequential
-           write of the same directory (options in the table's notes). Ratio = Tessera / fio.
-           This is issue 7's definition: it includes the trainer's copy, which runs before
-           any write.
-  persist phase (2b): all ranks' bytes / the mean PERSISTING + COMMITTING time the
-           coordinator measured (tessera_phase_seconds: data files written, fsynced and
-           reported, manifest committed) over every save of the configuration — DESIGN.md's
-           "persist" target. Same baseline.
-  peer     torch.save per rank of the same tensors (a dict fqn -> tensor) + flush + fsync.
-           blocked: the slowest rank's torch.save() call vs Tessera's stall (above);
-           durable: first start -> last fsync returned vs Tessera's save() -> COMMITTED span.
-           Ratio = torch.save / Tessera (how many times longer torch.save takes).
-  load     all loaders' bytes / (first load() call -> last load() returned), loading the
-           checkpoint onto another TP degree (rows resharded), destinations pre-faulted, page
-           cache dropped before (or not: the row says). Baseline: fio sequential read
-           (O_DIRECT, after dropping the cache; the faster of one and four requests in
-           flight). Ratio = Tessera / fio.
+           returned COMMITTED) per steady-state save. Baseline: the fio write limit. Ratio =
+           Tessera / fio, target >= 0.80. This is issue 7's definition: it includes the
+           trainer's copy, which runs before any write.
+  persist phase (2b): all ranks' bytes / the PERSISTING + COMMITTING time the coordinator
+           recorded for the session (tessera status --session: data files written, fsynced
+           and reported, manifest committed) per steady-state save — DESIGN.md's "persist"
+           target, >= 0.90 of the fio write limit.
+  peer     torch.save per rank of the same tensors (a dict fqn -> tensor) + flush + fsync,
+           run by run. blocked: the slowest rank's torch.save() call vs Tessera's stall
+           (above); durable: first start -> last fsync returned vs Tessera's save() ->
+           COMMITTED span. Ratio = torch.save / Tessera (how many times longer torch.save
+           takes), medians of both.
+  load     all loaders' bytes / (first load() call -> last load() returned) per run, loading
+           the checkpoint onto another TP degree (rows resharded), destinations pre-faulted,
+           page cache dropped before each run. Baseline: the fio read limit; target >= 0.90.
+           Not judged if the cache was not dropped or bytes came from the agents' memory.
   memory   (4m) right after the saves, the same layout loads the last step from its agents'
            memory tier (DESIGN.md "Memory tier"): all loaders' bytes / (first load() call ->
-           last returned). Baseline: figure 1's memcpy of the same bytes; ratio = memcpy time
-           / restore time (target >= 0.80, issue 16); judged only if every byte came from
-           memory. A restore is two copies (resident region -> load staging, verified; staging
-           -> tensors), so one memcpy is the physical limit it is held to.
+           last returned), one run. Baseline: figure 1's memcpy of the same bytes with the
+           client's threads; ratio = memcpy time / restore time (target >= 0.80, issue 16);
+           judged only if every byte came from memory. A restore is two copies (resident
+           region -> load staging, verified; staging -> tensors), so one memcpy is the
+           physical limit it is held to.
            Buddy restore (2+ ranks): the odd ranks' agents are SIGKILLed once their buddies
            hold the last step, restart on a new node id and load it: bytes they read from
            their buddies' memory / (first of their load() calls -> last returned). Baseline:
            loopback TCP with as many parallel streams (link_bw.py, best of 3).
+  llama    (7) the quickstart's model through tessera-llama-trainer (C++ client), distributed
+           optimizer. stall: the slowest rank's printed stall per steady save vs the slowest
+           rank's memcpy of its printed bytes (bench_rank.py memcpy, every rank at once, the
+           agents stopped), with the client's default copy threads (the trainer does not
+           print the count: not checked); first: as above; persist: the checkpoint's bytes /
+           (session opened -> COMMITTED, the coordinator's clock: the trainer prints no
+           wall-clock stamps) and persist phase as 2b; load: all loaders' printed bytes / the
+           slowest rank's printed load() time per run (the trainer prints durations only,
+           so not first call -> last return), onto half the TP degree, page cache dropped.
+           Same targets as the rows above.
   3c, 4b   PyTorch DCP on the same state and ranks: tests/bench/report_dcp.py.
   plan     through a real tessera-coordinator over gRPC with fake agents: first plan = start
            of the last SubmitLocalPlan -> last PIN received (validated, persisted to RocksDB,
@@ -54,7 +77,6 @@ import glob
 import json
 import os
 import re
-import statistics
 import sys
 
 import report_dcp  # figures 3c and 4b: PyTorch DCP beside Tessera
@@ -101,45 +123,167 @@ def fmt_size(m):
     return "%d GiB" % (m // 1024) if m >= 1024 and m % 1024 == 0 else "%d MiB" % m
 
 
-def fio_bw(raw, name, key):
-    data = load_json(os.path.join(raw, name))
-    try:
-        return float(data["jobs"][0][key]["bw_bytes"])
-    except (TypeError, KeyError, IndexError, ValueError):
+# (target, higher is better, as the table writes it) per judged figure (issue 14).
+TARGETS = {
+    "stall": (1.15, False, "<= 1.15"),
+    "first": (3.0, False, "<= 3"),
+    "persist": (0.80, True, ">= 0.80"),
+    "phase": (0.90, True, ">= 0.90"),
+    "load": (0.90, True, ">= 0.90"),
+}
+
+FIO_POINT = re.compile(r"^(write|read)-bs(\w+)-qd(\d+)-j(\d+)\.json$")
+
+
+def fio_points(raw):
+    """{"write": [...], "read": [...]} of run.sh's sweep: each point {"bs", "iodepth",
+    "numjobs", "bw" (bytes/s, all jobs), "cache" (reads: what dropping the cache did)}."""
+    out = {"write": [], "read": []}
+    directory = os.path.join(raw, "fio")
+    for name in sorted(os.listdir(directory)) if os.path.isdir(directory) else []:
+        m = FIO_POINT.match(name)
+        if not m:
+            continue
+        kind = m.group(1)
+        data = load_json(os.path.join(directory, name))
+        try:
+            bw = float(data["jobs"][0][kind]["bw_bytes"])
+        except (TypeError, KeyError, IndexError, ValueError):
+            continue
+        point = {"bs": m.group(2), "iodepth": int(m.group(3)), "numjobs": int(m.group(4)),
+                 "bw": bw}
+        if kind == "read":
+            point["cache"] = read_text(os.path.join(directory, name[:-len(".json")] + ".cache"))
+        out[kind].append(point)
+    return out
+
+
+def undropped(cache):
+    """Why a read is not judged, from what run.sh's drop_caches said ("not dropped (why)")."""
+    return "caches could not be dropped %s" % (
+        cache[len("not dropped "):] if cache.startswith("not dropped ") else "(%s)" % cache)
+
+
+def sweep_limit(points):
+    """The fastest point, with why the limit may not be judged against: {"bw", "point" (text),
+    "of" (points measured), "unjudged" (reason or None)}; None if nothing was measured."""
+    if not points:
         return None
+    best = max(points, key=lambda p: p["bw"])
+    caches = [p["cache"] for p in points if "cache" in p and p["cache"] != "dropped"]
+    return {"bw": best["bw"], "of": len(points),
+            "point": "bs %s, iodepth %d, %d job%s" % (best["bs"], best["iodepth"],
+                                                       best["numjobs"],
+                                                       "s" if best["numjobs"] > 1 else ""),
+            "unjudged": undropped(caches[0]) if caches else None}
 
 
-def phase_seconds(path):
-    """Mean seconds per completed phase from the coordinator's Prometheus text
-    (tessera_phase_seconds_sum / _count, label phase), or None."""
-    sums, counts = {}, {}
+def read_text(path, default="?"):
     try:
-        lines = open(path).read().splitlines()
+        with open(path) as f:
+            return f.read().strip()
     except OSError:
-        return None
-    for line in lines:
-        m = re.match(r'tessera_phase_seconds_(sum|count)\{phase="([A-Z_]+)"\} ([0-9.eE+-]+)', line)
-        if m:
-            (sums if m.group(1) == "sum" else counts)[m.group(2)] = float(m.group(3))
-    return {p: sums[p] / counts[p] for p in sums if counts.get(p)}
+        return default
 
 
-FIO_MODES = ("psync", "libaio4")  # run.sh: one request at a time; four in flight
+def session_steps(directory):
+    """{step: {"bytes", "span_s", "persist_s"}} of the committed checkpoints run.sh's
+    save_sessions listed: span = the session opened -> it entered COMMITTED and persist =
+    its PERSISTING + COMMITTING durations, both on the coordinator's clock (ms)."""
+    listed = load_json(os.path.join(directory, "checkpoints.json")) or {}
+    out = {}
+    for c in listed.get("checkpoints", []):
+        status = load_json(os.path.join(directory, "%s.json" % c["session_id"]))
+        if not status:
+            continue
+        phases = {p["state"]: p for p in status.get("phases", [])}
+
+        def ms(state, field):
+            return int(phases.get("SESSION_STATE_" + state, {}).get(field, 0))
+        committed = ms("COMMITTED", "entered_unix_ms")
+        out[int(c["step"])] = {
+            "bytes": int(c["bytes"]),
+            "span_s": (committed - int(status["started_unix_ms"])) / 1000 if committed else None,
+            "persist_s": (ms("PERSISTING", "duration_ms") + ms("COMMITTING", "duration_ms"))
+            / 1000 or None}
+    return out
 
 
-def fio_best(raw, kind, notes):
-    """The faster of run.sh's fio modes for `kind` ("write" or "read"), in bytes/s; notes
-    both."""
-    measured = {}
-    for mode in FIO_MODES:
-        bw = fio_bw(raw, "fio-%s-%s.json" % (kind, mode), kind)
-        if bw:
-            measured[mode] = bw
-    if not measured:
-        return None
-    notes.append("fio sequential %s: %s; the faster is the baseline" % (
-        kind, ", ".join("%s %s" % (m, fmt_bw(bw)) for m, bw in measured.items())))
-    return max(measured.values())
+def median_p90(values):
+    """(median, p90) of values: the middle element (the upper one of an even count) and the
+    one 90 % of the way up. Every Tessera figure of the report goes through here."""
+    xs = sorted(values)
+    return xs[len(xs) // 2], xs[min(len(xs) - 1, (len(xs) * 9) // 10)]
+
+
+def spread(values, fmt):
+    """(median, "median (p90 X, N runs)") of values by median_p90."""
+    med, p90 = median_p90(values)
+    return med, "%s (p90 %s, %d run%s)" % (fmt(med), fmt(p90), len(values),
+                                           "s" if len(values) > 1 else "")
+
+
+def bw_spread(nbytes, seconds):
+    """(median bandwidth, text) for the same bytes moved in each of `seconds`: the median
+    time's bandwidth, and the p90 time's (the slow tail)."""
+    med, p90 = median_p90(seconds)
+    return nbytes / med if med > 0 else None, "%s (%s in %s; p90 %s = %s; %d run%s)" % (
+        fmt_bw(nbytes / med if med > 0 else None), fmt_size(int(mib(nbytes))), fmt_s(med),
+        fmt_s(p90), fmt_bw(nbytes / p90 if p90 > 0 else None), len(seconds),
+        "s" if len(seconds) > 1 else "")
+
+
+def judged_row(figure, key, label, tessera, baseline, ratio, unjudged=None):
+    """A row held to TARGETS[key]; `unjudged` (a reason) leaves it unjudged and says why."""
+    target, higher, text = TARGETS[key]
+    met = None
+    if ratio is not None and not unjudged:
+        met = ratio >= target if higher else ratio <= target
+    if unjudged:
+        text += " (not judged: %s)" % unjudged
+    return Row(figure, tessera, baseline, ratio, text, met,
+               chart=(label, ratio, target, higher))
+
+
+def memcpy_baselines(reports):
+    """{role: (threads, slowest rank's seconds)} for "one", "client" and "all_cores" of
+    bench_rank.py's memcpy baselines."""
+    out = {}
+    for role in ("one", "client", "all_cores"):
+        threads = reports[0]["memcpy_threads"][role]
+        out[role] = (threads, max(r["memcpy_s"][str(threads)] for r in reports))
+    return out
+
+
+def memcpy_text(baselines, per_rank_bytes):
+    threads, seconds = baselines["client"]
+    cores, every = baselines["all_cores"]
+    return "memcpy with %d thread%s (the client's count) %s (%s per rank); every core (%d): %s" % (
+        threads, "s" if threads > 1 else "", fmt_s(seconds),
+        fmt_bw(per_rank_bytes / seconds if seconds > 0 else None), cores, fmt_s(every))
+
+
+def fio_limit_rows(limits):
+    rows = []
+    for kind in ("write", "read"):
+        limit = limits.get(kind)
+        if limit is None:
+            rows.append(Row("fio %s limit" % kind, "-", "not measured (see logs/fio.log)"))
+            continue
+        rows.append(Row("fio %s limit" % kind, "-", "%s at %s (fastest of %d points)" % (
+            fmt_bw(limit["bw"]), limit["point"], limit["of"]),
+            target="not judged: %s" % limit["unjudged"] if limit["unjudged"] else "-"))
+    return rows
+
+
+def fio_text(kind, limit):
+    if not limit:
+        return "fio %s limit: not measured in this run" % kind
+    return "fio %s limit %s" % (kind, fmt_bw(limit["bw"]))
+
+
+def fio_ratio(bw, limit):
+    return bw / limit["bw"] if bw and limit else None
 
 
 class Row:
@@ -156,6 +300,84 @@ class Row:
         return [self.figure, self.tessera, self.baseline, ratio, self.target, met]
 
 
+def saves_rows(figures, name, per_rank_bytes, stalls, baselines, unjudged_stall, phases,
+               total, spans, fio_w):
+    """The save rows both workloads share: stall, first-save stall, persist (if `spans`:
+    {step: save -> COMMITTED seconds}) and persist phase (from `phases`, session_steps()).
+    `stalls`: {step: the slowest rank's stall}; `figures`: the rows' labels, in that order.
+    Returns (rows, steady stall median, steady save -> COMMITTED median)."""
+    rows = []
+    f_stall, f_first, f_persist, f_phase = figures
+    steps = sorted(stalls)
+    steady = [st for st in steps if st >= 2]
+    if not steady:
+        return [Row("%s, %s" % (f_stall, name), "not judged: no steady-state save "
+                    "(run more than one step)")], None, None
+    stall, stall_text = spread([stalls[st] for st in steady], fmt_s)
+    memcpy = baselines["client"][1]
+    ratio = stall / memcpy if memcpy > 0 else None
+    rows.append(judged_row("%s, %s" % (f_stall, name), "stall", "stall %s" % name,
+                           stall_text, memcpy_text(baselines, per_rank_bytes), ratio,
+                           unjudged_stall))
+    first = stalls.get(1)
+    if first is not None:
+        rows.append(judged_row("%s, %s" % (f_first, name), "first",
+                               "first save %s" % name,
+                               "%s (step 1: plans from scratch, sizes staging; one run)" % fmt_s(first),
+                               "steady stall %s (median)" % fmt_s(stall),
+                               first / stall if stall > 0 else None))
+    span = None
+    steady_spans = [spans[st] for st in steady if spans.get(st)]
+    if steady_spans:
+        span = median_p90(steady_spans)[0]
+        bw, text = bw_spread(total, steady_spans)
+        rows.append(judged_row("%s, %s" % (f_persist, name), "persist",
+                               "persist %s" % name, text, fio_text("write", fio_w),
+                               fio_ratio(bw, fio_w)))
+    persist = [phases[st]["persist_s"] for st in steady if phases.get(st, {}).get("persist_s")]
+    if persist:
+        bw, text = bw_spread(total, persist)
+        rows.append(judged_row("%s, %s" % (f_phase, name), "phase",
+                               "persist phase %s" % name,
+                               "%s; PERSISTING + COMMITTING" % text, fio_text("write", fio_w),
+                               fio_ratio(bw, fio_w)))
+    else:
+        rows.append(Row("%s, %s" % (f_phase, name),
+                        "not measured: the coordinator's session phases were not read"))
+    return rows, stall, span
+
+
+BENCH_FIGURES = ("1 stall", "1f first-save stall", "2 persist (save -> COMMITTED)",
+                 "2b persist phase")
+LLAMA_FIGURES = ("7 llama stall", "7 llama first-save stall",
+                 "7 llama persist (save -> COMMITTED)", "7 llama persist phase")
+
+
+def load_row(figure, name, layouts, runs, fio_r, tag):
+    """A load row: `runs` [{"bytes" (into the tensors), "seconds", "cache", "from_memory",
+    "from_disk"}], one per run. The bandwidth is of the bytes loaded into the tensors (a
+    replicated tensor counts once per rank that loads it)."""
+    if not runs:
+        return Row("%s load %s, %s" % (figure, layouts, name), "failed (see logs/%s)" % tag)
+    nbytes = runs[0]["bytes"]
+    bw, text = bw_spread(nbytes, [r["seconds"] for r in runs])
+    caches = [r["cache"] for r in runs if r["cache"] != "dropped"]
+    memory = sum(r["from_memory"] for r in runs)
+    unjudged = None
+    if caches:
+        unjudged = undropped(caches[0])
+    elif fio_r and fio_r["unjudged"]:
+        unjudged = "the fio read limit is not judged"
+    elif memory:
+        unjudged = "%s came from the agents' memory, not the disk" % fmt_size(int(mib(memory)))
+    disk = median_p90([r["from_disk"] for r in runs])[0]
+    return judged_row("%s load %s, %s" % (figure, layouts, name), "load", "load %s" % name,
+                      "%s; %s read from disk per run%s" % (
+                          text, fmt_size(int(mib(disk))),
+                          "" if caches else ", page cache dropped before each"),
+                      fio_text("read", fio_r), fio_ratio(bw, fio_r), unjudged)
+
+
 def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
     tag = "%dM-x%d" % (mib_per_rank, ranks)
     name = "%s x %d rank%s" % (fmt_size(mib_per_rank), ranks, "s" if ranks > 1 else "")
@@ -169,7 +391,6 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
         return rows
     total = sum(s["bytes"] for s in saves)
     steps = sorted({x["step"] for s in saves for x in s["saves"]})
-    steady = [st for st in steps if st >= 2] or steps
 
     def per_step(step):
         xs = [x for s in saves for x in s["saves"] if x["step"] == step]
@@ -179,91 +400,77 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                 "cached": all(x["plan_cached"] for x in xs)}
 
     by_step = {st: per_step(st) for st in steps}
-    blocked = statistics.median(by_step[st]["blocked"] for st in steady)
-    client_stall = statistics.median(by_step[st]["stall"] for st in steady)
-    span = statistics.median(by_step[st]["span"] for st in steady)
-    memcpy = max(s["memcpy_s"] for s in saves)
-    first = by_step[steps[0]]
-    notes.append("%s: %d tensors of <= 64 MiB per rank; per step (slowest rank): %s" % (
-        name, saves[0]["tensors"], "; ".join(
-            "step %d blocked %s (client stall %s), save->COMMITTED %s%s" % (
-                st, fmt_s(v["blocked"]), fmt_s(v["stall"]), fmt_s(v["span"]),
-                ", plan cached" if v["cached"] else "") for st, v in sorted(by_step.items()))))
-
-    ratio = blocked / memcpy if memcpy > 0 else None
-    rows.append(Row("1 stall, %s" % name,
-                    "%s (client: %s; first save %s)" % (fmt_s(blocked), fmt_s(client_stall),
-                                                       fmt_s(first["blocked"])),
-                    "memcpy %s (%s)" % (fmt_s(memcpy), fmt_bw(mib(total / ranks) * 2**20 / memcpy)
-                                        if memcpy else "-"),
-                    ratio, "<= 1.2", None if ratio is None else ratio <= 1.2,
-                    chart=("stall %s" % name, ratio, 1.2, False)))
-    bw = total / span if span > 0 else None
-    ratio = bw / fio_w if bw and fio_w else None
-    rows.append(Row("2 persist, %s" % name,
-                    "%s (%s in %s)" % (fmt_bw(bw), fmt_size(int(mib(total))), fmt_s(span)),
-                    "fio write %s" % fmt_bw(fio_w), ratio, ">= 0.90",
-                    None if ratio is None else ratio >= 0.9,
-                    chart=("persist %s" % name, ratio, 0.9, True)))
-    phases = phase_seconds(os.path.join(raw, "metrics-%s.txt" % tag))
-    if phases and phases.get("PERSISTING") and phases.get("COMMITTING"):
-        # DESIGN.md's persist target: the writing phases alone (data files written, fsynced and
-        # reported; manifest written, renamed, fsynced), mean over every save of the run.
-        persist_s = phases["PERSISTING"] + phases["COMMITTING"]
-        pbw = total / persist_s
-        ratio = pbw / fio_w if fio_w else None
-        rows.append(Row("2b persist phase, %s" % name,
-                        "%s (PERSISTING %s + COMMITTING %s, mean)" % (
-                            fmt_bw(pbw), fmt_s(phases["PERSISTING"]),
-                            fmt_s(phases["COMMITTING"])),
-                        "fio write %s" % fmt_bw(fio_w), ratio, ">= 0.90",
-                        None if ratio is None else ratio >= 0.9,
-                        chart=("persist phase %s" % name, ratio, 0.9, True)))
+    baselines = memcpy_baselines(saves)
+    copied = sorted({s.get("client_copy_threads") for s in saves}, key=str)
+    unjudged = None
+    if copied != [baselines["client"][0]]:
+        unjudged = "the client copied with %s thread(s), the baseline with %d" % (
+            "/".join(map(str, copied)), baselines["client"][0])
+    notes.append("%s: %d tensor(s) of <= 64 MiB per rank; memcpy per rank (slowest): %s; per "
+                 "step (slowest rank): %s" % (
+                     name, saves[0]["tensors"],
+                     ", ".join("%d thread%s %s" % (t, "s" if t > 1 else "", fmt_s(sec))
+                               for t, sec in sorted(set(baselines.values()))),
+                     "; ".join("step %d blocked %s (client stall %s), save->COMMITTED %s%s" % (
+                         st, fmt_s(v["blocked"]), fmt_s(v["stall"]), fmt_s(v["span"]),
+                         ", plan cached" if v["cached"] else "")
+                         for st, v in sorted(by_step.items()))))
+    save_rows, blocked, span = saves_rows(
+        BENCH_FIGURES, name, total / ranks, {st: v["blocked"] for st, v in by_step.items()}, baselines,
+        unjudged, session_steps(os.path.join(raw, "sessions-%s" % tag)), total,
+        {st: v["span"] for st, v in by_step.items()}, fio_w)
+    rows += save_rows
     torch = [s.get("torch") for s in saves]
-    if all(torch):
-        t_blocked = max(t["blocked_s"] for t in torch)
-        t_durable = max(t["durable_at"] for t in torch) - min(t["start"] for t in torch)
-        rb = t_blocked / blocked if blocked > 0 else None
-        rd = t_durable / span if span > 0 else None
-        rows.append(Row("3 peer blocked, %s" % name, fmt_s(blocked),
-                        "torch.save %s" % fmt_s(t_blocked), rb,
-                        "> 25x (torchsnapshot's claim)", None if rb is None else rb > 25,
-                        ratio_text=None if rb is None else "%.1fx" % rb,
+    if blocked and span and all(torch):
+        runs = sorted({x["run"] for t in torch for x in t})
+        t_blocked = [max(x["blocked_s"] for t in torch for x in t if x["run"] == k) for k in runs]
+        t_durable = [max(x["durable_at"] for t in torch for x in t if x["run"] == k) -
+                     min(x["start"] for t in torch for x in t if x["run"] == k) for k in runs]
+        b_med, b_text = spread(t_blocked, fmt_s)
+        d_med, d_text = spread(t_durable, fmt_s)
+        rb, rd = b_med / blocked, d_med / span
+        rows.append(Row("3 peer blocked, %s" % name, "%s (median)" % fmt_s(blocked),
+                        "torch.save %s" % b_text, rb,
+                        "> 25x (torchsnapshot's claim)", rb > 25, ratio_text="%.1fx" % rb,
                         chart=("peer blocked %s" % name, rb, 25, True)))
-        rows.append(Row("3 peer durable, %s" % name, fmt_s(span),
-                        "torch.save+fsync %s" % fmt_s(t_durable), rd, "> 1x (report)",
-                        None if rd is None else rd > 1,
-                        ratio_text=None if rd is None else "%.2fx" % rd))
-    rows += report_dcp.save_rows(Row, fmt_s, raw, tag, name, ranks, blocked, span)
-    rows += memory_rows(raw, tag, name, ranks, memcpy)
-    loads = [load_json(p) for p in sorted(glob.glob(os.path.join(raw, "load-%s-*.json" % tag)))]
-    loads = [x for x in loads if x]
+        rows.append(Row("3 peer durable, %s" % name, "%s (median)" % fmt_s(span),
+                        "torch.save+fsync %s" % d_text, rd, "> 1x (report)", rd > 1,
+                        ratio_text="%.2fx" % rd))
+    if blocked and span:
+        rows += report_dcp.save_rows(Row, fmt_s, raw, tag, name, ranks, blocked, span)
+    rows += memory_rows(raw, tag, name, ranks, baselines["client"])
     layout_file = os.path.join(raw, "load-layout-%s.txt" % tag)
     if os.path.exists(layout_file):
-        saved_world, load_world = open(layout_file).read().split()
-        cache = open(os.path.join(raw, "load-cache-%s.txt" % tag)).read().strip()
-        if len(loads) < int(load_world) or any(x["mismatched"] for x in loads):
-            rows.append(Row("4 load, %s" % name, "failed (see logs/%s)" % tag))
-        else:
-            lbytes = sum(x["bytes"] for x in loads)
-            lspan = max(x["end"] for x in loads) - min(x["start"] for x in loads)
-            lbw = lbytes / lspan if lspan > 0 else None
-            ratio = lbw / fio_r if lbw and fio_r else None
-            rows.append(Row("4 load tp=%s -> tp=%s, %s" % (saved_world, load_world, name),
-                            "%s (%s in %s; page cache %s)" % (fmt_bw(lbw), fmt_size(int(mib(lbytes))),
-                                                               fmt_s(lspan), cache),
-                            "fio read %s" % fmt_bw(fio_r), ratio, ">= 0.90",
-                            None if ratio is None else ratio >= 0.9,
-                            chart=("load %s" % name, ratio, 0.9, True)))
+        saved_world, load_world = read_text(layout_file).split()
+        runs, failed = [], []
+        for cache_file in sorted(glob.glob(os.path.join(raw, "load-cache-%s-run*.txt" % tag))):
+            run = cache_file[:-len(".txt")].rsplit("-run", 1)[1]
+            loads = [load_json(p) for p in
+                     glob.glob(os.path.join(raw, "load-%s-run%s-*.json" % (tag, run)))]
+            loads = [x for x in loads if x]
+            if len(loads) < int(load_world) or any(x["mismatched"] for x in loads):
+                failed.append(run)
+                continue
+            runs.append({"bytes": sum(x["bytes"] for x in loads),
+                         "seconds": max(x["end"] for x in loads) - min(x["start"] for x in loads),
+                         "cache": read_text(cache_file),
+                         "from_memory": sum(x["sources"]["bytes_from_memory"] for x in loads),
+                         "from_disk": sum(x["sources"]["bytes_from_disk"] for x in loads)})
+        if failed:
+            notes.append("%s: load runs %s failed (see logs/%s)" % (name, ", ".join(failed), tag))
+        rows.append(load_row("4", name, "tp=%s -> tp=%s" % (saved_world, load_world), runs,
+                             fio_r, tag))
+        if runs:
             rows += report_dcp.load_rows(Row, fmt_s, fmt_bw, raw, tag, name, saved_world,
-                                         load_world, lspan)
+                                         load_world, median_p90([r["seconds"] for r in runs])[0])
     return rows
 
 
-def memory_rows(raw, tag, name, ranks, memcpy):
+def memory_rows(raw, tag, name, ranks, client_memcpy):
     """Figure 4m: the last saved step loaded on the same layout from the agents' memory tier.
-    Baseline: the slowest rank's memcpy of its bytes (figure 1's). Judged only if every byte
-    came from memory."""
+    Baseline: the slowest rank's memcpy of its bytes with the client's threads (figure 1's,
+    (threads, seconds)). Judged only if every byte came from memory."""
+    threads, memcpy = client_memcpy
     loads = [load_json(p) for p in
              sorted(glob.glob(os.path.join(raw, "memload-%s-*.json" % tag)))]
     loads = [x for x in loads if x]
@@ -282,8 +489,9 @@ def memory_rows(raw, tag, name, ranks, memcpy):
                 "%s (%s in %s; %s from memory, %s from disk)" % (
                     fmt_bw(total / span if span > 0 else None), fmt_size(int(mib(total))),
                     fmt_s(span), fmt_size(int(mib(memory))), fmt_size(int(mib(disk)))),
-                "memcpy %s (%s)" % (fmt_s(memcpy), fmt_bw(mib(total / ranks) * 2**20 / memcpy)
-                                    if memcpy else "-"),
+                "memcpy, %d thread%s, %s (%s per rank)" % (
+                    threads, "s" if threads > 1 else "", fmt_s(memcpy),
+                    fmt_bw(total / ranks / memcpy) if memcpy else "-"),
                 ratio, ">= 0.80", (ratio >= 0.8) if judged else None,
                 chart=("memory restore %s" % name, ratio, 0.8, True))] + rows
 
@@ -316,6 +524,73 @@ def buddy_rows(raw, tag, name):
                 chart=("buddy restore %s" % name, ratio, 0.8, True))]
 
 
+LLAMA_STAGED = re.compile(r"rank (\d+): step (\d+) staged: ([\d.]+) ms trainer stall for "
+                          r"([\d.]+) MiB")
+LLAMA_LOADED = re.compile(r"rank (\d+): loaded step (\d+) on \S+: ([\d.]+) MiB verified byte "
+                          r"for byte in ([\d.]+) s")
+LLAMA_SOURCES = re.compile(r"rank (\d+): load sources: memory_bytes=(\d+) disk_bytes=(\d+)")
+
+
+def llama_lines(paths, pattern):
+    """Every match of `pattern` in the files."""
+    out = []
+    for path in paths:
+        out += [m for m in (pattern.search(line) for line in read_text(path, "").splitlines())
+                if m]
+    return out
+
+
+def llama_rows(raw, mesh, world, llama_mib, fio_w, fio_r, notes):
+    """Figure 7: the quickstart's model saved by tessera-llama-trainer as `mesh` (PPxTPxDP)."""
+    tag = "llama-%dM-%s" % (llama_mib, mesh)
+    pp, tp, dp = mesh.split("x")
+    name = "llama %s, pp%s tp%s dp%s (%d rank%s)" % (fmt_size(llama_mib), pp, tp, dp, world,
+                                                    "s" if world > 1 else "")
+    staged = llama_lines(glob.glob(os.path.join(raw, "llama-save-%s-*.out" % tag)), LLAMA_STAGED)
+    memcpys = [load_json(p) for p in glob.glob(os.path.join(raw, "llama-memcpy-%s-*.json" % tag))]
+    memcpys = [m for m in memcpys if m]
+    if len({m.group(1) for m in staged}) < world or len(memcpys) < world:
+        return [Row("7 llama, %s" % name, "failed: %d of %d trainers saved, %d of %d memcpy "
+                    "baselines (see logs/%s)" % (len({m.group(1) for m in staged}), world,
+                                                 len(memcpys), world, tag))]
+    stalls = {}
+    for m in staged:
+        step = int(m.group(2))
+        stalls[step] = max(stalls.get(step, 0), float(m.group(3)) / 1000)
+    rank_bytes = {int(m.group(1)): float(m.group(4)) * 2**20 for m in staged}
+    phases = session_steps(os.path.join(raw, "sessions-%s" % tag))
+    total = max((v["bytes"] for v in phases.values()), default=0)
+    baselines = memcpy_baselines(memcpys)
+    notes.append("%s: per rank %s MiB (the trainer's bytes, replicated parameters included); "
+                 "checkpoint %s (replicas written once); stall per step (slowest rank): %s" % (
+                     name, "/".join("%.1f" % mib(rank_bytes[r]) for r in sorted(rank_bytes)),
+                     fmt_size(int(mib(total))),
+                     "; ".join("step %d %s" % (st, fmt_s(v)) for st, v in sorted(stalls.items()))))
+    rows, _, _ = saves_rows(LLAMA_FIGURES, name, max(rank_bytes.values()), stalls, baselines, None,
+                            phases, total, {st: v["span_s"] for st, v in phases.items()}, fio_w)
+    layouts = read_text(os.path.join(raw, "llama-load-layout-%s.txt" % tag), "").split()
+    if len(layouts) == 2:
+        load_world = 1
+        for part in layouts[1].split(","):
+            load_world *= int(part.split("=")[1])
+        runs = []
+        for cache_file in sorted(glob.glob(os.path.join(raw, "llama-load-cache-%s-run*.txt" % tag))):
+            run = cache_file[:-len(".txt")].rsplit("-run", 1)[1]
+            outs = glob.glob(os.path.join(raw, "llama-load-run%s-%s-*.out" % (run, tag)))
+            loaded = llama_lines(outs, LLAMA_LOADED)
+            sources = llama_lines(outs, LLAMA_SOURCES)
+            if len(loaded) < load_world:
+                notes.append("%s: load run %s failed (see logs/%s)" % (name, run, tag))
+                continue
+            runs.append({"bytes": sum(float(m.group(3)) * 2**20 for m in loaded),
+                         "seconds": max(float(m.group(4)) for m in loaded),
+                         "cache": read_text(cache_file),
+                         "from_memory": sum(int(m.group(2)) for m in sources),
+                         "from_disk": sum(int(m.group(3)) for m in sources)})
+        rows.append(load_row("7 llama", name, "%s -> %s" % tuple(layouts), runs, fio_r, tag))
+    return rows
+
+
 # The planning targets (issue 15): (ranks, shards) -> first plan s, cached plan s, RSS MiB,
 # manifest load s. Other configurations are the sweep of the plot, reported but not judged.
 PLAN_TARGETS = {(1024, 1000): (1.0, 0.05, 1024, None), (16384, 300): (10.0, 0.2, 4096, 2.0)}
@@ -335,11 +610,6 @@ def plan_runs(raw):
             key = ("whole",) + key  # the baseline: agents re-send whole plans
         runs.setdefault(key, []).append(data)
     return runs
-
-
-def median_p90(values):
-    xs = sorted(values)
-    return xs[len(xs) // 2], xs[min(len(xs) - 1, (len(xs) * 9) // 10)]
 
 
 def baseline_text(xs):
@@ -454,8 +724,8 @@ def gpu_rows(raw, device):
     if "skipped" in data:
         return [Row("6 GPU", "skipped: " + data["skipped"])]
     steady = [x for x in data["saves"] if x["step"] >= 2] or data["saves"]
-    blocked = statistics.median(x["blocked_s"] for x in steady)
-    committed = statistics.median(x["committed_s"] for x in steady)
+    blocked = median_p90([x["blocked_s"] for x in steady])[0]
+    committed = median_p90([x["committed_s"] for x in steady])[0]
     name = "%s on %s" % (fmt_size(int(mib(data["bytes"]))), data.get("device", device))
     ratio = blocked / data["d2h_s"] if data["d2h_s"] > 0 else None
     rows = [Row("6 GPU stall, %s" % name, fmt_s(blocked),
@@ -464,8 +734,8 @@ def gpu_rows(raw, device):
                 chart=("GPU stall %s" % name, ratio, 1.2, False))]
     if data.get("dcp"):
         runs = data["dcp"][1:] or data["dcp"]
-        d_blocked = statistics.median(x["blocked_s"] for x in runs)
-        d_durable = statistics.median(x["durable_s"] for x in runs)
+        d_blocked = median_p90([x["blocked_s"] for x in runs])[0]
+        d_durable = median_p90([x["durable_s"] for x in runs])[0]
         rows.append(Row("6 GPU vs DCP async_save blocked, %s" % name, fmt_s(blocked),
                         "async_save %s (torch %s)" % (fmt_s(d_blocked), data["torch"]),
                         d_blocked / blocked if blocked > 0 else None, "> 1x (report)",
@@ -481,6 +751,24 @@ def gpu_rows(raw, device):
     return rows
 
 
+def fio_table(points):
+    """results.md's table of the fio sweep: every point's write and read bandwidth."""
+    reads = {(p["bs"], p["iodepth"], p["numjobs"]): p for p in points["read"]}
+    keys = sorted({(p["bs"], p["iodepth"], p["numjobs"]) for p in points["write"]} | set(reads),
+                  key=lambda k: (int(re.sub(r"\D", "", k[0]) or 0), k[1], k[2]))
+    writes = {(p["bs"], p["iodepth"], p["numjobs"]): p for p in points["write"]}
+    out = ["fio sweep (aggregate bandwidth of all jobs; the fastest of each column is the "
+           "limit):", "", "| bs | iodepth | numjobs | write | read |", "|---|---|---|---|---|"]
+    for k in keys:
+        w, r = writes.get(k), reads.get(k)
+        out.append("| %s | %d | %d | %s | %s |" % (
+            k[0], k[1], k[2], fmt_bw(w["bw"]) if w else "-",
+            "-" if not r else fmt_bw(r["bw"]) + ("" if r["cache"] == "dropped" else
+                                                  " (cache %s)" % r["cache"])))
+    out.append("")
+    return out
+
+
 def chart(rows, path):
     try:
         import matplotlib
@@ -488,16 +776,14 @@ def chart(rows, path):
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is missing (deploy/install-deps.sh installs python3-matplotlib)"
-    items = [r.chart for r in rows if r.chart and r.chart[1] is not None]
-    if not items:
+    charted = [r for r in rows if r.chart and r.chart[1] is not None]
+    if not charted:
         return "nothing to chart"
+    items = [r.chart for r in charted]
     fig, ax = plt.subplots(figsize=(9, 0.45 * len(items) + 1.5))
-    labels = [i[0] for i in items]
+    labels = [i[0] + ("" if r.met is not None else " (not judged)") for i, r in zip(items, charted)]
     values = [i[1] for i in items]
-    colors = []
-    for label, value, target, higher in items:
-        met = value >= target if higher else value <= target
-        colors.append("tab:green" if met else "tab:red")
+    colors = [{True: "tab:green", False: "tab:red", None: "tab:gray"}[r.met] for r in charted]
     y = range(len(items))
     ax.barh(y, values, color=colors)
     for yi, (_, _, target, _) in zip(y, items):
@@ -506,7 +792,8 @@ def chart(rows, path):
     ax.set_yticklabels(labels)
     ax.invert_yaxis()
     ax.set_xscale("log")
-    ax.set_xlabel("ratio (log scale); black tick = target; green = met")
+    ax.set_xlabel("ratio (log scale); black tick: target; green: met, red: missed, "
+                  "gray: not judged")
     ax.set_title("Tessera vs same-run baselines")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -523,9 +810,10 @@ def main():
     raw = os.path.join(a.results, "raw")
     env = read_env(os.path.join(raw, "machine.env"))
     notes = []
-    fio_w = fio_best(raw, "write", notes)
-    fio_r = fio_best(raw, "read", notes)
-    rows = []
+    points = fio_points(raw)
+    fio_w, fio_r = sweep_limit(points["write"]), sweep_limit(points["read"])
+    rows = fio_limit_rows({"write": fio_w, "read": fio_r}) if points["write"] or \
+        points["read"] or os.path.isdir(os.path.join(raw, "fio")) else []
     configs = []
     try:
         with open(os.path.join(raw, "configs.txt")) as f:
@@ -545,6 +833,13 @@ def main():
             rows += config_rows(raw, m, r, fio_w, fio_r, notes)
         elif fio_w is not None:
             rows.append(Row("1-4 %s x %d ranks" % (fmt_size(m), r), "failed (see logs)"))
+    for line in read_text(os.path.join(raw, "llama-configs.txt"), "").splitlines():
+        mesh, world, verdict, need, llama_mib = line.split()
+        if verdict != "run":
+            rows.append(Row("7 llama %s" % mesh, "not run: needs %.1f GiB, %.1f GiB available" % (
+                int(need) / 1024, int(env.get("mem_available_kib", 0)) / 2**20)))
+            continue
+        rows += llama_rows(raw, mesh, int(world), int(llama_mib), fio_w, fio_r, notes)
     rows += plan_rows(raw)
     gpu = ""
     try:
@@ -584,6 +879,8 @@ def main():
     for r in rows:
         out.append("| " + " | ".join(str(c).replace("|", "/") for c in r.cells()) + " |")
     out.append("")
+    if points["write"] or points["read"]:
+        out += fio_table(points)
     if chart_error is None:
         out.append("![ratios against targets](chart.png)")
         out.append("")
@@ -592,21 +889,16 @@ def main():
         out.append("")
     out.append("Notes:")
     out.append("")
-    fio_opts = ""
-    try:
-        fio_opts = open(os.path.join(raw, "fio-options.txt")).read().strip()
-    except OSError:
-        pass
-    if fio_opts:
-        out.append("- fio: `%s`" % fio_opts)
-        try:
-            out.append("- fio read page cache: %s" % open(os.path.join(raw, "fio-read-cache.txt")).read().strip())
-        except OSError:
-            pass
-    out.append("- Tessera saves: %d per configuration; the stall, persist and peer rows use the "
-               "median of steps >= 2 (plan cached, staging pool reused); step 1 is shown for "
-               "reference. Layout of the save: tp=N (each rank holds distinct rows; every byte "
-               "is written once)." % a.steps)
+    sweep = read_env(os.path.join(raw, "fio", "sweep.env"))
+    if sweep:
+        out.append("- fio sweep (%s): `%s`%s" % (
+            sweep.get("sweep", "?"), sweep.get("options", "?"),
+            "" if sweep.get("direct") == "1" else "; O_DIRECT was refused here, so it went "
+            "through the page cache"))
+    out.append("- Tessera saves: %d per configuration; step 1 (plans from scratch, sizes "
+               "staging) is the first-save row; the stall and persist rows give the median and "
+               "p90 of steps >= 2 (plan cached, staging pool reused). Layout of figures 1-4: "
+               "tp=N (each rank holds distinct rows; every byte is written once)." % a.steps)
     for n in notes:
         out.append("- " + n)
     if chart_error:

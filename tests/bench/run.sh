@@ -1,20 +1,33 @@
 #!/usr/bin/env bash
 # Tessera benchmarks: every figure as a ratio against a baseline measured in the same run, on
-# the same machine and the same disk (issue 7; targets in DESIGN.md "Performance targets").
+# the same machine and the same disk (issues 7 and 14; targets in DESIGN.md "Performance
+# targets"). Baselines are the physical limit: memcpy with the client's own copy threads (and
+# with every core, reported beside it), and the fastest point of a fio sweep.
 # Not a pass/fail test: it always exits 0 when it could measure, and reports whether each
 # target was met. Run it on a quiet machine.
 #
 #   ./tests/bench/run.sh                          all figures, default sizes
-#   ./tests/bench/run.sh --sizes=64M --ranks=1,2 --plan=2x2x2:12 --plan-repeats=1   (quick)
+#   ./tests/bench/run.sh --sizes=64M --ranks=1,2 --llama-size=256M --fio-size=256M \
+#       --plan=2x2x2:12 --plan-repeats=1          (quick)
 #   ./tests/bench/run.sh --reference=<machine>    also write docs/benchmarks/reference-<machine>.{md,png}
 #
-# Figures (results.md explains each row):
-#   1 stall    save() blocked time / memcpy of the same bytes into pre-faulted memory
-#   2 persist  bytes / (first save() call -> last rank sees COMMITTED) vs fio sequential write
+# Every Tessera figure is the median of its runs with the p90 beside it: the stall and persist
+# figures over the steady-state saves (steps >= 2), loads over --load-runs runs, torch.save over
+# --torch-runs runs. Figures (results.md explains each row):
+#   fio        the disk's limit: a sweep of bs {1M,4M,8M} x iodepth {1,4,16} x numjobs {1, each
+#              rank count of the run}, libaio, O_DIRECT where the file system takes it; writes
+#              end with an fsync, reads follow dropping the page cache (rows that read are not
+#              judged if it could not be dropped). The fastest point is the baseline of the
+#              persist and load rows; the report names it.
+#   1 stall    save() blocked time / memcpy of the same bytes with the client's copy threads
+#              (memcpy with every core beside it)
+#   1f first   the first save's stall / the steady stall (target <= 3x)
+#   2 persist  bytes / (first save() call -> last rank sees COMMITTED) vs the fio write max
+#   2b phase   bytes / the coordinator's PERSISTING + COMMITTING time per save, same baseline
 #   3 peer     torch.save per rank + fsync vs Tessera: blocked time and time to durable
 #   3c dcp     PyTorch DCP on the same state and ranks (dcp_peer.py): save, async_save, and
 #              async_save with its pinned staging options, vs Tessera: stall and time to durable
-#   4 load     bytes / load time onto another TP degree vs fio sequential read, caches dropped
+#   4 load     bytes / load time onto another TP degree vs the fio read max, caches dropped
 #   4b dcp     dcp.load of DCP's checkpoint onto the same other world size, caches dropped
 #   4m memory  restore from memory: right after the saves, the same layout loads the last step
 #              from its agents' memory tier, vs the memcpy of the same bytes; with 2+ ranks,
@@ -24,13 +37,26 @@
 #              and cached plan time, coordinator peak RSS (VmHWM), manifest size and load time;
 #              1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at 300 shards
 #   6 gpu      only where nvidia-smi sees a GPU (else a "skipped: no GPU" row)
+#   7 llama    the quickstart's llama-like model (examples/llama_trainer_main.cc, the C++
+#              client) with the distributed optimizer (DP slices, replicated params hashed):
+#              stall vs memcpy of each rank's bytes, first-save stall, persist and persist
+#              phases vs the fio write max, and a load onto another TP degree vs the fio read
+#              max, per --llama-layouts
 #
 # Options (environment variable in brackets):
 #   --sizes=256M,1G,4G     MiB per rank, suffix M or G          [TESSERA_BENCH_SIZES]
 #   --ranks=1,4            rank counts                          [TESSERA_BENCH_RANKS]
-#   --steps=3              saves per configuration (step 1 plans from scratch; the stall and
-#                          persist figures use the median of the later, steady-state steps)
-#                                                               [TESSERA_BENCH_STEPS]
+#   --steps=6              saves per configuration (step 1 plans from scratch and is judged on
+#                          its own; the later, steady-state steps give the medians: keep
+#                          >= 6 for 5 samples)                  [TESSERA_BENCH_STEPS]
+#   --load-runs=5          loads per configuration, the page cache dropped before each
+#                                                               [TESSERA_BENCH_LOAD_RUNS]
+#   --torch-runs=3         torch.save runs per configuration    [TESSERA_BENCH_TORCH_RUNS]
+#   --llama-size=1G        figure 7: the model with its AdamW state, in all (the quickstart's
+#                          TESSERA_DEMO_MB)                     [TESSERA_BENCH_LLAMA_SIZE]
+#   --llama-layouts=1x1x1,1x2x2  figure 7's saving layouts PPxTPxDP (1 and 4 ranks; 2x2x2 is
+#                          the quickstart's 8); each loads onto half its TP degree (tp=1: 2)
+#                                                               [TESSERA_BENCH_LLAMA_LAYOUTS]
 #   --plan=4x8x32:1000,... planning configurations PPxTPxDP[:SHARDS[:whole]]
 #                          [TESSERA_BENCH_PLAN]; ":whole": agents re-send whole plans (no
 #                          fingerprints), the baseline of the cached figure (default: 1,024 x
@@ -38,11 +64,15 @@
 #   --plan-shards=1000     shards per rank where a configuration names none
 #                                                                [TESSERA_BENCH_PLAN_SHARDS]
 #   --plan-repeats=3       runs of each planning configuration   [TESSERA_BENCH_PLAN_REPEATS]
-#   --fio-size=4G          fio file size (default: the largest configuration's total bytes,
-#                          at least 1 GiB, at most 8 GiB)         [TESSERA_BENCH_FIO_SIZE]
+#   --fio-sweep=quick      quick: each sweep point moves 1 GiB (a few minutes in all on a
+#                          300 MiB/s disk); full: the largest configuration's total bytes, at
+#                          least 1 GiB, at most 8 GiB          [TESSERA_BENCH_FIO_SWEEP]
+#   --fio-size=4G          bytes each sweep point moves (overrides --fio-sweep; split across
+#                          its jobs)                            [TESSERA_BENCH_FIO_SIZE]
 #   --only=stall,plan,...  run only these figures (stall covers 1-3, dcp 3c and 4b, load is
-#                          4, memory 4m, plan 5, gpu 6)
-#   --data-dir=DIR         where checkpoints and the fio file go (the disk measured; default
+#                          4, memory 4m, plan 5, gpu 6, llama 7; the fio sweep runs with
+#                          stall, load or llama)
+#   --data-dir=DIR         where checkpoints and the fio files go (the disk measured; default
 #                          <results>/data, removed at the end)  [TESSERA_BENCH_DATA_DIR]
 #   --out=DIR              results directory (default tests/bench/results/<timestamp>; also
 #                          linked as tests/bench/results/latest)
@@ -62,14 +92,19 @@ source deploy/lib/procs.sh
 
 SIZES=${TESSERA_BENCH_SIZES:-256M,1G,4G}
 RANKS=${TESSERA_BENCH_RANKS:-1,4}
-STEPS=${TESSERA_BENCH_STEPS:-3}
+STEPS=${TESSERA_BENCH_STEPS:-6}
+LOAD_RUNS=${TESSERA_BENCH_LOAD_RUNS:-5}
+TORCH_RUNS=${TESSERA_BENCH_TORCH_RUNS:-3}
+LLAMA_SIZE=${TESSERA_BENCH_LLAMA_SIZE:-1G}
+LLAMA_LAYOUTS=${TESSERA_BENCH_LLAMA_LAYOUTS:-1x1x1,1x2x2}
+FIO_SWEEP=${TESSERA_BENCH_FIO_SWEEP:-quick}
 PLAN=${TESSERA_BENCH_PLAN:-4x8x32:1000,4x8x32:1000:whole,16x8x128:300,16x8x128:300:whole,2x8x8:300,4x8x16:300,4x8x32:300,8x8x64:300,8x8x128:300}
 PLAN_REPEATS=${TESSERA_BENCH_PLAN_REPEATS:-3}
 PLAN_SHARDS=${TESSERA_BENCH_PLAN_SHARDS:-1000}
 FIO_SIZE=${TESSERA_BENCH_FIO_SIZE:-}
 DATA_DIR=${TESSERA_BENCH_DATA_DIR:-}
 BAZEL=${TESSERA_BENCH_BAZEL:-bazel}
-ONLY=stall,dcp,load,memory,plan,gpu
+ONLY=stall,dcp,load,memory,llama,plan,gpu
 OUT=""
 REFERENCE=""
 BUILD=1
@@ -79,6 +114,11 @@ for arg in "$@"; do
     --sizes=*) SIZES=${arg#*=} ;;
     --ranks=*) RANKS=${arg#*=} ;;
     --steps=*) STEPS=${arg#*=} ;;
+    --load-runs=*) LOAD_RUNS=${arg#*=} ;;
+    --torch-runs=*) TORCH_RUNS=${arg#*=} ;;
+    --llama-size=*) LLAMA_SIZE=${arg#*=} ;;
+    --llama-layouts=*) LLAMA_LAYOUTS=${arg#*=} ;;
+    --fio-sweep=*) FIO_SWEEP=${arg#*=} ;;
     --plan=*) PLAN=${arg#*=} ;;
     --plan-shards=*) PLAN_SHARDS=${arg#*=} ;;
     --plan-repeats=*) PLAN_REPEATS=${arg#*=} ;;
@@ -95,6 +135,8 @@ for arg in "$@"; do
   esac
 done
 wants() { [[ ",$ONLY," == *",$1,"* ]]; }
+case "$FIO_SWEEP" in quick|full) ;; *) echo "run.sh: --fio-sweep is quick or full, not $FIO_SWEEP" >&2; exit 2 ;; esac
+[ "$STEPS" -ge 2 ] || { echo "run.sh: --steps must be at least 2 (step 1 is the first save)" >&2; exit 2; }
 say() { echo "bench: $*" >&2; }
 # to_mib 256M|1G|64 -> MiB
 to_mib() {
@@ -122,11 +164,13 @@ if [ "$BUILD" = 1 ]; then
   ./deploy/install-deps.sh --quiet || exit 1
   say "building"
   $BAZEL build //server:tessera-coordinator //agent:tessera-agent //client/python:site \
-    //tests/bench:tessera-plan-load >"$OUT/logs/build.log" 2>&1 \
+    //client/cli:tessera //examples:tessera-llama-trainer //tests/bench:tessera-plan-load \
+    >"$OUT/logs/build.log" 2>&1 \
     || { tail -n 30 "$OUT/logs/build.log" >&2; exit 1; }
 fi
 BIN=${BIN:-$($BAZEL info bazel-bin 2>/dev/null)}
-for b in server/tessera-coordinator agent/tessera-agent client/python/site/tessera/_tessera.so; do
+for b in server/tessera-coordinator agent/tessera-agent client/python/site/tessera/_tessera.so \
+    client/cli/tessera; do
   [ -e "$BIN/$b" ] || { echo "run.sh: $BIN/$b is missing (build first)" >&2; exit 1; }
 done
 export PYTHONPATH="$BIN/client/python/site"
@@ -159,13 +203,16 @@ PY="$VENV_PYTHON -P"
   echo "args=$*"
 } >"$OUT/raw/machine.env"
 
-# drop_caches: drops the page cache if we may (root); echoes what was done.
+# drop_caches: drops the page cache if we may; echoes "dropped", or "not dropped (why)". The
+# report judges no row that read from disk after a "not dropped".
 drop_caches() {
   sync
-  if [ -w /proc/sys/vm/drop_caches ] && echo 3 >/proc/sys/vm/drop_caches 2>/dev/null; then
+  if [ ! -w /proc/sys/vm/drop_caches ]; then
+    echo "not dropped (/proc/sys/vm/drop_caches is not writable: not root?)"
+  elif echo 3 2>/dev/null >/proc/sys/vm/drop_caches; then
     echo dropped
   else
-    echo "not dropped (not root)"
+    echo "not dropped (writing 3 to /proc/sys/vm/drop_caches failed)"
   fi
 }
 
@@ -191,32 +238,89 @@ for s in "${size_list[@]}"; do
     fi
   done
 done
-
-# --- fio: the disk's sequential write and read bandwidth in DATA_DIR
-# Two ways, and the faster is the disk's bandwidth: one 4 MiB request at a time (psync), and
-# four in flight (libaio, iodepth 4) — Tessera's writer and reader keep several in flight, so
-# a one-deep fio alone would understate what the disk can do.
-FIO_COMMON="--directory=$DATA_DIR --filename=fio-seq.dat --bs=4M --direct=1 --numjobs=1"
-FIO_MODES=("psync:--ioengine=psync" "libaio4:--ioengine=libaio --iodepth=4")
-if wants stall || wants load; then
-  fio_mib=$(to_mib "${FIO_SIZE:-$(( largest_total < 1024 ? 1024 : (largest_total > 8192 ? 8192 : largest_total) ))M}")
-  say "fio: sequential write and read of $fio_mib MiB in $DATA_DIR (psync and libaio iodepth=4)"
-  echo "$FIO_COMMON --size=${fio_mib}M, each with --ioengine=psync and with --ioengine=libaio --iodepth=4 (the faster counts); write: --rw=write --end_fsync=1; read: --rw=read after drop_caches" \
-    >"$OUT/raw/fio-options.txt"
-  : >"$OUT/logs/fio.log"
-  for mode in "${FIO_MODES[@]}"; do
-    tag=${mode%%:*}
-    # shellcheck disable=SC2086  # the options are words
-    fio --name=seqwrite $FIO_COMMON ${mode#*:} --size="${fio_mib}M" --rw=write --end_fsync=1 \
-      --output-format=json --output="$OUT/raw/fio-write-$tag.json" >>"$OUT/logs/fio.log" 2>&1 \
-      || say "fio write ($tag) failed (see $OUT/logs/fio.log)"
-    echo "$(drop_caches)" >"$OUT/raw/fio-read-cache.txt"
-    # shellcheck disable=SC2086
-    fio --name=seqread $FIO_COMMON ${mode#*:} --size="${fio_mib}M" --rw=read \
-      --output-format=json --output="$OUT/raw/fio-read-$tag.json" >>"$OUT/logs/fio.log" 2>&1 \
-      || say "fio read ($tag) failed (see $OUT/logs/fio.log)"
+# Figure 7's layouts: PPxTPxDP, the world size, and whether they fit. The trainers hold the
+# model, the agents their staging and the memcpy baseline a copy: 3 x the ranks' bytes, which
+# replicated parameters (over dp, a third of the state) make up to 2 x the model's size.
+llama_mib=$(to_mib "$LLAMA_SIZE")
+: >"$OUT/raw/llama-configs.txt"
+if wants llama; then
+  IFS=',' read -ra llama_list <<<"$LLAMA_LAYOUTS"
+  for mesh in "${llama_list[@]}"; do
+    IFS='x' read -r ppd tpd dpd <<<"$mesh"
+    world=$((ppd * tpd * dpd))
+    need=$(( 6 * llama_mib + 1024 ))
+    if [ "$need" -le "$mem_avail_mib" ]; then
+      echo "$mesh $world run $need $llama_mib" >>"$OUT/raw/llama-configs.txt"
+      [ "$llama_mib" -gt "$largest_total" ] && largest_total=$llama_mib
+    else
+      echo "$mesh $world skip $need $llama_mib" >>"$OUT/raw/llama-configs.txt"
+      say "not run: llama $llama_mib MiB as $mesh needs $need MiB of memory, $mem_avail_mib MiB available"
+    fi
   done
-  rm -f "$DATA_DIR/fio-seq.dat"
+fi
+
+# --- fio: the disk's limit in DATA_DIR, a sweep (issue 14)
+# bs x iodepth x numjobs (1, and each rank count this run saves with: Tessera writes one file
+# per rank, several requests in flight), libaio, O_DIRECT where the file system takes it. Each
+# point writes FIO_MIB in all (FIO_MIB / numjobs per job, a file each) ending with an fsync,
+# drops the page cache and reads the files back. The fastest point of each direction is the
+# baseline (report.py names it): the disk's limit, not one chosen configuration of it.
+FIO_BS=(1M 4M 8M)
+FIO_IODEPTHS=(1 4 16)
+if wants stall || wants load || wants llama; then
+  fio_jobs=(1)
+  wants stall || wants load && fio_jobs+=("${rank_list[@]}")
+  while read -r _ world verdict _; do
+    [ "$verdict" = run ] && fio_jobs+=("$world")
+  done <"$OUT/raw/llama-configs.txt"
+  mapfile -t fio_jobs < <(printf '%s\n' "${fio_jobs[@]}" | sort -nu)
+  fio_how=$FIO_SWEEP
+  if [ -n "$FIO_SIZE" ]; then
+    fio_mib=$(to_mib "$FIO_SIZE")
+    fio_how="--fio-size=$FIO_SIZE"
+  elif [ "$FIO_SWEEP" = full ]; then
+    fio_mib=$(( largest_total < 1024 ? 1024 : (largest_total > 8192 ? 8192 : largest_total) ))
+  else
+    fio_mib=1024
+  fi
+  mkdir -p "$OUT/raw/fio"
+  : >"$OUT/logs/fio.log"
+  # O_DIRECT where the file system takes it (tmpfs, for one, refuses it): else through the
+  # page cache, which the fsync at the end of each write and the dropped caches before each
+  # read keep out of the figures.
+  fio_direct=1
+  if ! fio --name=fio-probe --directory="$DATA_DIR" --size=8M --bs=4M --ioengine=libaio \
+      --direct=1 --rw=write >>"$OUT/logs/fio.log" 2>&1; then
+    fio_direct=0
+    say "fio: O_DIRECT refused in $DATA_DIR; the sweep goes through the page cache"
+  fi
+  rm -f "$DATA_DIR"/fio-probe.*
+  points=$(( ${#FIO_BS[@]} * ${#FIO_IODEPTHS[@]} * ${#fio_jobs[@]} ))
+  say "fio sweep ($fio_how): $points points (bs ${FIO_BS[*]} x iodepth ${FIO_IODEPTHS[*]} x numjobs ${fio_jobs[*]}), each writing then reading $fio_mib MiB in $DATA_DIR"
+  {
+    echo "sweep=$fio_how"
+    echo "mib=$fio_mib"
+    echo "direct=$fio_direct"
+    echo "options=--ioengine=libaio --direct=$fio_direct --group_reporting; write: --rw=write --end_fsync=1; read: --rw=read after dropping the page cache; each point moves $fio_mib MiB split across its jobs (a file each)"
+  } >"$OUT/raw/fio/sweep.env"
+  for bs in "${FIO_BS[@]}"; do
+    for qd in "${FIO_IODEPTHS[@]}"; do
+      for nj in "${fio_jobs[@]}"; do
+        point="bs$bs-qd$qd-j$nj"
+        per_job=$(( fio_mib / nj / 8 * 8 ))  # a multiple of every bs
+        [ "$per_job" -ge 8 ] || per_job=8
+        fio_point=(--name=fio-sweep --directory="$DATA_DIR" --bs="$bs" --iodepth="$qd"
+                   --numjobs="$nj" --size="${per_job}M" --ioengine=libaio
+                   --direct="$fio_direct" --group_reporting --output-format=json)
+        fio "${fio_point[@]}" --rw=write --end_fsync=1 --output="$OUT/raw/fio/write-$point.json" \
+          >>"$OUT/logs/fio.log" 2>&1 || say "fio write $point failed (see $OUT/logs/fio.log)"
+        drop_caches >"$OUT/raw/fio/read-$point.cache"
+        fio "${fio_point[@]}" --rw=read --output="$OUT/raw/fio/read-$point.json" \
+          >>"$OUT/logs/fio.log" 2>&1 || say "fio read $point failed (see $OUT/logs/fio.log)"
+        rm -f "$DATA_DIR"/fio-sweep.*
+      done
+    done
+  done
 fi
 
 # --- Figures 1-4: one cluster per configuration
@@ -244,6 +348,21 @@ run_ranks() {
   for p in "${RANK_PIDS[@]}"; do wait "$p" || rc=1; done
   RANK_PIDS=()
   return $rc
+}
+
+# save_sessions JOB OUTDIR: the job's committed checkpoints (checkpoints.json: step, bytes,
+# session) and each one's session with its phase timings (<session>.json), from the
+# coordinator: the persist-phase rows and figure 7's save -> COMMITTED.
+save_sessions() {
+  local job=$1 out=$2 id
+  local cli=("$BIN/client/cli/tessera" --coordinator="127.0.0.1:$COORD_PORT" --json)
+  mkdir -p "$out"
+  "${cli[@]}" checkpoints "$job" >"$out/checkpoints.json" || return 1
+  for id in $(/usr/bin/python3 -c 'import json, sys
+print(" ".join(c["session_id"] for c in json.load(open(sys.argv[1])).get("checkpoints", [])))' \
+      "$out/checkpoints.json"); do
+    "${cli[@]}" status "$job" --session="$id" >"$out/$id.json" || return 1
+  done
 }
 
 # run_dcp MODE WORLD OUTPREFIX [dcp_peer.py args...]: PyTorch DCP's ranks (dcp_peer.py) on the
@@ -274,8 +393,7 @@ if wants stall || wants load || wants dcp || wants memory; then
     job="bench$r"
     say "== $mib MiB per rank x $r ranks: ${STEPS} Tessera saves (tp=$r), torch.save, load"
     COORD_PORT=""
-    metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-    if ! start_coordinator --metrics_listen="127.0.0.1:$metrics_port"; then
+    if ! start_coordinator; then
       say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
     # Figure 4m's buddy restore needs two nodes: even ranks on bench-n0, odd ones on bench-n1.
@@ -284,13 +402,10 @@ if wants stall || wants load || wants dcp || wants memory; then
       say "$tag: agents did not register"; stop_all; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
     if ! run_ranks save "$job" "$r" "$OUT/raw/save-$tag" --mib="$mib" --steps="$STEPS" \
-        --barrier="$DIR/barrier-save" --torch-dir="$DIR/torch"; then
+        --barrier="$DIR/barrier-save" --torch-dir="$DIR/torch" --torch-runs="$TORCH_RUNS"; then
       say "$tag: a save rank failed (logs in $OUT/logs/$tag)"
     fi
-    # The coordinator's phase durations (tessera_phase_seconds): the persist-phase row.
-    /usr/bin/python3 -c 'import sys, urllib.request; sys.stdout.write(urllib.request.urlopen(
-      "http://127.0.0.1:%s/metrics" % sys.argv[1], timeout=10).read().decode())' "$metrics_port" \
-      >"$OUT/raw/metrics-$tag.txt" 2>/dev/null || say "$tag: no metrics from the coordinator"
+    save_sessions "$job" "$OUT/raw/sessions-$tag" || say "$tag: the sessions' phases were not read"
     if wants memory; then
       # The agents still hold the last step: the same layout loads it from memory.
       run_ranks load "$job" "$r" "$OUT/raw/memload-$tag" --mib="$mib" --saved-world="$r" \
@@ -332,11 +447,13 @@ if wants stall || wants load || wants dcp || wants memory; then
     if wants load; then
       lr=$(( r > 1 ? r / 2 : 2 ))
       if start_agents "$job" "tp=$lr"; then
-        echo "$(drop_caches)" >"$OUT/raw/load-cache-$tag.txt"
         echo "$r $lr" >"$OUT/raw/load-layout-$tag.txt"
-        run_ranks load "$job" "$lr" "$OUT/raw/load-$tag" --mib="$mib" \
-          --saved-world="$r" --barrier="$DIR/barrier-load" \
-          || say "$tag: a load rank failed (logs in $OUT/logs/$tag)"
+        for i in $(seq 1 "$LOAD_RUNS"); do
+          drop_caches >"$OUT/raw/load-cache-$tag-run$i.txt"
+          run_ranks load "$job" "$lr" "$OUT/raw/load-$tag-run$i" --mib="$mib" \
+            --saved-world="$r" --barrier="$DIR/barrier-load-$i" \
+            || say "$tag: a load rank failed in run $i (logs in $OUT/logs/$tag)"
+        done
         stop_agents >/dev/null 2>&1
       else
         say "$tag: load agents did not register"
@@ -352,6 +469,81 @@ if wants stall || wants load || wants dcp || wants memory; then
     cp -r "$DIR/logs" "$OUT/logs/$tag"
     rm -rf "$DIR"
   done 3<"$OUT/raw/configs.txt"
+fi
+
+# --- Figure 7: the quickstart's llama-like model through the C++ client
+# Per layout: STEPS saves with the distributed optimizer (the trainer prints each rank's stall
+# and bytes), the sessions' phases from the coordinator, then (agents stopped, so nothing else
+# runs) the memcpy baselines of each rank's bytes with every rank at once, then LOAD_RUNS loads
+# onto half the TP degree (tp=1: 2) by fresh agents, which hold nothing in memory, with the page
+# cache dropped before each. Trainer output: raw/llama-{save,load-runI}-<tag>-<rank>.out.
+if wants llama; then
+  steps_list=$(seq -s, 1 "$STEPS")
+  while read -r mesh world verdict _ <&3; do
+    [ "$verdict" = run ] || continue
+    IFS='x' read -r ppd tpd dpd <<<"$mesh"
+    layout="pp=$ppd,tp=$tpd,dp=$dpd"
+    load_layout="pp=$ppd,tp=$(( tpd > 1 ? tpd / 2 : 2 )),dp=$dpd"
+    tag="llama-${llama_mib}M-$mesh"
+    DIR="$DATA_DIR/run-$tag"
+    rm -rf "$DIR"
+    mkdir -p "$DIR/logs"
+    job="llama$world"
+    trainer=(--total_mb="$llama_mib" --optimizer=distributed)
+    say "== llama $llama_mib MiB (distributed optimizer) as $layout: $STEPS saves, memcpy, $LOAD_RUNS loads onto $load_layout"
+    COORD_PORT=""
+    if ! start_coordinator; then
+      say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
+    fi
+    if start_agents "$job" "$layout"; then
+      TRAINER_TIMEOUT=3600 run_trainers "$job" "$layout" --mode=save --steps="$steps_list" \
+        "${trainer[@]}" || say "$tag: a trainer failed (logs in $OUT/logs/$tag)"
+      for r in $(seq 0 $((world - 1))); do
+        cp "$DIR/logs/trainer-$job-$r.out" "$OUT/raw/llama-save-$tag-$r.out" 2>/dev/null
+      done
+      save_sessions "$job" "$OUT/raw/sessions-$tag" || say "$tag: the sessions' phases were not read"
+      stop_agents >/dev/null 2>&1
+      # Each rank's bytes, as its trainer printed them ("trainer stall for X MiB").
+      mapfile -t rank_bytes < <(for r in $(seq 0 $((world - 1))); do
+        sed -nE 's/.* staged: .* trainer stall for ([0-9.]+) MiB.*/\1/p' \
+          "$OUT/raw/llama-save-$tag-$r.out" 2>/dev/null | head -n 1 |
+          awk '{ printf "%d\n", $1 * 1048576 }'
+      done)
+      if [ "${#rank_bytes[@]}" -eq "$world" ]; then
+        RANK_PIDS=()
+        for r in $(seq 0 $((world - 1))); do
+          timeout 3600 $PY tests/bench/bench_rank.py memcpy --rank="$r" --world="$world" \
+            --bytes="${rank_bytes[$r]}" --barrier="$DIR/barrier-memcpy" \
+            --out="$OUT/raw/llama-memcpy-$tag-$r.json" </dev/null >"$DIR/logs/memcpy-$r.out" 2>&1 &
+          RANK_PIDS+=($!)
+        done
+        for p in "${RANK_PIDS[@]}"; do wait "$p" || say "$tag: a memcpy rank failed (logs in $OUT/logs/$tag)"; done
+        RANK_PIDS=()
+      else
+        say "$tag: not every trainer printed its bytes: no memcpy baseline"
+      fi
+      if start_agents "$job" "$load_layout"; then
+        echo "$layout $load_layout" >"$OUT/raw/llama-load-layout-$tag.txt"
+        for i in $(seq 1 "$LOAD_RUNS"); do
+          drop_caches >"$OUT/raw/llama-load-cache-$tag-run$i.txt"
+          TRAINER_TIMEOUT=3600 run_trainers "$job" "$load_layout" --mode=load --load_step=-1 \
+            "${trainer[@]}" || say "$tag: a loading trainer failed in run $i (logs in $OUT/logs/$tag)"
+          for r in $(seq 0 $(( $(world_size "$load_layout") - 1 ))); do
+            cp "$DIR/logs/trainer-$job-$r.out" "$OUT/raw/llama-load-run$i-$tag-$r.out" 2>/dev/null
+          done
+        done
+        stop_agents >/dev/null 2>&1
+      else
+        say "$tag: the loading agents ($load_layout) did not register"
+      fi
+    else
+      say "$tag: agents did not register"
+    fi
+    stop_agents >/dev/null 2>&1
+    stop_coordinator >/dev/null 2>&1
+    cp -r "$DIR/logs" "$OUT/logs/$tag"
+    rm -rf "$DIR"
+  done 3<"$OUT/raw/llama-configs.txt"
 fi
 
 # --- Figure 5: planning through the real coordinator
