@@ -265,10 +265,16 @@ int main(int argc, char** argv) {
   if (memory_on) {
     replicator_owner = std::make_unique<tessera::BuddyReplicator>(
         &memory_tier, urank,
-        [&job](const std::string& address, const tessera::v1::MemoryCopy& copy,
-               const char* data, const std::atomic<bool>& cancel) {
+        [&job, &executor](const std::string& address, const tessera::v1::MemoryCopy& copy,
+                          const char* data, const std::atomic<bool>& cancel) {
+          // The copy to the buddy yields the CPU to a trainer's save copy on this agent: the
+          // stall is the copy alone. Checked each 100 ms for cancellation.
+          auto yield_to_saves = [&executor, &cancel] {
+            while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(100))) {
+            }
+          };
           return tessera::SendMemoryCopy(PeerChannel(address), job, copy, data,
-                                         kMemoryCopyTimeout, &cancel);
+                                         kMemoryCopyTimeout, &cancel, yield_to_saves);
         });
     replicator = replicator_owner.get();
   }

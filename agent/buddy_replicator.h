@@ -6,7 +6,8 @@
 // (buddy and its incarnation, step, session) — differs from the last one sent whole, a thread
 // sends it (PeerMemory.PutMemoryCopy) from the resident region, holding it: the staging pool
 // never hands a held region to a save (agent/staging_pool.h), so the bytes stay the commit's.
-// Sending starts after the commit, so it never competes with the save's disk write. A failed
+// Sending starts after the commit, so it never competes with the save's disk write, and the
+// Send given (agent_main) pauses while a trainer is blocked in a save. A failed
 // send is logged (once per copy and buddy) and tried again at the next SetBuddy (the next
 // heartbeat). At most one send runs at a time; destruction cancels it between chunks.
 //

@@ -174,7 +174,8 @@ grpc::ServerWriteReactor<v1::MemoryCopyChunk>* PeerMemoryService::ReadMemoryCopy
 
 absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
                             const std::string& job, const v1::MemoryCopy& copy, const char* data,
-                            absl::Duration timeout, const std::atomic<bool>* cancel) {
+                            absl::Duration timeout, const std::atomic<bool>* cancel,
+                            const std::function<void()>& before_chunk) {
   v1::PeerMemory::Stub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -186,6 +187,7 @@ absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
   chunk.set_job_id(job);
   uint64_t offset = 0;
   do {
+    if (before_chunk) before_chunk();
     if (cancel != nullptr && cancel->load()) {
       context.TryCancel();
       break;

@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -49,12 +50,14 @@ class PeerMemoryService final : public v1::PeerMemory::CallbackService {
 };
 
 // Streams copy.nbytes() bytes at `data` over `channel` as the buddy copy `copy` of job `job`.
-// Stops between chunks once `*cancel` (if given) is true.
+// Stops between chunks once `*cancel` (if given) is true. `before_chunk` (if given) runs
+// before each chunk is sent: it may block, e.g. while a trainer's save copy runs.
 // Errors: the receiver's (PutMemoryCopy: InvalidArgument, ResourceExhausted,
 // FailedPrecondition); Cancelled after `cancel`; Unavailable / DeadlineExceeded (`timeout`).
 absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
                             const std::string& job, const v1::MemoryCopy& copy, const char* data,
-                            absl::Duration timeout, const std::atomic<bool>* cancel = nullptr);
+                            absl::Duration timeout, const std::atomic<bool>* cancel = nullptr,
+                            const std::function<void()>& before_chunk = nullptr);
 
 // Reads, over `channel`, the whole copy `copy` of checkpoint `job`. The caller bounds
 // copy.nbytes() (it is allocated up front).

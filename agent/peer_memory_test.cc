@@ -85,7 +85,11 @@ TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
   Start(/*budget=*/64 << 20);
   const std::string bytes = Pattern((9 << 20) + 123, 'a');  // several chunks, a short last one
   const v1::MemoryCopy copy = Copy(7, "data-00003", bytes.size(), /*writer=*/3);
-  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30)).ok());
+  int hooks = 0;  // before_chunk: once before each of the 10 chunks
+  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30), nullptr,
+                             [&hooks] { ++hooks; })
+                  .ok());
+  EXPECT_EQ(hooks, 10);
   ASSERT_EQ(store_->Copies().size(), 1u);
   EXPECT_EQ(store_->Copies()[0].writer_rank(), 3u);
   EXPECT_EQ(store_->Copies()[0].nbytes(), bytes.size());

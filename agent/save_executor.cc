@@ -76,6 +76,19 @@ void SaveExecutor::Shutdown() {
   joined_ = true;
 }
 
+bool SaveExecutor::AwaitTrainerFree(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (stop_) return true;
+    if (!begin_calls_.empty()) return false;
+    for (const SessionView& session : core_.Sessions()) {
+      if (session.phase == SavePhase::kCopying) return false;
+    }
+    return true;
+  };
+  return mu_.AwaitWithTimeout(absl::Condition(&free), timeout);
+}
+
 uint64_t SaveExecutor::sessions_committed() const {
   absl::MutexLock lock(&mu_);
   return core_.sessions_committed();

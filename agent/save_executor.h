@@ -117,6 +117,12 @@ class SaveExecutor {
   // threads (a write or commit in progress finishes first). Idempotent.
   void Shutdown() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Blocks, at most `timeout`, while a trainer waits on a save of this agent: a BeginSave not
+  // answered yet, or a session whose slots are out and not yet Staged (its copy runs). Returns
+  // true once none does. Background work that competes for the CPU (buddy replication) waits
+  // here between pieces so the trainer's stall is its copy alone. True after Shutdown.
+  bool AwaitTrainerFree(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Sessions that ended COMMITTED, for tests.
   uint64_t sessions_committed() const ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -190,6 +190,37 @@ class SaveExecutorTest : public ::testing::Test {
   std::unique_ptr<StagingPool> pool_;
 };
 
+// Buddy replication waits here between chunks: a trainer is blocked from BeginSave until
+// Staged, and free again after.
+TEST_F(SaveExecutorTest, AwaitTrainerFree_FalseFromBeginSaveUntilStaged) {
+  std::unique_ptr<SaveExecutor> executor = MakeExecutor({});
+  executor->OnRegistered(Registered());
+  EXPECT_TRUE(executor->AwaitTrainerFree(absl::ZeroDuration()));
+  absl::Notification began;
+  executor->BeginSave(SaveRequest(), [&](absl::StatusOr<v1::BeginSaveResponse> r) {
+    EXPECT_TRUE(r.ok()) << r.status();
+    began.Notify();
+  });
+  EXPECT_FALSE(executor->AwaitTrainerFree(absl::ZeroDuration()));  // waiting for its slots
+  executor->OnCommand(Pin(1));
+  ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_PINNED, 1, kBound));
+  executor->OnCommand([] {
+    v1::Command c = Bare(2);
+    c.mutable_copy();
+    return c;
+  }());
+  ASSERT_TRUE(began.WaitForNotificationWithTimeout(kBound));
+  EXPECT_FALSE(executor->AwaitTrainerFree(absl::ZeroDuration()));  // copying into them
+  absl::Notification staged;
+  executor->Staged(kSession, 1, [&](absl::Status s) {
+    EXPECT_TRUE(s.ok()) << s;
+    staged.Notify();
+  });
+  ASSERT_TRUE(staged.WaitForNotificationWithTimeout(kBound));
+  EXPECT_TRUE(executor->AwaitTrainerFree(kBound));
+  executor->Shutdown();
+}
+
 // Bug 2 (issue 11): a chunk report that failed for longer than the retry window (3 s) was
 // given up, and the save waited for the coordinator's phase timeout. It must be re-sent once
 // the coordinator answers again, and the session proceed to its commit.

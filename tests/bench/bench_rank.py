@@ -21,8 +21,9 @@ waiting for a late one to start):
      (libc memcpy; it releases the GIL, so the threads copy in parallel); best of 3. T = 1,
      the client's copy threads (ClientOptions.copy_threads' default capped at the CPUs this
      process may use), and every usable CPU. The buffer is freed afterwards.
-  2. Tessera: K saves of the same tensors (step 1 plans from scratch and sizes staging; later
-     steps reuse the plan and the staging pool). Per step: time blocked in client.save()
+  2. Tessera: client.reserve() of the tensors (the agent makes and the client maps the
+     staging ahead, as a trainer does once; timed), then K saves of the same tensors (step 1
+     plans from scratch; later steps reuse the plan). Per step: time blocked in client.save()
      (Python wall, and the client's own SaveResult stall), the time until client.wait()
      returned (COMMITTED), with wall-clock stamps so run.sh can take spans across ranks, and
      the session id. Afterwards, the threads the client's last copy used (its stats), which
@@ -214,11 +215,20 @@ def do_memcpy(a):
     return memcpy_report(tensors, a)
 
 
+def reserve(client, state):
+    """client.reserve(state), as a trainer does before its first save (DESIGN.md "The first
+    save"); returns the seconds it took."""
+    t0 = time.perf_counter()
+    client.reserve(state)
+    return time.perf_counter() - t0
+
+
 def do_save(a):
     state, tensors = make_state(a.rank, a.world, a.mib, a.tensor_mib)
     report = memcpy_report(tensors, a)
 
     client = connect(a.agent)
+    report["reserve_s"] = reserve(client, state)
     saves = []
     for step in range(1, a.steps + 1):
         barrier(a.barrier, "save-%d" % step, a.rank, a.world)
@@ -286,6 +296,7 @@ def do_gpu(a):
     del host
     report["d2h_s"] = best
     client = connect(a.agent)
+    report["reserve_s"] = reserve(client, state)
     saves = []
     for step in range(1, a.steps + 1):
         t0 = time.perf_counter()

@@ -301,10 +301,11 @@ class Row:
 
 
 def saves_rows(figures, name, per_rank_bytes, stalls, baselines, unjudged_stall, phases,
-               total, spans, fio_w):
+               total, spans, fio_w, reserved=None):
     """The save rows both workloads share: stall, first-save stall, persist (if `spans`:
     {step: save -> COMMITTED seconds}) and persist phase (from `phases`, session_steps()).
-    `stalls`: {step: the slowest rank's stall}; `figures`: the rows' labels, in that order.
+    `stalls`: {step: the slowest rank's stall}; `figures`: the rows' labels, in that order;
+    `reserved`: the slowest rank's client.reserve() before step 1 in seconds (None: none).
     Returns (rows, steady stall median, steady save -> COMMITTED median)."""
     rows = []
     f_stall, f_first, f_persist, f_phase = figures
@@ -323,7 +324,9 @@ def saves_rows(figures, name, per_rank_bytes, stalls, baselines, unjudged_stall,
     if first is not None:
         rows.append(judged_row("%s, %s" % (f_first, name), "first",
                                "first save %s" % name,
-                               "%s (step 1: plans from scratch, sizes staging; one run)" % fmt_s(first),
+                               "%s (step 1: plans from scratch; %s; one run)" % (
+                                   fmt_s(first), "sizes staging" if reserved is None else
+                                   "staging reserved before it in %s" % fmt_s(reserved)),
                                "steady stall %s (median)" % fmt_s(stall),
                                first / stall if stall > 0 else None))
     span = None
@@ -418,7 +421,8 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
     save_rows, blocked, span = saves_rows(
         BENCH_FIGURES, name, total / ranks, {st: v["blocked"] for st, v in by_step.items()}, baselines,
         unjudged, session_steps(os.path.join(raw, "sessions-%s" % tag)), total,
-        {st: v["span"] for st, v in by_step.items()}, fio_w)
+        {st: v["span"] for st, v in by_step.items()}, fio_w,
+        max((s["reserve_s"] for s in saves if "reserve_s" in s), default=None))
     rows += save_rows
     torch = [s.get("torch") for s in saves]
     if blocked and span and all(torch):
@@ -528,6 +532,7 @@ LLAMA_STAGED = re.compile(r"rank (\d+): step (\d+) staged: ([\d.]+) ms trainer s
                           r"([\d.]+) MiB")
 LLAMA_LOADED = re.compile(r"rank (\d+): loaded step (\d+) on \S+: ([\d.]+) MiB verified byte "
                           r"for byte in ([\d.]+) s")
+LLAMA_RESERVED = re.compile(r"rank (\d+): staging reserved for [\d.]+ MiB in ([\d.]+) ms")
 LLAMA_SOURCES = re.compile(r"rank (\d+): load sources: memory_bytes=(\d+) disk_bytes=(\d+)")
 
 
@@ -566,8 +571,11 @@ def llama_rows(raw, mesh, world, llama_mib, fio_w, fio_r, notes):
                      name, "/".join("%.1f" % mib(rank_bytes[r]) for r in sorted(rank_bytes)),
                      fmt_size(int(mib(total))),
                      "; ".join("step %d %s" % (st, fmt_s(v)) for st, v in sorted(stalls.items()))))
+    reserved = llama_lines(glob.glob(os.path.join(raw, "llama-save-%s-*.out" % tag)),
+                           LLAMA_RESERVED)
     rows, _, _ = saves_rows(LLAMA_FIGURES, name, max(rank_bytes.values()), stalls, baselines, None,
-                            phases, total, {st: v["span_s"] for st, v in phases.items()}, fio_w)
+                            phases, total, {st: v["span_s"] for st, v in phases.items()}, fio_w,
+                            max((float(m.group(2)) / 1000 for m in reserved), default=None))
     layouts = read_text(os.path.join(raw, "llama-load-layout-%s.txt" % tag), "").split()
     if len(layouts) == 2:
         load_world = 1
