@@ -245,6 +245,16 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
     }
   }
 
+  // A spare set smaller than this save is no use to the next one (a DP leader outgrew the
+  // reservation): let it go, so the next set is made at this size after the commit (Prepare).
+  if (!prepare && !spare_.empty()) {
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      if (i >= spare_.size() || spare_[i]->capacity() < sizes[i]) {
+        spare_.clear();
+        break;
+      }
+    }
+  }
   // Room beside the sets kept ahead: the spare set goes first, then the resident one.
   if (!spare_.empty() && total + ResidentBytesLocked() + SpareBytesLocked() > budget_bytes_) {
     if (prepare) return std::vector<StagingSlot>();

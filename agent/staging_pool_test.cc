@@ -290,6 +290,25 @@ TEST(StagingPool, Reserve_SpareOnlyWhereItFits_NeverBesideOrInsteadOfAResidentSe
   EXPECT_EQ(pool->resident_evictions(), 0u);
 }
 
+TEST(StagingPool, Acquire_OutgrowsTheReservation_SpareDroppedNextSetPreparedAtTheNewSize) {
+  auto pool = MakePool(TestJob("outgrow"), 13, /*budget=*/16 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> reserved = pool->Reserve(kMiB, 2);
+  ASSERT_TRUE(reserved.ok());
+  // A DP leader's save also receives its peers' slices: larger than reserved.
+  absl::StatusOr<std::vector<StagingSlot>> first = pool->Acquire({2 * kMiB});
+  ASSERT_TRUE(first.ok());
+  EXPECT_EQ(pool->mapped_bytes(), 2 * kMiB);  // neither 1 MiB reserved region is kept
+  ASSERT_EQ(pool->Retain((*first)[0].acquisition).size(), 1u);
+  // After its commit the next set is made at the save's size, off the trainer's time...
+  EXPECT_TRUE(pool->Prepare({2 * kMiB}));
+  const uint64_t created = pool->regions_created();
+  // ...so the second save creates nothing.
+  absl::StatusOr<std::vector<StagingSlot>> second = pool->Acquire({2 * kMiB});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ(pool->regions_created(), created);
+  EXPECT_NE((*second)[0].name, (*first)[0].name);
+}
+
 TEST(StagingPool, Acquire_NoRoomBesideTheSpareSet_DropsItBeforeAnythingElse) {
   auto pool = MakePool(TestJob("spare"), 11, /*budget=*/2 * kMiB);
   absl::StatusOr<std::vector<StagingSlot>> reserved = pool->Reserve(kMiB, 2);
