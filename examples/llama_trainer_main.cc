@@ -38,6 +38,9 @@ ABSL_FLAG(int32_t, layers, 4, "transformer layers (divisible by pp)");
 ABSL_FLAG(int64_t, dim, 256, "hidden size (divisible by tp)");
 ABSL_FLAG(int64_t, total_mb, 0, "if set: size the model to about this many MiB with AdamW state");
 ABSL_FLAG(bool, wait, true, "save: wait for each save's commit before the next");
+ABSL_FLAG(std::string, step_barrier, "",
+          "save: a directory where every rank meets the others before each save (benchmarks: "
+          "each rank's stall then excludes waiting for ranks still filling their tensors)");
 ABSL_FLAG(bool, reserve_staging, true,
           "save: have the agent make (and map) the staging before the first save, so the "
           "first save stalls like the later ones (Client::ReserveStaging)");
@@ -54,6 +57,30 @@ ABSL_FLAG(std::string, rename_layers_from_stage, "",
           "save: reproduce the torchtitan PP bug: every stage names its layers from 0");
 
 namespace {
+
+// --step_barrier: marks `name` done for `rank` in `dir`, then waits (polling each millisecond,
+// at most 10 minutes) until all `world` ranks marked it. A benchmark harness tool, not a
+// protocol: a real job's ranks arrive at a save when their step ends.
+bool FileBarrier(const std::string& dir, const std::string& name, uint32_t rank,
+                 uint32_t world) {
+  const auto path = [&](uint32_t r) { return absl::StrCat(dir, "/", name, ".", r); };
+  if (FILE* f = std::fopen(path(rank).c_str(), "w")) {
+    std::fclose(f);
+  } else {
+    return false;
+  }
+  const absl::Time deadline = absl::Now() + absl::Minutes(10);
+  for (uint32_t r = 0; r < world;) {
+    if (access(path(r).c_str(), F_OK) == 0) {
+      ++r;
+    } else if (absl::Now() > deadline) {
+      return false;
+    } else {
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+  }
+  return true;
+}
 
 // --kill_during_copy: the client's copy touches a protected page; die like kill -9.
 void KillOnFault(int) {
@@ -175,6 +202,12 @@ int main(int argc, char** argv) {
       }
       if (absl::GetFlag(FLAGS_kill_during_copy) && !ArmKillDuringCopy(buffers)) {
         return Fail("--kill_during_copy: no buffer spans a whole page");
+      }
+      const std::string barrier = absl::GetFlag(FLAGS_step_barrier);
+      if (!barrier.empty() &&
+          !FileBarrier(barrier, absl::StrCat("save-", step), rank, layout->world_size())) {
+        return Fail(absl::StrCat("--step_barrier: not every rank reached step ", step, " in ",
+                                 barrier, " within 10 minutes"));
       }
       absl::StatusOr<tessera::SaveResult> saved = (*client)->Save(step, refs);
       const std::string expected = absl::GetFlag(FLAGS_expect_error);

@@ -489,7 +489,11 @@ if wants llama; then
     rm -rf "$DIR"
     mkdir -p "$DIR/logs"
     job="llama$world"
-    trainer=(--total_mb="$llama_mib" --optimizer=distributed)
+    mkdir -p "$DIR/barrier"
+    # Ranks meet before each save (as bench_rank.py's do), so a stall excludes waiting for a
+    # rank still filling its tensors; one node: no buddy copies compete with the saves.
+    trainer=(--total_mb="$llama_mib" --optimizer=distributed --step_barrier="$DIR/barrier")
+    place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
     say "== llama $llama_mib MiB (distributed optimizer) as $layout: $STEPS saves, memcpy, $LOAD_RUNS loads onto $load_layout"
     COORD_PORT=""
     if ! start_coordinator; then
