@@ -1,6 +1,7 @@
 #include "agent/loader.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
@@ -54,6 +55,72 @@ uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<R
   return AddRemoteCopies(copies, rank_, needed, max_bytes, options_.fetch_copy, view);
 }
 
+absl::StatusOr<Loader::Staged> Loader::StageInPlace(const CheckpointReader& reader,
+                                                    const std::vector<ReadRequest>& reads,
+                                                    HeldCheckpoint& held) {
+  const ResidentCheckpoint& resident = held.checkpoint;
+  Staged staged;
+  ASSIGN_OR_RETURN(staged.results,
+                   reader.LocateInMemory(
+                       reads, resident.file,
+                       ResidentBytes{resident.file_offset, resident.region.data, resident.nbytes},
+                       &staged.stats));
+  for (const ReadResult& result : staged.results) staged.offsets.push_back(result.resident_offset);
+  staged.shm_name = resident.region.name;
+  staged.shm_size = resident.region.capacity;
+  staged.hold = std::move(held.hold);
+  return staged;
+}
+
+absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader, int64_t step,
+                                                 std::vector<ReadRequest>& reads,
+                                                 std::optional<HeldCheckpoint> held) {
+  // Staging: one slot per read, each 4 KiB-aligned.
+  Staged staged;
+  uint64_t total = 0;
+  for (const ReadRequest& read : reads) {
+    staged.offsets.push_back(total);
+    total += AlignUp(read.dest_size);
+  }
+  const absl::Time staging_start = absl::Now();
+  ASSIGN_OR_RETURN(std::vector<StagingSlot> region,
+                   staging_->Acquire({std::max<uint64_t>(total, 4096)}));
+  auto* base = static_cast<unsigned char*>(region[0].data);
+  for (size_t k = 0; k < reads.size(); ++k) reads[k].dest = base + staged.offsets[k];
+  staged.shm_name = region[0].name;
+  staged.shm_size = region[0].capacity;
+
+  // What this agent and its node's peers still hold of the checkpoint.
+  ResidentView resident;
+  if (held.has_value()) {
+    const ResidentCheckpoint& own = held->checkpoint;
+    resident.Add(own.file, own.file_offset, own.region.data, own.nbytes, std::move(held->hold));
+  }
+  if (options_.find_copies) {
+    const std::string& session_id = reader.manifest().session_id();
+    absl::StatusOr<std::vector<v1::MemoryCopy>> copies = options_.find_copies(step, session_id);
+    if (copies.ok()) {
+      if (options_.buddies != nullptr) AddHeldCopies(*copies, rank_, *options_.buddies, resident);
+      AddNodeCopies(*copies, rank_, options_.node_id, resident);
+      if (options_.fetch_copy) {
+        staged.fetched_from_peers = FetchNeeded(reader, reads, *copies, resident);
+      }
+    } else {
+      LogWarning("memory copies of step ", step, " unknown (", copies.status().ToString(),
+                 "): reading what this agent does not hold from disk");
+    }
+  }
+  staged.staging_time = absl::Now() - staging_start;
+  absl::StatusOr<std::vector<ReadResult>> results =
+      reader.Read(reads, &staged.stats, resident.files.empty() ? nullptr : &resident.files);
+  if (!results.ok()) {
+    staging_->ReleaseAll();
+    return results.status();
+  }
+  staged.results = *std::move(results);
+  return staged;
+}
+
 Loader::Loader(Storage* storage, StagingPool* staging, uint32_t rank, LoaderOptions options)
     : storage_(storage), staging_(staging), rank_(rank), options_(std::move(options)) {}
 
@@ -90,25 +157,13 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   const std::string dir = absl::StrCat(job_dir_, "/", StepDirName(step));
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(storage_, dir);
   if (!reader.ok()) return reader.status();
-
-  // Staging: one slot per shard, each 4 KiB-aligned.
-  std::vector<std::pair<uint64_t, uint64_t>> slots;
-  uint64_t total = 0;
-  for (const v1::ShardDesc& shard : request.shards()) {
-    slots.emplace_back(total, shard.nbytes());
-    total += AlignUp(shard.nbytes());
-  }
   JoinReleaserLocked();  // its ReleaseAll must not run after our Acquire
-  if (!current_load_.empty()) staging_->ReleaseAll();
-  current_load_.clear();
-  absl::StatusOr<std::vector<StagingSlot>> region = staging_->Acquire({std::max<uint64_t>(total, 4096)});
-  if (!region.ok()) return region.status();
-  auto* base = static_cast<unsigned char*>((*region)[0].data);
+  ReleaseCurrentLocked();
 
   // Reported as absent, not read (the trainer keeps its destination and knows): optimizer
   // state the checkpoint records as absent (one entry "<fqn>#", no chunks), and a per-rank
   // extra of a rank that did not exist when the checkpoint was saved (a job resumed on more
-  // ranks has no RNG state for its new ones).
+  // ranks has no RNG state for its new ones). Destinations are set once the region is known.
   std::vector<bool> absent(request.shards_size(), false);
   std::vector<ReadRequest> reads;
   std::vector<int> read_index;  // reads[k] serves request shard read_index[k]
@@ -133,49 +188,46 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
     read.global_shape.assign(shard.global_shape().begin(), shard.global_shape().end());
     read.box = shard.has_box() ? BoxFromProto(shard.box()) : FullBox(read.global_shape);
     if (shard.has_flat_range()) read.flat_range = shard.flat_range();
-    read.dest = base + slots[i].first;
-    read.dest_size = slots[i].second;
+    read.dest_size = shard.nbytes();
     reads.push_back(std::move(read));
     read_index.push_back(i);
   }
-  // The memory tier: what this agent and its node's peers still hold of this very checkpoint
-  // (step and session).
-  const std::string& session_id = (*reader)->manifest().session_id();
-  ResidentView resident;
-  uint64_t fetched = 0;  // bytes read from other nodes' memory
-  if (options_.memory != nullptr) resident = options_.memory->Find(step, session_id);
-  if (options_.find_copies) {
-    absl::StatusOr<std::vector<v1::MemoryCopy>> copies = options_.find_copies(step, session_id);
-    if (copies.ok()) {
-      if (options_.buddies != nullptr) AddHeldCopies(*copies, rank_, *options_.buddies, resident);
-      AddNodeCopies(*copies, rank_, options_.node_id, resident);
-      if (options_.fetch_copy) fetched = FetchNeeded(**reader, reads, *copies, resident);
-    } else {
-      LogWarning("memory copies of step ", step, " unknown (", copies.status().ToString(),
-                 "): reading what this agent does not hold from disk");
-    }
-  }
-  const absl::Time read_start = absl::Now();
-  ReadStats stats;
-  absl::StatusOr<std::vector<ReadResult>> results =
-      (*reader)->Read(reads, &stats, resident.files.empty() ? nullptr : &resident.files);
-  const absl::Time read_end = absl::Now();
-  if (!results.ok()) {
-    staging_->ReleaseAll();
-    return results.status();
-  }
-  for (size_t k = 0; k < results->size(); ++k) {
-    if ((*results)[k].state_absent) absent[read_index[k]] = true;
+  // The memory tier: what this agent holds of this very checkpoint (step and session). Served
+  // in place if it can be, else by copying.
+  std::optional<HeldCheckpoint> held;
+  if (options_.memory != nullptr) {
+    held = options_.memory->Hold(step, (*reader)->manifest().session_id());
   }
   v1::LoadResponse response;
   response.set_load_id(absl::StrCat("load-", rank_, "-", ++loads_));
   response.set_step(step);
-  response.set_shm_name((*region)[0].name);
-  response.set_shm_size((*region)[0].capacity);
+  const absl::Time read_start = absl::Now();
+  absl::StatusOr<Staged> staged = absl::FailedPreconditionError("nothing resident");
+  if (held.has_value()) {
+    staged = StageInPlace(**reader, reads, *held);
+    if (!staged.ok()) {
+      LogInfo("load ", response.load_id(), " step=", step, ": copying, not served in place (",
+              staged.status().message(), ")");
+    }
+  }
+  if (!staged.ok()) staged = StageCopy(**reader, step, reads, std::move(held));
+  if (!staged.ok()) return staged.status();
+  const bool in_place = staged->hold != nullptr;
+  const ReadStats& stats = staged->stats;
+  const uint64_t fetched = staged->fetched_from_peers;
+  current_hold_ = std::move(staged->hold);
+  const absl::Time read_end = absl::Now();
+  std::vector<uint64_t> offsets(request.shards_size(), 0);
+  for (size_t k = 0; k < reads.size(); ++k) {
+    if (staged->results[k].state_absent) absent[read_index[k]] = true;
+    offsets[read_index[k]] = staged->offsets[k];
+  }
+  response.set_shm_name(staged->shm_name);
+  response.set_shm_size(staged->shm_size);
   for (int i = 0; i < request.shards_size(); ++i) {
     v1::StagingSlot* slot = response.add_slots();
-    slot->set_offset(slots[i].first);
-    slot->set_nbytes(absent[i] ? 0 : slots[i].second);
+    slot->set_offset(absent[i] ? 0 : offsets[i]);
+    slot->set_nbytes(absent[i] ? 0 : request.shards(i).nbytes());
     if (absent[i]) response.add_absent(static_cast<uint32_t>(i));
   }
   response.set_bytes_from_memory(stats.bytes_from_memory);
@@ -183,20 +235,27 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   response.set_memory_blocks_rejected(stats.memory_blocks_rejected);
   response.set_bytes_fetched_from_peers(fetched);
   current_load_ = response.load_id();
-  // One line per load, split where the time goes: opening (manifest) and staging, then the
-  // reads (bandwidth over the bytes read from data files, verified blocks included).
-  const double read_s = absl::ToDoubleSeconds(read_end - read_start);
+  // One line per load, split where the time goes: opening (manifest), staging (making the load
+  // region, finding and fetching copies; none in place), then the reads (bandwidth over the
+  // bytes read from data files, verified blocks included) or, in place, verifying the
+  // resident region.
+  const double read_s = absl::ToDoubleSeconds(read_end - read_start - staged->staging_time);
   const double read_mib_s =
       read_s > 0 ? static_cast<double>(stats.bytes_read) / read_s / (1 << 20) : 0;
   LogInfo("load ", response.load_id(), " step=", step, " shards=", request.shards_size(),
-          " bytes=", stats.bytes_copied, " read_bytes=", stats.bytes_read,
-          " memory_bytes=", stats.bytes_from_memory,
-          " memory_blocks_rejected=", stats.memory_blocks_rejected,
-          " fetched_from_peers=", fetched,
-          " reads=", stats.read_calls, " setup_ms=",
-          absl::ToDoubleMilliseconds(read_start - start), " read_ms=", read_s * 1e3,
-          " read_mib_s=", read_mib_s);
+          " in_place=", in_place ? 1 : 0, " bytes=", stats.bytes_copied,
+          " read_bytes=", stats.bytes_read, " memory_bytes=", stats.bytes_from_memory,
+          " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
+          " reads=", stats.read_calls, " setup_ms=", absl::ToDoubleMilliseconds(read_start - start),
+          " staging_ms=", absl::ToDoubleMilliseconds(staged->staging_time),
+          " read_ms=", read_s * 1e3, " read_mib_s=", read_mib_s);
   return response;
+}
+
+void Loader::ReleaseCurrentLocked() {
+  if (!current_load_.empty()) staging_->ReleaseAll();
+  current_hold_.reset();
+  current_load_.clear();
 }
 
 void Loader::Release(const std::string& load_id) {
@@ -204,7 +263,13 @@ void Loader::Release(const std::string& load_id) {
   if (load_id.empty() || load_id != current_load_) return;
   current_load_.clear();
   JoinReleaserLocked();
-  releaser_ = std::thread([staging = staging_] { staging->ReleaseAll(); });
+  // Off this thread: a held resident region the pool has dropped meanwhile is unmapped by its
+  // last holder, and a load region is freed.
+  releaser_ = std::thread([staging = staging_, hold = std::move(current_hold_)]() mutable {
+    hold.reset();
+    staging->ReleaseAll();
+  });
+  current_hold_.reset();
 }
 
 }  // namespace tessera

@@ -7,19 +7,30 @@
 // (read whole over the network), is copied from there, verified the same way; the response
 // says how many bytes came from where.
 //
+// In place (DESIGN.md "Memory tier"): when every requested shard is one contiguous byte run
+// of the file this agent holds resident (a restart in the layout that saved) and every
+// checksum block those runs touch matches the manifest where it lies, no region is made and
+// nothing is copied: the response names the resident region itself, its slots where the
+// shards lie in it, and the load holds the region until ReleaseLoad (no save writes a held
+// region). Otherwise — another layout, other files, a block that does not match — the load
+// takes the copying path above.
+//
 // Thread-safety: all methods are safe for concurrent use (loads are serialized).
 #ifndef TESSERA_AGENT_LOADER_H_
 #define TESSERA_AGENT_LOADER_H_
 
 #include <cstdint>
 #include <functional>
-#include <vector>
+#include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "format/checkpoint_reader.h"
@@ -74,6 +85,32 @@ class Loader {
  private:
   // Waits for a background release to finish.
   void JoinReleaserLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Releases the current load's region or hold at once (a new Load replaces it).
+  void ReleaseCurrentLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // A load's bytes, staged for the trainer to map.
+  struct Staged {
+    std::string shm_name;
+    uint64_t shm_size = 0;
+    std::vector<uint64_t> offsets;    // of each read in the region
+    std::vector<ReadResult> results;  // of each read
+    ReadStats stats;
+    uint64_t fetched_from_peers = 0;   // bytes read from other nodes' memory
+    std::shared_ptr<const void> hold;  // in place: the resident region's; else null
+    absl::Duration staging_time;       // making the region, finding copies (none in place)
+  };
+
+  // In place: the resident region of `held` itself, its hold taken, if every read lies in it
+  // as LocateInMemory serves. Errors: LocateInMemory's (the load then copies).
+  absl::StatusOr<Staged> StageInPlace(const CheckpointReader& reader,
+                                      const std::vector<ReadRequest>& reads, HeldCheckpoint& held);
+
+  // Copying: a new load region (this load's), each read's destination set in it, filled by
+  // CheckpointReader::Read from disk and what memory holds (`held`: this agent's own copy).
+  // Errors: as Acquire and Read (the region is then released).
+  absl::StatusOr<Staged> StageCopy(const CheckpointReader& reader, int64_t step,
+                                   std::vector<ReadRequest>& reads,
+                                   std::optional<HeldCheckpoint> held);
 
   // Reads into `view` the copies held on other nodes of the files `reads` need and `view`
   // lacks (options_.fetch_copy). Returns the bytes read.
@@ -87,6 +124,8 @@ class Loader {
   absl::Mutex mu_;
   std::string job_dir_ ABSL_GUARDED_BY(mu_);
   std::string current_load_ ABSL_GUARDED_BY(mu_);
+  // The resident region the current load hands out in place; null if none.
+  std::shared_ptr<const void> current_hold_ ABSL_GUARDED_BY(mu_);
   uint64_t loads_ ABSL_GUARDED_BY(mu_) = 0;
   // The thread running the last Release's staging_->ReleaseAll(), if not yet joined.
   std::thread releaser_ ABSL_GUARDED_BY(mu_);

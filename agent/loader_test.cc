@@ -170,8 +170,10 @@ class LoaderMemoryTierTest : public LoaderTest {
     file_size_ = bytes.size();
   }
 
-  void Publish(const std::string& session_id) {
-    memory_.Publish(ResidentCheckpoint{7, session_id, file_, 0, file_size_, region_});
+  // `nbytes`: how much of the file, from its start, the region holds (0: all of it).
+  void Publish(const std::string& session_id, uint64_t nbytes = 0) {
+    memory_.Publish(
+        ResidentCheckpoint{7, session_id, file_, 0, nbytes > 0 ? nbytes : file_size_, region_});
   }
 
   // The coordinator's answer: rank 1 on `node` holds the file in the region.
@@ -188,23 +190,36 @@ class LoaderMemoryTierTest : public LoaderTest {
     return {copy};
   }
 
-  // Loads the whole tensor, checks the bytes, and returns the reply.
-  v1::LoadResponse LoadAll(LoaderOptions options = {}) {
+  // A load of `box` of the tensor at step 7.
+  v1::LoadRequest Request(const Box& box) const {
+    v1::LoadRequest request;
+    request.set_step(7);
+    *request.add_shards() = Shard(tensor_, box);
+    return request;
+  }
+
+  // Loads `box` of the tensor, checks the bytes where the reply's slot says, and returns the
+  // reply. The trainer's mapping is read-only, as the client maps a load region.
+  v1::LoadResponse LoadAll(LoaderOptions options = {}, const Box& box = Box{{0, 0}, {256, 1024}}) {
     if (options.memory == nullptr && !options.find_copies) options.memory = &memory_;
     Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
     loader.SetJobDir(job_dir_);
-    v1::LoadRequest request;
-    request.set_step(7);
-    *request.add_shards() = Shard(tensor_, Box{{0, 0}, {256, 1024}});
-    absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+    absl::StatusOr<v1::LoadResponse> response = loader.Load(Request(box));
     EXPECT_TRUE(response.ok()) << response.status();
     if (!response.ok()) return {};
+    MapStagingOptions read_only;
+    read_only.read_only = true;
     absl::StatusOr<std::unique_ptr<MappedStaging>> mapped =
-        MapStaging(response->shm_name(), response->shm_size());
+        MappedStaging::Map(response->shm_name(), response->shm_size(), read_only);
     EXPECT_TRUE(mapped.ok()) << mapped.status();
-    const std::string want = Reference(tensor_, Box{{0, 0}, {256, 1024}});
-    if (mapped.ok()) {
-      EXPECT_EQ(std::memcmp((*mapped)->data(), want.data(), want.size()), 0);
+    const std::string want = Reference(tensor_, box);
+    EXPECT_EQ(response->slots_size(), 1);
+    if (mapped.ok() && response->slots_size() == 1) {
+      EXPECT_EQ(response->slots(0).nbytes(), want.size());
+      EXPECT_EQ(
+          std::memcmp(static_cast<const char*>((*mapped)->data()) + response->slots(0).offset(),
+                      want.data(), want.size()),
+          0);
     }
     loader.Release(response->load_id());
     return *response;
@@ -220,22 +235,88 @@ class LoaderMemoryTierTest : public LoaderTest {
   uint64_t first_chunk_offset_ = 0;
 };
 
-TEST_F(LoaderMemoryTierTest, Load_CheckpointResident_EveryByteFromMemory) {
+TEST_F(LoaderMemoryTierTest, Load_CheckpointResident_ServedInPlaceFromTheResidentRegion) {
   Publish(session_id_);
   const v1::LoadResponse response = LoadAll();
+  // The trainer is handed the resident region itself: no load region is made.
+  EXPECT_EQ(response.shm_name(), region_.name);
+  EXPECT_EQ(response.shm_size(), region_.capacity);
+  ASSERT_EQ(response.slots_size(), 1);
+  EXPECT_EQ(response.slots(0).offset(), first_chunk_offset_);
+  EXPECT_EQ(pool_->regions_created(), 0u);
   EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);
   EXPECT_EQ(response.bytes_from_disk(), 0u);
   EXPECT_EQ(response.memory_blocks_rejected(), 0u);
 }
 
-TEST_F(LoaderMemoryTierTest, Load_FlippedByteInMemory_ThatBlockFromDisk) {
+TEST_F(LoaderMemoryTierTest, Load_RowsAcrossBothChunks_InPlaceWhereTheFileHasThemInARow) {
+  Publish(session_id_);
+  const Box rows{{64, 0}, {128, 1024}};  // the second half of chunk 0, the first of chunk 1
+  const v1::LoadResponse response = LoadAll({}, rows);
+  EXPECT_EQ(response.shm_name(), region_.name);
+  EXPECT_EQ(response.slots(0).offset(), first_chunk_offset_ + 64 * 1024 * 4);
+  EXPECT_EQ(pool_->regions_created(), 0u);
+  EXPECT_EQ(response.bytes_from_memory(), 128u * 1024 * 4);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_ResidentRegionHandedOut_NoSaveWritesItUntilReleased) {
+  Publish(session_id_);
+  LoaderOptions options;
+  options.memory = &memory_;
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+  loader.SetJobDir(job_dir_);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(Request(Box{{0, 0}, {256, 1024}}));
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->shm_name(), region_.name);
+  // A save retains a new region: the handed-out one becomes the next save's set...
+  absl::StatusOr<std::vector<StagingSlot>> next = save_pool_->Acquire({file_size_});
+  ASSERT_TRUE(next.ok()) << next.status();
+  ASSERT_EQ(save_pool_->Retain((*next)[0].acquisition).size(), 1u);
+  // ...but while the trainer reads it, the save after stages in another one.
+  absl::StatusOr<std::vector<StagingSlot>> during = save_pool_->Acquire({file_size_});
+  ASSERT_TRUE(during.ok()) << during.status();
+  EXPECT_NE((*during)[0].name, region_.name);
+  const std::string want = Reference(tensor_, Box{{0, 0}, {256, 1024}});
+  EXPECT_EQ(std::memcmp(region_.data + response->slots(0).offset(), want.data(), want.size()), 0);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_FlippedByteInMemory_CopiedWithThatBlockFromDisk) {
   Publish(session_id_);
   // A byte of the first chunk's second 4 KiB block (its body starts 4 KiB-aligned).
   const_cast<char*>(region_.data)[first_chunk_offset_ + 4096 + 10] ^= 0x5a;
   const v1::LoadResponse response = LoadAll();
+  // Not handed out: copied into a load region, the bad block read from the file.
+  EXPECT_NE(response.shm_name(), region_.name);
+  EXPECT_EQ(pool_->regions_created(), 1u);
   EXPECT_EQ(response.memory_blocks_rejected(), 1u);
   EXPECT_EQ(response.bytes_from_disk(), 4096u);
   EXPECT_EQ(response.bytes_from_memory(), kTensorBytes - 4096u);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_ColumnHalf_CopiedFromMemory) {
+  Publish(session_id_);
+  // Not one run of the file: each row's half lies apart from the next.
+  const v1::LoadResponse response = LoadAll({}, Box{{0, 512}, {256, 512}});
+  EXPECT_NE(response.shm_name(), region_.name);
+  EXPECT_EQ(pool_->regions_created(), 1u);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);  // whole blocks, verified
+  EXPECT_EQ(response.bytes_from_disk(), 0u);
+}
+
+TEST_F(LoaderMemoryTierTest, Load_RegionHoldsPartOfTheNeededBytes_CopiedRestFromDisk) {
+  // The region holds the file up to the end of chunk 0 only.
+  Publish(session_id_, first_chunk_offset_ + kTensorBytes / 2);
+  const v1::LoadResponse response = LoadAll();
+  EXPECT_NE(response.shm_name(), region_.name);
+  EXPECT_EQ(pool_->regions_created(), 1u);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes / 2);
+  EXPECT_EQ(response.bytes_from_disk(), kTensorBytes / 2);
+  EXPECT_EQ(response.memory_blocks_rejected(), 0u);
+
+  // What the region does hold is served in place.
+  const v1::LoadResponse first_half = LoadAll({}, Box{{0, 0}, {128, 1024}});
+  EXPECT_EQ(first_half.shm_name(), region_.name);
+  EXPECT_EQ(first_half.bytes_from_memory(), kTensorBytes / 2);
 }
 
 TEST_F(LoaderMemoryTierTest, Load_ResidentCopyOfAnotherSession_EveryByteFromDisk) {

@@ -15,16 +15,22 @@ void MemoryTier::Publish(ResidentCheckpoint checkpoint) {
 }
 
 ResidentView MemoryTier::Find(int64_t step, absl::string_view session_id) const {
-  absl::MutexLock lock(&mu_);
   ResidentView view;
+  std::optional<HeldCheckpoint> held = Hold(step, session_id);
+  if (!held.has_value()) return view;
+  const ResidentCheckpoint& c = held->checkpoint;
+  view.Add(c.file, c.file_offset, c.region.data, c.nbytes, std::move(held->hold));
+  return view;
+}
+
+std::optional<HeldCheckpoint> MemoryTier::Hold(int64_t step, absl::string_view session_id) const {
+  absl::MutexLock lock(&mu_);
   if (!current_.has_value() || current_->step != step || current_->session_id != session_id) {
-    return view;
+    return std::nullopt;
   }
   std::shared_ptr<const void> hold = current_->region.hold.lock();
-  if (hold == nullptr) return view;  // dropped to make room for a save
-  view.Add(current_->file, current_->file_offset, current_->region.data, current_->nbytes,
-           std::move(hold));
-  return view;
+  if (hold == nullptr) return std::nullopt;  // dropped to make room for a save
+  return HeldCheckpoint{*current_, std::move(hold)};
 }
 
 std::optional<ResidentCheckpoint> MemoryTier::Current() const {

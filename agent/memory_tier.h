@@ -47,6 +47,13 @@ struct ResidentCheckpoint {
   ResidentRegion region;
 };
 
+// The resident checkpoint and a hold that keeps its region mapped — and, while a load holds
+// it, out of every save's hands (StagingPool::Acquire) — until released.
+struct HeldCheckpoint {
+  ResidentCheckpoint checkpoint;
+  std::shared_ptr<const void> hold;
+};
+
 // What a load may read from memory, and the holds that keep it mapped while it does.
 struct ResidentView {
   ResidentFiles files;
@@ -73,6 +80,11 @@ class MemoryTier {
   // The resident bytes of the checkpoint of `step` saved by `session_id`; empty if this agent
   // holds none of it, or its region has been dropped.
   ResidentView Find(int64_t step, absl::string_view session_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The same checkpoint with its region, for a load that hands the region itself to its
+  // trainer; nullopt where Find is empty.
+  std::optional<HeldCheckpoint> Hold(int64_t step, absl::string_view session_id) const
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The resident checkpoint, if its region is still held (for listings and metrics).
   std::optional<ResidentCheckpoint> Current() const ABSL_LOCKS_EXCLUDED(mu_);

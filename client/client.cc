@@ -442,9 +442,11 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
                                                     absent, response.shm_size()));
 
   std::vector<char*> slot_data(into.size(), nullptr);
-  // A load region other than the cached save region is mapped only for this load: loads are
-  // rare, and the agent frees that region after ReleaseLoad. Declared after release_on_exit,
-  // so on an error return it is unmapped before the release too.
+  // A load region other than a cached save region is mapped only for this load: loads are
+  // rare, and the agent frees that region after ReleaseLoad. A region served in place (the
+  // agent's resident copy) is often one of the cached save mappings: it is only read here, as
+  // every load region is. Declared after release_on_exit, so on an error return it is
+  // unmapped before the release too.
   std::unique_ptr<MappedStaging> temporary;
   if (total > 0) {
     char* base = nullptr;

@@ -17,15 +17,18 @@
 // the session then aborts on the coordinator's COPYING timeout.
 //
 // A load: Load(step | -1 for latest, tensors) sends the pieces wanted in the current layout;
-// the agent reads, reshards and verifies them into staging; the client maps the load region
-// read-only (faulted in by the copy threads, not in advance), copies the pieces out into each
-// TensorRef (host memcpy on the copy threads, or cudaMemcpy host->device), unmaps it and only
-// then releases it: the agent frees the region off the trainer's path, whereas an unmap after
-// the release would be the last reference and pay for freeing its pages inside Load.
+// the agent reads, reshards and verifies them into staging — or, restarting in the layout that
+// saved, hands out its resident copy of the step, verified where it lies (DESIGN.md "Memory
+// tier"); the client maps the region read-only (faulted in by the copy threads, not in
+// advance), or reads it through its cached save mapping if it is one, copies the pieces out
+// into each TensorRef (host memcpy on the copy threads, or cudaMemcpy host->device), unmaps a
+// load-only mapping and only then releases the region: the agent frees a load region off the
+// trainer's path, whereas an unmap after the release would be the last reference and pay for
+// freeing its pages inside Load.
 //
 // Lifecycle: Connect() once per trainer process (after the agent registered); the Client is
-// kept for the whole run. The staging mappings of the last two saves are cached and reused while the
-// agent hands out the same region (the common case), and replaced when it hands out another.
+// kept for the whole run. The staging mappings of the last two saves are cached and reused while
+// the agent hands out the same region (the common case), and replaced when it hands out another.
 //
 // Thread-safety: all methods may be called from any thread. Save and Load are serialised by
 // an internal mutex (they share the staging mapping); WaitCommitted, identity() and stats()

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <thread>
 #include <utility>
 
@@ -67,6 +68,17 @@ struct AtomicStats {
   std::atomic<uint64_t> blocks_verified{0};
   std::atomic<uint64_t> bytes_from_memory{0};
   std::atomic<uint64_t> memory_blocks_rejected{0};
+
+  ReadStats Snapshot() const {
+    ReadStats out;
+    out.bytes_read = bytes_read.load();
+    out.bytes_copied = bytes_copied.load();
+    out.read_calls = read_calls.load();
+    out.blocks_verified = blocks_verified.load();
+    out.bytes_from_memory = bytes_from_memory.load();
+    out.memory_blocks_rejected = memory_blocks_rejected.load();
+    return out;
+  }
 };
 
 // Runs of one request and one chunk that fall into one read window of the chunk.
@@ -75,22 +87,24 @@ struct WorkItem {
   std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
 };
 
+// The resident copy of chunk body bytes [begin, end), or nullptr if `resident` (may be null)
+// does not hold all of them.
+const char* ResidentAt(const ResidentBytes* resident, const v1::ChunkEntry& chunk, uint64_t begin,
+                       uint64_t end) {
+  if (resident == nullptr) return nullptr;
+  const uint64_t from = chunk.offset() + begin;
+  if (from < resident->file_offset ||
+      from + (end - begin) > resident->file_offset + resident->size) {
+    return nullptr;
+  }
+  return resident->data + (from - resident->file_offset);
+}
+
 // Where one work item's bytes come from: its chunk's data file, and the file's resident copy
 // if there is one.
 struct Source {
   ReadableFile* file = nullptr;
   const ResidentBytes* resident = nullptr;
-
-  // The resident copy of chunk body bytes [begin, end), or nullptr if memory does not hold
-  // all of them.
-  const char* InMemory(const v1::ChunkEntry& chunk, uint64_t begin, uint64_t end) const {
-    if (resident == nullptr) return nullptr;
-    const uint64_t from = chunk.offset() + begin;
-    if (from < resident->file_offset || from + (end - begin) > resident->file_offset + resident->size) {
-      return nullptr;
-    }
-    return resident->data + (from - resident->file_offset);
-  }
 };
 
 // A reusable scratch buffer, uninitialized, aligned for O_DIRECT (storage/posix_storage.h) so spans
@@ -118,92 +132,210 @@ class Bounce {
   uint64_t capacity_ = 0;
 };
 
-// Reads, verifies and copies one work item: every block its runs touch, in spans of
-// consecutive blocks.
+// Walks one work item's runs (one chunk, by increasing chunk_offset) in spans of consecutive
+// checksum blocks: a span runs from the block of the first byte not yet served through the
+// last block of every following run that starts in or right after the blocks so far. Calls
+// serve(r, pos, first_block, last_block) for each span, where `pos` is the span's first byte
+// not yet served and run r holds it; stops at serve's first error. Reads and in-place
+// verification both walk this way, so they touch the same blocks.
+template <typename Serve>
+absl::Status ForEachSpan(const std::vector<ByteRun>& runs, Serve&& serve) {
+  const v1::ChunkEntry& chunk = *runs.front().chunk;
+  const uint64_t bs = chunk.block_size();
+  auto run_end = [&](size_t q) { return runs[q].chunk_offset + runs[q].length; };
+  size_t r = 0;
+  uint64_t pos = runs[0].chunk_offset;  // first byte of run r not yet served
+  while (r < runs.size()) {
+    if (pos >= run_end(r)) {
+      if (++r < runs.size()) pos = std::max(pos, runs[r].chunk_offset);
+      continue;
+    }
+    const uint64_t first_block = pos / bs;
+    uint64_t last_block = (run_end(r) - 1) / bs;
+    for (size_t q = r + 1; q < runs.size() && runs[q].chunk_offset / bs <= last_block + 1; ++q) {
+      last_block = std::max(last_block, (run_end(q) - 1) / bs);
+    }
+    RETURN_IF_ERROR(serve(r, pos, first_block, last_block));
+    pos = BlockEnd(chunk, last_block);
+  }
+  return absl::OkStatus();
+}
+
+// Verifies blocks [first, last] of `chunk`, whose body bytes from BlockBegin(first) are at
+// `data`, against the manifest's XXH3. For each block that does not match calls
+// on_bad(block), which returns OK once it has put good bytes in the block's place, and stops
+// at its first error. The one verify loop of the reader: reads and in-place verification
+// both check through it.
+template <typename OnBad>
+absl::Status VerifySpan(const v1::ChunkEntry& chunk, uint64_t first, uint64_t last,
+                        const char* data, OnBad&& on_bad) {
+  const uint64_t begin = BlockBegin(chunk, first);
+  for (uint64_t b = first; b <= last;) {
+    const std::optional<uint64_t> bad =
+        FindBadBlock(chunk, b, last - b + 1, data + (BlockBegin(chunk, b) - begin));
+    if (!bad) break;
+    RETURN_IF_ERROR(on_bad(*bad));
+    b = *bad + 1;
+  }
+  return absl::OkStatus();
+}
+
+// Reads, verifies and copies one work item: every block its runs touch, span by span.
 absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& bounce,
                            AtomicStats& stats) {
   ReadableFile& file = *source.file;
   const std::vector<ByteRun>& runs = item.runs;
   const v1::TensorEntry& tensor = *runs.front().tensor;
   const v1::ChunkEntry& chunk = *runs.front().chunk;
-  const uint64_t bs = chunk.block_size();
   auto run_end = [&](size_t q) { return runs[q].chunk_offset + runs[q].length; };
 
-  size_t r = 0;
-  uint64_t pos = runs[0].chunk_offset;  // first byte of run r not yet delivered
-  while (r < runs.size()) {
-    if (pos >= run_end(r)) {
-      if (++r < runs.size()) pos = std::max(pos, runs[r].chunk_offset);
-      continue;
-    }
-    // The span: from pos's block through the last block of every following run that starts
-    // in or right after the blocks so far.
-    const uint64_t first_block = pos / bs;
-    uint64_t last_block = (run_end(r) - 1) / bs;
-    for (size_t q = r + 1; q < runs.size() && runs[q].chunk_offset / bs <= last_block + 1; ++q) {
-      last_block = std::max(last_block, (run_end(q) - 1) / bs);
-    }
-    const uint64_t begin = first_block * bs;
-    const uint64_t end = BlockEnd(chunk, last_block);
+  return ForEachSpan(
+      runs, [&](size_t r, uint64_t pos, uint64_t first_block, uint64_t last_block) -> absl::Status {
+        const uint64_t begin = BlockBegin(chunk, first_block);
+        const uint64_t end = BlockEnd(chunk, last_block);
+        // One run covering the whole span: read in place, no copy.
+        const bool direct = pos == begin && run_end(r) >= end;
+        char* target = direct ? item.dest + runs[r].dest_offset + (begin - runs[r].chunk_offset)
+                              : bounce.Get(end - begin);
+        if (target == nullptr) {
+          return absl::ResourceExhaustedError(absl::StrCat(
+              "no memory for a ", end - begin, "-byte read buffer (", file.path(), ")"));
+        }
+        // Fill the span from memory if it is resident there, else from the file; then verify
+        // what landed (memory may change under us, so the copy is what is checked).
+        const char* memory = ResidentAt(source.resident, chunk, begin, end);
+        if (memory != nullptr) {
+          memcpy(target, memory, end - begin);
+          stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
+        } else {
+          RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
+          stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+          stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
+        }
+        RETURN_IF_ERROR(
+            VerifySpan(chunk, first_block, last_block, target, [&](uint64_t bad) -> absl::Status {
+              if (memory == nullptr) {
+                return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), bad);
+              }
+              // A resident block that does not match: this block from the file instead.
+              const uint64_t block_begin = BlockBegin(chunk, bad);
+              const uint64_t block_size = BlockEnd(chunk, bad) - block_begin;
+              char* block_target = target + (block_begin - begin);
+              RETURN_IF_ERROR(
+                  ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
+              stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+              stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
+              stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
+              stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
+              if (FindBadBlock(chunk, bad, 1, block_target)) {
+                return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), bad);
+              }
+              return absl::OkStatus();
+            }));
+        stats.blocks_verified.fetch_add(last_block - first_block + 1, std::memory_order_relaxed);
 
-    // One run covering the whole span: read in place, no copy.
-    const bool direct = pos == begin && run_end(r) >= end;
-    char* target = direct ? item.dest + runs[r].dest_offset + (begin - runs[r].chunk_offset)
-                          : bounce.Get(end - begin);
-    if (target == nullptr) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "no memory for a ", end - begin, "-byte read buffer (", file.path(), ")"));
-    }
-    const uint64_t blocks = last_block - first_block + 1;
-    // Fill the span from memory if it is resident there, else from the file; then verify
-    // what landed (memory may change under us, so the copy is what is checked).
-    const char* memory = source.InMemory(chunk, begin, end);
-    if (memory != nullptr) {
-      memcpy(target, memory, end - begin);
-      stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
-    } else {
-      RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
-      stats.read_calls.fetch_add(1, std::memory_order_relaxed);
-      stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
-    }
-    for (uint64_t b = first_block; b <= last_block;) {
-      const std::optional<uint64_t> bad =
-          FindBadBlock(chunk, b, last_block - b + 1, target + (BlockBegin(chunk, b) - begin));
-      if (!bad) break;
-      if (memory == nullptr) {
-        return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
-      }
-      // A resident block that does not match: this block from the file instead.
-      const uint64_t block_begin = BlockBegin(chunk, *bad);
-      const uint64_t block_size = BlockEnd(chunk, *bad) - block_begin;
-      char* block_target = target + (block_begin - begin);
-      RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
-      stats.read_calls.fetch_add(1, std::memory_order_relaxed);
-      stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
-      stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
-      stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
-      if (FindBadBlock(chunk, *bad, 1, block_target)) {
-        return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), *bad);
-      }
-      b = *bad + 1;
-    }
-    stats.blocks_verified.fetch_add(blocks, std::memory_order_relaxed);
+        if (direct) {
+          stats.bytes_copied.fetch_add(end - begin, std::memory_order_relaxed);
+        } else {
+          for (size_t q = r; q < runs.size() && runs[q].chunk_offset < end; ++q) {
+            const uint64_t from = std::max(q == r ? pos : runs[q].chunk_offset, begin);
+            const uint64_t to = std::min(run_end(q), end);
+            if (from >= to) continue;
+            memcpy(item.dest + runs[q].dest_offset + (from - runs[q].chunk_offset),
+                   target + (from - begin), to - from);
+            stats.bytes_copied.fetch_add(to - from, std::memory_order_relaxed);
+          }
+        }
+        return absl::OkStatus();
+      });
+}
 
-    if (direct) {
-      stats.bytes_copied.fetch_add(end - begin, std::memory_order_relaxed);
-    } else {
-      for (size_t q = r; q < runs.size() && runs[q].chunk_offset < end; ++q) {
-        const uint64_t from = std::max(q == r ? pos : runs[q].chunk_offset, begin);
-        const uint64_t to = std::min(run_end(q), end);
-        if (from >= to) continue;
-        memcpy(item.dest + runs[q].dest_offset + (from - runs[q].chunk_offset),
-               target + (from - begin), to - from);
-        stats.bytes_copied.fetch_add(to - from, std::memory_order_relaxed);
+// Verifies one work item in place: every block its runs touch (the spans a read takes), where
+// it lies in `resident`. Copies nothing and reads no file.
+// Errors: FailedPrecondition if a span is not resident whole or a block does not match (it
+// is counted in memory_blocks_rejected).
+absl::Status VerifyWorkItemInPlace(const WorkItem& item, const ResidentBytes& resident,
+                                   AtomicStats& stats) {
+  const v1::TensorEntry& tensor = *item.runs.front().tensor;
+  const v1::ChunkEntry& chunk = *item.runs.front().chunk;
+  return ForEachSpan(
+      item.runs, [&](size_t, uint64_t, uint64_t first_block, uint64_t last_block) -> absl::Status {
+        const uint64_t begin = BlockBegin(chunk, first_block);
+        const uint64_t end = BlockEnd(chunk, last_block);
+        const char* memory = ResidentAt(&resident, chunk, begin, end);
+        if (memory == nullptr) {
+          return absl::FailedPreconditionError(
+              absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": body bytes [", begin,
+                           ", ", end, ") are not all resident"));
+        }
+        RETURN_IF_ERROR(VerifySpan(chunk, first_block, last_block, memory, [&](uint64_t bad) {
+          stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
+          return absl::FailedPreconditionError(
+              absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": block ", bad,
+                           " does not match the manifest in memory"));
+        }));
+        stats.blocks_verified.fetch_add(last_block - first_block + 1, std::memory_order_relaxed);
+        stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
+        return absl::OkStatus();
+      });
+}
+
+// Cuts the plans' runs into work items: one per request, chunk and read window
+// (`max_read_bytes` rounded down to whole blocks), so that several threads serve a large
+// chunk, each in large reads. Items point at the requests' destinations.
+std::vector<WorkItem> CutWork(absl::Span<const ReadRequest> requests,
+                              const std::vector<RequestPlan>& plans, uint64_t max_read_bytes) {
+  std::vector<WorkItem> work;
+  for (size_t i = 0; i < plans.size(); ++i) {
+    char* dest = static_cast<char*>(requests[i].dest);
+    const v1::ChunkEntry* current_chunk = nullptr;
+    uint64_t current_window = 0;
+    for (const ByteRun& run : plans[i].runs) {
+      const uint64_t bs = run.chunk->block_size();
+      const uint64_t window = std::max<uint64_t>(1, max_read_bytes / bs) * bs;
+      for (uint64_t off = 0; off < run.length;) {
+        const uint64_t at = run.chunk_offset + off;
+        const uint64_t w = at / window;
+        const uint64_t len = std::min(run.length - off, (w + 1) * window - at);
+        if (work.empty() || run.chunk != current_chunk || w != current_window) {
+          work.push_back(WorkItem{dest, {}});
+          current_chunk = run.chunk;
+          current_window = w;
+        }
+        work.back().runs.push_back(ByteRun{run.tensor, run.chunk, at, len, run.dest_offset + off});
+        off += len;
       }
     }
-    pos = end;
   }
-  return absl::OkStatus();
+  return work;
+}
+
+// Runs serve(w, bounce) for every item w in [0, n) on up to `parallelism` threads, this one
+// included, each with its own bounce buffer. Stops handing out items at the first error and
+// returns it.
+absl::Status ServeParallel(size_t n, int parallelism,
+                           const std::function<absl::Status(size_t, Bounce&)>& serve) {
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first_error;
+  auto worker = [&] {
+    Bounce bounce;
+    for (size_t w = next.fetch_add(1); w < n && !failed.load(); w = next.fetch_add(1)) {
+      absl::Status s = serve(w, bounce);
+      if (!s.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = s;
+        failed.store(true);
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>(n, static_cast<size_t>(parallelism));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
+  worker();
+  for (std::thread& t : pool) t.join();
+  return first_error;
 }
 
 }  // namespace
@@ -242,7 +374,8 @@ const v1::TensorEntry* CheckpointReader::FindTensor(absl::string_view key) const
   return it == index_.end() ? nullptr : &manifest_.tensors(it->second);
 }
 
-absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request) const {
+absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request,
+                                                      bool need_dest) const {
   if (!IsKnownDType(request.dtype)) return BadRequest(request, "dtype is unknown");
   if (absl::Status s = ValidateBoxInShape(request.box, request.global_shape); !s.ok()) {
     return BadRequest(request, absl::StrCat("box ", BoxToString(request.box), " is not inside ",
@@ -268,7 +401,9 @@ absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request
                                             " bytes; the region needs ",
                                             static_cast<uint64_t>(need)));
   }
-  if (need > 0 && request.dest == nullptr) return BadRequest(request, "destination is null");
+  if (need_dest && need > 0 && request.dest == nullptr) {
+    return BadRequest(request, "destination is null");
+  }
 
   auto it = index_.find(request.key);
   if (it == index_.end()) {
@@ -358,10 +493,15 @@ absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request
 
 absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::Plan(
     absl::Span<const ReadRequest> requests) const {
+  return PlanAll(requests, /*need_dest=*/true);
+}
+
+absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::PlanAll(
+    absl::Span<const ReadRequest> requests, bool need_dest) const {
   std::vector<RequestPlan> plans;
   plans.reserve(requests.size());
   for (const ReadRequest& request : requests) {
-    ASSIGN_OR_RETURN(RequestPlan plan, PlanOne(request));
+    ASSIGN_OR_RETURN(RequestPlan plan, PlanOne(request, need_dest));
     plans.push_back(std::move(plan));
   }
   return plans;
@@ -369,37 +509,13 @@ absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::Plan(
 
 absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
     absl::Span<const ReadRequest> requests, ReadStats* stats, const ResidentFiles* resident) const {
-  ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, Plan(requests));
+  ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/true));
   std::vector<ReadResult> results(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) results[i].state_absent = plans[i].state_absent;
+  const std::vector<WorkItem> work = CutWork(requests, plans, options_.max_read_bytes);
 
-  // Cut runs into work items: one per request, chunk and read window (max_read_bytes rounded
-  // down to whole blocks), so a large chunk is read by several threads in large reads.
-  std::vector<WorkItem> work;
   absl::flat_hash_map<std::string, std::unique_ptr<ReadableFile>> files;
-  for (size_t i = 0; i < plans.size(); ++i) {
-    results[i].state_absent = plans[i].state_absent;
-    char* dest = static_cast<char*>(requests[i].dest);
-    const v1::ChunkEntry* current_chunk = nullptr;
-    uint64_t current_window = 0;
-    for (const ByteRun& run : plans[i].runs) {
-      const uint64_t bs = run.chunk->block_size();
-      const uint64_t window = std::max<uint64_t>(1, options_.max_read_bytes / bs) * bs;
-      files.try_emplace(run.chunk->file());
-      for (uint64_t off = 0; off < run.length;) {
-        const uint64_t at = run.chunk_offset + off;
-        const uint64_t w = at / window;
-        const uint64_t len = std::min(run.length - off, (w + 1) * window - at);
-        if (work.empty() || run.chunk != current_chunk || w != current_window) {
-          work.push_back(WorkItem{dest, {}});
-          current_chunk = run.chunk;
-          current_window = w;
-        }
-        work.back().runs.push_back(ByteRun{run.tensor, run.chunk, at, len, run.dest_offset + off});
-        off += len;
-      }
-    }
-  }
-
+  for (const WorkItem& item : work) files.try_emplace(item.runs.front().chunk->file());
   for (auto& [name, file] : files) {
     const std::string path = JoinPath(dir_, name);
     absl::StatusOr<std::unique_ptr<ReadableFile>> opened = storage_->OpenForRead(path);
@@ -415,42 +531,54 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   }
 
   AtomicStats counters;
-  std::atomic<size_t> next{0};
-  std::atomic<bool> failed{false};
-  absl::Mutex mu;
-  absl::Status first_error;
-  auto worker = [&] {
-    Bounce bounce;
-    for (size_t w = next.fetch_add(1); w < work.size() && !failed.load(); w = next.fetch_add(1)) {
-      const std::string& name = work[w].runs.front().chunk->file();
-      Source source{files.at(name).get(), nullptr};
-      if (resident != nullptr) {
-        if (auto it = resident->find(name); it != resident->end()) source.resident = &it->second;
-      }
-      absl::Status s = ServeWorkItem(work[w], source, bounce, counters);
-      if (!s.ok()) {
-        absl::MutexLock lock(&mu);
-        if (first_error.ok()) first_error = s;
-        failed.store(true);
-      }
-    }
-  };
-  const size_t threads =
-      std::min<size_t>(work.size(), static_cast<size_t>(options_.parallelism));
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(worker);
-  worker();
-  for (std::thread& t : pool) t.join();
+  const absl::Status status =
+      ServeParallel(work.size(), options_.parallelism, [&](size_t w, Bounce& bounce) {
+        const std::string& name = work[w].runs.front().chunk->file();
+        Source source{files.at(name).get(), nullptr};
+        if (resident != nullptr) {
+          if (auto it = resident->find(name); it != resident->end()) source.resident = &it->second;
+        }
+        return ServeWorkItem(work[w], source, bounce, counters);
+      });
+  if (stats != nullptr) *stats = counters.Snapshot();
+  RETURN_IF_ERROR(status);
+  return results;
+}
 
-  if (stats != nullptr) {
-    stats->bytes_read = counters.bytes_read.load();
-    stats->bytes_copied = counters.bytes_copied.load();
-    stats->read_calls = counters.read_calls.load();
-    stats->blocks_verified = counters.blocks_verified.load();
-    stats->bytes_from_memory = counters.bytes_from_memory.load();
-    stats->memory_blocks_rejected = counters.memory_blocks_rejected.load();
+absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
+    absl::Span<const ReadRequest> requests, absl::string_view file, const ResidentBytes& resident,
+    ReadStats* stats) const {
+  ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/false));
+  // Each request's runs, in the destination's order, must continue one another in `file`.
+  std::vector<ReadResult> results(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    results[i].state_absent = plans[i].state_absent;
+    const std::vector<ByteRun>& runs = plans[i].runs;
+    if (runs.empty()) continue;
+    const uint64_t first = runs.front().file_offset();
+    uint64_t length = 0;
+    for (const ByteRun& run : runs) {
+      if (run.chunk->file() != file || run.dest_offset != length ||
+          run.file_offset() != first + length) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor \"", requests[i].key, "\" is not one contiguous byte run of ", file));
+      }
+      length += run.length;
+    }
+    if (first < resident.file_offset || first - resident.file_offset > resident.size ||
+        length > resident.size - (first - resident.file_offset)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "tensor \"", requests[i].key, "\" lies outside the resident copy of ", file));
+    }
+    results[i].resident_offset = first - resident.file_offset;
   }
-  RETURN_IF_ERROR(first_error);
+  const std::vector<WorkItem> work = CutWork(requests, plans, options_.max_read_bytes);
+  AtomicStats counters;
+  const absl::Status status = ServeParallel(
+      work.size(), options_.parallelism,
+      [&](size_t w, Bounce&) { return VerifyWorkItemInPlace(work[w], resident, counters); });
+  if (stats != nullptr) *stats = counters.Snapshot();
+  RETURN_IF_ERROR(status);
   return results;
 }
 

@@ -18,8 +18,8 @@
 // destination (the common case: whole chunks, row slices); otherwise it goes through a
 // page-aligned bounce buffer. `parallelism` threads serve the spans, so that many reads are in
 // flight while a thread verifies what it has read. With PosixStorage, large reads bypass the
-// page cache (storage/posix_storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data files, so
-// whole chunks and row slices land in page-aligned destinations (the agent's staging) with no
+// page cache (storage/posix_storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data files,
+// so whole chunks and row slices land in page-aligned destinations (the agent's staging) with no
 // copy at all. Cost of verifying: a run that covers part of a block still reads the whole block —
 // up to 2 x block_size extra bytes per span (4 MiB blocks by default), which matters only for
 // scattered small reads such as a narrow column slice of a row-major matrix, where each row
@@ -31,6 +31,12 @@
 // so bytes that change under it are caught too; every block that does not match is read from
 // the file and verified again. Memory is never trusted: a stale, reused or corrupted copy costs
 // a read, never a wrong byte.
+//
+// In place (LocateInMemory): when every request is one contiguous byte run of a single
+// resident copy — the same layout that saved it, loading it back — the reader verifies the
+// blocks those runs touch where they lie, through the same spans and the same verify loop as a
+// read, and returns where each request's bytes are in the copy, so that the caller can hand out
+// the copy itself: no copy, no destination, no file opened.
 //
 // Destinations are host memory (or shared memory mapped by the caller); device copies are the
 // caller's next step.
@@ -98,9 +104,11 @@ struct RequestPlan {
   std::vector<ByteRun> runs;
 };
 
-// Per-request outcome of Read.
+// Per-request outcome of Read and LocateInMemory.
 struct ReadResult {
   bool state_absent = false;  // as RequestPlan::state_absent; the destination is untouched
+  // LocateInMemory: where the request's bytes lie, from ResidentBytes::data (0 if none).
+  uint64_t resident_offset = 0;
 };
 
 // What a Read did, for tests, metrics and benchmarks.
@@ -172,11 +180,33 @@ class CheckpointReader {
                                                ReadStats* stats = nullptr,
                                                const ResidentFiles* resident = nullptr) const;
 
+  // Memory tier, in place: where each request's bytes lie in `resident`, the copy of data
+  // file `file` (ReadResult::resident_offset) — verified there, so that the caller may hand
+  // out the copy itself instead of copying it. Served only if every request with bytes is one
+  // contiguous byte run of `file` (its runs continue one another in the file in the
+  // destination's order), the checksum blocks those runs touch are all inside `resident`, and
+  // each matches the manifest: checked by reading `resident` where it lies, on `parallelism`
+  // threads. Copies nothing, opens no file, ignores `dest` (it may be null; dest_size must
+  // still be right). `stats`, if given, is filled in (bytes_from_memory: whole blocks
+  // verified). The bytes are right as verified: the caller keeps `resident` mapped and
+  // unwritten for as long as it hands it out.
+  // Errors: as Plan (bar the null destination); FailedPrecondition, naming the tensor or
+  // chunk, if a request is not one contiguous run of `file`, a block it touches is not
+  // resident, or a block does not match (counted in stats->memory_blocks_rejected) — Read
+  // then serves the requests, taking bad blocks from the file.
+  absl::StatusOr<std::vector<ReadResult>> LocateInMemory(absl::Span<const ReadRequest> requests,
+                                                         absl::string_view file,
+                                                         const ResidentBytes& resident,
+                                                         ReadStats* stats = nullptr) const;
+
  private:
   CheckpointReader(Storage* storage, std::string dir, CheckpointReaderOptions options,
                    v1::Manifest manifest);
 
-  absl::StatusOr<RequestPlan> PlanOne(const ReadRequest& request) const;
+  // Plan, checking that each request with bytes has a destination if `need_dest`.
+  absl::StatusOr<std::vector<RequestPlan>> PlanAll(absl::Span<const ReadRequest> requests,
+                                                   bool need_dest) const;
+  absl::StatusOr<RequestPlan> PlanOne(const ReadRequest& request, bool need_dest) const;
 
   Storage* const storage_;
   const std::string dir_;
