@@ -1,5 +1,7 @@
 #include "server/agent_registry.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -105,7 +107,10 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
                                       std::vector<v1::MemoryCopy> buddy_copies) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
-  agent->last_heartbeat = clock_->Now();
+  const absl::Time now = clock_->Now();
+  // An agent back from an expired lease (frozen, not dead) rejoins BuddyOf's ring.
+  if (now - agent->last_heartbeat > options_.lease) jobs_.at(job_id).buddies.reset();
+  agent->last_heartbeat = now;
   agent->pinned_bytes = pinned_bytes;
   auto held_here = [&](v1::MemoryCopy& copy) {
     copy.set_rank(rank);
@@ -128,10 +133,17 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return std::nullopt;
   const Job& j = job->second;
-  if (!j.buddies.has_value()) {
-    // A ring over nodes: the i-th rank of a node (by rank) pairs with the i-th of the next.
+  const absl::Time now = clock_->Now();
+  if (!j.buddies.has_value() || now > j.buddies_valid_until) {
+    // A ring over the nodes of live agents: the i-th rank of a node (by rank) pairs with the
+    // i-th of the next. It holds until the first of their leases can expire.
     absl::btree_map<std::string, std::vector<uint32_t>> nodes;
-    for (const auto& [r, agent] : j.agents) nodes[agent.registration.node_id()].push_back(r);
+    j.buddies_valid_until = absl::InfiniteFuture();
+    for (const auto& [r, agent] : j.agents) {
+      if (now - agent.last_heartbeat > options_.lease) continue;
+      nodes[agent.registration.node_id()].push_back(r);
+      j.buddies_valid_until = std::min(j.buddies_valid_until, agent.last_heartbeat + options_.lease);
+    }
     j.buddies.emplace();
     if (nodes.size() > 1) {
       for (auto it = nodes.begin(); it != nodes.end(); ++it) {

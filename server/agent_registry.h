@@ -82,9 +82,10 @@ class AgentRegistry {
   std::vector<uint32_t> ExpiredRanks(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Memory tier: the agent (job, rank) replicates its resident copy to — the agent of the
-  // same position (by rank) on the next node in a ring over the job's nodes (by node id), or
-  // the next node's last if it has fewer; nullopt if the job has one node, or the agent is
-  // unknown. Recomputed after a registration changes the job's agents.
+  // same position (by rank) on the next node in a ring over the nodes of the job's live agents
+  // (by node id), or the next node's last if it has fewer; nullopt if they are on one node, or
+  // the agent is unknown or expired. Follows registrations and lease expiries: a node whose
+  // agents expired leaves the ring until they heartbeat again or are replaced.
   std::optional<v1::MemoryBuddy> BuddyOf(const std::string& job_id, uint32_t rank) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -114,8 +115,11 @@ class AgentRegistry {
   struct Job {
     MeshLayout layout;
     absl::btree_map<uint32_t, Agent> agents;
-    // BuddyOf's ring, by rank; recomputed on first use after `agents` changed.
+    // BuddyOf's ring over live agents, by rank; recomputed on first use after `agents`
+    // changed, an expired agent heartbeated again, or `buddies_valid_until` (the first lease
+    // of a ring member that can expire) passed.
     mutable std::optional<absl::btree_map<uint32_t, uint32_t>> buddies;
+    mutable absl::Time buddies_valid_until = absl::InfinitePast();
   };
 
   // Errors as CheckIncarnation.

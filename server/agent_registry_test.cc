@@ -219,6 +219,35 @@ TEST_F(AgentRegistryTest, BuddyOf_RingOverNodes_SamePositionOnTheNextNode) {
   EXPECT_EQ(buddy(5), 4u);  // b[2] -> a[2]
 }
 
+// A node whose agents' leases expired leaves the ring: its predecessor's agents pair with the
+// next live node instead of sending copies to a dead buddy until a replacement registers.
+TEST_F(AgentRegistryTest, BuddyOf_ExpiredAgentsLeaveTheRing_BackWhenTheyHeartbeat) {
+  for (const auto& [rank, node] :
+       std::vector<std::pair<uint32_t, std::string>>{{0, "node-a"}, {1, "node-b"}, {2, "node-c"}}) {
+    v1::RegisterAgentRequest r = Registration(rank, rank + 1);
+    r.set_node_id(node);
+    ASSERT_TRUE(registry_.Register(r).ok());
+  }
+  auto buddy = [&](uint32_t rank) { return registry_.BuddyOf("job", rank)->rank(); };
+  EXPECT_EQ(buddy(0), 1u);
+  EXPECT_EQ(buddy(2), 0u);
+
+  // node-b's agent stops heartbeating; the others go on, and its lease (10 s) runs out.
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0).ok());
+  EXPECT_EQ(buddy(0), 1u);  // not expired yet
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_EQ(buddy(0), 2u);  // a -> c: b is gone
+  EXPECT_EQ(buddy(2), 0u);
+  EXPECT_FALSE(registry_.BuddyOf("job", 1).has_value());  // an expired agent has none
+
+  // It heartbeats again (it was frozen, not dead): back in the ring.
+  ASSERT_TRUE(registry_.Heartbeat("job", 1, 2, 0).ok());
+  EXPECT_EQ(buddy(0), 1u);
+  EXPECT_EQ(buddy(1), 2u);
+}
+
 TEST_F(AgentRegistryTest, BuddyOf_OneNode_None) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
