@@ -1263,4 +1263,11 @@ std::vector<SessionView> SaveCore::Sessions() const {
   return views;
 }
 
+bool SaveCore::AnyCopying() const {
+  for (const auto& [id, s] : sessions_) {
+    if (s->phase == SavePhase::kCopying) return true;
+  }
+  return false;
+}
+
 }  // namespace tessera

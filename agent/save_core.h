@@ -268,6 +268,8 @@ class SaveCore {
   // --- Inspection.
   std::optional<SessionView> View(const std::string& session_id) const;
   std::vector<SessionView> Sessions() const;
+  // True if a trainer holds the slots of a session and has not called Staged yet (COPYING).
+  bool AnyCopying() const;
   uint64_t sessions_committed() const { return committed_; }
 
  private:

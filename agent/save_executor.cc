@@ -78,13 +78,9 @@ void SaveExecutor::Shutdown() {
 
 bool SaveExecutor::AwaitTrainerFree(absl::Duration timeout) {
   absl::MutexLock lock(&mu_);
+  // Evaluated at every release of mu_ while someone waits: no allocation.
   auto free = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (stop_) return true;
-    if (!begin_calls_.empty()) return false;
-    for (const SessionView& session : core_.Sessions()) {
-      if (session.phase == SavePhase::kCopying) return false;
-    }
-    return true;
+    return stop_ || (begin_calls_.empty() && !core_.AnyCopying());
   };
   return mu_.AwaitWithTimeout(absl::Condition(&free), timeout);
 }

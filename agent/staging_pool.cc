@@ -176,32 +176,31 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Reserve(uint64_t bytes, in
         "a staging reservation needs bytes > 0 and 1 or 2 sets, not ", bytes, " and ", sets));
   }
   absl::MutexLock lock(&mu_);
-  const uint64_t capacity = std::max<uint64_t>(RoundUp(bytes, page_size_), page_size_);
-  if (capacity < bytes) {
+  if (NextSetEmptyLocked()) {
+    // As Prepare: admitted beside the sets kept, none of them dropped.
+    ASSIGN_OR_RETURN(std::vector<StagingSlot> next, FillLocked({bytes}, /*prepare=*/true));
+    if (next.empty()) {
+      return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                       absl::StrCat("reserving staging of ", bytes, " bytes beside the ",
+                                    MappedBytesLocked(), " mapped exceeds ", budget_bytes_,
+                                    ", the host-RAM budget of rank ", options_.rank,
+                                    " (a save would drop a memory copy to make room; a "
+                                    "reservation does not)"));
+    }
+  }
+  // The spare only where it fits (else the memory tier cannot keep a save beside the next one
+  // anyway), and not beside a resident set: that is the save after next's already.
+  // Sized for the declared bytes, or the next set's region if that is larger.
+  const uint64_t rounded = RoundUp(bytes, page_size_);
+  if (rounded < bytes) {
     return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
                      absl::StrCat("a staging reservation of ", bytes, " bytes is too large"));
   }
-  uint64_t mapped = ResidentBytesLocked() + SpareBytesLocked();
-  for (const auto& region : regions_) mapped += region != nullptr ? region->capacity() : 0;
-  const bool make_next = NextSetEmptyLocked();
-  if (make_next && (capacity > budget_bytes_ || mapped > budget_bytes_ - capacity)) {
-    return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
-                     absl::StrCat("reserving staging of ", capacity, " bytes beside the ", mapped,
-                                  " mapped exceeds ", budget_bytes_,
-                                  ", the host-RAM budget of rank ", options_.rank,
-                                  " (a save would drop a memory copy to make room; a "
-                                  "reservation does not)"));
-  }
-  if (make_next) mapped += capacity;
-  // The spare only where it fits (else the memory tier cannot keep a save beside the next one
-  // anyway), and not beside a resident set: that is the save after next's already.
-  const bool make_spare = sets == 2 && resident_.empty() && spare_.empty() &&
-                          capacity <= budget_bytes_ - mapped;
-  if (make_next) {
-    regions_.assign(1, nullptr);
-    ASSIGN_OR_RETURN(regions_[0], CreateRegionLocked(capacity));
-  }
-  if (make_spare) {
+  const uint64_t capacity =
+      regions_[0] != nullptr ? std::max(regions_[0]->capacity(), rounded) : rounded;
+  const uint64_t mapped = MappedBytesLocked();
+  if (sets == 2 && resident_.empty() && spare_.empty() && mapped <= budget_bytes_ &&
+      capacity <= budget_bytes_ - mapped) {
     ASSIGN_OR_RETURN(std::shared_ptr<Region> spare, CreateRegionLocked(capacity));
     spare_.assign(1, std::move(spare));
   }
@@ -308,13 +307,17 @@ std::vector<ResidentRegion> StagingPool::Retain(uint64_t acquisition) {
   return out;
 }
 
-uint64_t StagingPool::mapped_bytes() const {
-  absl::MutexLock lock(&mu_);
+uint64_t StagingPool::MappedBytesLocked() const {
   uint64_t total = ResidentBytesLocked() + SpareBytesLocked();
   for (const auto& region : regions_) {
     if (region != nullptr) total += region->capacity();
   }
   return total;
+}
+
+uint64_t StagingPool::mapped_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return MappedBytesLocked();
 }
 
 uint64_t StagingPool::resident_bytes() const {

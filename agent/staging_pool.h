@@ -191,6 +191,7 @@ class StagingPool {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ResidentBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t SpareBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint64_t MappedBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True if the next save's set has no region at all.
   bool NextSetEmptyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acquire, or with `prepare` Prepare: the slots, or none if preparing does not fit.
