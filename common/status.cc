@@ -47,10 +47,12 @@ absl::StatusCode CanonicalCode(v1::ErrorCode reason) {
     case v1::ERROR_CODE_CHECKSUM_MISMATCH:
       return absl::StatusCode::kDataLoss;
     case v1::ERROR_CODE_CHECKPOINT_NOT_FOUND:
+    case v1::ERROR_CODE_MEMORY_COPY_LOST:
       return absl::StatusCode::kNotFound;
     case v1::ERROR_CODE_STEP_EXISTS:
     case v1::ERROR_CODE_SESSION_IN_PROGRESS:
     case v1::ERROR_CODE_STALE_INCARNATION:
+    case v1::ERROR_CODE_MEMORY_ONLY_REFUSED:
       return absl::StatusCode::kFailedPrecondition;
     case v1::ERROR_CODE_ADMISSION_DENIED:
       return absl::StatusCode::kResourceExhausted;

@@ -37,8 +37,9 @@ v1::ErrorCode GetErrorCode(const absl::Status& status);
 
 // The status code an error of `reason` carries (STYLE.md 3: who retries): planning errors are
 // InvalidArgument, execution errors Aborted, CHECKSUM_MISMATCH DataLoss,
-// CHECKPOINT_NOT_FOUND NotFound, STEP_EXISTS / SESSION_IN_PROGRESS / STALE_INCARNATION
-// FailedPrecondition, ADMISSION_DENIED ResourceExhausted.
+// CHECKPOINT_NOT_FOUND / MEMORY_COPY_LOST NotFound, STEP_EXISTS / SESSION_IN_PROGRESS /
+// STALE_INCARNATION / MEMORY_ONLY_REFUSED FailedPrecondition, ADMISSION_DENIED
+// ResourceExhausted.
 absl::StatusCode CanonicalCode(v1::ErrorCode reason);
 
 // MakeError(CanonicalCode(detail.code()), detail).

@@ -93,6 +93,24 @@ grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
   return FinishUnary(context, status);
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::GetMemoryCheckpoint(
+    grpc::CallbackServerContext* context, const v1::GetMemoryCheckpointRequest* request,
+    v1::GetMemoryCheckpointResponse* response) {
+  absl::Status status =
+      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
+  if (status.ok() && sessions_ == nullptr) status = NoSessions();
+  if (status.ok()) {
+    absl::StatusOr<v1::Manifest> manifest =
+        sessions_->GetMemoryCheckpoint(request->job_id(), request->step());
+    if (manifest.ok()) {
+      *response->mutable_manifest() = *std::move(manifest);
+    } else {
+      status = manifest.status();
+    }
+  }
+  return FinishUnary(context, status);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::SubmitLocalPlan(
     grpc::CallbackServerContext* context, const v1::SubmitLocalPlanRequest* request,
     v1::SubmitLocalPlanResponse* response) {

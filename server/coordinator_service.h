@@ -65,6 +65,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* FindMemoryCopies(grpc::CallbackServerContext* context,
                                              const v1::FindMemoryCopiesRequest* request,
                                              v1::FindMemoryCopiesResponse* response) override;
+  grpc::ServerUnaryReactor* GetMemoryCheckpoint(grpc::CallbackServerContext* context,
+                                                const v1::GetMemoryCheckpointRequest* request,
+                                                v1::GetMemoryCheckpointResponse* response) override;
 
  private:
   AgentRegistry* const registry_;

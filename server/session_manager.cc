@@ -7,6 +7,7 @@
 #include "common/status.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"
+#include "server/session/memory_only.h"
 #include "server/session/plan_work.h"
 #include "server/session/schema.h"
 #include "server/session/status_view.h"
@@ -415,7 +416,19 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> SessionManager::ListCheckpoints(
   if (job->core == nullptr) {
     return absl::UnavailableError(absl::StrCat("job ", job_id, " is being recovered"));
   }
-  return job->core->checkpoints();
+  return ListCheckpointsWithMemory(job->core->checkpoints(), job->core->memory_checkpoint(),
+                                   *registry_, job_id);
+}
+
+absl::StatusOr<v1::Manifest> SessionManager::GetMemoryCheckpoint(const std::string& job_id,
+                                                                 int64_t step) const {
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  absl::MutexLock lock(&job->mu);
+  if (job->core == nullptr) {
+    return absl::UnavailableError(absl::StrCat("job ", job_id, " is being recovered"));
+  }
+  return MemoryManifest(job->core->memory_checkpoint(), job_id, step);
 }
 
 std::vector<v1::JobInfo> SessionManager::ListJobs() const {

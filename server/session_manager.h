@@ -110,9 +110,13 @@ class SessionManager {
   // `session_id`'s status (empty: the job's current or else latest). Errors: NotFound.
   absl::StatusOr<v1::SessionStatus> GetSession(const std::string& job_id,
                                                const std::string& session_id) const;
-  // Newest first. Errors: NotFound for an unknown job.
+  // Newest first, the job's memory-only commit included (memory_only.h).
+  // Errors: NotFound for an unknown job.
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(
       const std::string& job_id) const;
+  // The manifest of the job's memory-only commit of `step` (-1: whatever its step).
+  // Errors: NotFound for an unknown job; as MemoryManifest (memory_only.h).
+  absl::StatusOr<v1::Manifest> GetMemoryCheckpoint(const std::string& job_id, int64_t step) const;
   std::vector<v1::JobInfo> ListJobs() const;
   SessionStats Stats() const;
 

@@ -8,6 +8,7 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/session/memory_only.h"
 #include "server/session/schema.h"
 #include "server/session/status_view.h"
 
@@ -136,7 +137,8 @@ Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequ
     *record_.mutable_layout() = layout.proto();
     mesh_ = layout;
     current_ = std::make_unique<SessionMachine>(MakeSessionContext(),
-                                                context_.new_session_id(step), step, now, out);
+                                                context_.new_session_id(step), step,
+                                                request.memory_only(), now, out);
     latest_.assign(layout.world_size(), std::nullopt);
     record_.set_current_session_id(current_->record().session_id());
     LogInfo("session ", current_->record().session_id(), " opened for job ", job_id_, " step ",
@@ -157,8 +159,9 @@ Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequ
     if (rank >= last_plan_fingerprints_.size() || last_plan_fingerprints_[rank] != fingerprint) {
       response.set_send_full_plan(true);
     } else {
-      current_->SubmitPlan(rank, std::nullopt, fingerprint, request.held_plan_fingerprint(), now,
-                           out).IgnoreError();
+      current_->SubmitPlan(rank, std::nullopt, fingerprint, request.held_plan_fingerprint(),
+                           request.memory_only(), now, out)
+          .IgnoreError();
     }
   } else {
     LocalPlan plan;
@@ -167,8 +170,9 @@ Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequ
     for (v1::ShardDesc& shard : *request.mutable_shards()) plan.shards.push_back(std::move(shard));
     request.clear_shards();
     const uint64_t fingerprint = FingerprintLocalPlan(plan);
-    current_->SubmitPlan(rank, std::move(plan), fingerprint, request.held_plan_fingerprint(), now,
-                         out).IgnoreError();
+    current_->SubmitPlan(rank, std::move(plan), fingerprint, request.held_plan_fingerprint(),
+                         request.memory_only(), now, out)
+        .IgnoreError();
   }
   Fold(now, out);
   result.reply = std::move(response);
@@ -312,7 +316,18 @@ void JobCore::Fold(absl::Time now, Effects& out) {
   if (current_->ended()) {
     record_.clear_current_session_id();
     record_.set_last_session_id(session.session_id());
-    if (session.state() == v1::SESSION_STATE_COMMITTED) {
+    if (session.state() == v1::SESSION_STATE_COMMITTED && session.memory_only()) {
+      // The newest commit, in memory only: the disk's records stay as they are.
+      memory_checkpoint_ = MakeMemoryCheckpoint(
+          *current_->manifest(), session,
+          static_cast<uint32_t>(current_->plan()->tensors.size()), absl::ToUnixMillis(now));
+      PutMemoryCheckpoint(out.batch, job_id_, *memory_checkpoint_);
+    } else if (session.state() == v1::SESSION_STATE_COMMITTED) {
+      if (memory_checkpoint_.has_value()) {
+        // Superseded: the agents' memory holds this newer commit now.
+        DeleteMemoryCheckpoint(out.batch, job_id_);
+        memory_checkpoint_.reset();
+      }
       v1::CheckpointInfo info;
       info.set_step(session.step());
       info.set_dir(session.checkpoint_dir());
@@ -382,7 +397,7 @@ v1::Command JobCore::Final(const v1::SessionRecord& session) {
   final.set_step(session.step());
   final.set_seq(CommandSeq(context_.epoch, ++*context_.commands_emitted));
   if (session.state() == v1::SESSION_STATE_COMMITTED) {
-    final.mutable_committed()->set_checkpoint_dir(session.checkpoint_dir());
+    SetCommitted(session, &final);
   } else {
     *final.mutable_abort()->mutable_error() = session.error();
   }

@@ -6,7 +6,9 @@
 //   no session ──SubmitPlan(step)──► session in flight ──COMMITTED / ABORTED──► no session
 //                    │                                   (the job records latest step,
 //                    │                                    checkpoints, and the outcome to
-//                    │                                    replay to agents that missed it)
+//                    │                                    replay to agents that missed it;
+//                    │                                    a memory-only commit is recorded as
+//                    │                                    the job's memory checkpoint instead)
 //                    └── refused: STEP_EXISTS (step committed, or not newer than the latest),
 //                        SESSION_IN_PROGRESS (another step is in flight), PLAN_TOO_LARGE
 //
@@ -15,6 +17,12 @@
 //   newer step while one is in flight is refused.
 //   A job's layout is the registry's whenever no session is in flight (a job may resume on
 //   another mesh); a session keeps the layout it began with.
+//
+//   Memory-only commits (memory_only.h; DESIGN.md "Memory-only saves"). The job keeps at most
+//   one: the newest commit, if it is memory-only (agents hold one committed save in memory).
+//   A memory-only commit replaces the previous one; a disk commit deletes it. Neither kind
+//   moves the other's records: latest_committed_step and checkpoints are the disk's alone, so
+//   STEP_EXISTS is the disk's too (a step lost from memory may be saved again).
 //
 // Like SessionMachine, every event returns Effects (effects.h) that the shell carries out:
 // persist the batch, then send and reply. After the shell delivered a step's commands it calls
@@ -88,7 +96,7 @@ class JobCore {
   // recorded nothing, if the shards were omitted and the fingerprint is not the rank's in the
   // job's last plan (none after a restart: DESIGN.md "Plan caching").
   // Errors: FailedPrecondition + STEP_EXISTS if `step` is committed or not newer than the
-  // latest; FailedPrecondition + SESSION_IN_PROGRESS if another step is in flight;
+  // latest (on disk); FailedPrecondition + SESSION_IN_PROGRESS if another step is in flight;
   // InvalidArgument + PLAN_TOO_LARGE over the shard limit; InvalidArgument + MALFORMED_SHARD
   // for shards sent with shards_omitted.
   Outcome<v1::SubmitLocalPlanResponse> SubmitPlan(v1::SubmitLocalPlanRequest&& request,
@@ -130,6 +138,10 @@ class JobCore {
   // nullopt if this core does not hold it (it may be in the store).
   std::optional<v1::SessionStatus> GetSession(const std::string& session_id) const;
   const std::vector<v1::CheckpointInfo>& checkpoints() const { return checkpoints_; }
+  // The job's memory-only commit, if its newest commit is one.
+  const std::optional<v1::MemoryCheckpointRecord>& memory_checkpoint() const {
+    return memory_checkpoint_;
+  }
   v1::JobInfo Info() const;
   bool in_flight() const { return current_ != nullptr; }
   // When Tick next has something to do (InfiniteFuture if nothing is in flight).
@@ -161,6 +173,7 @@ class JobCore {
   v1::JobRecord record_;
   std::optional<MeshLayout> mesh_;  // record_.layout(), parsed
   std::vector<v1::CheckpointInfo> checkpoints_;  // newest first
+  std::optional<v1::MemoryCheckpointRecord> memory_checkpoint_;
   std::unique_ptr<SessionMachine> current_;
   // Each rank's latest delivered command of the session in flight.
   std::vector<std::optional<Outgoing>> latest_;

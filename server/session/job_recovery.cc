@@ -22,6 +22,7 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
   ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> checkpoints, ReadCheckpoints(store, job_id));
   std::unique_ptr<JobCore> job(
       new JobCore(std::move(context), *std::move(record), std::move(checkpoints)));
+  ASSIGN_OR_RETURN(job->memory_checkpoint_, ReadMemoryCheckpoint(store, job_id));
   if (job->record_.has_layout()) {
     absl::StatusOr<MeshLayout> mesh = MeshLayout::FromProto(job->record_.layout());
     if (!mesh.ok()) {

@@ -143,6 +143,22 @@ absl::StatusOr<std::shared_ptr<const v1::Manifest>> ReadStoredManifest(
   return std::make_shared<const v1::Manifest>(*std::move(manifest));
 }
 
+void PutMemoryCheckpoint(StoreBatch& batch, const std::string& job_id,
+                         const v1::MemoryCheckpointRecord& record) {
+  batch.Put(Table::kMemoryCheckpoints, job_id, record.SerializeAsString());
+}
+
+void DeleteMemoryCheckpoint(StoreBatch& batch, const std::string& job_id) {
+  batch.Delete(Table::kMemoryCheckpoints, job_id);
+}
+
+absl::StatusOr<std::optional<v1::MemoryCheckpointRecord>> ReadMemoryCheckpoint(
+    const StateStore& store, const std::string& job_id) {
+  return GetMessage<v1::MemoryCheckpointRecord>(
+      store, Table::kMemoryCheckpoints, job_id,
+      absl::StrCat("memory-only checkpoint record of job ", job_id));
+}
+
 absl::StatusOr<std::vector<v1::CheckpointInfo>> ReadCheckpoints(const StateStore& store,
                                                                 const std::string& job_id) {
   std::vector<v1::CheckpointInfo> checkpoints;

@@ -7,6 +7,8 @@
 //   plans        (job_id, fingerprint)       PlanRecord (only the job's latest plan)
 //   registry     (job_id, session_id)        Manifest of a COMMITTING session
 //   checkpoints  (job_id, step)              CheckpointInfo of a committed checkpoint
+//   memory_checkpoints  job_id               MemoryCheckpointRecord: the job's memory-only
+//                                            commit, while it is the newest commit
 //   meta         "epoch"                     the coordinator's epoch (decimal)
 //
 // Writers add to a StoreBatch; the caller commits the batch as one synced write. Readers
@@ -39,6 +41,9 @@ void PutManifest(StoreBatch& batch, const v1::Manifest& manifest);
 void DeleteManifest(StoreBatch& batch, const std::string& job_id, const std::string& session_id);
 void PutCheckpoint(StoreBatch& batch, const std::string& job_id, const v1::CheckpointInfo& info);
 void DeleteCheckpoint(StoreBatch& batch, const std::string& job_id, int64_t step);
+void PutMemoryCheckpoint(StoreBatch& batch, const std::string& job_id,
+                         const v1::MemoryCheckpointRecord& record);
+void DeleteMemoryCheckpoint(StoreBatch& batch, const std::string& job_id);
 
 // Every job record. Errors: the store's; DataLoss if one does not parse.
 absl::StatusOr<std::vector<v1::JobRecord>> ReadJobs(const StateStore& store);
@@ -60,6 +65,10 @@ absl::StatusOr<std::shared_ptr<const v1::Manifest>> ReadStoredManifest(
 // The job's committed checkpoints, newest first. Errors as ReadJobs.
 absl::StatusOr<std::vector<v1::CheckpointInfo>> ReadCheckpoints(const StateStore& store,
                                                                 const std::string& job_id);
+
+// The job's memory-only commit, nullopt if it has none. Errors as ReadJobs.
+absl::StatusOr<std::optional<v1::MemoryCheckpointRecord>> ReadMemoryCheckpoint(
+    const StateStore& store, const std::string& job_id);
 
 // Raises the stored epoch by one (one synced write) and returns it: call once per coordinator
 // start. The first start gets 1. Errors: the store's; DataLoss if the record is corrupt.

@@ -1,6 +1,7 @@
 #include "server/session/session_machine.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +9,7 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/session/memory_only.h"
 #include "server/session/schema.h"
 #include "server/session/status_view.h"
 
@@ -45,6 +47,12 @@ std::vector<int64_t> StepUnion(std::vector<int64_t> a, const std::vector<int64_t
   return a;
 }
 
+void SetCommitted(const v1::SessionRecord& session, v1::Command* command) {
+  v1::CommittedCommand* committed = command->mutable_committed();
+  committed->set_checkpoint_dir(session.checkpoint_dir());
+  committed->set_memory_only(session.memory_only());
+}
+
 std::vector<int64_t> RetireSteps(const std::vector<v1::CheckpointInfo>& checkpoints,
                                  int keep_last) {
   std::vector<int64_t> retire;
@@ -76,14 +84,17 @@ SessionMachine::SessionMachine(SessionContext context, v1::SessionRecord record,
       commit_backoff_(context_.options->commit_retry_initial) {}
 
 SessionMachine::SessionMachine(SessionContext context, std::string session_id, int64_t step,
-                               absl::Time now, Effects& out)
+                               bool memory_only, absl::Time now, Effects& out)
     : SessionMachine(std::move(context), v1::SessionRecord(), now) {
   record_.set_session_id(std::move(session_id));
   record_.set_job_id(context_.job_id);
   record_.set_step(step);
   record_.set_started_unix_ms(absl::ToUnixMillis(now));
-  record_.set_tmp_dir(
-      TmpDirPath(context_.options->storage_root, context_.job_id, step, record_.session_id()));
+  record_.set_memory_only(memory_only);
+  if (!memory_only) {  // a memory-only save writes no directory
+    record_.set_tmp_dir(
+        TmpDirPath(context_.options->storage_root, context_.job_id, step, record_.session_id()));
+  }
   EnterState(v1::SESSION_STATE_PLANNING, now, out);
 }
 
@@ -146,8 +157,8 @@ void SessionMachine::EmitCurrentPhaseCommands(Effects& out) {
 // Events
 
 absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> plan,
-                                        uint64_t fingerprint, uint64_t held, absl::Time now,
-                                        Effects& out) {
+                                        uint64_t fingerprint, uint64_t held, bool memory_only,
+                                        absl::Time now, Effects& out) {
   if (state() != v1::SESSION_STATE_PLANNING) {
     return absl::FailedPreconditionError(
         absl::StrCat("session ", record_.session_id(), " is past PLANNING"));
@@ -160,8 +171,16 @@ absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> 
   if (changed) sub.plan.reset();
   sub.fingerprint = fingerprint;
   if (plan.has_value()) sub.plan = std::move(plan);
+  sub.memory_only = memory_only;
   out.changed = true;
   if (submissions_.size() < world() || !awaiting_shards_.empty()) return absl::OkStatus();
+  std::map<uint32_t, bool> asked;
+  for (const auto& [r, s] : submissions_) asked[r] = s.memory_only;
+  if (std::optional<v1::ErrorDetail> refused = MemoryOnlyRefusal(
+          record_.memory_only(), asked, *context_.registry, context_.job_id, context_.mesh)) {
+    Abort(*std::move(refused), now, out);
+    return absl::OkStatus();
+  }
   // A repeated submission of the same plan (a re-send after a lost reply or a reconnection)
   // changes nothing: the attempt out, or the verdict given, stands.
   if (!changed && !supplied && plan_attempt_ > 0) return absl::OkStatus();
@@ -181,7 +200,6 @@ absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> 
   }
   planning_ = true;
   out.plan = std::move(work);
-  (void)now;
   return absl::OkStatus();
 }
 
@@ -476,7 +494,11 @@ void SessionMachine::Advance(absl::Time now, Effects& out) {
     case v1::SESSION_STATE_PERSISTING:
       HandOutPersist(out);
       if (all([](const RankProgress& p) { return p.persisted; }) && ledger_->complete()) {
-        BeginCommitting(now, out);
+        if (record_.memory_only()) {
+          CommitInMemory(now, out);
+        } else {
+          BeginCommitting(now, out);
+        }
       }
       break;
     default:
@@ -558,13 +580,26 @@ void SessionMachine::BeginCommitting(absl::Time now, Effects& out) {
   RequestCommit(now, out);
 }
 
+void SessionMachine::CommitInMemory(absl::Time now, Effects& out) {
+  v1::ErrorDetail diverged = ledger_->CheckReplicas(context_.mesh);
+  if (diverged.code() != v1::ERROR_CODE_UNSPECIFIED) {
+    Abort(std::move(diverged), now, out);
+    return;
+  }
+  // JobCore records it (MemoryCheckpointRecord) in the batch that records COMMITTED.
+  manifest_ = std::make_shared<const v1::Manifest>(
+      ledger_->BuildManifest(context_.job_id, record_.step(), record_.session_id(),
+                             context_.layout, absl::ToUnixMillis(now)));
+  MarkCommitted(now, out);
+}
+
 void SessionMachine::MarkCommitted(absl::Time now, Effects& out) {
   ++out.stats.commits;
   out.stats.bytes_committed += record_.bytes_total();
-  LogInfo("session ", record_.session_id(), ": COMMITTED step ", record_.step(), " at ",
-          record_.checkpoint_dir());
+  LogInfo("session ", record_.session_id(), ": COMMITTED step ", record_.step(),
+          record_.memory_only() ? " in the agents' memory only"
+                                : absl::StrCat(" at ", record_.checkpoint_dir()));
   v1::Command c;
-  c.mutable_committed()->set_checkpoint_dir(record_.checkpoint_dir());
   End(v1::SESSION_STATE_COMMITTED, std::move(c), now, out);
 }
 
@@ -577,7 +612,9 @@ void SessionMachine::Abort(v1::ErrorDetail error, absl::Time now, Effects& out) 
   }
   LogWarning("session ", record_.session_id(), " of job ", context_.job_id, " ABORTED in ",
              StateName(state()), ": ", ErrorCodeName(error.code()), ": ", error.message());
-  if (context_.options->coordinator_commits) out.remove_dirs.push_back(record_.tmp_dir());
+  if (context_.options->coordinator_commits && !record_.tmp_dir().empty()) {
+    out.remove_dirs.push_back(record_.tmp_dir());
+  }
   v1::Command c;
   *c.mutable_abort()->mutable_error() = error;
   *record_.mutable_error() = std::move(error);
@@ -605,7 +642,10 @@ void SessionMachine::End(v1::SessionState state, v1::Command final, absl::Time n
   }
   EnterState(state, now, out);
   for (RankProgress& p : ranks_) p.reached = state;  // for status
-  if (manifest_ != nullptr) DeleteManifest(out.batch, context_.job_id, record_.session_id());
+  if (manifest_ != nullptr && !record_.memory_only()) {
+    DeleteManifest(out.batch, context_.job_id, record_.session_id());
+  }
+  if (state == v1::SESSION_STATE_COMMITTED) SetCommitted(record_, &final);
   Broadcast(final, out);
 }
 
@@ -626,6 +666,7 @@ void SessionMachine::HandOutPersist(Effects& out) {
     p.persist_sent = true;
     v1::Command c;
     c.mutable_persist()->set_tmp_dir(record_.tmp_dir());
+    c.mutable_persist()->set_memory_only(record_.memory_only());
     Emit(r, std::move(c), out);
   }
 }

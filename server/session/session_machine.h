@@ -2,7 +2,8 @@
 // machine. Every rule of DESIGN.md's save protocol lives here, once.
 //
 //   PLANNING ─1─► PINNING ─2─► COPYING ─3─► PERSISTING ─4─► COMMITTING ─5─► COMMITTED
-//       │             │           │              │               │
+//       │             │           │              │  │            │                ▲
+//       │             │           │              │  └──────8 (memory-only)────────┘
 //       └──────6──────┴─────6─────┴──────6───────┘               └───7───► ABORTED
 //       (6 also from PLANNING, PINNING, COPYING, PERSISTING)        ▲
 //                                                                   └── only 6 and 7 lead here
@@ -32,6 +33,12 @@
 //     COMMIT_ROLLED_BACK provably out of the committed namespace (the commit was refused for
 //                       good, or it was rolled back because the COMMITTING deadline passed
 //                       and it still had not completed).
+//   8 (Report*)         a memory-only save (memory_only.h): as 4 — every rank PERSISTED (its
+//                       chunks checksummed in staging, nothing written), every chunk reported,
+//                       replicas match — and the manifest goes into the job's
+//                       MemoryCheckpointRecord (JobCore) with COMMITTED in the same batch.
+//                       Nothing is on disk to resolve, so there is no COMMITTING. Before that,
+//                       when every plan is in, MemoryOnlyRefusal may abort it (6).
 //
 // The commit edge. Once COMMITTING, every chunk is written: a lost agent, an error report or
 // an operator no longer ends the session, and nothing ends it by a timer alone. The deadline
@@ -102,12 +109,15 @@ std::vector<int64_t> RetireSteps(const std::vector<v1::CheckpointInfo>& checkpoi
                                  int keep_last);
 // `a` and `b` merged, ascending, without repeats.
 std::vector<int64_t> StepUnion(std::vector<int64_t> a, const std::vector<int64_t>& b);
+// The COMMITTED command of `session` (a COMMITTED record): its directory, or memory_only.
+void SetCommitted(const v1::SessionRecord& session, v1::Command* command);
 
 class SessionMachine {
  public:
-  // A new session in PLANNING; its opening is persisted in `out`.
-  SessionMachine(SessionContext context, std::string session_id, int64_t step, absl::Time now,
-                 Effects& out);
+  // A new session in PLANNING; its opening is persisted in `out`. `memory_only`: a memory-only
+  // save (memory_only.h), as its first rank asked; the others must ask the same.
+  SessionMachine(SessionContext context, std::string session_id, int64_t step, bool memory_only,
+                 absl::Time now, Effects& out);
 
   // A session recovered from the store in `record`'s state (not ended), with its plan
   // (PINNING and later) and manifest (COMMITTING). Every rank is told RESEND, then the current
@@ -123,11 +133,12 @@ class SessionMachine {
   // unless the agent sent only the fingerprint (`plan` empty). `held` is the global plan whose
   // assignment the agent holds (its PIN of that plan leaves the assignment out). When every
   // rank has submitted, emits PlanWork — again only if a fingerprint changed or shards asked
-  // for arrived, so a repeated submission is idempotent.
+  // for arrived, so a repeated submission is idempotent — or aborts (6) with
+  // MEMORY_ONLY_REFUSED where MemoryOnlyRefusal says so (`memory_only`: what the rank asked).
   // Errors: FailedPrecondition if the session is past PLANNING (the caller answers with the
   // session id: a re-submission after a lost reply).
   absl::Status SubmitPlan(uint32_t rank, std::optional<LocalPlan> plan, uint64_t fingerprint,
-                          uint64_t held, absl::Time now, Effects& out);
+                          uint64_t held, bool memory_only, absl::Time now, Effects& out);
   // The verdict of the PlanWork of `attempt` (edge 1, or 6; or, if it names ranks whose
   // shards are missing, SEND_PLAN to each and planning waits for them). Another attempt's is
   // ignored.
@@ -166,6 +177,9 @@ class SessionMachine {
     return state() == v1::SESSION_STATE_COMMITTED || state() == v1::SESSION_STATE_ABORTED;
   }
   const std::shared_ptr<const GlobalPlan>& plan() const { return plan_; }
+  // The manifest, from COMMITTING on (and once a memory-only save COMMITTED); else null.
+  const std::shared_ptr<const v1::Manifest>& manifest() const { return manifest_; }
+  bool memory_only() const { return record_.memory_only(); }
   // The ranks whose local plans arrived (PLANNING).
   std::vector<uint32_t> ranks_planned() const;
   // The session's status: record and live progress.
@@ -200,6 +214,7 @@ class SessionMachine {
   void BeginPersisting(absl::Time now, Effects& out);           // 3
   void BeginCommitting(absl::Time now, Effects& out);           // 4
   void MarkCommitted(absl::Time now, Effects& out);             // 5
+  void CommitInMemory(absl::Time now, Effects& out);            // 8
   void Abort(v1::ErrorDetail error, absl::Time now, Effects& out);        // 6
   void EndRolledBack(v1::ErrorDetail error, absl::Time now, Effects& out);  // 7
 
@@ -230,6 +245,7 @@ class SessionMachine {
   // PLANNING: what each rank submitted, until the plan is decided.
   struct Submission {
     uint64_t fingerprint = 0;       // FingerprintLocalPlan
+    bool memory_only = false;       // what the rank asked
     std::optional<LocalPlan> plan;  // its shards, while this machine holds them
   };
   absl::btree_map<uint32_t, Submission> submissions_;

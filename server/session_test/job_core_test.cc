@@ -191,6 +191,7 @@ struct AgentSetup {
   std::string node_id;
   uint64_t node_budget = 0;  // 0: no budget
   bool storage_root_mounted = false;
+  bool memory_tier = true;  // RegisterAgentRequest.memory_tier
 };
 
 class SessionManagerTest : public ::testing::Test {
@@ -233,6 +234,7 @@ class SessionManagerTest : public ::testing::Test {
     request.set_node_host_ram_budget(setups_[rank].node_budget);
     request.set_peer_address(absl::StrCat("10.0.0.", rank, ":7070"));
     request.set_storage_root_mounted(setups_[rank].storage_root_mounted);
+    request.set_memory_tier(setups_[rank].memory_tier);
     return registry_.Register(request);
   }
 
@@ -313,6 +315,7 @@ class SessionManagerTest : public ::testing::Test {
     request.set_local_plan_fingerprint(FingerprintShards(rank, plans_[rank]));
     request.set_held_plan_fingerprint(held);
     request.set_shards_omitted(omit_shards);
+    request.set_memory_only(memory_only_.count(rank) > 0);
     if (!omit_shards) {
       for (const v1::ShardDesc& s : plans_[rank]) *request.add_shards() = s;
     }
@@ -583,6 +586,7 @@ class SessionManagerTest : public ::testing::Test {
   std::vector<std::vector<v1::ShardDesc>> plans_;  // by rank
   std::vector<uint64_t> incarnations_;             // by rank
   std::vector<AgentSetup> setups_;                 // by rank
+  std::set<uint32_t> memory_only_;                 // ranks whose submissions ask memory-only
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -2177,6 +2181,212 @@ TEST_F(SessionManagerTest, Regression_AgentRetentionIncomplete_RetiredAgainWithN
   EXPECT_THAT(commit_through_agent(50, false), ElementsAre(40));
   RestartCoordinator();
   EXPECT_THAT(commit_through_agent(60, true), ElementsAre(40, 50));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Memory-only saves (server/session/memory_only.h)
+
+class MemoryOnlyTest : public SessionManagerTest {
+ protected:
+  void AskMemoryOnly(bool on) {
+    memory_only_.clear();
+    if (on) {
+      for (uint32_t r = 0; r < world(); ++r) memory_only_.insert(r);
+    }
+  }
+  // A whole memory-only save of `step`: it commits once every chunk is reported, without Tick.
+  std::string SaveInMemory(int64_t step) {
+    AskMemoryOnly(true);
+    const std::string id = SubmitAll(step);
+    PhaseAll(id, v1::AGENT_PHASE_PINNED);
+    PhaseAll(id, v1::AGENT_PHASE_STAGED);
+    GatherAll(id);
+    PersistAll(id);
+    AskMemoryOnly(false);
+    return id;
+  }
+  std::vector<v1::CheckpointInfo> List() {
+    absl::StatusOr<std::vector<v1::CheckpointInfo>> list = manager().ListCheckpoints(kJob);
+    EXPECT_TRUE(list.ok()) << list.status();
+    return list.ok() ? *list : std::vector<v1::CheckpointInfo>{};
+  }
+  // Every writer of `session_id` states its memory copy of its data file in a heartbeat.
+  void HeartbeatCopies(int64_t step, const std::string& session_id) {
+    for (uint32_t r = 0; r < world(); ++r) {
+      const v1::RankAssignment a = AssignmentOf(r, session_id);
+      std::optional<v1::MemoryCopy> copy;
+      if (!a.file().empty()) {
+        copy.emplace();
+        copy->set_step(step);
+        copy->set_session_id(session_id);
+        copy->set_file(a.file());
+        copy->set_nbytes(4096);
+      }
+      ASSERT_TRUE(registry_.Heartbeat(kJob, r, incarnations_[r], 0, copy).ok());
+    }
+  }
+};
+
+TEST_F(MemoryOnlyTest, MemoryOnly_EveryChunkReported_CommittedWithoutDiskNeverLatest) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(1);
+  ASSERT_THAT(committer_.commits(), SizeIs(1));
+
+  const std::string id = SaveInMemory(2);
+
+  // COMMITTED as soon as the last chunk is in: no COMMITTING, no disk commit, no retention.
+  const v1::SessionStatus status = Status(id);
+  EXPECT_EQ(status.state(), v1::SESSION_STATE_COMMITTED);
+  EXPECT_TRUE(status.memory_only());
+  EXPECT_TRUE(status.checkpoint_dir().empty());
+  EXPECT_THAT(PhaseStates(status),
+              ElementsAre(v1::SESSION_STATE_PLANNING, v1::SESSION_STATE_PINNING,
+                          v1::SESSION_STATE_COPYING, v1::SESSION_STATE_PERSISTING,
+                          v1::SESSION_STATE_COMMITTED));
+  AdvanceAndTick(absl::Seconds(1));
+  EXPECT_THAT(committer_.commits(), SizeIs(1));
+  EXPECT_THAT(committer_.retentions(), SizeIs(1));  // step 1's only
+  EXPECT_THAT(committer_.removed(), IsEmpty());
+  // PERSIST named no directory; COMMITTED says memory-only.
+  EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ElementsAre(0, 1, 2, 3));
+  for (const v1::Command& c : CommandsTo(0, id)) {
+    if (c.has_persist()) {
+      EXPECT_TRUE(c.persist().memory_only());
+      EXPECT_TRUE(c.persist().tmp_dir().empty());
+    }
+    if (c.has_committed()) {
+      EXPECT_TRUE(c.committed().memory_only());
+      EXPECT_TRUE(c.committed().checkpoint_dir().empty());
+    }
+  }
+  EXPECT_THAT(RanksSent(v1::Command::kCommitted, id), ElementsAre(0, 1, 2, 3));
+
+  // The disk's latest and records stay step 1's; the listing shows step 2 as memory-only.
+  EXPECT_EQ(LatestStep(), 1);
+  EXPECT_EQ(store_.TableSize(Table::kCheckpoints), 1u);
+  EXPECT_EQ(store_.TableSize(Table::kMemoryCheckpoints), 1u);
+  const std::vector<v1::CheckpointInfo> list = List();
+  ASSERT_THAT(list, SizeIs(2));
+  EXPECT_EQ(list[0].step(), 2);
+  EXPECT_TRUE(list[0].memory_only());
+  EXPECT_TRUE(list[0].dir().empty());
+  EXPECT_EQ(list[0].session_id(), id);
+  EXPECT_EQ(list[0].chunks(), 3u);
+  // No agent has stated a copy yet: no file is in memory.
+  std::vector<std::string> files;
+  for (uint32_t r : Writers(id)) files.push_back(DataFileName(r));
+  ASSERT_THAT(files, SizeIs(3));
+  EXPECT_THAT(list[0].files_not_in_memory(), ::testing::ElementsAreArray(files));
+  EXPECT_EQ(list[1].step(), 1);
+  EXPECT_FALSE(list[1].memory_only());
+  EXPECT_EQ(list[1].dir(), FinalDir(1));
+
+  // The manifest, with every block checksum, is kept by the coordinator.
+  absl::StatusOr<v1::Manifest> manifest = manager().GetMemoryCheckpoint(kJob, 2);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->session_id(), id);
+  EXPECT_EQ(manifest->step(), 2);
+  ASSERT_THAT(manifest->tensors(), SizeIs(2));
+  EXPECT_EQ(manifest->tensors(0).chunks(0).block_xxh3_size(), 4);
+  absl::StatusOr<v1::Manifest> newest = manager().GetMemoryCheckpoint(kJob, -1);
+  ASSERT_TRUE(newest.ok()) << newest.status();
+  EXPECT_EQ(newest->step(), 2);
+
+  // Once the writers state their copies, every file is in memory.
+  HeartbeatCopies(2, id);
+  EXPECT_THAT(List()[0].files_not_in_memory(), IsEmpty());
+}
+
+TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestart_StillRecordedAsMemoryOnly) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(1);
+  const std::string id = SaveInMemory(2);
+  absl::StatusOr<v1::Manifest> before = manager().GetMemoryCheckpoint(kJob, 2);
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  RestartCoordinator();
+
+  EXPECT_EQ(LatestStep(), 1);
+  const std::vector<v1::CheckpointInfo> list = List();
+  ASSERT_THAT(list, SizeIs(2));
+  EXPECT_EQ(list[0].step(), 2);
+  EXPECT_TRUE(list[0].memory_only());
+  EXPECT_EQ(list[0].session_id(), id);
+  absl::StatusOr<v1::Manifest> after = manager().GetMemoryCheckpoint(kJob, 2);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->SerializeAsString(), before->SerializeAsString());
+  // A rank that missed the verdict is told memory-only COMMITTED again.
+  std::optional<v1::Command> replay = manager().CurrentCommand(kJob, 3);
+  ASSERT_TRUE(replay.has_value());
+  ASSERT_TRUE(replay->has_committed());
+  EXPECT_TRUE(replay->committed().memory_only());
+}
+
+TEST_F(MemoryOnlyTest, MemoryOnly_NewerCommits_Supersede) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(1);
+  SaveInMemory(2);
+  const std::string three = SaveInMemory(3);
+
+  // A newer memory-only commit replaces the older one.
+  std::vector<v1::CheckpointInfo> list = List();
+  ASSERT_THAT(list, SizeIs(2));
+  EXPECT_EQ(list[0].step(), 3);
+  EXPECT_TRUE(list[0].memory_only());
+  EXPECT_EQ(manager().GetMemoryCheckpoint(kJob, 2).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(manager().GetMemoryCheckpoint(kJob, 2).status().message()),
+              HasSubstr("its memory-only commit is step 3"));
+
+  // A disk commit deletes it: the agents' memory holds that one now.
+  SaveAndCommit(4);
+  list = List();
+  EXPECT_THAT(Steps(list), ElementsAre(4, 1));
+  EXPECT_FALSE(list[0].memory_only());
+  EXPECT_EQ(LatestStep(), 4);
+  EXPECT_EQ(store_.TableSize(Table::kMemoryCheckpoints), 0u);
+  const absl::Status gone = manager().GetMemoryCheckpoint(kJob, -1).status();
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(GetErrorCode(gone), v1::ERROR_CODE_CHECKPOINT_NOT_FOUND);
+  RestartCoordinator();
+  EXPECT_THAT(CheckpointSteps(), ElementsAre(4, 1));
+}
+
+TEST_F(MemoryOnlyTest, MemoryOnly_AgentTierOff_RefusedBeforeStaging) {
+  StartJob("tp=2,dp=2", [](uint32_t r) {
+    AgentSetup setup{absl::StrCat("node-", r)};
+    setup.memory_tier = r != 2;
+    return setup;
+  });
+  UseTpDpPlans();
+  SaveAndCommit(1);
+  AskMemoryOnly(true);
+  const std::string id = SubmitAll(2);
+  EXPECT_THAT(RanksSent(v1::Command::kPin, id), IsEmpty());
+  EXPECT_THAT(RanksSent(v1::Command::kAbort, id), ElementsAre(0, 1, 2, 3));
+  const v1::ErrorDetail error = AbortErrorOf(0, id);
+  EXPECT_EQ(error.code(), v1::ERROR_CODE_MEMORY_ONLY_REFUSED);
+  EXPECT_THAT(error.message(), HasSubstr("rank 2 runs with --memory_tier=false"));
+  EXPECT_THAT(Ranks(error), ElementsAre(2));
+  EXPECT_EQ(State(id), v1::SESSION_STATE_ABORTED);
+  EXPECT_EQ(LatestStep(), 1);
+  EXPECT_THAT(CheckpointSteps(), ElementsAre(1));
+  manager().Tick();
+  EXPECT_THAT(committer_.removed(), IsEmpty());  // no directory was ever named
+}
+
+TEST_F(MemoryOnlyTest, MemoryOnly_RanksDisagree_Refused) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  memory_only_ = {0, 1, 3};  // rank 2 asks for a disk save
+  const std::string id = SubmitAll(5);
+  EXPECT_THAT(RanksSent(v1::Command::kPin, id), IsEmpty());
+  const v1::ErrorDetail error = AbortErrorOf(1, id);
+  EXPECT_EQ(error.code(), v1::ERROR_CODE_MEMORY_ONLY_REFUSED);
+  EXPECT_THAT(error.message(), HasSubstr("rank 2 asked for a disk save"));
+  EXPECT_THAT(Ranks(error), ElementsAre(2));
 }
 
 }  // namespace

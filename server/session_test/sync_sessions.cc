@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/session/memory_only.h"
 #include "server/session/plan_work.h"
 #include "server/session/schema.h"
 #include "server/session/status_view.h"
@@ -226,7 +227,15 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> SyncSessions::ListCheckpoints(
     const std::string& job_id) const {
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
-  return it->second->checkpoints();
+  return ListCheckpointsWithMemory(it->second->checkpoints(), it->second->memory_checkpoint(),
+                                   *registry_, job_id);
+}
+
+absl::StatusOr<v1::Manifest> SyncSessions::GetMemoryCheckpoint(const std::string& job_id,
+                                                               int64_t step) const {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
+  return MemoryManifest(it->second->memory_checkpoint(), job_id, step);
 }
 
 std::vector<v1::JobInfo> SyncSessions::ListJobs() const {

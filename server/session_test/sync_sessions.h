@@ -52,6 +52,7 @@ class SyncSessions {
                                                const std::string& session_id) const;
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(
       const std::string& job_id) const;
+  absl::StatusOr<v1::Manifest> GetMemoryCheckpoint(const std::string& job_id, int64_t step) const;
   std::vector<v1::JobInfo> ListJobs() const;
   const SessionStats& stats() const { return stats_; }
 

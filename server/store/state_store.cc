@@ -23,6 +23,8 @@ absl::string_view TableName(Table table) {
       return "checkpoints";
     case Table::kMeta:
       return "meta";
+    case Table::kMemoryCheckpoints:
+      return "memory_checkpoints";
   }
   return "unknown";
 }

@@ -37,15 +37,17 @@ enum class Table {
   kChunks,       // per-chunk progress of sessions in flight (pruned on commit)
   kCheckpoints,  // manifest summaries of committed checkpoints
   kMeta,         // store-wide records (schema version, ...)
+  kMemoryCheckpoints,  // memory-only commits (DESIGN.md "Memory-only saves")
 };
 
-inline constexpr std::array<Table, 8> kAllTables = {
+inline constexpr std::array<Table, 9> kAllTables = {
     Table::kAgents,   Table::kJobs,   Table::kSessions,    Table::kPlans,
     Table::kRegistry, Table::kChunks, Table::kCheckpoints, Table::kMeta,
+    Table::kMemoryCheckpoints,
 };
 
-// "agents", "jobs", "sessions", "plans", "registry", "chunks", "checkpoints", "meta": the
-// column family names on disk, so they never change. "unknown" for a value outside the enum.
+// "agents", "jobs", "sessions", "plans", "registry", "chunks", "checkpoints", "meta",
+// "memory_checkpoints": the column family names on disk, so they never change. "unknown" for a value outside the enum.
 absl::string_view TableName(Table table);
 
 // The table named `name` by TableName, if any.

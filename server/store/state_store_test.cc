@@ -462,7 +462,7 @@ TEST(TableName, EveryTable_DistinctNameThatRoundTrips) {
     EXPECT_EQ(TableFromName(TableName(table)), table);
   }
   EXPECT_THAT(names, ElementsAre("agents", "jobs", "sessions", "plans", "registry", "chunks",
-                                 "checkpoints", "meta"));
+                                 "checkpoints", "meta", "memory_checkpoints"));
   EXPECT_EQ(TableFromName("default"), std::nullopt);
 }
 
