@@ -255,6 +255,19 @@ int main(int argc, char** argv) {
       if (!found.ok()) return found.status();
       return std::vector<tessera::v1::MemoryCopy>(found->copies().begin(), found->copies().end());
     };
+    loader_options.memory_manifest =
+        [&coordinator, &job, urank, incarnation](
+            int64_t step) -> absl::StatusOr<tessera::v1::Manifest> {
+      tessera::v1::GetMemoryCheckpointRequest request;
+      request.set_job_id(job);
+      request.set_rank(urank);
+      request.set_incarnation(incarnation);
+      request.set_step(step);
+      absl::StatusOr<tessera::v1::GetMemoryCheckpointResponse> found =
+          coordinator.GetMemoryCheckpoint(request);
+      if (!found.ok()) return found.status();
+      return std::move(*found->mutable_manifest());
+    };
     loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy) {
       return tessera::ReadMemoryCopy(PeerChannel(copy.peer_address()), job, copy,
                                      kMemoryCopyTimeout);
@@ -293,6 +306,7 @@ int main(int argc, char** argv) {
       Hostname()));
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);
+  registration.set_memory_tier(memory_on);
 
   tessera::LifelineOptions lifeline_options;
   if (memory_on) {

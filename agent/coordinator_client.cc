@@ -79,4 +79,17 @@ absl::StatusOr<v1::FindMemoryCopiesResponse> GrpcCoordinatorClient::FindMemoryCo
       });
 }
 
+absl::StatusOr<v1::GetMemoryCheckpointResponse> CoordinatorClient::GetMemoryCheckpoint(
+    const v1::GetMemoryCheckpointRequest&) {
+  return absl::UnimplementedError("this coordinator client does not find memory checkpoints");
+}
+
+absl::StatusOr<v1::GetMemoryCheckpointResponse> GrpcCoordinatorClient::GetMemoryCheckpoint(
+    const v1::GetMemoryCheckpointRequest& request) {
+  return Unary<v1::GetMemoryCheckpointResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::GetMemoryCheckpointResponse* response) {
+        return stub_->GetMemoryCheckpoint(ctx, request, response);
+      });
+}
+
 }  // namespace tessera

@@ -43,6 +43,11 @@ class CoordinatorClient {
   // The default (fakes that do not serve it) is Unimplemented.
   virtual absl::StatusOr<v1::FindMemoryCopiesResponse> FindMemoryCopies(
       const v1::FindMemoryCopiesRequest& request);
+
+  // Errors: as Coordinator.GetMemoryCheckpoint; Unavailable / DeadlineExceeded if unreachable.
+  // The default (fakes that do not serve it) is Unimplemented.
+  virtual absl::StatusOr<v1::GetMemoryCheckpointResponse> GetMemoryCheckpoint(
+      const v1::GetMemoryCheckpointRequest& request);
 };
 
 class GrpcCoordinatorClient : public CoordinatorClient {
@@ -62,6 +67,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
       const v1::ReportChunksRequest& request) override;
   absl::StatusOr<v1::FindMemoryCopiesResponse> FindMemoryCopies(
       const v1::FindMemoryCopiesRequest& request) override;
+  absl::StatusOr<v1::GetMemoryCheckpointResponse> GetMemoryCheckpoint(
+      const v1::GetMemoryCheckpointRequest& request) override;
 
   v1::Coordinator::Stub* stub() { return stub_.get(); }
 

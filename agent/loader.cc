@@ -1,11 +1,13 @@
 #include "agent/loader.h"
 
 #include <algorithm>
+#include <map>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/box.h"
@@ -21,6 +23,41 @@ namespace {
 
 uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
+// The data files `reads` read (the reader's plan names each run's chunk), that `view` does not
+// hold. Empty if the reads cannot be planned (Read reports the same error).
+absl::flat_hash_set<std::string> FilesNotInView(const CheckpointReader& reader,
+                                                const std::vector<ReadRequest>& reads,
+                                                const ResidentView& view) {
+  absl::flat_hash_set<std::string> files;
+  absl::StatusOr<std::vector<RequestPlan>> plans = reader.Plan(reads);
+  if (!plans.ok()) return files;
+  for (const RequestPlan& plan : *plans) {
+    for (const ByteRun& run : plan.runs) {
+      if (!view.files.contains(run.chunk->file())) files.insert(run.chunk->file());
+    }
+  }
+  return files;
+}
+
+// A memory-only checkpoint whose `missing` files no memory copy holds: it cannot be loaded.
+absl::Status MemoryCopyLost(const CheckpointReader& reader,
+                            const absl::flat_hash_set<std::string>& missing) {
+  std::map<std::string, uint32_t> writers;  // sorted, for a stable message
+  for (const v1::TensorEntry& tensor : reader.manifest().tensors()) {
+    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
+      if (missing.contains(chunk.file())) writers[chunk.file()] = chunk.writer_rank();
+    }
+  }
+  std::vector<std::string> named;
+  for (const auto& [file, rank] : writers) named.push_back(absl::StrCat(file, " (rank ", rank, ")"));
+  return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_MEMORY_COPY_LOST,
+                   absl::StrCat("step ", reader.manifest().step(),
+                                " is a memory-only checkpoint and no live agent holds ",
+                                absl::StrJoin(named, ", "),
+                                " in memory: it can no longer be loaded; load a checkpoint on "
+                                "disk instead (step -1: the latest)"));
+}
+
 }  // namespace
 
 uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<ReadRequest>& reads,
@@ -31,15 +68,7 @@ uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<R
     return c.rank() != rank_ && !c.peer_address().empty() && !view.files.contains(c.file());
   });
   if (!offered) return 0;
-  // The files this load reads: the reader's plan names each run's chunk and file.
-  absl::StatusOr<std::vector<RequestPlan>> plans = reader.Plan(reads);
-  if (!plans.ok()) return 0;  // Read reports the same error
-  absl::flat_hash_set<std::string> files;
-  for (const RequestPlan& plan : *plans) {
-    for (const ByteRun& run : plan.runs) {
-      if (!view.files.contains(run.chunk->file())) files.insert(run.chunk->file());
-    }
-  }
+  const absl::flat_hash_set<std::string> files = FilesNotInView(reader, reads, view);
   if (files.empty()) return 0;
   // Each needed file's size as the manifest implies it: its last chunk's end, 4 KiB-aligned.
   absl::flat_hash_map<std::string, uint64_t> needed;
@@ -111,6 +140,14 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
     }
   }
   staged.staging_time = absl::Now() - staging_start;
+  if (!reader.on_disk()) {
+    // Memory-only: what no copy holds cannot be read from anywhere. Said before reading.
+    const absl::flat_hash_set<std::string> missing = FilesNotInView(reader, reads, resident);
+    if (!missing.empty()) {
+      staging_->ReleaseAll();
+      return MemoryCopyLost(reader, missing);
+    }
+  }
   absl::StatusOr<std::vector<ReadResult>> results =
       reader.Read(reads, &staged.stats, resident.files.empty() ? nullptr : &resident.files);
   if (!results.ok()) {
@@ -143,20 +180,10 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   if (job_dir_.empty()) {
     return absl::FailedPreconditionError("the agent is not registered with a coordinator yet");
   }
-  int64_t step = request.step();
-  if (step < 0) {
-    absl::StatusOr<int64_t> latest = LatestStep(*storage_, job_dir_);
-    if (!latest.ok()) return latest.status();
-    if (*latest < 0) {
-      return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_CHECKPOINT_NOT_FOUND,
-                       absl::StrCat("no committed checkpoint in ", job_dir_));
-    }
-    step = *latest;
-  }
   const absl::Time start = absl::Now();
-  const std::string dir = absl::StrCat(job_dir_, "/", StepDirName(step));
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(storage_, dir);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenLocked(request.step());
   if (!reader.ok()) return reader.status();
+  const int64_t step = (*reader)->manifest().step();
   JoinReleaserLocked();  // its ReleaseAll must not run after our Acquire
   ReleaseCurrentLocked();
 
@@ -234,6 +261,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   response.set_bytes_from_disk(stats.bytes_read);
   response.set_memory_blocks_rejected(stats.memory_blocks_rejected);
   response.set_bytes_fetched_from_peers(fetched);
+  response.set_memory_only(!(*reader)->on_disk());
   current_load_ = response.load_id();
   // One line per load, split where the time goes: opening (manifest), staging (making the load
   // region, finding and fetching copies; none in place), then the reads (bandwidth over the
@@ -242,7 +270,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   const double read_s = absl::ToDoubleSeconds(read_end - read_start - staged->staging_time);
   const double read_mib_s =
       read_s > 0 ? static_cast<double>(stats.bytes_read) / read_s / (1 << 20) : 0;
-  LogInfo("load ", response.load_id(), " step=", step, " shards=", request.shards_size(),
+  LogInfo("load ", response.load_id(), " step=", step,
+          response.memory_only() ? " memory_only=1" : "", " shards=", request.shards_size(),
           " in_place=", in_place ? 1 : 0, " bytes=", stats.bytes_copied,
           " read_bytes=", stats.bytes_read, " memory_bytes=", stats.bytes_from_memory,
           " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
@@ -250,6 +279,46 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
           " staging_ms=", absl::ToDoubleMilliseconds(staged->staging_time),
           " read_ms=", read_s * 1e3, " read_mib_s=", read_mib_s);
   return response;
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t step) {
+  if (step < -2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, " is not a step: use >= 0, -1 (the latest on disk) or -2 (the newest, "
+        "a memory-only commit included)"));
+  }
+  auto open_disk = [&](int64_t s) {
+    return CheckpointReader::Open(storage_, absl::StrCat(job_dir_, "/", StepDirName(s)));
+  };
+  auto open_memory = [&](const v1::Manifest& manifest) {
+    return CheckpointReader::FromManifest(
+        manifest, absl::StrCat("memory-only step ", manifest.step()));
+  };
+  if (step >= 0) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> disk = open_disk(step);
+    if (!absl::IsNotFound(disk.status()) || !options_.memory_manifest) return disk;
+    absl::StatusOr<v1::Manifest> memory = options_.memory_manifest(step);
+    if (memory.ok()) return open_memory(*memory);
+    if (absl::IsNotFound(memory.status())) return disk;  // neither on disk nor in memory
+    return absl::UnavailableError(absl::StrCat(
+        "step ", step, " is not on disk, and the coordinator could not say whether it is a "
+        "memory-only commit: ", memory.status().message()));
+  }
+  ASSIGN_OR_RETURN(int64_t latest, LatestStep(*storage_, job_dir_));
+  if (step == -2 && options_.memory_manifest) {
+    absl::StatusOr<v1::Manifest> memory = options_.memory_manifest(-1);
+    if (memory.ok() && memory->step() > latest) return open_memory(*memory);
+    if (!memory.ok() && !absl::IsNotFound(memory.status())) {
+      return absl::UnavailableError(absl::StrCat(
+          "the coordinator could not say whether a memory-only commit is newer than the latest "
+          "checkpoint on disk: ", memory.status().message()));
+    }
+  }
+  if (latest < 0) {
+    return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_CHECKPOINT_NOT_FOUND,
+                     absl::StrCat("no committed checkpoint in ", job_dir_));
+  }
+  return open_disk(latest);
 }
 
 void Loader::ReleaseCurrentLocked() {

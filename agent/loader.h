@@ -1,4 +1,6 @@
-// Loader: serves the trainer's Load. Resolves the step (-1: the newest committed one), reads
+// Loader: serves the trainer's Load. Resolves the step (LoadRequest.step: -1 the latest disk
+// checkpoint, -2 the newest commit, a memory-only one included; a step with no disk
+// checkpoint is looked up among memory-only commits), reads
 // every requested piece with resharding (format/checkpoint_reader.h: only the byte runs it
 // needs, checksums verified) into a staging region the trainer maps, and keeps the region
 // until ReleaseLoad. One load is staged at a time: a new Load releases the previous one.
@@ -14,6 +16,13 @@
 // shards lie in it, and the load holds the region until ReleaseLoad (no save writes a held
 // region). Otherwise — another layout, other files, a block that does not match — the load
 // takes the copying path above.
+//
+// Memory-only checkpoints (DESIGN.md "Memory-only saves"): the manifest comes from the
+// coordinator (LoaderOptions::memory_manifest), and every byte from memory copies — in place or
+// copied, verified block by block the same way — since there is no file: a data file no live
+// agent holds fails the load before anything is read (NotFound + MEMORY_COPY_LOST naming the
+// files and their writers), a block that does not match fails it (DataLoss +
+// CHECKSUM_MISMATCH). Never an older step instead, never an unverified byte.
 //
 // Thread-safety: all methods are safe for concurrent use (loads are serialized).
 #ifndef TESSERA_AGENT_LOADER_H_
@@ -55,6 +64,10 @@ struct LoaderOptions {
   // Reads a copy that an agent on another node holds (a buddy's, after this node replaced a
   // lost one); only files the load needs are read. Default: none (copies on this node only).
   FetchMemoryCopy fetch_copy;
+  // The manifest of the job's memory-only commit of `step` (-1: whatever its step), from the
+  // coordinator (Coordinator.GetMemoryCheckpoint); NotFound if it has none of that step.
+  // Default: none (memory-only checkpoints cannot be loaded).
+  std::function<absl::StatusOr<v1::Manifest>(int64_t step)> memory_manifest;
   // Most bytes one load reads from other nodes' copies (they sit in this agent's heap until
   // the load's reads are done). Default: 0, meaning the load staging pool's budget.
   uint64_t max_fetch_bytes = 0;
@@ -72,7 +85,10 @@ class Loader {
 
   // Reads the requested shards. Blocks for the reads.
   // Errors: FailedPrecondition before SetJobDir; NotFound + CHECKPOINT_NOT_FOUND if the step
-  // (or any checkpoint, for -1) is not committed; InvalidArgument if a shard is malformed, a
+  // (or any checkpoint, for -1 and -2) is not committed; InvalidArgument for a step below -2;
+  // NotFound + MEMORY_COPY_LOST if the step is memory-only and a data file it needs is in no
+  // live agent's memory; Unavailable if the coordinator cannot say which memory-only commit
+  // there is (-2, or a step with no disk checkpoint); InvalidArgument if a shard is malformed, a
   // key is missing or its dtype/shape differs (SHAPE_MISMATCH); DataLoss + CHECKSUM_MISMATCH
   // naming tensor, chunk, file and block; ResourceExhausted if staging does not fit.
   absl::StatusOr<v1::LoadResponse> Load(const v1::LoadRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
@@ -83,6 +99,11 @@ class Loader {
   void Release(const std::string& load_id) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // The checkpoint `step` (LoadRequest.step) resolves to: on disk, or memory-only.
+  // Errors: as Load's for resolving the step.
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenLocked(int64_t step)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Waits for a background release to finish.
   void JoinReleaserLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Releases the current load's region or hold at once (a new Load replaces it).

@@ -149,6 +149,7 @@ SaveEffects SaveCore::BeginSave(absl::Time now, uint64_t ticket, v1::BeginSaveRe
   header.set_incarnation(options_.incarnation);
   header.set_step(request.step());
   header.set_plan_fingerprint(request.plan_fingerprint());
+  header.set_memory_only(request.memory_only());
   header.set_local_plan_fingerprint(FingerprintShards(options_.rank, request.shards()));
   const bool held = held_plan_.has_value() &&
                     held_plan_->local_fingerprint == header.local_plan_fingerprint();
@@ -643,7 +644,10 @@ void SaveCore::HandleGather(absl::Time now, Session& s, const v1::GatherCommand&
 
 void SaveCore::HandlePersist(Session& s, const v1::PersistCommand& persist, SaveEffects& fx) {
   if (s.phase != SavePhase::kGathered) return;  // R1
-  const std::string dir = TmpDirPath(storage_root_, options_.job_id, s.step, s.id);
+  // R12: a memory-only save names no directory and writes nothing.
+  const std::string dir = persist.memory_only()
+                              ? std::string()
+                              : TmpDirPath(storage_root_, options_.job_id, s.step, s.id);
   if (absl::Status bad = CheckPath("PERSIST's tmp_dir", persist.tmp_dir(), dir); !bad.ok()) {
     Fail(s, v1::ERROR_CODE_IO_ERROR, bad, fx);
     return;
@@ -654,7 +658,7 @@ void SaveCore::HandlePersist(Session& s, const v1::PersistCommand& persist, Save
   }
   s.phase = SavePhase::kPersisting;  // edge 9
   if (s.layout->file.has_value()) s.written_dir = dir;
-  StartWork(s, PersistWork{dir, s.layout, s.memory.data}, fx);
+  StartWork(s, PersistWork{dir, s.layout, s.memory.data, persist.memory_only()}, fx);
 }
 
 void SaveCore::HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx) {
@@ -1130,7 +1134,10 @@ void SaveCore::End(Session& s, absl::Status outcome, std::string checkpoint_dir,
   s.waiters.clear();
   if (s.phase == SavePhase::kCommitted) {
     ++committed_;
-    Log(fx, Severity::kInfo, absl::StrCat(Describe(s), " committed at ", s.checkpoint_dir));
+    Log(fx, Severity::kInfo,
+        absl::StrCat(Describe(s), s.checkpoint_dir.empty()
+                                      ? std::string(" committed in memory only")
+                                      : absl::StrCat(" committed at ", s.checkpoint_dir)));
   }
   if (!s.orphaned) finished_.push_back(s.id);
 }

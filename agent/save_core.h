@@ -101,6 +101,10 @@
 //    `resident`, which keeps it for loads of that checkpoint unless another save has acquired
 //    staging since (a verdict that arrives late; StagingPool::Retain refuses it). A session
 //    that failed, never wrote, or only committed (COMMIT_ONLY) hands nothing.
+// R12 Memory-only saves (DESIGN.md "Memory-only saves"). A PERSIST with memory_only names no
+//    directory (R4 expects the empty path) and its work writes nothing: it checksums the data
+//    file's chunks in staging and reports them (PersistWork::memory_only). Its COMMITTED names
+//    no directory either; R11 keeps its staging as for any save — that is where it lives.
 //
 // Thread-safety: none. One caller at a time (the shell holds its mutex around every call).
 #ifndef TESSERA_AGENT_SAVE_CORE_H_

@@ -93,9 +93,11 @@ struct GatherWork {
 
 // WriteShards: write this rank's data file into `dir` (agent/save_work.h).
 struct PersistWork {
-  std::string dir;  // the session's temporary directory, checked by the core
+  std::string dir;  // the session's temporary directory, checked by the core; empty if memory_only
   std::shared_ptr<const StagingLayout> layout;
   const void* staging = nullptr;
+  // Checksum the chunks in staging and write nothing (save_core.h R12): DescribeShards.
+  bool memory_only = false;
 };
 
 // ResolveAndRetain: resolve the commit from the disk, then apply retention if committed.

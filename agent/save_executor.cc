@@ -350,8 +350,13 @@ void SaveExecutor::Run(const SaveWork& work) {
           [&](const PersistWork& persist) {
             ShardWriterOptions writer = options_.writer;
             writer.writer_rank = options_.core.rank;
+            // The coordinator admits memory-only saves only of agents that registered with
+            // their tier on; this refuses one all the same rather than lose it.
             absl::StatusOr<std::vector<v1::ChunkReport>> chunks =
-                WriteShards(*storage_, persist, writer);
+                persist.memory_only && options_.memory_tier == nullptr
+                    ? absl::FailedPreconditionError(
+                          "a memory-only save on an agent whose memory tier is off")
+                    : WriteShards(*storage_, persist, writer);
             Drive([&](SaveCore& core, absl::Time now) {
               return core.OnPersisted(now, id, std::move(chunks));
             });

@@ -54,15 +54,21 @@ absl::StatusOr<std::vector<v1::ChunkReport>> WriteShards(Storage& storage,
   const StagingLayout& layout = *work.layout;
   std::vector<v1::ChunkReport> chunks;
   if (!layout.file.has_value()) return chunks;
-  if (absl::Status dirs = storage.CreateDirs(work.dir); !dirs.ok()) return dirs;
-  absl::StatusOr<WrittenFile> written =
-      ShardWriter::WriteFile(storage, work.dir, layout.file_name, *layout.file, work.staging,
-                             options);
-  if (!written.ok()) return written.status();
-  for (size_t i = 0; i < written->chunks.size(); ++i) {
+  absl::StatusOr<std::vector<v1::ChunkEntry>> entries;
+  if (work.memory_only) {
+    entries = ShardWriter::Describe(layout.file_name, *layout.file, work.staging, options);
+  } else {
+    if (absl::Status dirs = storage.CreateDirs(work.dir); !dirs.ok()) return dirs;
+    absl::StatusOr<WrittenFile> written = ShardWriter::WriteFile(
+        storage, work.dir, layout.file_name, *layout.file, work.staging, options);
+    if (!written.ok()) return written.status();
+    entries = std::move(written->chunks);
+  }
+  if (!entries.ok()) return entries.status();
+  for (size_t i = 0; i < entries->size(); ++i) {
     v1::ChunkReport& report = chunks.emplace_back();
     report.set_key(layout.file->items[i].key);
-    *report.mutable_chunk() = std::move(written->chunks[i]);
+    *report.mutable_chunk() = std::move((*entries)[i]);
   }
   return chunks;
 }

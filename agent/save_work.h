@@ -48,7 +48,10 @@ absl::StatusOr<std::vector<v1::ReplicaHash>> GatherSlices(PeerTransport& peers,
 // PERSIST: creates work.dir (and parents) and writes the layout's data file from staging
 // (ShardWriter::WriteFile, which records options.writer_rank as each chunk's writer); returns
 // one ChunkReport per chunk written. A layout without a file writes nothing and returns none.
-// Errors: as Storage::CreateDirs and ShardWriter::WriteFile (IO_ERROR with the path).
+// With work.memory_only, nothing is created or written: the chunks are described from staging
+// (ShardWriter::Describe), as they would be written.
+// Errors: as Storage::CreateDirs and ShardWriter::WriteFile (IO_ERROR with the path), or
+// ShardWriter::Describe.
 absl::StatusOr<std::vector<v1::ChunkReport>> WriteShards(Storage& storage,
                                                          const PersistWork& work,
                                                          const ShardWriterOptions& options);

@@ -125,6 +125,8 @@ grpc::ServerUnaryReactor* TrainerService::WaitCommitted(grpc::CallbackServerCont
                              if (dir.ok()) {
                                response->set_checkpoint_dir(*dir);
                                response->set_step(step);
+                               // A disk commit always names its directory.
+                               response->set_memory_only(dir->empty());
                              }
                              reactor->Finish(ToGrpcStatus(dir.status()));
                            });

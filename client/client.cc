@@ -242,7 +242,8 @@ absl::Status Client::CopyLocked(absl::Span<const TensorRef> tensors,
   return status;
 }
 
-absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef> tensors) {
+absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef> tensors,
+                                        SaveOptions save_options) {
   const absl::Time start = absl::Now();
   if (step < 0) {
     return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
@@ -256,6 +257,7 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
 
   v1::BeginSaveRequest request;
   request.set_step(step);
+  request.set_memory_only(save_options.memory_only);
   request.set_plan_fingerprint(PlanFingerprint(shards));
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
@@ -366,9 +368,11 @@ absl::StatusOr<std::string> Client::WaitCommitted(int64_t step, absl::Duration t
 }
 
 absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef> into) {
-  if (step < -1) {
+  if (step < kNewestStep) {
     return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
-                     absl::StrCat("step must be >= 0, or -1 for the latest, not ", step));
+                     absl::StrCat("step must be >= 0, or -1 for the latest on disk, or -2 for "
+                                  "the newest (a memory-only commit included), not ",
+                                  step));
   }
   for (size_t i = 0; i < into.size(); ++i) {
     if (into[i].state_absent) {
@@ -424,6 +428,7 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   result.bytes_from_disk = response.bytes_from_disk();
   result.memory_blocks_rejected = response.memory_blocks_rejected();
   result.bytes_fetched_from_peers = response.bytes_fetched_from_peers();
+  result.memory_only = response.memory_only();
   std::vector<bool> absent(into.size(), false);
   for (uint32_t index : response.absent()) {
     if (index >= into.size() || absent[index] ||

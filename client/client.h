@@ -16,6 +16,11 @@
 // If step 3 fails after BeginSave succeeded, Save returns the error without calling Staged;
 // the session then aborts on the coordinator's COPYING timeout.
 //
+// A memory-only save (SaveOptions::memory_only; DESIGN.md "Memory-only saves") commits once
+// every rank's bytes are staged, checksummed and kept in the agents' memory: nothing is written
+// to disk, it never becomes the latest on disk, and it is lost with the agents that hold it
+// (and their buddies). Load it by its step, or as kNewestStep.
+//
 // A load: Load(step | -1 for latest, tensors) sends the pieces wanted in the current layout;
 // the agent reads, reshards and verifies them into staging — or, restarting in the layout that
 // saved, hands out its resident copy of the step, verified where it lies (DESIGN.md "Memory
@@ -117,6 +122,18 @@ struct ClientOptions {
   size_t max_plan_request_bytes = kMaxPlanRequestBytes;
 };
 
+// The latest checkpoint on disk, for Load.
+inline constexpr int64_t kLatestStep = -1;
+// The newest commit, for Load: a memory-only one if it is newer than the latest on disk.
+inline constexpr int64_t kNewestStep = -2;
+
+struct SaveOptions {
+  // Commit in the agents' memory only, not on disk (DESIGN.md "Memory-only saves"). Every rank
+  // of the save must say the same, and every agent must run with its memory tier on.
+  // Default: false.
+  bool memory_only = false;
+};
+
 struct SaveResult {
   std::string session_id;
   // Wall time from Save()'s entry to its return: how long training was blocked.
@@ -142,6 +159,8 @@ struct LoadResult {
   uint64_t memory_blocks_rejected = 0;
   // Of bytes_from_memory: read over the network from other nodes' agents (buddy copies).
   uint64_t bytes_fetched_from_peers = 0;
+  // The step loaded is a memory-only commit (every byte came from memory).
+  bool memory_only = false;
 };
 
 // Counters for tests and metrics.
@@ -183,11 +202,14 @@ class Client {
   // (STEP_EXISTS, SESSION_IN_PROGRESS); Aborted (AGENT_LOST, TIMEOUT, ADMISSION_DENIED);
   // Unavailable if the agent (or its coordinator) is unreachable; DeadlineExceeded after
   // options.begin_save_timeout. Internal if the agent's slots do not match the request.
+  // With save_options.memory_only: FailedPrecondition + MEMORY_ONLY_REFUSED if ranks disagree
+  // on it or an agent's memory tier is off (before any copy; nothing committed is touched).
   // While copying: errors of MapStaging (NotFound if the region is gone; ResourceExhausted
   // if it cannot be pinned); Internal for a failed CUDA copy or an earlier failed kernel. From
   // Staged: Aborted if the session aborted meanwhile; NotFound for a session the agent does not
   // know; Unavailable / DeadlineExceeded.
-  absl::StatusOr<SaveResult> Save(int64_t step, absl::Span<const TensorRef> tensors);
+  absl::StatusOr<SaveResult> Save(int64_t step, absl::Span<const TensorRef> tensors,
+                                  SaveOptions save_options = {});
 
   // Makes the agent create the staging of saves of `tensors` now (ReserveStaging) and maps it
   // here, so the first save — and with the memory tier the second, which stages in the other
@@ -201,8 +223,8 @@ class Client {
   // errors of MapStaging.
   absl::Status ReserveStaging(absl::Span<const TensorRef> tensors);
 
-  // Blocks until the save of `step` is COMMITTED and returns the checkpoint directory, or
-  // until `timeout` (InfiniteDuration: no limit).
+  // Blocks until the save of `step` is COMMITTED and returns the checkpoint directory (empty
+  // for a memory-only save, which has none), or until `timeout` (InfiniteDuration: no limit).
   // Errors: InvalidArgument if `timeout` is not positive; Aborted with the session's
   // ErrorDetail (AGENT_LOST, REPLICA_DIVERGED, IO_ERROR, ...) if it aborted;
   // DeadlineExceeded after `timeout`; NotFound if the agent knows no save of `step`;
@@ -210,13 +232,15 @@ class Client {
   absl::StatusOr<std::string> WaitCommitted(int64_t step,
                                             absl::Duration timeout = absl::InfiniteDuration());
 
-  // Loads checkpoint `step` (-1: the latest committed) into `into`: each TensorRef names a
-  // piece in the current layout and the memory to fill (nbytes = its size). Optimizer shards
+  // Loads checkpoint `step` — a step (its disk checkpoint, else its memory-only commit),
+  // kLatestStep (the latest on disk) or kNewestStep (the newest commit) — into `into`: each
+  // TensorRef names a piece in the current layout and the memory to fill (nbytes = its size). Optimizer shards
   // the checkpoint records as absent are listed in LoadResult::absent and left untouched.
   // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
-  // state_absent set, or if `step` < -1; InvalidArgument + PLAN_TOO_LARGE over
+  // state_absent set, or if `step` < -2; InvalidArgument + PLAN_TOO_LARGE over
   // options.max_plan_request_bytes; FailedPrecondition / InvalidArgument for CUDA
-  // tensors as in Save. From the agent: NotFound + CHECKPOINT_NOT_FOUND; DataLoss +
+  // tensors as in Save. From the agent: NotFound + CHECKPOINT_NOT_FOUND; NotFound +
+  // MEMORY_COPY_LOST for a memory-only step a data file of which no live agent holds; DataLoss +
   // CHECKSUM_MISMATCH naming tensor and file; InvalidArgument if a requested tensor is
   // missing from the checkpoint or its shape differs; Unavailable; DeadlineExceeded after
   // options.load_timeout. Internal if the agent's slots do not match the request or a CUDA

@@ -4,7 +4,9 @@
 //
 //   save: fill this rank's pieces for each step, Save (the trainer stall is printed), and with
 //         --wait wait for the commit.
-//   load: Load (--load_step, -1 = latest) into this rank's pieces of ITS layout (the agent's),
+//   save with --persist_every=M: a step divisible by M goes to disk, the others to memory only
+//         (DESIGN.md "Memory-only saves").
+//   load: Load (--load_step, -1 = latest on disk, -2 = newest incl. memory-only) into this rank's pieces of ITS layout (the agent's),
 //         then check every byte against the deterministic values of the loaded step.
 #include <signal.h>
 #include <sys/mman.h>
@@ -30,7 +32,12 @@
 ABSL_FLAG(std::string, agent_socket, "", "unix socket of this rank's tessera-agent; required");
 ABSL_FLAG(std::string, mode, "save", "save or load");
 ABSL_FLAG(std::string, steps, "1", "save: comma-separated steps to save, in order");
-ABSL_FLAG(int64_t, load_step, -1, "load: the step to load (-1: the latest committed)");
+ABSL_FLAG(int64_t, load_step, -1,
+          "load: the step to load (-1: the latest on disk; -2: the newest commit, a memory-only "
+          "one included)");
+ABSL_FLAG(int64_t, persist_every, 0,
+          "save: if > 0, only steps divisible by it are saved to disk; the others are "
+          "memory-only saves (kept in the agents' memory, never the latest on disk)");
 ABSL_FLAG(std::string, optimizer, "replicated",
           "AdamW state: replicated (over dp, like the params), distributed (flat-range slices "
           "across dp) or absent (before the first step)");
@@ -209,7 +216,10 @@ int main(int argc, char** argv) {
         return Fail(absl::StrCat("--step_barrier: not every rank reached step ", step, " in ",
                                  barrier, " within 10 minutes"));
       }
-      absl::StatusOr<tessera::SaveResult> saved = (*client)->Save(step, refs);
+      const int64_t persist_every = absl::GetFlag(FLAGS_persist_every);
+      tessera::SaveOptions save_options;
+      save_options.memory_only = persist_every > 0 && step % persist_every != 0;
+      absl::StatusOr<tessera::SaveResult> saved = (*client)->Save(step, refs, save_options);
       const std::string expected = absl::GetFlag(FLAGS_expect_error);
       if (!expected.empty()) {
         if (saved.ok()) return Fail(absl::StrCat("expected ", expected, " but the save started"));
@@ -221,9 +231,10 @@ int main(int argc, char** argv) {
       }
       if (!saved.ok()) return Fail(absl::StrCat("save of step ", step, ": ", saved.status().ToString()));
       std::printf(
-          "rank %u: step %lld staged: %.1f ms trainer stall for %.1f MiB (copy %.1f ms, %.0f "
+          "rank %u: step %lld staged%s: %.1f ms trainer stall for %.1f MiB (copy %.1f ms, %.0f "
           "MiB/s)%s\n",
-          rank, static_cast<long long>(step), absl::ToDoubleMilliseconds(saved->stall),
+          rank, static_cast<long long>(step), save_options.memory_only ? " (memory-only)" : "",
+          absl::ToDoubleMilliseconds(saved->stall),
           total / 1048576.0, absl::ToDoubleMilliseconds(saved->copy),
           total / 1048576.0 / std::max(1e-9, absl::ToDoubleSeconds(saved->copy)),
           saved->plan_cached ? " (plan cached)" : "");
@@ -232,8 +243,13 @@ int main(int argc, char** argv) {
       if (absl::GetFlag(FLAGS_wait)) {
         absl::StatusOr<std::string> dir = (*client)->WaitCommitted(step, absl::Minutes(10));
         if (!dir.ok()) return Fail(absl::StrCat("step ", step, ": ", dir.status().ToString()));
-        std::printf("rank %u: step %lld committed at %s\n", rank, static_cast<long long>(step),
-                    dir->c_str());
+        if (dir->empty()) {
+          std::printf("rank %u: step %lld committed in memory only\n", rank,
+                      static_cast<long long>(step));
+        } else {
+          std::printf("rank %u: step %lld committed at %s\n", rank, static_cast<long long>(step),
+                      dir->c_str());
+        }
       }
     }
     return 0;
@@ -271,10 +287,11 @@ int main(int argc, char** argv) {
   }
   std::printf("\n");
   std::printf("rank %u: load sources: memory_bytes=%llu disk_bytes=%llu "
-              "memory_blocks_rejected=%llu fetched_from_peers=%llu\n",
+              "memory_blocks_rejected=%llu fetched_from_peers=%llu memory_only=%d\n",
               rank, static_cast<unsigned long long>(loaded->bytes_from_memory),
               static_cast<unsigned long long>(loaded->bytes_from_disk),
               static_cast<unsigned long long>(loaded->memory_blocks_rejected),
-              static_cast<unsigned long long>(loaded->bytes_fetched_from_peers));
+              static_cast<unsigned long long>(loaded->bytes_fetched_from_peers),
+              loaded->memory_only ? 1 : 0);
   return 0;
 }

@@ -103,9 +103,20 @@ const char* ResidentAt(const ResidentBytes* resident, const v1::ChunkEntry& chun
 // Where one work item's bytes come from: its chunk's data file, and the file's resident copy
 // if there is one.
 struct Source {
-  ReadableFile* file = nullptr;
+  ReadableFile* file = nullptr;  // null for a memory-only checkpoint: it has no file
   const ResidentBytes* resident = nullptr;
+  std::string path;  // the file's, or what errors name for a memory-only checkpoint's
 };
+
+// A memory-only checkpoint's bytes [begin, end) of `chunk` that no memory copy holds.
+absl::Status NotInMemoryError(const v1::TensorEntry& tensor, const v1::ChunkEntry& chunk,
+                              uint64_t begin, uint64_t end) {
+  return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_MEMORY_COPY_LOST,
+                   absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": body bytes [",
+                                begin, ", ", end, ") of ", chunk.file(),
+                                " are in no memory copy, and the checkpoint is memory-only: "
+                                "there is no file to read them from"));
+}
 
 // A reusable scratch buffer, uninitialized, aligned for O_DIRECT (storage/posix_storage.h) so spans
 // read through it still bypass the page cache without a second bounce in the storage.
@@ -183,7 +194,8 @@ absl::Status VerifySpan(const v1::ChunkEntry& chunk, uint64_t first, uint64_t la
 // Reads, verifies and copies one work item: every block its runs touch, span by span.
 absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& bounce,
                            AtomicStats& stats) {
-  ReadableFile& file = *source.file;
+  ReadableFile* const file = source.file;
+  const std::string& path = source.path;
   const std::vector<ByteRun>& runs = item.runs;
   const v1::TensorEntry& tensor = *runs.front().tensor;
   const v1::ChunkEntry& chunk = *runs.front().chunk;
@@ -199,7 +211,7 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
                               : bounce.Get(end - begin);
         if (target == nullptr) {
           return absl::ResourceExhaustedError(absl::StrCat(
-              "no memory for a ", end - begin, "-byte read buffer (", file.path(), ")"));
+              "no memory for a ", end - begin, "-byte read buffer (", path, ")"));
         }
         // Fill the span from memory if it is resident there, else from the file; then verify
         // what landed (memory may change under us, so the copy is what is checked).
@@ -207,28 +219,31 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
         if (memory != nullptr) {
           memcpy(target, memory, end - begin);
           stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
+        } else if (file == nullptr) {
+          return NotInMemoryError(tensor, chunk, begin, end);
         } else {
-          RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, begin, target, end - begin));
+          RETURN_IF_ERROR(ReadChunkBytes(*file, tensor, chunk, begin, target, end - begin));
           stats.read_calls.fetch_add(1, std::memory_order_relaxed);
           stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
         }
         RETURN_IF_ERROR(
             VerifySpan(chunk, first_block, last_block, target, [&](uint64_t bad) -> absl::Status {
-              if (memory == nullptr) {
-                return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), bad);
+              if (memory == nullptr || file == nullptr) {
+                // Read from the file and wrong, or in memory and wrong with no file behind it.
+                return format_internal::ChecksumMismatchError(tensor, chunk, path, bad);
               }
               // A resident block that does not match: this block from the file instead.
               const uint64_t block_begin = BlockBegin(chunk, bad);
               const uint64_t block_size = BlockEnd(chunk, bad) - block_begin;
               char* block_target = target + (block_begin - begin);
               RETURN_IF_ERROR(
-                  ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
+                  ReadChunkBytes(*file, tensor, chunk, block_begin, block_target, block_size));
               stats.read_calls.fetch_add(1, std::memory_order_relaxed);
               stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
               stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
               stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
               if (FindBadBlock(chunk, bad, 1, block_target)) {
-                return format_internal::ChecksumMismatchError(tensor, chunk, file.path(), bad);
+                return format_internal::ChecksumMismatchError(tensor, chunk, path, bad);
               }
               return absl::OkStatus();
             }));
@@ -367,6 +382,15 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
   ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifest(*storage, dir));
   return std::unique_ptr<CheckpointReader>(
       new CheckpointReader(storage, std::move(dir), options, std::move(manifest)));
+}
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest(
+    v1::Manifest manifest, std::string name, CheckpointReaderOptions options) {
+  if (options.max_read_bytes < 1 || options.parallelism < 1) {
+    return absl::InvalidArgumentError("max_read_bytes and parallelism must be at least 1");
+  }
+  return std::unique_ptr<CheckpointReader>(
+      new CheckpointReader(nullptr, std::move(name), options, std::move(manifest)));
 }
 
 const v1::TensorEntry* CheckpointReader::FindTensor(absl::string_view key) const {
@@ -517,6 +541,7 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   absl::flat_hash_map<std::string, std::unique_ptr<ReadableFile>> files;
   for (const WorkItem& item : work) files.try_emplace(item.runs.front().chunk->file());
   for (auto& [name, file] : files) {
+    if (storage_ == nullptr) break;  // memory-only: no file to open
     const std::string path = JoinPath(dir_, name);
     absl::StatusOr<std::unique_ptr<ReadableFile>> opened = storage_->OpenForRead(path);
     if (absl::IsNotFound(opened.status())) {
@@ -534,7 +559,9 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   const absl::Status status =
       ServeParallel(work.size(), options_.parallelism, [&](size_t w, Bounce& bounce) {
         const std::string& name = work[w].runs.front().chunk->file();
-        Source source{files.at(name).get(), nullptr};
+        Source source{files.at(name).get(), nullptr,
+                      storage_ == nullptr ? absl::StrCat("the memory copy of ", name)
+                                          : JoinPath(dir_, name)};
         if (resident != nullptr) {
           if (auto it = resident->find(name); it != resident->end()) source.resident = &it->second;
         }

@@ -155,6 +155,17 @@ class CheckpointReader {
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(
       Storage* storage, std::string dir, CheckpointReaderOptions options = {});
 
+  // A memory-only checkpoint (DESIGN.md "Memory-only saves"): `manifest` as its coordinator
+  // kept it, no storage, `name` in place of a directory (errors name it). Read serves only
+  // from the resident copies it is given: a span in none fails NotFound + MEMORY_COPY_LOST
+  // naming the tensor, chunk and file; a block that does not match fails DataLoss +
+  // CHECKSUM_MISMATCH (there is no file to read it from instead).
+  // Errors: InvalidArgument if options are invalid.
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> FromManifest(
+      v1::Manifest manifest, std::string name, CheckpointReaderOptions options = {});
+  // False for a FromManifest reader.
+  bool on_disk() const { return storage_ != nullptr; }
+
   const v1::Manifest& manifest() const { return manifest_; }
   const std::string& dir() const { return dir_; }
 

@@ -68,6 +68,26 @@ void ComputeChecksums(const FileLayout& layout, const char* staging, uint32_t bl
 }
 
 // Writes header and data section, syncs and closes. The file is closed on return.
+// One ChunkEntry per layout item of `file_name`, with its block checksums `sums`.
+std::vector<v1::ChunkEntry> DescribeChunks(const FileLayout& layout, const std::string& file_name,
+                                           const std::vector<std::vector<uint64_t>>& sums,
+                                           const ShardWriterOptions& options) {
+  std::vector<v1::ChunkEntry> chunks;
+  chunks.reserve(layout.items.size());
+  for (size_t i = 0; i < layout.items.size(); ++i) {
+    const FileLayoutItem& item = layout.items[i];
+    v1::ChunkEntry& entry = chunks.emplace_back();
+    *entry.mutable_box() = item.box;
+    entry.set_file(file_name);
+    entry.set_offset(item.file_offset);
+    entry.set_nbytes(item.nbytes);
+    entry.set_block_size(options.block_size);
+    for (uint64_t sum : sums[i]) entry.add_block_xxh3(sum);
+    entry.set_writer_rank(options.writer_rank);
+  }
+  return chunks;
+}
+
 absl::Status WriteBytes(Storage& storage, const std::string& dir, const std::string& path,
                         const FileLayout& layout, const char* staging,
                         const ShardWriterOptions& options) {
@@ -152,19 +172,27 @@ absl::StatusOr<WrittenFile> ShardWriter::WriteFile(Storage& storage, const std::
   WrittenFile written;
   written.path = path;
   written.bytes = layout.file_size();
-  written.chunks.reserve(layout.items.size());
-  for (size_t i = 0; i < layout.items.size(); ++i) {
-    const FileLayoutItem& item = layout.items[i];
-    v1::ChunkEntry& entry = written.chunks.emplace_back();
-    *entry.mutable_box() = item.box;
-    entry.set_file(file_name);
-    entry.set_offset(item.file_offset);
-    entry.set_nbytes(item.nbytes);
-    entry.set_block_size(options.block_size);
-    for (uint64_t sum : sums[i]) entry.add_block_xxh3(sum);
-    entry.set_writer_rank(options.writer_rank);
-  }
+  written.chunks = DescribeChunks(layout, file_name, sums, options);
   return written;
+}
+
+absl::StatusOr<std::vector<v1::ChunkEntry>> ShardWriter::Describe(
+    const std::string& file_name, const FileLayout& layout, const void* staging,
+    const ShardWriterOptions& options) {
+  RETURN_IF_ERROR(ValidateFileName(file_name));
+  if (options.block_size == 0) return absl::InvalidArgumentError("block_size must be positive");
+  if (staging == nullptr && layout.data_size > 0) {
+    return absl::InvalidArgumentError("no staging buffer for a non-empty data section");
+  }
+  const char* data = static_cast<const char*>(staging);
+  if (data != nullptr && !PaddingIsZero(layout, data)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "staging for ", file_name, " has non-zero padding bytes (call ZeroPadding when staging)"));
+  }
+  std::vector<std::vector<uint64_t>> sums(layout.items.size());
+  std::atomic<bool> cancel{false};
+  ComputeChecksums(layout, data, options.block_size, cancel, &sums);
+  return DescribeChunks(layout, file_name, sums, options);
 }
 
 std::vector<absl::StatusOr<WrittenFile>> ShardWriter::WriteFiles(

@@ -81,6 +81,13 @@ class ShardWriter {
                                                const FileLayout& layout, const void* staging,
                                                const ShardWriterOptions& options = {});
 
+  // What WriteFile would return as chunks, computed from `staging` alone: nothing is written
+  // (a memory-only save, DESIGN.md "Memory-only saves"). Checksums on this thread.
+  // Errors: InvalidArgument and FailedPrecondition as WriteFile's (no I/O errors).
+  static absl::StatusOr<std::vector<v1::ChunkEntry>> Describe(
+      const std::string& file_name, const FileLayout& layout, const void* staging,
+      const ShardWriterOptions& options = {});
+
   // Writes several files, at most `parallelism` at a time (>= 1), each as WriteFile.
   // Returns one result per input, in order; one file failing does not stop the others.
   static std::vector<absl::StatusOr<WrittenFile>> WriteFiles(

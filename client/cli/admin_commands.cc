@@ -258,14 +258,30 @@ int AdminCommands::Checkpoints(const std::string& job) {
     out_ << "no committed checkpoints for job " << job << '\n';
     return kExitOk;
   }
-  Table table({"STEP", "COMMITTED", "SIZE", "TENSORS", "CHUNKS", "SESSION", "DIR"});
-  for (size_t c : {0, 2, 3, 4}) table.AlignRight(c);
+  Table table({"STEP", "STATUS", "COMMITTED", "SIZE", "TENSORS", "CHUNKS", "SESSION", "DIR"});
+  for (size_t c : {0, 3, 4, 5}) table.AlignRight(c);
+  // Newest first: the first disk checkpoint listed is the latest (a memory-only commit never is).
+  bool latest_seen = false;
+  std::vector<std::string> lost;
   for (const v1::CheckpointInfo& c : response.checkpoints()) {
-    table.AddRow({absl::StrCat(c.step()), FormatUnixMs(c.committed_unix_ms()),
+    std::string status = "disk";
+    if (c.memory_only()) {
+      status = c.files_not_in_memory().empty() ? "memory-only" : "memory-only, LOST";
+      if (!c.files_not_in_memory().empty()) {
+        lost.push_back(absl::StrCat("step ", c.step(), ": no live agent holds ",
+                                    absl::StrJoin(c.files_not_in_memory(), ", "),
+                                    " in memory; it can no longer be loaded"));
+      }
+    } else if (!latest_seen) {
+      status = "disk, latest";
+      latest_seen = true;
+    }
+    table.AddRow({absl::StrCat(c.step()), status, FormatUnixMs(c.committed_unix_ms()),
                   FormatBytes(c.bytes()), absl::StrCat(c.tensors()), absl::StrCat(c.chunks()),
-                  c.session_id(), c.dir()});
+                  c.session_id(), c.memory_only() ? "-" : c.dir()});
   }
   table.Print(out_);
+  for (const std::string& line : lost) out_ << line << '\n';
   return kExitOk;
 }
 

@@ -343,15 +343,38 @@ TEST_F(AdminCommandsTest, Checkpoints_TableAndJson) {
   c->set_chunks(9);
   c->set_committed_unix_ms(1700000000000);
   EXPECT_EQ(Commands().Checkpoints("demo"), kExitOk);
-  EXPECT_THAT(out_.str(), HasSubstr("STEP  COMMITTED                SIZE  TENSORS  CHUNKS  "
-                                    "SESSION  DIR\n"
-                                    " 200  2023-11-14 22:13:20Z  2.0 KiB        3       9  "
-                                    "s200-cd  /ckpt/demo/step-000000200\n"));
+  EXPECT_THAT(out_.str(), HasSubstr("STEP  STATUS        COMMITTED                SIZE  TENSORS  "
+                                    "CHUNKS  SESSION  DIR\n"
+                                    " 200  disk, latest  2023-11-14 22:13:20Z  2.0 KiB        3  "
+                                    "     9  s200-cd  /ckpt/demo/step-000000200\n"));
   options_.json = true;
   EXPECT_EQ(Commands().Checkpoints("demo"), kExitOk);
   v1::ListCheckpointsResponse parsed;
   ASSERT_TRUE(google::protobuf::util::JsonStringToMessage(out_.str(), &parsed).ok());
   EXPECT_EQ(parsed.checkpoints(0).step(), 200);
+}
+
+TEST_F(AdminCommandsTest, Checkpoints_MemoryOnly_ListedAsSuchNeverLatest) {
+  v1::CheckpointInfo* memory = fake_.checkpoints.add_checkpoints();
+  memory->set_step(5);
+  memory->set_session_id("s5");
+  memory->set_memory_only(true);
+  memory->add_files_not_in_memory("data-00001.safetensors");
+  v1::CheckpointInfo* disk = fake_.checkpoints.add_checkpoints();
+  disk->set_step(4);
+  disk->set_session_id("s4");
+  disk->set_dir("/ckpt/demo/step-000000004");
+  v1::CheckpointInfo* older = fake_.checkpoints.add_checkpoints();
+  older->set_step(2);
+  older->set_session_id("s2");
+  older->set_dir("/ckpt/demo/step-000000002");
+  EXPECT_EQ(Commands().Checkpoints("demo"), kExitOk);
+  const std::string out = out_.str();
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n +5  memory-only, LOST .* s5 +-\n"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n +4  disk, latest .* s4 +/ckpt/demo/step-000000004\n"));
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n +2  disk  .* s2 +/ckpt/demo/step-000000002\n"));
+  EXPECT_THAT(out, HasSubstr("step 5: no live agent holds data-00001.safetensors in memory; it "
+                             "can no longer be loaded\n"));
 }
 
 TEST_F(AdminCommandsTest, Abort_SendsReason_PrintsOutcome) {
