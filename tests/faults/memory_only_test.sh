@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# Memory-only saves (issue 16, --persist_every; DESIGN.md "Memory-only saves"), real processes
+# on loopback, tp=2,dp=2 on one node:
+# - persist_every: steps 1..4 saved with --persist_every=2: 2 and 4 go to disk, 1 and 3 to
+#   memory only; `tessera checkpoints` lists the newest commit's kind; no directory of 1 or 3;
+#   the disk's latest is step 4;
+# - trainer_killed: step 5 (memory-only) saved and every trainer SIGKILLed right after Save
+#   returned; the agents commit it in memory; `tessera checkpoints` lists it as memory-only
+#   while latest on disk stays step 4; restarted trainers load the newest commit (-2): step 5,
+#   byte for byte, every byte from memory;
+# - agents_killed: every agent SIGKILLed and restarted: step 5 is listed LOST, loading it fails
+#   with MEMORY_COPY_LOST naming the missing data files, and the disk's latest (step 4)
+#   verifies and loads byte for byte;
+# - tier_disabled: agents with --memory_tier=false refuse a memory-only save before anything
+#   is staged (MEMORY_ONLY_REFUSED); step 4 stays latest.
+source tests/faults/lib.sh
+ulimit -c 0
+
+COORD="127.0.0.1:0"  # set after start_coordinator
+
+# sum_sources FIELD: FIELD summed over every trainer's "load sources" line.
+sum_sources() {
+  cat "$DIR"/logs/trainer-"$JOB"-*.out | sed -nE "s/.*load sources:.* $1=([0-9]+).*/\1/p" |
+    awk '{s += $1} END {print s + 0}'
+}
+# checkpoints_json: the coordinator's listing, in $DIR/logs/checkpoints.json.
+checkpoints_json() {
+  "$CLI" checkpoints --json --coordinator="$COORD" "$JOB" >"$DIR/logs/checkpoints.json" 2>/dev/null
+}
+# listed STEP KIND: the listing's newest entry is STEP, of KIND: "memory" (memory-only, every
+# file in memory), "lost" (memory-only, some file in none) or "disk".
+listed() {
+  checkpoints_json || return 1
+  python3 - "$DIR/logs/checkpoints.json" "$1" "$2" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])).get("checkpoints", [])
+first = c[0] if c else {}
+kind = ("lost" if first.get("files_not_in_memory") else "memory") if first.get("memory_only") else "disk"
+sys.exit(0 if str(first.get("step")) == sys.argv[2] and kind == sys.argv[3] else 1)
+PY
+}
+# disk_steps: the step directories on disk, as numbers, ascending.
+disk_steps() {
+  ls "$DIR/ckpt/$JOB" | sed -nE 's/^step-0*([0-9]+)$/\1/p' | sort -n | tr '\n' ' '
+}
+
+start_coordinator || fail "coordinator"
+COORD=$(coordinator_address)
+start_agents "$JOB" "$LAYOUT" || fail "agents"
+
+# --- persist_every ----------------------------------------------------------------------------
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=1,2,3,4 --persist_every=2 \
+  "${MODEL[@]}" || fail "saving steps 1..4 with --persist_every=2"
+out0="$DIR/logs/trainer-$JOB-0.out"
+grep -q "step 1 committed in memory only" "$out0" || fail "step 1 was not a memory-only commit"
+grep -q "step 3 committed in memory only" "$out0" || fail "step 3 was not a memory-only commit"
+grep -q "step 2 committed at $(step_dir 2)" "$out0" || fail "step 2 was not committed to disk"
+grep -q "step 4 committed at $(step_dir 4)" "$out0" || fail "step 4 was not committed to disk"
+[ "$(disk_steps)" = "2 4 " ] || fail "steps on disk: $(disk_steps), expected 2 and 4"
+ls "$DIR/ckpt/$JOB" | grep -q 'tmp' && fail "a temporary directory was left: $(ls "$DIR/ckpt/$JOB")"
+listed 4 disk || fail "step 4 is not listed as the newest (disk) checkpoint: $(cat "$DIR/logs/checkpoints.json")"
+echo "ok: persist_every -> steps 1 and 3 in memory only, 2 and 4 on disk, latest step 4"
+
+# --- trainer_killed ---------------------------------------------------------------------------
+start_save 5 --persist_every=2 --kill_after_save
+for r in 0 1 2 3; do
+  wait_pid_bounded "${TRAINER_PIDS[$r]}" "$TRAINER_TIMEOUT" "trainer $r"
+  [ "$WAITED_RC" -eq 137 ] || fail "trainer $r exited $WAITED_RC, not SIGKILLed after its save"
+done
+TRAINER_PIDS=()
+# Committed in memory, and every data file's copy stated by its agent (bounded).
+wait_until 30 listed 5 memory ||
+  fail "step 5 is not listed as a memory-only commit held in memory: $(cat "$DIR/logs/checkpoints.json")"
+python3 - "$DIR/logs/checkpoints.json" <<'PY' || fail "the listing of step 5 and 4 is wrong"
+import json, sys
+c = json.load(open(sys.argv[1]))["checkpoints"]
+assert [str(x["step"]) for x in c] == ["5", "4", "2"], c
+assert c[0].get("memory_only") and not c[0].get("dir"), c[0]
+assert not c[1].get("memory_only") and c[1]["dir"].endswith("step-000000004"), c[1]
+PY
+[ "$(latest_step)" = "$(basename "$(step_dir 4)")" ] || fail "latest on disk is $(latest_step), not step 4"
+[ -e "$(step_dir 5)" ] && fail "step 5 has a directory on disk"
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=load --load_step=-2 "${MODEL[@]}" ||
+  fail "loading the newest commit failed: $(grep -h 'FAIL\|rror' "$DIR"/logs/trainer-"$JOB"-*.out | head -n 3)"
+for r in 0 1 2 3; do
+  grep -q "loaded step 5 " "$DIR/logs/trainer-$JOB-$r.out" || fail "rank $r did not load step 5"
+  grep -q "load sources:.* memory_only=1" "$DIR/logs/trainer-$JOB-$r.out" ||
+    fail "rank $r's load of step 5 was not memory-only"
+done
+[ "$(sum_sources disk_bytes)" -eq 0 ] || fail "$(sum_sources disk_bytes) bytes of step 5 came from disk"
+[ "$(sum_sources memory_bytes)" -gt 0 ] || fail "nothing came from memory"
+[ "$(sum_sources memory_blocks_rejected)" -eq 0 ] || fail "memory blocks rejected"
+echo "ok: trainer_killed -> step 5 listed memory-only, latest on disk step 4; step 5 reloaded byte for byte, $(sum_sources memory_bytes) bytes from memory, 0 from disk"
+
+# --- agents_killed ----------------------------------------------------------------------------
+for r in 0 1 2 3; do kill -KILL "${AGENT_PIDS[$r]}"; done
+for r in 0 1 2 3; do restart_agent "$r"; done
+listed 5 lost || fail "step 5 is not listed as lost: $(cat "$DIR/logs/checkpoints.json")"
+"$CLI" checkpoints --coordinator="$COORD" "$JOB" >"$DIR/logs/checkpoints.txt" 2>&1 ||
+  fail "tessera checkpoints failed"
+grep -q "memory-only, LOST" "$DIR/logs/checkpoints.txt" ||
+  fail "tessera checkpoints does not say step 5 is lost: $(cat "$DIR/logs/checkpoints.txt")"
+grep -q "step 5: no live agent holds data-" "$DIR/logs/checkpoints.txt" ||
+  fail "tessera checkpoints does not name the lost files: $(cat "$DIR/logs/checkpoints.txt")"
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=load --load_step=5 "${MODEL[@]}" &&
+  fail "step 5 loaded after every agent holding it was killed"
+for r in 0 1 2 3; do
+  grep -q "load: MEMORY_COPY_LOST: .*step 5 is a memory-only checkpoint and no live agent holds data-" \
+    "$DIR/logs/trainer-$JOB-$r.out" ||
+    fail "rank $r's load of step 5 did not fail with MEMORY_COPY_LOST naming the files: $(tail -n 2 "$DIR/logs/trainer-$JOB-$r.out")"
+  grep -q "loaded step" "$DIR/logs/trainer-$JOB-$r.out" && fail "rank $r loaded something"
+done
+expect_latest_intact 4
+echo "ok: agents_killed -> step 5 listed LOST and refused with MEMORY_COPY_LOST; step 4 loads from disk byte for byte"
+
+# --- tier_disabled ----------------------------------------------------------------------------
+for r in 0 1 2 3; do restart_agent "$r" --memory_tier=false; done
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=7 --persist_every=2 \
+  --expect_error=MEMORY_ONLY_REFUSED "${MODEL[@]}" ||
+  fail "a memory-only save with the memory tier off was not refused: $(tail -n 2 "$DIR/logs/trainer-$JOB-0.out")"
+grep -q "runs with --memory_tier=false; nothing was staged" "$DIR/logs/trainer-$JOB-0.out" ||
+  fail "the refusal does not say why: $(tail -n 2 "$DIR/logs/trainer-$JOB-0.out")"
+[ "$(disk_steps)" = "2 4 " ] || fail "steps on disk: $(disk_steps), expected 2 and 4"
+listed 5 lost || fail "the refused save changed the listing: $(cat "$DIR/logs/checkpoints.json")"
+echo "ok: tier_disabled -> MEMORY_ONLY_REFUSED before staging; step 4 stays latest"
+
+finish
+echo "PASS"
