@@ -152,12 +152,14 @@ class PyClient {
   }
 
   // Returns (session_id, stall_seconds, plan_cached).
-  py::tuple Save(int64_t step, const py::sequence& refs) {
+  py::tuple Save(int64_t step, const py::sequence& refs, bool memory_only) {
     std::vector<TensorRef> tensors = RefsFromList(refs);
     absl::StatusOr<SaveResult> result;
     {
       py::gil_scoped_release release;
-      result = client_->Save(step, tensors);
+      SaveOptions options;
+      options.memory_only = memory_only;
+      result = client_->Save(step, tensors, options);
     }
     SaveResult r = ValueOrRaise(std::move(result));
     return py::make_tuple(r.session_id, absl::ToDoubleSeconds(r.stall), r.plan_cached);
@@ -245,7 +247,8 @@ PYBIND11_MODULE(_tessera, m) {
       .def_static("connect", &tessera::PyClient::Connect, py::arg("socket"),
                   py::arg("get_info_timeout_s") = 0.0)
       .def("identity", &tessera::PyClient::Identity)
-      .def("save", &tessera::PyClient::Save, py::arg("step"), py::arg("refs"))
+      .def("save", &tessera::PyClient::Save, py::arg("step"), py::arg("refs"),
+           py::arg("memory_only") = false)
       .def("reserve", &tessera::PyClient::Reserve, py::arg("refs"))
       .def("wait", &tessera::PyClient::Wait, py::arg("step"), py::arg("timeout_s"))
       .def("load", &tessera::PyClient::Load, py::arg("step"), py::arg("refs"))

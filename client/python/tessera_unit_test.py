@@ -325,6 +325,15 @@ class ObjectsEncodingTest(unittest.TestCase):
 
 
 class RefusalTest(unittest.TestCase):
+    def test_Step_LatestNewestAndBadValues(self):
+        from tessera import client as client_module
+        self.assertEqual(client_module._step("latest", allow_latest=True), -1)
+        self.assertEqual(client_module._step("newest", allow_latest=True), -2)  # memory-only too
+        self.assertEqual(client_module._step(7, allow_latest=False), 7)
+        for bad in (-1, "newest", True, 1.5):
+            with self.assertRaisesRegex(tessera.InvalidArgumentError, "step must be an int"):
+                client_module._step(bad, allow_latest=False)
+
     def test_Ref_NonContiguousTensor_RefusedNamingKey(self):
         t = torch.zeros(3, 4).t()
         with self.assertRaises(tessera.InvalidArgumentError) as ctx:

@@ -55,10 +55,12 @@ def _call(fn, *args):
 
 def _step(step, allow_latest):
     if allow_latest and step == "latest":
-        return -1
+        return -1  # the latest checkpoint on disk
+    if allow_latest and step == "newest":
+        return -2  # the newest commit, a memory-only one included
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise errors.malformed("step must be an int >= 0%s, not %r"
-                               % (' or "latest"' if allow_latest else "", step))
+                               % (' or "latest" or "newest"' if allow_latest else "", step))
     return step
 
 
@@ -147,7 +149,7 @@ class Client:
             keep.append(tensor)
         return refs, keys, keep
 
-    def save(self, step, tensors, *, objects=None):
+    def save(self, step, tensors, *, objects=None, memory_only=False):
         """Saves this rank's share of checkpoint `step`; returns once its bytes are staged (the
         agent persists and commits in the background; see wait()).
 
@@ -157,6 +159,9 @@ class Client:
             result): everything this rank holds.
           objects: optional {name: value} of non-tensor state (param groups, scheduler, RNG
             states, data-loader position), stored per rank in the objects encoding.
+          memory_only: commit in the agents' memory only, not on disk (DESIGN.md "Memory-only
+            saves"): it never becomes "latest", and is lost with the agents holding it. Every
+            rank must pass the same.
 
         Returns SaveResult(session_id, stall_seconds, plan_cached).
 
@@ -164,12 +169,15 @@ class Client:
         checks (before any RPC), or the plan's rejection (DUPLICATE_FQN, INCOMPLETE_COVERAGE,
         OVERLAPPING_SHARDS, SHAPE_MISMATCH, OPTIMIZER_STATE_MISMATCH, ...) before any byte is
         copied; TypeError for an object the encoding refuses; FailedPreconditionError
-        (STEP_EXISTS, SESSION_IN_PROGRESS, CUDA tensor without a GPU); AbortedError (the save
+        (STEP_EXISTS, SESSION_IN_PROGRESS, MEMORY_ONLY_REFUSED: ranks disagree on memory_only
+        or an agent's memory tier is off; CUDA tensor without a GPU); AbortedError (the save
         must be restarted); UnavailableError; DeadlineExceededError.
         """
         step = _step(step, allow_latest=False)
         refs, keep = self._save_refs(tensors, objects)
-        session_id, stall, cached = _call(self._native.save, step, refs)
+        if not isinstance(memory_only, bool):
+            raise errors.malformed("memory_only must be a bool, not %r" % (memory_only,))
+        session_id, stall, cached = _call(self._native.save, step, refs, memory_only)
         del keep  # the tensors had to stay alive until here
         return SaveResult(session_id, stall, cached)
 
@@ -223,13 +231,16 @@ class Client:
         return _call(self._native.wait, step, timeout)
 
     def load(self, step="latest", into=None, *, objects=False):
-        """Loads checkpoint `step` ("latest": the newest committed) into the tensors of `into`
-        (same mapping form as save; loaded in place, resharded to the current layout).
+        """Loads checkpoint `step` into the tensors of `into` (same mapping form as save; loaded
+        in place, resharded to the current layout). `step`: a step (its disk checkpoint, else its
+        memory-only commit), "latest" (the latest on disk) or "newest" (the newest commit, a
+        memory-only one included).
 
         Returns the step loaded; with objects=True, (step, {name: value}) with this rank's
         objects as saved.
 
-        Raises: NotFoundError (CHECKPOINT_NOT_FOUND); InvalidArgumentError — MALFORMED_SHARD for
+        Raises: NotFoundError (CHECKPOINT_NOT_FOUND; MEMORY_COPY_LOST: a memory-only step some
+        data file of which no live agent holds); InvalidArgumentError — MALFORMED_SHARD for
         a bad destination (non-contiguous, read-only, tessera.Absent), a tensor missing from the
         checkpoint or of another shape (SHAPE_MISMATCH), or (objects=True) a checkpoint that
         holds no objects of this rank; DataLossError (CHECKSUM_MISMATCH); UnavailableError;
