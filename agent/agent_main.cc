@@ -241,14 +241,18 @@ int main(int argc, char** argv) {
   if (memory_on) loader_options.buddies = &buddy_store;
   loader_options.node_id = node.empty() ? Hostname() : node;
   if (memory != nullptr) {
-    loader_options.find_copies = [&coordinator, &job, urank, incarnation](
-                                     int64_t step, const std::string& session_id)
-        -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
-      tessera::v1::FindMemoryCopiesRequest request;
+    // The caller's identity and `step`, as every memory-tier query to the coordinator names it.
+    auto query = [&job, urank, incarnation](auto& request, int64_t step) {
       request.set_job_id(job);
       request.set_rank(urank);
       request.set_incarnation(incarnation);
       request.set_step(step);
+    };
+    loader_options.find_copies = [&coordinator, query](int64_t step,
+                                                       const std::string& session_id)
+        -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
+      tessera::v1::FindMemoryCopiesRequest request;
+      query(request, step);
       request.set_session_id(session_id);
       absl::StatusOr<tessera::v1::FindMemoryCopiesResponse> found =
           coordinator.FindMemoryCopies(request);
@@ -256,13 +260,9 @@ int main(int argc, char** argv) {
       return std::vector<tessera::v1::MemoryCopy>(found->copies().begin(), found->copies().end());
     };
     loader_options.memory_manifest =
-        [&coordinator, &job, urank, incarnation](
-            int64_t step) -> absl::StatusOr<tessera::v1::Manifest> {
+        [&coordinator, query](int64_t step) -> absl::StatusOr<tessera::v1::Manifest> {
       tessera::v1::GetMemoryCheckpointRequest request;
-      request.set_job_id(job);
-      request.set_rank(urank);
-      request.set_incarnation(incarnation);
-      request.set_step(step);
+      query(request, step);
       absl::StatusOr<tessera::v1::GetMemoryCheckpointResponse> found =
           coordinator.GetMemoryCheckpoint(request);
       if (!found.ok()) return found.status();

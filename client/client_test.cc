@@ -464,6 +464,21 @@ TEST_F(ClientTest, Save_CopiesEachTensorIntoItsSlot) {
   EXPECT_EQ(client->stats().last_copy_threads, 1);
 }
 
+TEST_F(ClientTest, Save_MemoryOnly_AskedOfTheAgent) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> bytes = Pattern(64, 1);
+  const std::vector<TensorRef> tensors = {HostRef("w", &bytes)};
+  ASSERT_TRUE(client->Save(1, tensors).ok());
+  SaveOptions memory_only;
+  memory_only.memory_only = true;
+  ASSERT_TRUE(client->Save(2, tensors, memory_only).ok());
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_THAT(fake_->begin_requests, ::testing::SizeIs(2));
+  EXPECT_FALSE(fake_->begin_requests[0].memory_only());
+  EXPECT_TRUE(fake_->begin_requests[1].memory_only());
+}
+
 TEST_F(ClientTest, Save_PlanRejected_DetailSurfacesAndNothingCopied) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
@@ -1071,7 +1086,8 @@ TEST_F(ClientTest, Load_StateAbsentOrBadStep_InvalidArgument) {
   absl::StatusOr<LoadResult> result = client->Load(1, {t});
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(result.status().message(), HasSubstr("state_absent"));
-  EXPECT_EQ(client->Load(-2, {}).status().code(), absl::StatusCode::kInvalidArgument);
+  // -1 and -2 name the latest on disk and the newest commit; below that is no step.
+  EXPECT_EQ(client->Load(-3, {}).status().code(), absl::StatusCode::kInvalidArgument);
   absl::MutexLock lock(&fake_->mu);
   EXPECT_THAT(fake_->load_requests, IsEmpty());
 }

@@ -493,6 +493,59 @@ TEST_P(CheckpointReaderTest, Read_ResidentCopyCoversPartOfFile_RestReadFromFile)
   EXPECT_EQ(stats.memory_blocks_rejected, 0u);
 }
 
+// A memory-only checkpoint (FromManifest): memory is the only source, always verified.
+TEST_P(CheckpointReaderTest, FromManifest_EveryFileResident_ReadsFromMemoryOnly) {
+  ResidentCopies memory(dir_, manifest_);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::FromManifest(manifest_, "memory-only step");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_FALSE((*reader)->on_disk());
+  const TestTensor& t = Tensor("layers.0.attn.wq");
+  std::string got;
+  ReadStats stats;
+  absl::Status s =
+      (*reader)->Read({Request(t.key(), FullBox(t.shape), &got)}, &stats, memory.files()).status();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(got, Reference(t, FullBox(t.shape), std::nullopt));
+  EXPECT_EQ(stats.bytes_read, 0u);
+  EXPECT_EQ(stats.bytes_from_memory, got.size());
+}
+
+TEST_P(CheckpointReaderTest, FromManifest_ChunkInNoCopy_MemoryCopyLostNamingFile) {
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
+  ResidentCopies memory(dir_, manifest_);
+  memory.Keep(chunk.file(), 0, chunk.offset());  // that chunk is in no copy
+  memory.Refresh();
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::FromManifest(manifest_, "memory-only step");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string got;
+  absl::Status s = (*reader)
+                       ->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr,
+                              memory.files())
+                       .status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_MEMORY_COPY_LOST) << s;
+  EXPECT_THAT(s.message(), HasSubstr(chunk.file()));
+  EXPECT_THAT(s.message(), HasSubstr("no file to read them from"));
+}
+
+TEST_P(CheckpointReaderTest, FromManifest_FlippedByteInMemory_ChecksumMismatchNotServed) {
+  const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
+  ResidentCopies memory(dir_, manifest_);
+  memory.bytes(chunk.file())[chunk.offset() + 70] ^= 0x5a;
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::FromManifest(manifest_, "memory-only step");
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::string got;
+  absl::Status s = (*reader)
+                       ->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr,
+                              memory.files())
+                       .status();
+  EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_CHECKSUM_MISMATCH) << s;
+  EXPECT_THAT(s.message(), HasSubstr("block 1"));
+}
+
 TEST_P(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
   // Drop the chunk holding wq rows 4..7, columns 0..5.
   RewriteManifest([](v1::Manifest& m) {
