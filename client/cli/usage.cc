@@ -30,7 +30,9 @@ std::vector<CommandInfo> MakeCommands() {
        "  one line per update (with --json: one JSON document per update, one per line).\n"
        "  --session=ID picks a session. Exits 0 when the save commits, 1 when it aborts\n"
        "  (printing the reason).\n"},
-      {"checkpoints", "JOB", 1, true, "list a job's committed checkpoints, newest first", ""},
+      {"checkpoints", "JOB", 1, true,
+       "list a job's committed checkpoints, newest first (disk, latest / disk / memory-only)",
+       ""},
       {"abort", "JOB", 1, true, "abort the job's save in flight",
        "  --reason=TEXT is recorded with the abort (ABORTED_BY_USER).\n"},
       {"verify", "DIR", 1, false, "check a checkpoint directory completely",
