@@ -177,6 +177,11 @@ class SessionManager::Port : public EffectsPort {
     job->strand.Post([m, job, work = std::move(work)]() mutable {
       PlanVerdict verdict = DecidePlan(work, m->plan_cache_, *m->registry_,
                                        m->options_.session.planner);
+      if (!work.plans.empty()) {  // freed off the job's strand: the PINs do not wait for it
+        m->janitor_->Post([plans = std::move(work.plans)]() mutable {
+          std::vector<LocalPlan>().swap(plans);
+        });
+      }
       m->PostEffects(job, [m, session = work.session_id, attempt = work.attempt,
                            verdict = std::move(verdict)](JobCore& core) mutable {
         return core.PlanDecided(session, attempt, std::move(verdict), m->clock_->Now());
