@@ -134,7 +134,17 @@ class SessionManager::Port : public EffectsPort {
  public:
   Port(SessionManager* manager, Job* job) : m_(manager), job_(job) {}
 
-  absl::Status Persist(const StoreBatch& batch) override { return m_->store_->Commit(batch); }
+  absl::Status Persist(const StoreBatch& batch) override {
+    const absl::Time start = absl::Now();
+    absl::Status committed = m_->store_->Commit(batch);
+    if (batch.ByteSize() >= kLogWritesFrom) {  // a plan record: its time is a save's time
+      LogInfo("job ", job_->job_id, ": ", batch.ByteSize(), " bytes written to the state store in ",
+              absl::FormatDuration(absl::Now() - start));
+    }
+    return committed;
+  }
+  // A store write this large (a new plan's record) is logged with its duration.
+  static constexpr size_t kLogWritesFrom = size_t{1} << 20;
   void Persisted(v1::SessionState state) override {
     if (m_->options_.on_state_persisted) m_->options_.on_state_persisted(state);
   }
