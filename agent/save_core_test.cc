@@ -237,7 +237,7 @@ class SaveCoreTest : public ::testing::Test {
   }
   void Gathered(uint64_t id, int hashes = 0) {
     std::vector<v1::ReplicaHash> h(hashes);
-    for (int i = 0; i < hashes; ++i) h[i].set_key(absl::StrCat("r", i));
+    for (int i = 0; i < hashes; ++i) h[i].set_chunk(static_cast<uint32_t>(i));
     Apply(core_.OnGathered(now_, id, h));
   }
   void Persisted(uint64_t id, int chunks) {

@@ -25,8 +25,7 @@ absl::StatusOr<std::vector<v1::ReplicaHash>> GatherSlices(PeerTransport& peers,
   std::vector<v1::ReplicaHash> hashes;
   for (const HashTask& t : layout.hashes) {
     v1::ReplicaHash& h = hashes.emplace_back();
-    h.set_key(t.key);
-    *h.mutable_box() = t.box;
+    h.set_chunk(t.chunk);
     if (t.flat.has_value()) *h.mutable_range() = *t.flat;
     h.set_xxh3(ChunkDigest(BlockChecksums(base + t.range.offset, t.range.nbytes,
                                            kDefaultBlockSize)));

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/box.h"
 #include "common/dtype.h"
+#include "common/tensor_key.h"
 
 namespace tessera {
 namespace {
@@ -90,7 +91,7 @@ absl::StatusOr<StagingLayout> ComputeStagingLayout(const v1::RankAssignment& ass
     StagingRange range{tail, i >= 0 && static_cast<size_t>(i) < shards.size() ? shards[i].nbytes()
                                                                               : 0};
     if (absl::Status s = Place(layout.shards, placed, shards, i, range); !s.ok()) return s;
-    layout.hashes.push_back({item.key(), item.box(), range, std::nullopt});
+    layout.hashes.push_back({item.chunk(), range, std::nullopt});
     tail += AlignUp(range.nbytes);
   }
   for (const v1::GatherSend& send : assignment.sends()) {
@@ -98,8 +99,8 @@ absl::StatusOr<StagingLayout> ComputeStagingLayout(const v1::RankAssignment& ass
     StagingRange range{tail, i >= 0 && static_cast<size_t>(i) < shards.size() ? shards[i].nbytes()
                                                                               : 0};
     if (absl::Status s = Place(layout.shards, placed, shards, i, range); !s.ok()) return s;
-    layout.sends.push_back({send.key(), send.box(), send.range().begin(), send.range().end(),
-                            send.leader_rank(), range});
+    layout.sends.push_back({TensorKeyOf(shards[i], rank), shards[i].box(), send.range().begin(),
+                            send.range().end(), send.leader_rank(), range});
     tail += AlignUp(range.nbytes);
   }
   for (const v1::HashItem* item : ranged) {
@@ -113,7 +114,7 @@ absl::StatusOr<StagingLayout> ComputeStagingLayout(const v1::RankAssignment& ass
       if (absl::Status s = Place(layout.shards, placed, shards, i, range); !s.ok()) return s;
       tail += AlignUp(range.nbytes);
     }
-    layout.hashes.push_back({item->key(), item->box(), layout.shards[i], item->range()});
+    layout.hashes.push_back({item->chunk(), layout.shards[i], item->range()});
   }
   for (size_t i = 0; i < shards.size(); ++i) {
     if (!placed[i] && shards[i].nbytes() > 0 && !shards[i].state_absent()) {

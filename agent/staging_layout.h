@@ -32,16 +32,17 @@ struct StagingRange {
   uint64_t nbytes = 0;
 };
 
-// A replica to hash (its bytes are at `range`). `flat` is set for a replicated flat-range
-// slice (HashItem.range), whose bytes may also be sent or written in place.
+// A replica to hash (its bytes are at `range`), of the plan's chunk `chunk` (HashItem.chunk,
+// reported back in ReplicaHash). `flat` is set for a replicated flat-range slice
+// (HashItem.range), whose bytes may also be sent or written in place.
 struct HashTask {
-  std::string key;
-  v1::Box box;
+  uint32_t chunk = 0;
   StagingRange range;
   std::optional<v1::FlatRange> flat;
 };
 
-// A DP slice to send to its leader, or to receive from a peer, in place.
+// A DP slice to send to its leader, or to receive from a peer, in place. A sent slice's key
+// and box are its local shard's (GatherSend names only the shard).
 struct SliceTask {
   std::string key;
   v1::Box box;

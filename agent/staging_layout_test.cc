@@ -41,6 +41,10 @@ TEST(StagingLayoutTest, WrittenShardsStagedInPlace_OthersAfterTheDataSection) {
   *shards.Add() = Shard("a", 400);   // written
   *shards.Add() = Shard("b", 100);   // replica: hashed only
   *shards.Add() = Shard("c", 40);    // slice sent to a leader
+  shards[2].set_kind(v1::SHARD_KIND_OPTIMIZER);
+  shards[2].set_state_key("exp_avg");
+  shards[2].mutable_box()->add_offsets(8);
+  shards[2].mutable_box()->add_lengths(16);
   v1::RankAssignment a;
   a.set_file("data-00000.safetensors");
   v1::WriteItem* w = a.add_writes();
@@ -48,10 +52,9 @@ TEST(StagingLayoutTest, WrittenShardsStagedInPlace_OthersAfterTheDataSection) {
   AddSource(*w, 0, 0, -1, -1);
   v1::HashItem* h = a.add_hashes();
   h->set_local_shard(1);
-  h->set_key("b");
+  h->set_chunk(7);
   v1::GatherSend* g = a.add_sends();
   g->set_local_shard(2);
-  g->set_key("c");
   g->set_leader_rank(3);
   g->mutable_range()->set_begin(10);
   g->mutable_range()->set_end(20);
@@ -66,9 +69,15 @@ TEST(StagingLayoutTest, WrittenShardsStagedInPlace_OthersAfterTheDataSection) {
   EXPECT_GT(layout->shards[2].offset, layout->shards[1].offset);
   EXPECT_EQ(layout->shards[2].offset % kDataAlignment, 0u);
   ASSERT_EQ(layout->hashes.size(), 1u);
+  EXPECT_EQ(layout->hashes[0].chunk, 7u);  // reported back as ReplicaHash.chunk
+  EXPECT_EQ(layout->hashes[0].range.offset, layout->shards[1].offset);
   ASSERT_EQ(layout->sends.size(), 1u);
   EXPECT_EQ(layout->sends[0].peer, 3u);
   EXPECT_EQ(layout->sends[0].begin, 10);
+  // A send names its local shard: key and box are the shard's.
+  EXPECT_EQ(layout->sends[0].key, "c#exp_avg");
+  EXPECT_EQ(layout->sends[0].box.offsets(0), 8);
+  EXPECT_EQ(layout->sends[0].box.lengths(0), 16);
   EXPECT_GE(layout->total_bytes, layout->shards[2].offset + 40);
   // What a trainer can reserve before the plan (ReserveStaging) covers this layout.
   EXPECT_GE(StagingBytesBound(400 + 100 + 40, 3), layout->total_bytes);

@@ -1,9 +1,9 @@
 // Protobuf wire-format encoding for the planner's output, written field by field.
 //
-// A million-piece plan has a million HashItems and GatherSends that share their key and box
-// with the other items of their chunk. Building a message per item and serializing it costs
-// more than the whole validation; appending the chunk's pre-encoded key and box costs a
-// memcpy. The encoding is protobuf's canonical proto3 encoding (zero scalars and empty strings
+// A million-piece plan has a million HashItems and GatherSends. Building a message per item
+// and serializing it costs more than the whole validation; writing each item's few numbers
+// straight into the wire format (and the writer's WriteItem, encoded once per chunk) costs a
+// few stores. The encoding is protobuf's canonical proto3 encoding (zero scalars and empty strings
 // omitted, sub-messages length-delimited, repeated scalars packed, fields in number order
 // when the caller appends them so), so the bytes equal SerializeAsString() of the parsed
 // message; planner_test checks that.

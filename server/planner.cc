@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
+#include <limits>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -302,9 +303,28 @@ absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t inde
 // ---------------------------------------------------------------------------------------------
 // Fingerprint
 
-// FingerprintPlans hashes plans of at least this many shards on several threads.
-constexpr size_t kParallelFingerprintShards = 1 << 16;
-constexpr size_t kMaxFingerprintThreads = 8;
+// Passes over every shard (rule 1 with the ranks' fingerprints, and FingerprintPlans) run on
+// several threads for plans of at least this many shards: they are bound by memory latency
+// (a shard's fields live in separate allocations), and ranks are independent.
+constexpr size_t kParallelShards = 1 << 16;
+constexpr size_t kMaxPassThreads = 8;
+
+// How many threads a pass over `shards` shards uses.
+size_t PassThreads(size_t shards) {
+  if (shards < kParallelShards) return 1;
+  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxPassThreads);
+}
+
+// Runs fn(t) for every t in [0, threads), each on its own thread (t = 0 on the caller's), and
+// returns when all have.
+template <typename Fn>
+void RunOnThreads(size_t threads, const Fn& fn) {
+  std::vector<std::thread> pool;
+  pool.reserve(threads);
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back([&fn, t] { fn(t); });
+  fn(0);
+  for (std::thread& thread : pool) thread.join();
+}
 
 // ---------------------------------------------------------------------------------------------
 // The planner proper: one instance per BuildGlobalPlan call, one method per rule.
@@ -330,42 +350,68 @@ class Planner {
   absl::string_view Fqn(const Piece& p) const { return p.shard->fqn(); }
   const std::string& KeyName(const Piece& p) const { return keys_[p.key].name; }
 
-  // Rule 1; grouping of pieces by key (a hash map, then a stable counting sort of pieces_ so
-  // that each key's pieces are contiguous, in (rank, shard) order); and, while each shard is
-  // still in cache, the comparisons rule 2 needs and the ranks' fingerprints.
+  // Rule 1 and the ranks' fingerprints, rank by rank on PassThreads() threads (each thread
+  // every n-th rank; the error of the lowest rank wins, so it is the one a single thread
+  // finds first); then, in (rank, shard) order, the grouping of pieces by key (a hash map,
+  // then a stable counting sort of pieces_ so that each key's pieces are contiguous) and the
+  // comparisons rule 2 needs.
   absl::Status CollectPieces() {
-    std::vector<Piece> pieces;
-    pieces.reserve(total_shards_);
+    const uint32_t world = static_cast<uint32_t>(by_rank_.size());
+    std::vector<size_t> rank_begin(world + 1, 0);
+    for (uint32_t rank = 0; rank < world; ++rank) {
+      rank_begin[rank + 1] = rank_begin[rank] + by_rank_[rank]->shards.size();
+    }
+    std::vector<Piece> pieces(total_shards_);
+    rank_fingerprints_.resize(world);
+    const size_t threads = PassThreads(total_shards_);
+    struct FirstError {
+      uint32_t rank = std::numeric_limits<uint32_t>::max();
+      absl::Status status;
+    };
+    std::vector<FirstError> errors(threads);
+    RunOnThreads(threads, [&](size_t t) {
+      for (uint32_t rank = static_cast<uint32_t>(t); rank < world;
+           rank += static_cast<uint32_t>(threads)) {
+        const std::vector<v1::ShardDesc>& shards = by_rank_[rank]->shards;
+        LocalPlanHasher hasher(rank, shards.size());
+        for (size_t i = 0; i < shards.size(); ++i) {
+          absl::Status valid = ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i],
+                                             &pieces[rank_begin[rank] + i]);
+          if (!valid.ok()) {
+            errors[t] = {rank, std::move(valid)};
+            return;
+          }
+          hasher.Add(shards[i]);
+        }
+        rank_fingerprints_[rank] = hasher.Finish();
+      }
+    });
+    const FirstError* first = &errors[0];
+    for (const FirstError& e : errors) {
+      if (e.rank < first->rank) first = &e;
+    }
+    if (!first->status.ok()) return first->status;
+
     absl::flat_hash_map<KeyRef, uint32_t> key_index;
     std::vector<uint32_t> counts;
-    rank_fingerprints_.resize(by_rank_.size());
-    for (uint32_t rank = 0; rank < by_rank_.size(); ++rank) {
-      const std::vector<v1::ShardDesc>& shards = by_rank_[rank]->shards;
-      LocalPlanHasher hasher(rank, shards.size());
-      for (size_t i = 0; i < shards.size(); ++i) {
-        Piece p;
-        RETURN_IF_ERROR(ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i], &p));
-        const v1::ShardDesc& s = shards[i];
-        hasher.Add(s);
-        KeyRef ref{s.fqn(), s.state_key(), s.kind(), s.state_absent(),
-                   s.kind() == v1::SHARD_KIND_EXTRA ? rank : 0};
-        auto [it, inserted] = key_index.try_emplace(ref, static_cast<uint32_t>(keys_.size()));
-        if (inserted) {
-          KeyInfo& key = keys_.emplace_back();
-          key.ref = ref;
-          key.dtype = s.dtype();
-          key.shape.assign(s.global_shape().begin(), s.global_shape().end());
-          counts.push_back(0);
-        } else {
-          const KeyInfo& key = keys_[it->second];
-          p.shape_differs =
-              s.dtype() != key.dtype || SpanOf(s.global_shape()) != absl::MakeConstSpan(key.shape);
-        }
-        p.key = it->second;
-        ++counts[p.key];
-        pieces.push_back(p);
+    for (Piece& p : pieces) {
+      const v1::ShardDesc& s = *p.shard;
+      KeyRef ref{s.fqn(), s.state_key(), s.kind(), s.state_absent(),
+                 s.kind() == v1::SHARD_KIND_EXTRA ? p.rank : 0};
+      auto [it, inserted] = key_index.try_emplace(ref, static_cast<uint32_t>(keys_.size()));
+      if (inserted) {
+        KeyInfo& key = keys_.emplace_back();
+        key.ref = ref;
+        key.dtype = s.dtype();
+        key.shape.assign(s.global_shape().begin(), s.global_shape().end());
+        counts.push_back(0);
+      } else {
+        const KeyInfo& key = keys_[it->second];
+        p.shape_differs =
+            s.dtype() != key.dtype || SpanOf(s.global_shape()) != absl::MakeConstSpan(key.shape);
       }
-      rank_fingerprints_[rank] = hasher.Finish();
+      p.key = it->second;
+      ++counts[p.key];
     }
     uint32_t offset = 0;
     for (size_t k = 0; k < keys_.size(); ++k) {
@@ -876,23 +922,26 @@ class Planner {
     }
     EncodeChunkBytes();
     plan.assignments.resize(world);
-    std::string buffer;  // reused: its capacity grows once, not per rank
-    for (uint32_t r = 0; r < world; ++r) {
-      buffer.clear();
-      absl::Span<const Item> mine(items.data() + offsets[r], offsets[r + 1] - offsets[r]);
-      const bool writes = std::any_of(mine.begin(), mine.end(),
-                                      [](const Item& i) { return i.kind == ItemKind::kWrite; });
-      if (writes) {
-        WireWriter(&buffer).String(v1::RankAssignment::kFileFieldNumber, DataFileName(r));
-      }
-      // Fields in number order: writes, hashes, sends.
-      for (ItemKind kind : {ItemKind::kWrite, ItemKind::kHash, ItemKind::kSend}) {
-        for (const Item& item : mine) {
-          if (item.kind == kind) EncodeItem(item, &buffer);
+    const size_t threads = PassThreads(items.size());
+    RunOnThreads(threads, [&](size_t t) {
+      std::string buffer;  // reused: its capacity grows once per thread, not per rank
+      for (uint32_t r = static_cast<uint32_t>(t); r < world; r += static_cast<uint32_t>(threads)) {
+        buffer.clear();
+        absl::Span<const Item> mine(items.data() + offsets[r], offsets[r + 1] - offsets[r]);
+        const bool writes = std::any_of(mine.begin(), mine.end(),
+                                        [](const Item& i) { return i.kind == ItemKind::kWrite; });
+        if (writes) {
+          WireWriter(&buffer).String(v1::RankAssignment::kFileFieldNumber, DataFileName(r));
         }
+        // Fields in number order: writes, hashes, sends.
+        for (ItemKind kind : {ItemKind::kWrite, ItemKind::kHash, ItemKind::kSend}) {
+          for (const Item& item : mine) {
+            if (item.kind == kind) EncodeItem(item, &buffer);
+          }
+        }
+        plan.assignments[r] = buffer;
       }
-      plan.assignments[r] = buffer;
-    }
+    });
     return plan;
   }
 
@@ -924,29 +973,16 @@ class Planner {
     }
   }
 
-  // HashItem and GatherSend share field numbers up to the box, so one pre-encoded run of a
-  // chunk's key and box serves both.
-  static_assert(v1::HashItem::kLocalShardFieldNumber == 1 &&
-                    v1::GatherSend::kLocalShardFieldNumber == 1 &&
-                    v1::HashItem::kKeyFieldNumber == 2 && v1::GatherSend::kKeyFieldNumber == 2 &&
-                    v1::HashItem::kBoxFieldNumber == 3 && v1::GatherSend::kBoxFieldNumber == 3,
-                "EncodeItem's shared key-and-box bytes assume these field numbers");
-
   static uint64_t Int32Varint(int32_t v) { return static_cast<uint64_t>(static_cast<int64_t>(v)); }
 
-  // A chunk's bytes shared by its items: for HashItem and GatherSend the key and box fields,
-  // and the writer's whole WriteItem.
+  // Each chunk's encoded WriteItem, which only its writer carries. (HashItems and
+  // GatherSends name their local shard and chunk: no key or box to share.)
   void EncodeChunkBytes() {
-    key_box_bytes_.reserve(chunks_.size());
     write_bytes_.reserve(chunks_.size());
     std::string box;
     for (const Chunk& chunk : chunks_) {
       const std::string& key = keys_[chunk.key].name;
       box = EncodeBox(piece(chunk.begin).shard->box());
-      std::string& key_box = key_box_bytes_.emplace_back();
-      WireWriter(&key_box).String(v1::HashItem::kKeyFieldNumber, key);
-      WireWriter(&key_box).Message(v1::HashItem::kBoxFieldNumber, box);
-
       std::string& write = write_bytes_.emplace_back();
       WireWriter w(&write);
       w.String(v1::WriteItem::kKeyFieldNumber, key);
@@ -975,33 +1011,23 @@ class Planner {
       return;
     }
     const Chunk& chunk = chunks_[item.chunk];
-    const std::string& shared = key_box_bytes_[item.chunk];
-    WireBuffer head, tail;
-    head.Varint(v1::HashItem::kLocalShardFieldNumber, Int32Varint(item.local));
+    WireBuffer body, range;
+    range.Varint(v1::FlatRange::kBeginFieldNumber, static_cast<uint64_t>(item.begin));
+    range.Varint(v1::FlatRange::kEndFieldNumber, static_cast<uint64_t>(item.end));
     int field;
     if (item.kind == ItemKind::kHash) {
       field = v1::RankAssignment::kHashesFieldNumber;
-      tail.Varint(v1::HashItem::kWriterRankFieldNumber, item.ranged ? item.reference : chunk.writer);
-      if (item.ranged) {
-        WireBuffer range;
-        range.Varint(v1::FlatRange::kBeginFieldNumber, static_cast<uint64_t>(item.begin));
-        range.Varint(v1::FlatRange::kEndFieldNumber, static_cast<uint64_t>(item.end));
-        tail.Message(v1::HashItem::kRangeFieldNumber, range.view());
-      }
+      body.Varint(v1::HashItem::kLocalShardFieldNumber, Int32Varint(item.local));
+      body.Varint(v1::HashItem::kWriterRankFieldNumber, item.ranged ? item.reference : chunk.writer);
+      if (item.ranged) body.Message(v1::HashItem::kRangeFieldNumber, range.view());
+      body.Varint(v1::HashItem::kChunkFieldNumber, item.chunk);
     } else {
       field = v1::RankAssignment::kSendsFieldNumber;
-      WireBuffer range;
-      range.Varint(v1::FlatRange::kBeginFieldNumber, static_cast<uint64_t>(item.begin));
-      range.Varint(v1::FlatRange::kEndFieldNumber, static_cast<uint64_t>(item.end));
-      tail.Message(v1::GatherSend::kRangeFieldNumber, range.view());
-      tail.Varint(v1::GatherSend::kLeaderRankFieldNumber, chunk.writer);
+      body.Varint(v1::GatherSend::kLocalShardFieldNumber, Int32Varint(item.local));
+      body.Message(v1::GatherSend::kRangeFieldNumber, range.view());
+      body.Varint(v1::GatherSend::kLeaderRankFieldNumber, chunk.writer);
     }
-    WireBuffer header;
-    header.LengthDelimited(field, head.size() + shared.size() + tail.size());
-    out->append(header.view().data(), header.size());
-    out->append(head.view().data(), head.size());
-    out->append(shared);
-    out->append(tail.view().data(), tail.size());
+    WireWriter(out).Message(field, body.view());
   }
 
   const MeshLayout& layout_;
@@ -1014,7 +1040,6 @@ class Planner {
   std::vector<uint32_t> sorted_keys_;        // key indices sorted by name
   std::vector<Chunk> chunks_;                // in key-name order, then box order
   std::vector<uint32_t> sources_;            // per chunk, the pieces it is assembled from
-  std::vector<std::string> key_box_bytes_;   // per chunk, see EncodeChunkBytes
   std::vector<std::string> write_bytes_;     // per chunk, its encoded WriteItem
   std::vector<uint64_t> load_;               // bytes written per rank
 };
@@ -1036,15 +1061,30 @@ absl::StatusOr<v1::RankAssignment> GlobalPlan::Assignment(uint32_t rank) const {
 std::string DataFileName(uint32_t rank) { return absl::StrFormat("data-%05u.safetensors", rank); }
 
 absl::Status FillPeers(GlobalPlan* plan) {
-  std::vector<std::vector<uint32_t>> peers(plan->assignments.size());
-  for (uint32_t r = 0; r < plan->assignments.size(); ++r) {
-    absl::StatusOr<std::vector<uint32_t>> mine = AssignmentPeers(plan->assignments[r], r);
-    if (!mine.ok()) {
-      plan->peers.clear();
-      return absl::DataLossError(
-          absl::StrCat("the assignment of rank ", r, " does not parse: ", mine.status().message()));
+  const uint32_t world = static_cast<uint32_t>(plan->assignments.size());
+  size_t bytes = 0;
+  for (const std::string& a : plan->assignments) bytes += a.size();
+  // A pass over every item, like a pass over every shard: a rank's is independent.
+  const size_t threads = PassThreads(bytes / 16);
+  std::vector<std::vector<uint32_t>> peers(world);
+  std::vector<std::optional<uint32_t>> corrupt(threads);  // the first bad rank of each thread
+  RunOnThreads(threads, [&](size_t t) {
+    for (uint32_t r = static_cast<uint32_t>(t); r < world; r += static_cast<uint32_t>(threads)) {
+      absl::StatusOr<std::vector<uint32_t>> mine = AssignmentPeers(plan->assignments[r], r);
+      if (!mine.ok()) {
+        corrupt[t] = r;
+        return;
+      }
+      peers[r] = *std::move(mine);
     }
-    peers[r] = *std::move(mine);
+  });
+  std::optional<uint32_t> bad;
+  for (const std::optional<uint32_t>& r : corrupt) {
+    if (r.has_value() && (!bad.has_value() || *r < *bad)) bad = r;
+  }
+  if (bad.has_value()) {
+    plan->peers.clear();
+    return absl::DataLossError(absl::StrCat("the assignment of rank ", *bad, " does not parse"));
   }
   plan->peers = std::move(peers);
   return absl::OkStatus();
@@ -1092,6 +1132,7 @@ std::string EncodePlanRecord(const GlobalPlan& plan) {
     w.Message(v1::PlanRecord::kRankFingerprintsFieldNumber, packed);
   }
   packed_varints(v1::PlanRecord::kStagedBytesByRankFieldNumber, plan.staged_bytes_by_rank);
+  w.Varint(v1::PlanRecord::kAssignmentFormatFieldNumber, kAssignmentFormat);
   return out;
 }
 
@@ -1110,21 +1151,12 @@ uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>
   std::stable_sort(ordered.begin(), ordered.end(),
                    [](const LocalPlan* a, const LocalPlan* b) { return a->rank < b->rank; });
   std::vector<uint64_t> per_rank(ordered.size());
-  // Hashing is bound by memory latency (a shard's fields live in separate allocations), so
-  // large plans are hashed by several threads, each taking every n-th rank.
-  const size_t threads =
-      shards < kParallelFingerprintShards
-          ? 1
-          : std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxFingerprintThreads);
-  auto work = [&](size_t first) {
+  const size_t threads = PassThreads(shards);
+  RunOnThreads(threads, [&](size_t first) {
     for (size_t i = first; i < ordered.size(); i += threads) {
       per_rank[i] = FingerprintLocalPlan(*ordered[i]);
     }
-  };
-  std::vector<std::thread> pool;
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work, t);
-  work(0);
-  for (std::thread& t : pool) t.join();
+  });
   return CombineFingerprints(layout, per_rank);
 }
 

@@ -43,8 +43,10 @@
 // well under a second and the planner's own memory is a fraction of the local plans'
 // (planner_benchmark.cc).
 //
-// Thread-safety: BuildGlobalPlan and the fingerprint functions are pure functions (a large
-// FingerprintPlans runs a few threads of its own). PlanCache is safe for concurrent use.
+// Thread-safety: BuildGlobalPlan and the fingerprint functions are pure functions. On plans of
+// 65,536 shards or more, their passes over every shard or rank (validation, fingerprints,
+// encoding the assignments, FillPeers) run on up to 8 threads of their own, one per core.
+// PlanCache is safe for concurrent use.
 #ifndef TESSERA_SERVER_PLANNER_H_
 #define TESSERA_SERVER_PLANNER_H_
 
@@ -126,9 +128,16 @@ std::string DataFileName(uint32_t rank);
 // Errors: DataLoss if an assignment does not parse (plan->peers is then left empty).
 absl::Status FillPeers(GlobalPlan* plan);
 
+// The encoding of GlobalPlan.assignments (PlanRecord.assignment_format): 2 — HashItems and
+// GatherSends name their local shard (and a HashItem its chunk's index in `tensors`) instead
+// of carrying the chunk's key and box: at 16,384 ranks x 300 shards 140 MB of assignments
+// instead of 373 MB (DESIGN.md "Plan caching"). A stored plan of another format is not used.
+inline constexpr uint32_t kAssignmentFormat = 2;
+
 // The v1::PlanRecord (coordinator_state.proto) of `plan`, encoded: fingerprint, assignments,
-// tensors, bytes_written_by_rank, total_bytes, rank_fingerprints, staged_bytes_by_rank; the bytes of building the record and
-// serializing it, without the record's copy of every assignment and tensor. Errors: none.
+// tensors, bytes_written_by_rank, total_bytes, rank_fingerprints, staged_bytes_by_rank and
+// kAssignmentFormat; the bytes of building the record and serializing it, without the
+// record's copy of every assignment and tensor. Errors: none.
 std::string EncodePlanRecord(const GlobalPlan& plan);
 
 // Validates the local plans against the rules above and builds the global plan. `plans` must

@@ -74,7 +74,7 @@ void BM_FirstPlan(benchmark::State& state) {
   Fixture& f = GetFixture();
   size_t pieces = 0;
   for (const LocalPlan& p : f.plans) pieces += p.shards.size();
-  size_t chunks = 0;
+  size_t chunks = 0, assignment_bytes = 0;
   for (auto _ : state) {
     absl::StatusOr<GlobalPlan> plan = BuildGlobalPlan(f.layout, f.plans);
     if (!plan.ok()) {
@@ -83,9 +83,13 @@ void BM_FirstPlan(benchmark::State& state) {
     }
     chunks = 0;
     for (const v1::TensorEntry& t : plan->tensors) chunks += t.chunks_size();
+    assignment_bytes = 0;
+    for (const std::string& a : plan->assignments) assignment_bytes += a.size();
   }
   state.counters["pieces"] = pieces;
   state.counters["chunks"] = chunks;
+  // What the PINs carry (and the plan record stores): the encoded assignments.
+  state.counters["assignments_MB"] = assignment_bytes / 1e6;
   state.counters["peak_rss_MiB"] = PeakRssMiB();
 }
 BENCHMARK(BM_FirstPlan)

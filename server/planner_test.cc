@@ -221,6 +221,7 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
   record.set_total_bytes(plan.total_bytes);
   for (uint64_t fp : plan.rank_fingerprints) record.add_rank_fingerprints(fp);
   for (uint64_t b : plan.staged_bytes_by_rank) record.add_staged_bytes_by_rank(b);
+  record.set_assignment_format(kAssignmentFormat);
   EXPECT_EQ(EncodePlanRecord(plan), record.SerializeAsString());
   // Each rank's fingerprint and staged bytes are its local plan's.
   ASSERT_EQ(plan.rank_fingerprints.size(), layout.world_size());
@@ -235,6 +236,8 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
   // Every element of every tensor lies in exactly one chunk.
   uint64_t chunk_bytes = 0;
   std::map<std::tuple<std::string, std::vector<int64_t>>, const v1::ChunkEntry*> chunks;
+  // Index = a chunk's index in the plan (HashItem.chunk): its tensor key and entry.
+  std::vector<std::pair<std::string, const v1::ChunkEntry*>> chunk_order;
   for (size_t t = 0; t < plan.tensors.size(); ++t) {
     const v1::TensorEntry& tensor = plan.tensors[t];
     if (t > 0) {
@@ -250,6 +253,7 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
       ASSERT_EQ(c.file(), DataFileName(c.writer_rank()));
       chunk_bytes += c.nbytes();
       chunks[{tensor.key(), box.offsets}] = &c;
+      chunk_order.emplace_back(tensor.key(), &c);
       absl::StatusOr<std::vector<ElementRun>> runs = RowMajorRuns(FullBox(shape), box);
       ASSERT_TRUE(runs.ok());
       for (const ElementRun& run : *runs) {
@@ -300,8 +304,10 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
           // The sender has the matching GatherSend.
           bool found = false;
           for (const v1::GatherSend& g : assignments[src.rank()].sends()) {
+            // (The slice's key and box are its local shard's, checked above.)
             found |= g.local_shard() == src.local_shard() && g.leader_rank() == r &&
-                     g.key() == w.key() && g.range().begin() == src.range().begin();
+                     g.range().begin() == src.range().begin() &&
+                     g.range().end() == src.range().end();
           }
           EXPECT_TRUE(found) << "no GatherSend for a source of " << w.key();
         }
@@ -309,10 +315,14 @@ void ExpectConsistent(const MeshLayout& layout, const std::vector<LocalPlan>& pl
       EXPECT_EQ(next, volume) << w.key();
     }
     for (const v1::HashItem& h : a.hashes()) {
+      // The item names its local shard and its chunk by index in the manifest skeleton.
       const v1::ShardDesc& s = by_rank.at(r)->shards.at(h.local_shard());
-      EXPECT_EQ(TensorKeyOf(s, r), h.key());
-      auto it = chunks.find({h.key(), BoxFromProto(h.box()).offsets});
+      ASSERT_LT(h.chunk(), chunk_order.size()) << "rank " << r;
+      EXPECT_EQ(TensorKeyOf(s, r), chunk_order[h.chunk()].first);
+      EXPECT_EQ(BoxFromProto(s.box()), BoxFromProto(chunk_order[h.chunk()].second->box()));
+      auto it = chunks.find({TensorKeyOf(s, r), BoxFromProto(s.box()).offsets});
       ASSERT_NE(it, chunks.end());
+      EXPECT_EQ(it->second, chunk_order[h.chunk()].second);
       if (h.has_range()) {
         // A replicated flat-range slice: every holder hashes it (the gathered one too), and
         // the reference is the rank whose slice is gathered.
@@ -413,8 +423,10 @@ TEST(Planner, Plan_TpReplicatedNorm_Accepted) {
   EXPECT_THAT(norm->chunks(), SizeIs(1));
   EXPECT_THAT(FindTensor(plan, "wq.weight")->chunks(), SizeIs(2));
   size_t norm_hashes = 0;
-  for (const v1::RankAssignment& a : assignments) {
-    for (const v1::HashItem& h : a.hashes()) norm_hashes += h.key() == "norm.weight";
+  for (uint32_t r = 0; r < 4; ++r) {
+    for (const v1::HashItem& h : assignments[r].hashes()) {
+      norm_hashes += plans[r].shards.at(h.local_shard()).fqn() == "norm.weight";
+    }
   }
   EXPECT_EQ(norm_hashes, 3u);
 }
@@ -497,8 +509,8 @@ TEST(Planner, Plan_DistributedOptimizerSlices_GatheredToLeader) {
       ++sends;
       EXPECT_NE(r, leader);
       EXPECT_EQ(g.leader_rank(), leader);
-      EXPECT_EQ(g.key(), "w#exp_avg");
-      EXPECT_EQ(g.local_shard(), 1);
+      EXPECT_EQ(g.local_shard(), 1);  // w#exp_avg: the slice's key is its local shard's
+      EXPECT_EQ(plans[r].shards[1].state_key(), "exp_avg");
       EXPECT_EQ(g.range().begin(), 8 * r);
     }
   }
@@ -899,6 +911,30 @@ TEST(Planner, Plan_MalformedShards_Rejected) {
     EXPECT_THAT(detail.message(), ::testing::HasSubstr("Shard 1 "));
     EXPECT_TRUE(detail.SerializeAsString().size() > 0);
   }
+}
+
+// A plan of 65,536 shards or more is validated, fingerprinted and encoded on several threads
+// (one per core): the plan is the one the rules give, and of two malformed shards the error
+// names the lower rank's, as one thread finds it first. Ranks 7 and 40 fall to different
+// threads on any machine with 2 to 8 cores that run the pass.
+TEST(Planner, Plan_LargePlanOnSeveralThreads_SamePlanAndFirstErrorByRank) {
+  MeshLayout layout = Mesh({{"dp", 64}});
+  std::vector<LocalPlan> plans = EmptyPlans(layout);
+  for (uint32_t r = 0; r < 64; ++r) {
+    plans[r].shards.push_back(Whole("shared", {8}, {"dp"}));  // a replica on every rank
+    for (int i = 0; i < 1100; ++i) {
+      plans[r].shards.push_back(Whole(absl::StrCat("r", r, ".p", i), {4}));
+    }
+  }
+  GlobalPlan plan = MustPlan(layout, plans);
+  ExpectConsistent(layout, plans, plan);
+  EXPECT_EQ(plan.fingerprint, FingerprintPlans(layout, plans));
+
+  plans[40].shards[5].set_dtype(static_cast<v1::DType>(999));
+  plans[7].shards[900].set_dtype(static_cast<v1::DType>(999));
+  v1::ErrorDetail detail = MustFail(layout, plans, v1::ERROR_CODE_MALFORMED_SHARD);
+  EXPECT_THAT(Coords(detail), ElementsAre("dp=7"));
+  EXPECT_THAT(detail.message(), ::testing::HasSubstr("Shard 900 "));
 }
 
 TEST(Planner, Plan_SamePieceTwiceOnOneRank_Malformed) {

@@ -39,6 +39,7 @@
 #include "common/ids.h"
 #include "common/layout.h"
 #include "common/status.h"
+#include "common/tensor_key.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -383,6 +384,11 @@ class FakeAgent {
 
   uint64_t StallNs() const { return 1000 * (rank_ + 1); }
 
+  // The tensor key of the replica `item` names: its local shard's, as a real agent takes it.
+  std::string HashedKey(const v1::HashItem& item) const {
+    return TensorKeyOf(shards_.at(item.local_shard()), rank_);
+  }
+
   // Replica hashes of every HashItem of `assignment` (GATHER's work, minus the data motion).
   absl::StatusOr<v1::SessionState> ReportHashes(const std::string& session_id,
                                                 const v1::RankAssignment& assignment,
@@ -390,10 +396,10 @@ class FakeAgent {
     v1::ReportChunksRequest request = ChunksRequest(session_id);
     for (const v1::HashItem& item : assignment.hashes()) {
       v1::ReplicaHash* hash = request.add_hashes();
-      hash->set_key(item.key());
-      *hash->mutable_box() = item.box();
-      std::string bytes =
-          ChunkBytes(item.key(), item.box(), item.key() == behavior.diverge_key ? 1 : 0);
+      hash->set_chunk(item.chunk());
+      const std::string key = HashedKey(item);
+      const v1::Box& box = shards_.at(item.local_shard()).box();
+      std::string bytes = ChunkBytes(key, box, key == behavior.diverge_key ? 1 : 0);
       if (item.has_range()) {
         *hash->mutable_range() = item.range();
         bytes = bytes.substr(item.range().begin() * 4,
@@ -845,7 +851,7 @@ TEST_F(ProtocolTest, Protocol_ReplicaDiverges_AbortedWithReplicaDiverged) {
     ASSERT_TRUE(pin.ok()) << pin.status();
     ASSERT_TRUE(pin->has_pin()) << pin->DebugString();
     for (const v1::HashItem& item : pin->pin().assignment().hashes()) {
-      if (item.key() == "layers.0.wq") liar = r;
+      if (agent(r).HashedKey(item) == "layers.0.wq") liar = r;
     }
   }
   ASSERT_TRUE(liar.has_value()) << "no rank hashes a replica of layers.0.wq";

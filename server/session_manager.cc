@@ -135,7 +135,17 @@ class SessionManager::Port : public EffectsPort {
  public:
   Port(SessionManager* manager, Job* job) : m_(manager), job_(job) {}
 
-  absl::Status Persist(const StoreBatch& batch) override { return m_->store_->Commit(batch); }
+  absl::Status Persist(const StoreBatch& batch) override {
+    const absl::Time start = absl::Now();
+    absl::Status committed = m_->store_->Commit(batch);
+    if (batch.ByteSize() >= kLogWritesFrom) {  // a plan record: its time is a save's time
+      LogInfo("job ", job_->job_id, ": ", batch.ByteSize(), " bytes written to the state store in ",
+              absl::FormatDuration(absl::Now() - start));
+    }
+    return committed;
+  }
+  // A store write this large (a new plan's record) is logged with its duration.
+  static constexpr size_t kLogWritesFrom = size_t{1} << 20;
   void Persisted(v1::SessionState state) override {
     if (m_->options_.on_state_persisted) m_->options_.on_state_persisted(state);
   }
@@ -178,6 +188,11 @@ class SessionManager::Port : public EffectsPort {
     job->strand.Post([m, job, work = std::move(work)]() mutable {
       PlanVerdict verdict = DecidePlan(work, m->plan_cache_, *m->registry_,
                                        m->options_.session.planner);
+      if (!work.plans.empty()) {  // freed off the job's strand: the PINs do not wait for it
+        m->janitor_->Post([plans = std::move(work.plans)]() mutable {
+          std::vector<LocalPlan>().swap(plans);
+        });
+      }
       m->PostEffects(job, [m, session = work.session_id, attempt = work.attempt,
                            verdict = std::move(verdict)](JobCore& core) mutable {
         return core.PlanDecided(session, attempt, std::move(verdict), m->clock_->Now());

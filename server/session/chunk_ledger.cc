@@ -16,14 +16,6 @@ std::string ChunkId(absl::string_view key, const v1::Box& box) {
   return ChunkName(key, BoxFromProto(box)) + "|" + absl::StrJoin(box.lengths(), ",");
 }
 
-// Identifies what a replica hash covers: a chunk, or a flat-range slice of one.
-std::string HashId(absl::string_view key, const v1::Box& box, bool has_range,
-                   const v1::FlatRange& range) {
-  std::string id = ChunkId(key, box);
-  if (has_range) absl::StrAppend(&id, "[", range.begin(), ":", range.end(), ")");
-  return id;
-}
-
 v1::ErrorDetail Diverged(std::string message) {
   v1::ErrorDetail detail;
   detail.set_code(v1::ERROR_CODE_REPLICA_DIVERGED);
@@ -41,18 +33,21 @@ void AddRankRef(const MeshLayout& mesh, uint32_t rank, v1::ErrorDetail* error) {
 
 ChunkLedger::ChunkLedger(std::shared_ptr<const GlobalPlan> plan) : plan_(std::move(plan)) {
   for (const v1::TensorEntry& t : plan_->tensors) {
-    for (const v1::ChunkEntry& c : t.chunks()) chunks_[ChunkId(t.key(), c.box())].entry = c;
+    for (const v1::ChunkEntry& c : t.chunks()) {
+      chunk_index_[ChunkId(t.key(), c.box())] = static_cast<uint32_t>(chunks_.size());
+      chunks_.push_back(Entry{c, &t.key()});
+    }
   }
 }
 
 absl::StatusOr<bool> ChunkLedger::RecordChunk(uint32_t rank, const v1::ChunkReport& report) {
-  auto it = chunks_.find(ChunkId(report.key(), report.chunk().box()));
+  auto it = chunk_index_.find(ChunkId(report.key(), report.chunk().box()));
   const std::string name = ChunkName(report.key(), BoxFromProto(report.chunk().box()));
-  if (it == chunks_.end()) {
+  if (it == chunk_index_.end()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " reported chunk ", name, " which is not in the plan"));
   }
-  Entry& chunk = it->second;
+  Entry& chunk = chunks_[it->second];
   if (chunk.entry.writer_rank() != rank || chunk.entry.nbytes() != report.chunk().nbytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " reported chunk ", name, " of ", report.chunk().nbytes(),
@@ -68,7 +63,7 @@ absl::StatusOr<bool> ChunkLedger::RecordChunk(uint32_t rank, const v1::ChunkRepo
 }
 
 void ChunkLedger::RecordHash(uint32_t rank, const v1::ReplicaHash& hash) {
-  auto& hashes = hashes_[HashId(hash.key(), hash.box(), hash.has_range(), hash.range())];
+  auto& hashes = hashes_[HashIdOf(hash.chunk(), hash.has_range(), hash.range())];
   for (auto& [r, digest] : hashes) {
     if (r == rank) {
       digest = hash.xxh3();
@@ -90,8 +85,15 @@ v1::ErrorDetail ChunkLedger::CheckReplicas(const MeshLayout& mesh) const {
       return detail;
     }
     for (const v1::HashItem& item : assignment->hashes()) {
-      auto chunk = chunks_.find(ChunkId(item.key(), item.box()));
-      auto hashes = hashes_.find(HashId(item.key(), item.box(), item.has_range(), item.range()));
+      if (item.chunk() >= chunks_.size()) {
+        v1::ErrorDetail detail;  // the plan is the coordinator's own, as above
+        detail.set_code(v1::ERROR_CODE_INTERNAL);
+        detail.set_message(absl::StrCat("rank ", r, "'s assignment names chunk ", item.chunk(),
+                                        " of a plan of ", chunks_.size()));
+        return detail;
+      }
+      const Entry& chunk = chunks_[item.chunk()];
+      auto hashes = hashes_.find(HashIdOf(item.chunk(), item.has_range(), item.range()));
       std::optional<uint64_t> replica, reference;
       if (hashes != hashes_.end()) {
         for (const auto& [rank, digest] : hashes->second) {
@@ -99,24 +101,21 @@ v1::ErrorDetail ChunkLedger::CheckReplicas(const MeshLayout& mesh) const {
           if (rank == item.writer_rank()) reference = digest;
         }
       }
-      const std::string name = ChunkName(item.key(), BoxFromProto(item.box()));
-      v1::ErrorDetail error;
-      if (!replica.has_value()) {
-        error = Diverged(
-            absl::StrCat("rank ", r, " did not report the hash of its replica of ", name));
-      } else if (item.has_range() ? (!reference.has_value() || *reference != *replica)
-                                  : (chunk == chunks_.end() ||
-                                     ChunkDigest({chunk->second.entry.block_xxh3().begin(),
-                                                  chunk->second.entry.block_xxh3().end()}) !=
-                                         *replica)) {
-        error = Diverged(absl::StrCat(
-            "replica ", name, " on rank ", r, " differs from the copy rank ", item.writer_rank(),
-            " wrote: these ranks do not hold the same bytes, so it is not a replica (check "
-            "replicated_over)"));
-      } else {
-        continue;
-      }
-      error.add_fqns(item.key());
+      const bool matches =
+          replica.has_value() &&
+          (item.has_range() ? reference == replica
+                            : ChunkDigest({chunk.entry.block_xxh3().begin(),
+                                           chunk.entry.block_xxh3().end()}) == *replica);
+      if (matches) continue;
+      const std::string name = ChunkName(*chunk.key, BoxFromProto(chunk.entry.box()));
+      v1::ErrorDetail error = Diverged(
+          replica.has_value()
+              ? absl::StrCat("replica ", name, " on rank ", r, " differs from the copy rank ",
+                             item.writer_rank(),
+                             " wrote: these ranks do not hold the same bytes, so it is not a "
+                             "replica (check replicated_over)")
+              : absl::StrCat("rank ", r, " did not report the hash of its replica of ", name));
+      error.add_fqns(*chunk.key);
       for (uint32_t rank : {item.writer_rank(), r}) AddRankRef(mesh, rank, &error);
       return error;
     }
@@ -137,12 +136,11 @@ v1::Manifest ChunkLedger::BuildManifest(const std::string& job_id, int64_t step,
   manifest.set_committed_unix_ms(committed_unix_ms);
   manifest.set_total_bytes(plan_->total_bytes);
   manifest.mutable_tensors()->Reserve(static_cast<int>(plan_->tensors.size()));
+  size_t next = 0;  // chunks_ is in the plan's order
   for (const v1::TensorEntry& planned : plan_->tensors) {
     v1::TensorEntry* t = manifest.add_tensors();
     *t = planned;
-    for (v1::ChunkEntry& c : *t->mutable_chunks()) {
-      c = chunks_.at(ChunkId(t->key(), c.box())).entry;
-    }
+    for (v1::ChunkEntry& c : *t->mutable_chunks()) c = chunks_[next++].entry;
   }
   return manifest;
 }

@@ -35,7 +35,9 @@ class ChunkLedger {
   // Errors: InvalidArgument if the chunk is not in the plan, is not `rank`'s to write, or its
   // size differs from the plan's (the message names the chunk, both ranks and sizes).
   absl::StatusOr<bool> RecordChunk(uint32_t rank, const v1::ChunkReport& report);
-  // Records a replica's hash. Errors: none (a hash nobody asked for is never compared).
+  // Records a replica's hash (of chunk hash.chunk(), or of its hash.range() slice).
+  // Errors: none (a hash nobody asked for, a chunk index outside the plan included, is never
+  // compared: the replica that should have sent it is reported missing).
   void RecordHash(uint32_t rank, const v1::ReplicaHash& hash);
 
   uint32_t chunks_total() const { return static_cast<uint32_t>(chunks_.size()); }
@@ -56,14 +58,36 @@ class ChunkLedger {
  private:
   struct Entry {
     v1::ChunkEntry entry;
+    const std::string* key = nullptr;  // its tensor's, in plan_->tensors
     bool reported = false;
   };
+  // What a replica hash covers: chunk `chunk` (its index in the plan), or the slice
+  // [begin, end) of it when `ranged`.
+  struct HashId {
+    uint32_t chunk = 0;
+    bool ranged = false;
+    int64_t begin = 0, end = 0;
+    bool operator==(const HashId& o) const {
+      return chunk == o.chunk && ranged == o.ranged && begin == o.begin && end == o.end;
+    }
+    template <typename H>
+    friend H AbslHashValue(H h, const HashId& id) {
+      return H::combine(std::move(h), id.chunk, id.ranged, id.begin, id.end);
+    }
+  };
+  static HashId HashIdOf(uint32_t chunk, bool ranged, const v1::FlatRange& range) {
+    return ranged ? HashId{chunk, true, range.begin(), range.end()} : HashId{chunk};
+  }
+
   std::shared_ptr<const GlobalPlan> plan_;
-  // ChunkId(key, box) -> the planned entry, then the reported one.
-  absl::flat_hash_map<std::string, Entry> chunks_;
+  // Index = the chunk's index in the plan (plan_->tensors in order, each tensor's chunks in
+  // order: HashItem.chunk): the planned entry, then the reported one.
+  std::vector<Entry> chunks_;
+  // ChunkId(key, box) -> index in chunks_, for chunk reports, which name key and box.
+  absl::flat_hash_map<std::string, uint32_t> chunk_index_;
   uint32_t reported_ = 0;
-  // HashId(key, box, range) -> (rank, digest) of each replica that reported.
-  absl::flat_hash_map<std::string, std::vector<std::pair<uint32_t, uint64_t>>> hashes_;
+  // -> (rank, digest) of each replica that reported.
+  absl::flat_hash_map<HashId, std::vector<std::pair<uint32_t, uint64_t>>> hashes_;
 };
 
 // Appends `rank` with its coordinates in `mesh` to the ranks `error` names.

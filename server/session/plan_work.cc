@@ -72,9 +72,6 @@ PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& re
     plan = std::make_shared<const GlobalPlan>(*std::move(built));
     cache.Insert(work.job_id, plan);
   }
-  // The local plans are in the global plan now: free them before anything else is built.
-  std::vector<LocalPlan>().swap(work.plans);
-
   std::vector<NodeBudget> nodes(work.layout.world_size());
   for (uint32_t r = 0; r < nodes.size(); ++r) {
     if (std::optional<v1::RegisterAgentRequest> reg = registry.Get(work.job_id, r)) {

@@ -113,6 +113,11 @@ absl::StatusOr<std::shared_ptr<const GlobalPlan>> ReadPlan(const StateStore& sto
   if (!record.has_value()) {
     return absl::DataLossError(absl::StrCat("the ", what, " is missing from the state store"));
   }
+  if (record->assignment_format() != kAssignmentFormat) {
+    return absl::DataLossError(absl::StrCat(
+        "the ", what, " was stored in assignment format ", record->assignment_format(),
+        " (this coordinator reads format ", kAssignmentFormat, ") and cannot be used"));
+  }
   auto plan = std::make_shared<GlobalPlan>();
   plan->fingerprint = record->fingerprint();
   plan->assignments.assign(record->assignments().begin(), record->assignments().end());

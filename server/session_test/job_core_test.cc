@@ -36,6 +36,7 @@
 #include "common/layout.h"
 #include "common/plan_fingerprint.h"
 #include "common/status.h"
+#include "common/tensor_key.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/testing/plan_fixtures.h"
@@ -446,6 +447,11 @@ class SessionManagerTest : public ::testing::Test {
     }
   }
 
+  // The tensor key of the replica `item` of `rank` names: its local shard's.
+  std::string HashedKey(uint32_t rank, const v1::HashItem& item) const {
+    return TensorKeyOf(plans_[rank].at(item.local_shard()), rank);
+  }
+
   // The replica hashes of `rank`'s HashItems; the replica of `corrupt_key` holds other bytes.
   absl::StatusOr<v1::SessionState> ReportHashes(uint32_t rank, const std::string& session_id,
                                                 const std::string& corrupt_key = "") {
@@ -457,10 +463,10 @@ class SessionManagerTest : public ::testing::Test {
     const v1::RankAssignment assignment = AssignmentOf(rank, session_id);
     for (const v1::HashItem& item : assignment.hashes()) {
       v1::ReplicaHash* hash = request.add_hashes();
-      hash->set_key(item.key());
-      *hash->mutable_box() = item.box();
-      hash->set_xxh3(
-          ChunkDigest(Blocks(ChunkBytes(item.key(), item.box(), item.key() == corrupt_key), kBlockSize)));
+      hash->set_chunk(item.chunk());
+      const std::string key = HashedKey(rank, item);
+      const v1::Box& box = plans_[rank].at(item.local_shard()).box();
+      hash->set_xxh3(ChunkDigest(Blocks(ChunkBytes(key, box, key == corrupt_key), kBlockSize)));
     }
     return manager().ReportChunks(request);
   }
@@ -1213,7 +1219,7 @@ TEST_F(SessionManagerTest, Save_ReplicaBytesDiffer_ReplicaDiverged) {
   for (uint32_t r = 0; r < 4 && !bad.has_value(); ++r) {
     const v1::RankAssignment assignment = AssignmentOf(r, id);
     for (const v1::HashItem& item : assignment.hashes()) {
-      if (item.key() == "layers.0.wq") {
+      if (HashedKey(r, item) == "layers.0.wq") {
         bad = r;
         writer = item.writer_rank();
       }
@@ -1814,6 +1820,35 @@ TEST_F(SessionManagerTest, Recover_InCopying_ResendsCopy) {
   ASSERT_TRUE(Phase(1, id, v1::AGENT_PHASE_PINNED).ok());
   PhaseAll(id, v1::AGENT_PHASE_STAGED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+}
+
+// A session in flight whose plan an older coordinator stored (HashItems with key and box, no
+// chunk index: PlanRecord.assignment_format unset) is not recovered with that plan: the
+// coordinator says which format it found instead of checking replicas against wrong chunks.
+TEST_F(SessionManagerTest, Recover_PlanOfAnotherAssignmentFormat_RefusedNamingTheFormat) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  StoreBatch older;
+  ASSERT_TRUE(store_
+                  .Scan(Table::kPlans, "",
+                        [&](absl::string_view key, absl::string_view value) {
+                          v1::PlanRecord record;
+                          EXPECT_TRUE(record.ParseFromArray(value.data(), value.size()));
+                          EXPECT_EQ(record.assignment_format(), kAssignmentFormat);
+                          record.clear_assignment_format();
+                          older.Put(Table::kPlans, std::string(key), record.SerializeAsString());
+                          return true;
+                        })
+                  .ok());
+  ASSERT_FALSE(older.empty());
+  ASSERT_TRUE(store_.Commit(older).ok());
+  manager_.reset();
+  SyncSessions restarted(&store_, &registry_, &sink_, &committer_, &clock_, options_);
+  const absl::Status recovered = restarted.Recover();
+  EXPECT_EQ(recovered.code(), absl::StatusCode::kDataLoss) << recovered;
+  EXPECT_THAT(recovered.message(), HasSubstr("assignment format 0"));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -61,6 +61,7 @@
 #include "common/plan_fingerprint.h"
 #include "common/program.h"
 #include "common/status.h"
+#include "common/tensor_key.h"
 #include "format/manifest_io.h"
 #include "server/testing/llama_plans.h"
 #include "storage/posix_storage.h"
@@ -375,16 +376,17 @@ class FakeAgent {
     v1::ReportChunksRequest request = ChunksRequest(session);
     for (const v1::HashItem& item : assignment_.hashes()) {
       v1::ReplicaHash* hash = request.add_hashes();
-      hash->set_key(item.key());
-      *hash->mutable_box() = item.box();
+      hash->set_chunk(item.chunk());
+      // The replica's key and box are its local shard's, as a real agent takes them.
+      const v1::ShardDesc& shard = shards_.at(item.local_shard());
+      const std::string key = TensorKeyOf(shard, rank_);
       if (item.has_range()) {
         *hash->mutable_range() = item.range();
-        const std::string id = absl::StrCat(item.key(), "@", BoxString(item.box()), "[",
+        const std::string id = absl::StrCat(key, "@", BoxString(shard.box()), "[",
                                             item.range().begin(), ",", item.range().end(), ")");
         hash->set_xxh3(Xxh3(id.data(), id.size()));
       } else {
-        const uint64_t nbytes = shards_.at(item.local_shard()).nbytes();
-        hash->set_xxh3(ChunkDigest(FakeBlocks(item.key(), item.box(), nbytes)));
+        hash->set_xxh3(ChunkDigest(FakeBlocks(key, shard.box(), shard.nbytes())));
       }
     }
     return Chunks(request);

@@ -576,7 +576,7 @@ if wants plan; then
           --coordinator_pid="$COORD_PID" --pp="$ppd" --tp="$tpd" --dp="$dpd" \
           --shards_per_rank="$shards" --fingerprints="$fingerprints" >"$OUT/raw/plan-$tag.json" 2>"$OUT/logs/plan-load-$tag.log" \
           || say "planning failed (see $OUT/logs/plan-load-$tag.log)"
-        grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams" "$DIR/logs/coordinator.log" \
+        grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams|written to the state store" "$DIR/logs/coordinator.log" \
           >"$OUT/raw/plan-events-$tag.txt"
         stop_coordinator >/dev/null 2>&1
       else
