@@ -2359,6 +2359,50 @@ TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestart_StillRecordedAsMemoryOnly) 
   EXPECT_TRUE(replay->committed().memory_only());
 }
 
+// A coordinator restart while a memory-only save is in PERSISTING: the recovered session is
+// still memory-only — the replayed commands say so, the re-reported chunks commit it without
+// a disk commit, and the disk's latest does not move.
+TEST_F(MemoryOnlyTest, MemoryOnly_RestartInPersisting_ResumedAsMemoryOnly) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(1);
+  ASSERT_THAT(committer_.commits(), SizeIs(1));
+  AskMemoryOnly(true);
+  const std::string id = SubmitAll(2);
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  PhaseAll(id, v1::AGENT_PHASE_STAGED);
+  GatherAll(id);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  ASSERT_TRUE(ReportWrites(0, id).ok());
+
+  RestartCoordinator();
+  const v1::SessionStatus recovered = Status(id);
+  EXPECT_EQ(recovered.state(), v1::SESSION_STATE_PERSISTING);
+  EXPECT_TRUE(recovered.memory_only());
+  EXPECT_EQ(recovered.chunks_reported(), 0u);  // progress is re-reported, not persisted
+
+  // The agents re-send what they had reported, then carry on; PERSIST still names no
+  // directory.
+  GatherAll(id);
+  EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ElementsAre(0, 1, 2, 3));
+  for (const v1::Command& c : CommandsTo(0, id)) {
+    if (c.has_persist()) {
+      EXPECT_TRUE(c.persist().memory_only());
+      EXPECT_TRUE(c.persist().tmp_dir().empty());
+    }
+  }
+  PersistAll(id);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
+  EXPECT_TRUE(Status(id).memory_only());
+  AdvanceAndTick(absl::Seconds(1));
+  EXPECT_THAT(committer_.commits(), SizeIs(1));  // step 1's only
+  EXPECT_EQ(LatestStep(), 1);
+  EXPECT_EQ(store_.TableSize(Table::kMemoryCheckpoints), 1u);
+  absl::StatusOr<v1::Manifest> manifest = manager().GetMemoryCheckpoint(kJob, 2);
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->session_id(), id);
+}
+
 TEST_F(MemoryOnlyTest, MemoryOnly_NewerCommits_Supersede) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
