@@ -170,6 +170,17 @@ class CheckpointReaderTest : public ::testing::TestWithParam<bool> {
     return stats;
   }
 
+  // Reads "layers.0.attn.wq" whole through a memory-only reader of the manifest
+  // (FromManifest) over the copies `files`; the status of that read.
+  absl::Status ReadWqFromMemoryOnly(const ResidentFiles* files) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+        CheckpointReader::FromManifest(manifest_, "memory-only step");
+    if (!reader.ok()) return reader.status();
+    std::string got;
+    return (*reader)->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr, files)
+        .status();
+  }
+
   // Rewrites the manifest after `mutate`, keeping total_bytes consistent.
   void RewriteManifest(const std::function<void(v1::Manifest&)>& mutate) {
     v1::Manifest m = manifest_;
@@ -516,14 +527,7 @@ TEST_P(CheckpointReaderTest, FromManifest_ChunkInNoCopy_MemoryCopyLostNamingFile
   ResidentCopies memory(dir_, manifest_);
   memory.Keep(chunk.file(), 0, chunk.offset());  // that chunk is in no copy
   memory.Refresh();
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::FromManifest(manifest_, "memory-only step");
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  std::string got;
-  absl::Status s = (*reader)
-                       ->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr,
-                              memory.files())
-                       .status();
+  const absl::Status s = ReadWqFromMemoryOnly(memory.files());
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_MEMORY_COPY_LOST) << s;
   EXPECT_THAT(s.message(), HasSubstr(chunk.file()));
@@ -534,14 +538,7 @@ TEST_P(CheckpointReaderTest, FromManifest_FlippedByteInMemory_ChecksumMismatchNo
   const v1::ChunkEntry& chunk = manifest_.tensors(0).chunks(1);
   ResidentCopies memory(dir_, manifest_);
   memory.bytes(chunk.file())[chunk.offset() + 70] ^= 0x5a;
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
-      CheckpointReader::FromManifest(manifest_, "memory-only step");
-  ASSERT_TRUE(reader.ok()) << reader.status();
-  std::string got;
-  absl::Status s = (*reader)
-                       ->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr,
-                              memory.files())
-                       .status();
+  const absl::Status s = ReadWqFromMemoryOnly(memory.files());
   EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_CHECKSUM_MISMATCH) << s;
   EXPECT_THAT(s.message(), HasSubstr("block 1"));
 }

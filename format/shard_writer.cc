@@ -67,7 +67,6 @@ void ComputeChecksums(const FileLayout& layout, const char* staging, uint32_t bl
   }
 }
 
-// Writes header and data section, syncs and closes. The file is closed on return.
 // One ChunkEntry per layout item of `file_name`, with its block checksums `sums`.
 std::vector<v1::ChunkEntry> DescribeChunks(const FileLayout& layout, const std::string& file_name,
                                            const std::vector<std::vector<uint64_t>>& sums,
@@ -88,6 +87,20 @@ std::vector<v1::ChunkEntry> DescribeChunks(const FileLayout& layout, const std::
   return chunks;
 }
 
+// The staging a file's chunks are read from: present if there is data, its padding zero.
+// `name` names the file in the error.
+absl::Status CheckStaging(const FileLayout& layout, const char* data, const std::string& name) {
+  if (data == nullptr && layout.data_size > 0) {
+    return absl::InvalidArgumentError("no staging buffer for a non-empty data section");
+  }
+  if (data != nullptr && !PaddingIsZero(layout, data)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "staging for ", name, " has non-zero padding bytes (call ZeroPadding when staging)"));
+  }
+  return absl::OkStatus();
+}
+
+// Writes header and data section, syncs and closes. The file is closed on return.
 absl::Status WriteBytes(Storage& storage, const std::string& dir, const std::string& path,
                         const FileLayout& layout, const char* staging,
                         const ShardWriterOptions& options) {
@@ -139,15 +152,9 @@ absl::StatusOr<WrittenFile> ShardWriter::WriteFile(Storage& storage, const std::
   if (layout.header.size() != layout.data_start || layout.data_start % kDataAlignment != 0) {
     return absl::InvalidArgumentError("the layout's header does not match its data_start");
   }
-  if (staging == nullptr && layout.data_size > 0) {
-    return absl::InvalidArgumentError("no staging buffer for a non-empty data section");
-  }
   const char* data = static_cast<const char*>(staging);
   const std::string path = JoinPath(dir, file_name);
-  if (data != nullptr && !PaddingIsZero(layout, data)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "staging for ", path, " has non-zero padding bytes (call ZeroPadding when staging)"));
-  }
+  RETURN_IF_ERROR(CheckStaging(layout, data, path));
 
   std::vector<std::vector<uint64_t>> sums(layout.items.size());
   std::atomic<bool> cancel{false};
@@ -181,14 +188,8 @@ absl::StatusOr<std::vector<v1::ChunkEntry>> ShardWriter::Describe(
     const ShardWriterOptions& options) {
   RETURN_IF_ERROR(ValidateFileName(file_name));
   if (options.block_size == 0) return absl::InvalidArgumentError("block_size must be positive");
-  if (staging == nullptr && layout.data_size > 0) {
-    return absl::InvalidArgumentError("no staging buffer for a non-empty data section");
-  }
   const char* data = static_cast<const char*>(staging);
-  if (data != nullptr && !PaddingIsZero(layout, data)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "staging for ", file_name, " has non-zero padding bytes (call ZeroPadding when staging)"));
-  }
+  RETURN_IF_ERROR(CheckStaging(layout, data, file_name));
   std::vector<std::vector<uint64_t>> sums(layout.items.size());
   std::atomic<bool> cancel{false};
   ComputeChecksums(layout, data, options.block_size, cancel, &sums);

@@ -168,12 +168,17 @@ absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> 
   Submission& sub = it->second;
   const bool changed = fresh || sub.fingerprint != fingerprint;
   const bool supplied = plan.has_value() && awaiting_shards_.erase(rank) > 0;
+  const bool kind_changed = !fresh && sub.memory_only != memory_only;
   if (changed) sub.plan.reset();
   sub.fingerprint = fingerprint;
   if (plan.has_value()) sub.plan = std::move(plan);
   sub.memory_only = memory_only;
   out.changed = true;
   if (submissions_.size() < world() || !awaiting_shards_.empty()) return absl::OkStatus();
+  // A repeated submission of the same plan (a re-send after a lost reply or a reconnection)
+  // changes nothing: the attempt out, or the verdict given, stands.
+  if (!changed && !supplied && !kind_changed && plan_attempt_ > 0) return absl::OkStatus();
+  // Once per plan attempt, not per re-send: it asks the registry about every rank.
   std::map<uint32_t, bool> asked;
   for (const auto& [r, s] : submissions_) asked[r] = s.memory_only;
   if (std::optional<v1::ErrorDetail> refused = MemoryOnlyRefusal(
@@ -181,9 +186,6 @@ absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> 
     Abort(*std::move(refused), now, out);
     return absl::OkStatus();
   }
-  // A repeated submission of the same plan (a re-send after a lost reply or a reconnection)
-  // changes nothing: the attempt out, or the verdict given, stands.
-  if (!changed && !supplied && plan_attempt_ > 0) return absl::OkStatus();
   PlanWork work;
   work.job_id = context_.job_id;
   work.session_id = record_.session_id();
@@ -494,11 +496,7 @@ void SessionMachine::Advance(absl::Time now, Effects& out) {
     case v1::SESSION_STATE_PERSISTING:
       HandOutPersist(out);
       if (all([](const RankProgress& p) { return p.persisted; }) && ledger_->complete()) {
-        if (record_.memory_only()) {
-          CommitInMemory(now, out);
-        } else {
-          BeginCommitting(now, out);
-        }
+        BeginCommitting(now, out);
       }
       break;
     default:
@@ -560,7 +558,7 @@ void SessionMachine::BeginCommitting(absl::Time now, Effects& out) {
     Abort(std::move(diverged), now, out);
     return;
   }
-  if (!context_.options->coordinator_commits) {
+  if (!record_.memory_only() && !context_.options->coordinator_commits) {
     record_.set_committer_is_agent(true);
     if (!PickCommitter()) {
       Abort(Detail(v1::ERROR_CODE_IO_ERROR,
@@ -572,25 +570,18 @@ void SessionMachine::BeginCommitting(absl::Time now, Effects& out) {
   manifest_ = std::make_shared<const v1::Manifest>(
       ledger_->BuildManifest(context_.job_id, record_.step(), record_.session_id(),
                              context_.layout, absl::ToUnixMillis(now)));
+  if (record_.memory_only()) {
+    // 8: nothing to write. JobCore records the manifest (MemoryCheckpointRecord) in the batch
+    // that records COMMITTED.
+    MarkCommitted(now, out);
+    return;
+  }
   retire_steps_ = DirectoriesToRetire();
   record_.set_checkpoint_dir(
       StepDirPath(context_.options->storage_root, context_.job_id, record_.step()));
   PutManifest(out.batch, *manifest_);
   EnterState(v1::SESSION_STATE_COMMITTING, now, out);
   RequestCommit(now, out);
-}
-
-void SessionMachine::CommitInMemory(absl::Time now, Effects& out) {
-  v1::ErrorDetail diverged = ledger_->CheckReplicas(context_.mesh);
-  if (diverged.code() != v1::ERROR_CODE_UNSPECIFIED) {
-    Abort(std::move(diverged), now, out);
-    return;
-  }
-  // JobCore records it (MemoryCheckpointRecord) in the batch that records COMMITTED.
-  manifest_ = std::make_shared<const v1::Manifest>(
-      ledger_->BuildManifest(context_.job_id, record_.step(), record_.session_id(),
-                             context_.layout, absl::ToUnixMillis(now)));
-  MarkCommitted(now, out);
 }
 
 void SessionMachine::MarkCommitted(absl::Time now, Effects& out) {

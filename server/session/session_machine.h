@@ -212,9 +212,8 @@ class SessionMachine {
                     Effects& out);                              // 1
   void BeginCopying(absl::Time now, Effects& out);              // 2
   void BeginPersisting(absl::Time now, Effects& out);           // 3
-  void BeginCommitting(absl::Time now, Effects& out);           // 4
+  void BeginCommitting(absl::Time now, Effects& out);           // 4, or 8 when memory-only
   void MarkCommitted(absl::Time now, Effects& out);             // 5
-  void CommitInMemory(absl::Time now, Effects& out);            // 8
   void Abort(v1::ErrorDetail error, absl::Time now, Effects& out);        // 6
   void EndRolledBack(v1::ErrorDetail error, absl::Time now, Effects& out);  // 7
 
