@@ -18,22 +18,19 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/buddy_replicator.h"
+#include "agent/buddy_store.h"
 #include "agent/command_stream.h"
 #include "agent/coordinator_client.h"
 #include "agent/cuda_host.h"
 #include "agent/lifeline.h"
 #include "agent/loader.h"
+#include "agent/memory_tier.h"
 #include "agent/peer/grpc_peer_transport.h"
 #include "agent/peer/peer_address_book.h"
-#include "agent/save_executor.h"
-#include "agent/buddy_replicator.h"
-#include "agent/buddy_store.h"
-#include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
+#include "agent/save_executor.h"
 #include "agent/staging_pool.h"
-#include "storage/fault_injecting_storage.h"
-#include "storage/posix_storage.h"
-#include "storage/storage.h"
 #include "agent/trainer_service.h"
 #include "common/ids.h"
 #include "common/layout.h"
@@ -42,6 +39,9 @@
 #include "common/signals.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
+#include "storage/fault_injecting_storage.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of tessera-coordinator");
 ABSL_FLAG(std::string, job, "", "job id (1..128 of [A-Za-z0-9._-]); required");
@@ -98,8 +98,9 @@ std::string Hostname() {
   return name;
 }
 
-// Memory copies between agents: one channel per transfer (rare: one per save and buddy, or
-// per file a load reads from another node), bounded by a generous deadline.
+// Memory copies between agents: channels per transfer (rare: one per save and buddy, or
+// MemoryCopyChannels' few per file a load reads from another node), bounded by a generous
+// deadline.
 constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address) {
   return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
@@ -135,15 +136,14 @@ int main(int argc, char** argv) {
   const bool gpu = tessera::GpuAvailable();
 
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
-      tessera::MakeChannelCredentials({absl::GetFlag(FLAGS_tls_cert),
-                                       absl::GetFlag(FLAGS_tls_key),
+      tessera::MakeChannelCredentials({absl::GetFlag(FLAGS_tls_cert), absl::GetFlag(FLAGS_tls_key),
                                        absl::GetFlag(FLAGS_tls_ca)});
   if (!credentials.ok()) return Fail(std::string(credentials.status().message()));
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
-  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
-      absl::GetFlag(FLAGS_coordinator), *credentials, channel_args);
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator), *credentials, channel_args);
   tessera::GrpcCoordinatorClient coordinator(channel);
 
   // Staging: one pool for saves, one for loads (each Acquire replaces its pool's regions).
@@ -153,8 +153,8 @@ int main(int argc, char** argv) {
       tessera::StagingOwnership::Acquire(job, urank);
   if (!ownership.ok()) return Fail(std::string(ownership.status().message()));
   for (const std::string& pool_job : {job, job + ".load"}) {
-    absl::StatusOr<int> stale = tessera::StagingPool::RemoveStaleRegions(pool_job, urank,
-                                                                        incarnation);
+    absl::StatusOr<int> stale =
+        tessera::StagingPool::RemoveStaleRegions(pool_job, urank, incarnation);
     if (stale.ok() && *stale > 0) {
       tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
     }
@@ -193,14 +193,15 @@ int main(int argc, char** argv) {
   // memory — this node's mapped, other nodes' over PeerMemory.
   const bool memory_on = absl::GetFlag(FLAGS_memory_tier);
   tessera::Lifeline* lifeline_for_lease = nullptr;  // set once the lifeline exists
-  tessera::BuddyReplicator* replicator = nullptr;    // likewise
+  tessera::BuddyReplicator* replicator = nullptr;   // likewise
   tessera::MemoryTier memory_tier([&lifeline_for_lease, &replicator] {
     if (replicator != nullptr) replicator->OnPublished();
     if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
   });
   tessera::MemoryTier* const memory = memory_on ? &memory_tier : nullptr;
   const uint64_t buddy_budget = absl::GetFlag(FLAGS_buddy_budget_mb) > 0
-                                    ? static_cast<uint64_t>(absl::GetFlag(FLAGS_buddy_budget_mb)) << 20
+                                    ? static_cast<uint64_t>(absl::GetFlag(FLAGS_buddy_budget_mb))
+                                          << 20
                                     : (*save_pool)->budget_bytes();
   tessera::BuddyStore buddy_store(buddy_budget);
   tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
@@ -248,8 +249,7 @@ int main(int argc, char** argv) {
       request.set_incarnation(incarnation);
       request.set_step(step);
     };
-    loader_options.find_copies = [&coordinator, query](int64_t step,
-                                                       const std::string& session_id)
+    loader_options.find_copies = [&coordinator, query](int64_t step, const std::string& session_id)
         -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
       tessera::v1::FindMemoryCopiesRequest request;
       query(request, step);
@@ -268,9 +268,10 @@ int main(int argc, char** argv) {
       if (!found.ok()) return found.status();
       return std::move(*found->mutable_manifest());
     };
-    loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy) {
-      return tessera::ReadMemoryCopy(PeerChannel(copy.peer_address()), job, copy,
-                                     kMemoryCopyTimeout);
+    loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy, char* dest) {
+      return tessera::ReadMemoryCopy(
+          tessera::MemoryCopyChannels(copy.peer_address(), grpc::InsecureChannelCredentials()), job,
+          copy, dest, kMemoryCopyTimeout);
     };
   }
   tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
@@ -286,8 +287,8 @@ int main(int argc, char** argv) {
             while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(100))) {
             }
           };
-          return tessera::SendMemoryCopy(PeerChannel(address), job, copy, data,
-                                         kMemoryCopyTimeout, &cancel, yield_to_saves);
+          return tessera::SendMemoryCopy(PeerChannel(address), job, copy, data, kMemoryCopyTimeout,
+                                         &cancel, yield_to_saves);
         });
     replicator = replicator_owner.get();
   }
@@ -301,9 +302,9 @@ int main(int argc, char** argv) {
   registration.set_node_id(loader_options.node_id);
   registration.set_node_host_ram_budget(
       static_cast<uint64_t>(absl::GetFlag(FLAGS_host_ram_budget_mb)) << 20);
-  registration.set_peer_address(tessera::AdvertisedPeerAddress(
-      absl::GetFlag(FLAGS_peer_host), absl::GetFlag(FLAGS_peer_listen), (*peers)->port(),
-      Hostname()));
+  registration.set_peer_address(tessera::AdvertisedPeerAddress(absl::GetFlag(FLAGS_peer_host),
+                                                               absl::GetFlag(FLAGS_peer_listen),
+                                                               (*peers)->port(), Hostname()));
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);
   registration.set_memory_tier(memory_on);
@@ -373,7 +374,7 @@ int main(int argc, char** argv) {
   identity.set_coordinator(absl::GetFlag(FLAGS_coordinator));
   // With the memory tier saves alternate between two sets of regions: reserve both.
   tessera::TrainerService trainer(&executor, &loader, identity, save_pool->get(),
-                                 memory_on ? 2 : 1);
+                                  memory_on ? 2 : 1);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(256 << 20);
@@ -388,15 +389,14 @@ int main(int argc, char** argv) {
   stream.Start();
 
   std::thread watcher([&lifeline] {
-    if (lifeline.WaitTerminal(absl::InfiniteDuration()) ==
-        tessera::Lifeline::State::kSuperseded) {
+    if (lifeline.WaitTerminal(absl::InfiniteDuration()) == tessera::Lifeline::State::kSuperseded) {
       tessera::LogError("exiting: superseded");
       std::_Exit(3);
     }
   });
   int signal_number = tessera::WaitForTerminationSignal();
-  tessera::LogInfo("received signal ", signal_number, "; stopping after ",
-                   lifeline.heartbeats_ok(), " heartbeats");
+  tessera::LogInfo("received signal ", signal_number, "; stopping after ", lifeline.heartbeats_ok(),
+                   " heartbeats");
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   stream.Stop();

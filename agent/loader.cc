@@ -39,6 +39,20 @@ absl::flat_hash_set<std::string> FilesNotInView(const CheckpointReader& reader,
   return files;
 }
 
+// Each of `files`' size as the manifest implies it: its last chunk's end, 4 KiB-aligned.
+absl::flat_hash_map<std::string, uint64_t> FileSizes(
+    const CheckpointReader& reader, const absl::flat_hash_set<std::string>& files) {
+  absl::flat_hash_map<std::string, uint64_t> sizes;
+  for (const v1::TensorEntry& tensor : reader.manifest().tensors()) {
+    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
+      if (!files.contains(chunk.file())) continue;
+      uint64_t& size = sizes[chunk.file()];
+      size = std::max(size, AlignUp(chunk.offset() + chunk.nbytes()));
+    }
+  }
+  return sizes;
+}
+
 // A memory-only checkpoint whose `missing` files no memory copy holds: it cannot be loaded.
 absl::Status MemoryCopyLost(const CheckpointReader& reader,
                             const absl::flat_hash_set<std::string>& missing) {
@@ -49,7 +63,8 @@ absl::Status MemoryCopyLost(const CheckpointReader& reader,
     }
   }
   std::vector<std::string> named;
-  for (const auto& [file, rank] : writers) named.push_back(absl::StrCat(file, " (rank ", rank, ")"));
+  for (const auto& [file, rank] : writers)
+    named.push_back(absl::StrCat(file, " (rank ", rank, ")"));
   return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_MEMORY_COPY_LOST,
                    absl::StrCat("step ", reader.manifest().step(),
                                 " is a memory-only checkpoint and no live agent holds ",
@@ -70,18 +85,64 @@ uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<R
   if (!offered) return 0;
   const absl::flat_hash_set<std::string> files = FilesNotInView(reader, reads, view);
   if (files.empty()) return 0;
-  // Each needed file's size as the manifest implies it: its last chunk's end, 4 KiB-aligned.
-  absl::flat_hash_map<std::string, uint64_t> needed;
-  for (const v1::TensorEntry& tensor : reader.manifest().tensors()) {
-    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
-      if (!files.contains(chunk.file())) continue;
-      uint64_t& size = needed[chunk.file()];
-      size = std::max(size, AlignUp(chunk.offset() + chunk.nbytes()));
+  return AddRemoteCopies(copies, rank_, FileSizes(reader, files), MaxFetchBytes(),
+                         options_.fetch_copy, view);
+}
+
+uint64_t Loader::MaxFetchBytes() const {
+  return options_.max_fetch_bytes > 0 ? options_.max_fetch_bytes : staging_->budget_bytes();
+}
+
+absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& reader,
+                                                    const std::vector<ReadRequest>& reads,
+                                                    const MemoryCopies& copies) {
+  ASSIGN_OR_RETURN(const std::string file, reader.ContiguousFile(reads));
+  RETURN_IF_ERROR(copies.status());
+  // A copy on this node (a peer's region, or one this agent holds as a buddy) is read where it
+  // lies by the copying path, not fetched.
+  std::vector<const v1::MemoryCopy*> remote;
+  for (const v1::MemoryCopy& copy : *copies) {
+    if (copy.file() != file) continue;
+    if (copy.node_id() == options_.node_id) {
+      return absl::FailedPreconditionError(absl::StrCat(file, " is held on this node"));
     }
+    if (copy.rank() != rank_ && !copy.peer_address().empty()) remote.push_back(&copy);
   }
-  const uint64_t max_bytes =
-      options_.max_fetch_bytes > 0 ? options_.max_fetch_bytes : staging_->budget_bytes();
-  return AddRemoteCopies(copies, rank_, needed, max_bytes, options_.fetch_copy, view);
+  const uint64_t file_size = FileSizes(reader, {file})[file];
+  const absl::Time start = absl::Now();
+  for (const v1::MemoryCopy* copy : remote) {
+    if (absl::Status fits = CheckRemoteCopy(*copy, file_size, MaxFetchBytes()); !fits.ok()) {
+      LogWarning(fits.message());
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::vector<StagingSlot> region,
+                     staging_->Acquire({std::max<uint64_t>(copy->nbytes(), 4096)}));
+    char* data = static_cast<char*>(region[0].data);
+    if (absl::Status read = options_.fetch_copy(*copy, data); !read.ok()) {
+      LogWarning("memory copy of ", file, " held by rank ", copy->rank(), " on ", copy->node_id(),
+                 " not read (", read.ToString(), ")");
+      staging_->ReleaseAll();
+      continue;
+    }
+    Staged staged;
+    staged.staging_time = absl::Now() - start;
+    absl::StatusOr<std::vector<ReadResult>> located = reader.LocateInMemory(
+        reads, file, ResidentBytes{copy->file_offset(), data, copy->nbytes()}, &staged.stats);
+    if (!located.ok()) {
+      staging_->ReleaseAll();
+      return located.status();
+    }
+    staged.results = *std::move(located);
+    for (const ReadResult& result : staged.results)
+      staged.offsets.push_back(result.resident_offset);
+    staged.shm_name = region[0].name;
+    staged.shm_size = region[0].capacity;
+    staged.fetched_from_peers = copy->nbytes();
+    staged.in_place = true;
+    return staged;
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("no agent on another node could send its memory copy of ", file));
 }
 
 absl::StatusOr<Loader::Staged> Loader::StageInPlace(const CheckpointReader& reader,
@@ -98,12 +159,14 @@ absl::StatusOr<Loader::Staged> Loader::StageInPlace(const CheckpointReader& read
   staged.shm_name = resident.region.name;
   staged.shm_size = resident.region.capacity;
   staged.hold = std::move(held.hold);
+  staged.in_place = true;
   return staged;
 }
 
 absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader, int64_t step,
                                                  std::vector<ReadRequest>& reads,
-                                                 std::optional<HeldCheckpoint> held) {
+                                                 std::optional<HeldCheckpoint> held,
+                                                 const MemoryCopies& copies) {
   // Staging: one slot per read, each 4 KiB-aligned.
   Staged staged;
   uint64_t total = 0;
@@ -126,8 +189,6 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
     resident.Add(own.file, own.file_offset, own.region.data, own.nbytes, std::move(held->hold));
   }
   if (options_.find_copies) {
-    const std::string& session_id = reader.manifest().session_id();
-    absl::StatusOr<std::vector<v1::MemoryCopy>> copies = options_.find_copies(step, session_id);
     if (copies.ok()) {
       if (options_.buddies != nullptr) AddHeldCopies(*copies, rank_, *options_.buddies, resident);
       AddNodeCopies(*copies, rank_, options_.node_id, resident);
@@ -229,17 +290,30 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   response.set_load_id(absl::StrCat("load-", rank_, "-", ++loads_));
   response.set_step(step);
   const absl::Time read_start = absl::Now();
+  // The job's memory copies of the checkpoint, from the coordinator: not needed to serve this
+  // agent's own copy in place, asked once otherwise.
+  MemoryCopies copies = absl::FailedPreconditionError("no coordinator to ask for memory copies");
+  bool copies_asked = false;
+  auto find_copies = [&]() -> const MemoryCopies& {
+    if (!copies_asked && options_.find_copies) {
+      copies = options_.find_copies(step, (*reader)->manifest().session_id());
+    }
+    copies_asked = true;
+    return copies;
+  };
   absl::StatusOr<Staged> staged = absl::FailedPreconditionError("nothing resident");
   if (held.has_value()) {
     staged = StageInPlace(**reader, reads, *held);
-    if (!staged.ok()) {
-      LogInfo("load ", response.load_id(), " step=", step, ": copying, not served in place (",
-              staged.status().message(), ")");
-    }
+  } else if (options_.fetch_copy) {
+    staged = StageFetched(**reader, reads, find_copies());
   }
-  if (!staged.ok()) staged = StageCopy(**reader, step, reads, std::move(held));
+  if (!staged.ok() && held.has_value()) {
+    LogInfo("load ", response.load_id(), " step=", step, ": copying, not served in place (",
+            staged.status().message(), ")");
+  }
+  if (!staged.ok()) staged = StageCopy(**reader, step, reads, std::move(held), find_copies());
   if (!staged.ok()) return staged.status();
-  const bool in_place = staged->hold != nullptr;
+  const bool in_place = staged->in_place;
   const ReadStats& stats = staged->stats;
   const uint64_t fetched = staged->fetched_from_peers;
   current_hold_ = std::move(staged->hold);
@@ -283,16 +357,17 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t step) {
   if (step < -2) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "step ", step, " is not a step: use >= 0, -1 (the latest on disk) or -2 (the newest, "
-        "a memory-only commit included)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("step ", step,
+                     " is not a step: use >= 0, -1 (the latest on disk) or -2 (the newest, "
+                     "a memory-only commit included)"));
   }
   auto open_disk = [&](int64_t s) {
     return CheckpointReader::Open(storage_, absl::StrCat(job_dir_, "/", StepDirName(s)));
   };
   auto open_memory = [&](const v1::Manifest& manifest) {
-    return CheckpointReader::FromManifest(
-        manifest, absl::StrCat("memory-only step ", manifest.step()));
+    return CheckpointReader::FromManifest(manifest,
+                                          absl::StrCat("memory-only step ", manifest.step()));
   };
   if (step >= 0) {
     absl::StatusOr<std::unique_ptr<CheckpointReader>> disk = open_disk(step);
@@ -300,9 +375,11 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t ste
     absl::StatusOr<v1::Manifest> memory = options_.memory_manifest(step);
     if (memory.ok()) return open_memory(*memory);
     if (absl::IsNotFound(memory.status())) return disk;  // neither on disk nor in memory
-    return absl::UnavailableError(absl::StrCat(
-        "step ", step, " is not on disk, and the coordinator could not say whether it is a "
-        "memory-only commit: ", memory.status().message()));
+    return absl::UnavailableError(
+        absl::StrCat("step ", step,
+                     " is not on disk, and the coordinator could not say whether it is a "
+                     "memory-only commit: ",
+                     memory.status().message()));
   }
   ASSIGN_OR_RETURN(int64_t latest, LatestStep(*storage_, job_dir_));
   if (step == -2 && options_.memory_manifest) {
@@ -311,7 +388,8 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t ste
     if (!memory.ok() && !absl::IsNotFound(memory.status())) {
       return absl::UnavailableError(absl::StrCat(
           "the coordinator could not say whether a memory-only commit is newer than the latest "
-          "checkpoint on disk: ", memory.status().message()));
+          "checkpoint on disk: ",
+          memory.status().message()));
     }
   }
   if (latest < 0) {

@@ -14,8 +14,10 @@
 // checksum block those runs touch matches the manifest where it lies, no region is made and
 // nothing is copied: the response names the resident region itself, its slots where the
 // shards lie in it, and the load holds the region until ReleaseLoad (no save writes a held
-// region). Otherwise — another layout, other files, a block that does not match — the load
-// takes the copying path above.
+// region). Likewise on a node that replaced a lost one: when that file is held by an agent on
+// another node only (a buddy), it is read whole into a new load region and served there,
+// verified where it lies. Otherwise — another layout, other files, a block that does not
+// match — the load takes the copying path above.
 //
 // Memory-only checkpoints (DESIGN.md "Memory-only saves"): the manifest comes from the
 // coordinator (LoaderOptions::memory_manifest), and every byte from memory copies — in place or
@@ -57,7 +59,7 @@ struct LoaderOptions {
   // (Coordinator.FindMemoryCopies); those on `node_id` are read from memory too. An error
   // only costs reads. Default: none (this agent's own tier alone).
   std::function<absl::StatusOr<std::vector<v1::MemoryCopy>>(int64_t step,
-                                                             const std::string& session_id)>
+                                                            const std::string& session_id)>
       find_copies;
   // This agent's node (RegisterAgentRequest.node_id). Default: "".
   std::string node_id;
@@ -117,9 +119,17 @@ class Loader {
     std::vector<ReadResult> results;  // of each read
     ReadStats stats;
     uint64_t fetched_from_peers = 0;   // bytes read from other nodes' memory
-    std::shared_ptr<const void> hold;  // in place: the resident region's; else null
-    absl::Duration staging_time;       // making the region, finding copies (none in place)
+    std::shared_ptr<const void> hold;  // this agent's resident region, served in place; or null
+    bool in_place = false;             // the region holds a data file's bytes, not a copy of reads
+    // Making the region, finding and fetching copies (none for this agent's resident region).
+    absl::Duration staging_time;
   };
+
+  // The job's memory copies of a load's checkpoint (LoaderOptions::find_copies), or why not.
+  using MemoryCopies = absl::StatusOr<std::vector<v1::MemoryCopy>>;
+
+  // Most bytes one load reads from other agents (LoaderOptions::max_fetch_bytes).
+  uint64_t MaxFetchBytes() const;
 
   // In place: the resident region of `held` itself, its hold taken, if every read lies in it
   // as LocateInMemory serves. Errors: LocateInMemory's (the load then copies).
@@ -131,7 +141,18 @@ class Loader {
   // Errors: as Acquire and Read (the region is then released).
   absl::StatusOr<Staged> StageCopy(const CheckpointReader& reader, int64_t step,
                                    std::vector<ReadRequest>& reads,
-                                   std::optional<HeldCheckpoint> held);
+                                   std::optional<HeldCheckpoint> held, const MemoryCopies& copies);
+
+  // Fetched in place: when every read lies in one data file (ContiguousFile) that no agent on
+  // this node holds and an agent on another node does (`copies`), that file's copy is read
+  // into a new load region (LoaderOptions::fetch_copy) and served there as a resident copy is
+  // (LocateInMemory): one copy into the region, verified where it lies. Errors:
+  // FailedPrecondition if it does not apply or no holder could send it; LocateInMemory's
+  // (the region is then released and the copying path serves the load, fetching again);
+  // Acquire's.
+  absl::StatusOr<Staged> StageFetched(const CheckpointReader& reader,
+                                      const std::vector<ReadRequest>& reads,
+                                      const MemoryCopies& copies);
 
   // Reads into `view` the copies held on other nodes of the files `reads` need and `view`
   // lacks (options_.fetch_copy). Returns the bytes read.

@@ -12,14 +12,14 @@
 #include "absl/strings/str_cat.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
-#include "format/manifest_io.h"
-#include "storage/posix_storage.h"
-#include "storage/storage.h"
 #include "common/box.h"
 #include "common/ids.h"
 #include "common/status.h"
+#include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
 #include "gtest/gtest.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 
 namespace tessera {
 namespace {
@@ -106,9 +106,9 @@ TEST_F(LoaderTest, Load_ReshardedRowsAndColumns_StagingMatchesThenReleased) {
   Loader loader(&storage_, pool_.get(), /*rank=*/0);
   loader.SetJobDir(job_dir_);
   const std::vector<Box> boxes = {
-      Box{{64, 0}, {128, 1024}},   // across both chunks, in place
-      Box{{0, 512}, {256, 512}},   // a column half, through the reader's bounce buffer
-      Box{{255, 0}, {1, 1024}},    // the last row: the tail of the data file
+      Box{{64, 0}, {128, 1024}},  // across both chunks, in place
+      Box{{0, 512}, {256, 512}},  // a column half, through the reader's bounce buffer
+      Box{{255, 0}, {1, 1024}},   // the last row: the tail of the data file
   };
   const std::string first = LoadAndCheck(loader, boxes);
   ASSERT_FALSE(first.empty());
@@ -338,8 +338,8 @@ TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) 
   LoaderOptions options;
   options.node_id = "node-a";
   int asked = 0;
-  options.find_copies = [&](int64_t step, const std::string& session)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies =
+      [&](int64_t step, const std::string& session) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     ++asked;
     EXPECT_EQ(step, 7);
     EXPECT_EQ(session, session_id_);
@@ -354,22 +354,106 @@ TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) 
 TEST_F(LoaderMemoryTierTest, Load_PeerOnAnotherNodeOrCoordinatorDown_EveryByteFromDisk) {
   LoaderOptions options;
   options.node_id = "node-a";
-  options.find_copies = [&](int64_t, const std::string&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-b"); };
+  options.find_copies = [&](int64_t,
+                            const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    return PeerCopy("node-b");
+  };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
-  options.find_copies = [&](int64_t, const std::string&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [&](int64_t,
+                            const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     return absl::UnavailableError("coordinator down");
   };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
   // The peer's region is gone (its agent died): disk too.
-  options.find_copies = [&](int64_t, const std::string&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-a"); };
+  options.find_copies = [&](int64_t,
+                            const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    return PeerCopy("node-a");
+  };
   save_pool_->ReleaseAll();
   region_ = ResidentRegion();
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
+}
+
+// A node that replaced a lost one: rank 1 on node-b holds the file; "fetching" copies the
+// region's bytes, as ReadMemoryCopy would, and counts the fetches.
+class LoaderFetchTest : public LoaderMemoryTierTest {
+ protected:
+  LoaderOptions FetchOptions() {
+    LoaderOptions options;
+    options.node_id = "node-a";
+    options.find_copies =
+        [this](int64_t, const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+      return RemoteCopy();
+    };
+    options.fetch_copy = [this](const v1::MemoryCopy& copy, char* dest) {
+      ++fetches_;
+      EXPECT_EQ(copy.nbytes(), file_size_);
+      memcpy(dest, region_.data, copy.nbytes());
+      if (flip_) dest[first_chunk_offset_ + 4096 + 10] ^= 0x5a;
+      return absl::OkStatus();
+    };
+    return options;
+  }
+
+  std::vector<v1::MemoryCopy> RemoteCopy() const {
+    std::vector<v1::MemoryCopy> copies = PeerCopy("node-b");
+    copies[0].set_peer_address("node-b:7001");
+    return copies;
+  }
+
+  int fetches_ = 0;
+  bool flip_ = false;
+};
+
+TEST_F(LoaderFetchTest, Load_HeldOnAnotherNodeOnly_FetchedIntoTheLoadRegionAndServedThere) {
+  const v1::LoadResponse response = LoadAll(FetchOptions());
+  EXPECT_EQ(fetches_, 1);
+  // One load region, holding the file's bytes where the file has them: the tensor's slot is
+  // at its chunk's offset, not at 0 as a copied load's would be.
+  EXPECT_EQ(pool_->regions_created(), 1u);
+  ASSERT_EQ(response.slots_size(), 1);
+  EXPECT_EQ(response.slots(0).offset(), first_chunk_offset_);
+  EXPECT_EQ(response.bytes_fetched_from_peers(), file_size_);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);
+  EXPECT_EQ(response.bytes_from_disk(), 0u);
+}
+
+TEST_F(LoaderFetchTest, Load_FetchedCopyWithAFlippedByte_CopiedWithThatBlockFromDisk) {
+  flip_ = true;
+  const v1::LoadResponse response = LoadAll(FetchOptions());
+  // Fetched once in place, refused by its checksum; the copying path fetches it again and
+  // reads the bad block from the file.
+  EXPECT_EQ(fetches_, 2);
+  ASSERT_EQ(response.slots_size(), 1);
+  EXPECT_EQ(response.slots(0).offset(), 0u);
+  EXPECT_EQ(response.memory_blocks_rejected(), 1u);
+  EXPECT_EQ(response.bytes_from_disk(), 4096u);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes - 4096u);
+}
+
+TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {
+  // Not one run of the file: the copying path alone fetches it (into this agent's heap).
+  const v1::LoadResponse response = LoadAll(FetchOptions(), Box{{0, 512}, {256, 512}});
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(response.slots(0).offset(), 0u);
+  EXPECT_EQ(response.bytes_from_disk(), 0u);
+  EXPECT_EQ(response.bytes_fetched_from_peers(), file_size_);
+}
+
+TEST_F(LoaderFetchTest, Load_AlsoHeldOnThisNode_ReadFromThereNotFetched) {
+  LoaderOptions options = FetchOptions();
+  options.find_copies = [this](int64_t,
+                               const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    std::vector<v1::MemoryCopy> copies = RemoteCopy();
+    copies.push_back(PeerCopy("node-a")[0]);
+    return copies;
+  };
+  const v1::LoadResponse response = LoadAll(options);
+  EXPECT_EQ(fetches_, 0);
+  EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);
+  EXPECT_EQ(response.bytes_from_disk(), 0u);
 }
 
 TEST_F(LoaderTest, Load_BeforeJobDir_FailedPrecondition) {

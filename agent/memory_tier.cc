@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 
 namespace tessera {
@@ -88,6 +89,17 @@ int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
   return added;
 }
 
+absl::Status CheckRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes) {
+  if (copy.nbytes() > file_size || copy.file_offset() > file_size - copy.nbytes() ||
+      copy.nbytes() > max_bytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory copy of ", copy.file(), " held by rank ", copy.rank(),
+                     " not read: ", copy.nbytes(), " bytes at ", copy.file_offset(),
+                     " (the file has ", file_size, "; ", max_bytes, " may still be read)"));
+  }
+  return absl::OkStatus();
+}
+
 uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
                          const absl::flat_hash_map<std::string, uint64_t>& needed,
                          uint64_t max_bytes, const FetchMemoryCopy& fetch, ResidentView& view) {
@@ -98,22 +110,18 @@ uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t sel
         copy.peer_address().empty()) {
       continue;
     }
-    // Sizes come from another agent: bounded by the manifest and the budget before reading.
-    if (copy.nbytes() > file->second || copy.file_offset() > file->second - copy.nbytes() ||
-        copy.nbytes() > max_bytes - fetched) {
-      LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " not read: ",
-                 copy.nbytes(), " bytes at ", copy.file_offset(), " (the file has ",
-                 file->second, "; ", max_bytes - fetched, " may still be read)");
+    if (absl::Status fits = CheckRemoteCopy(copy, file->second, max_bytes - fetched); !fits.ok()) {
+      LogWarning(fits.message());
       continue;
     }
-    absl::StatusOr<std::shared_ptr<const MemoryBuffer>> bytes = fetch(copy);
-    if (!bytes.ok()) {
+    auto bytes = std::make_shared<MemoryBuffer>(copy.nbytes());
+    if (absl::Status read = fetch(copy, bytes->data()); !read.ok()) {
       LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " on ",
-                 copy.node_id(), " not read (", bytes.status().ToString(), ")");
+                 copy.node_id(), " not read (", read.ToString(), ")");
       continue;
     }
-    const char* data = (*bytes)->data();  // before `bytes` moves
-    view.Add(copy.file(), copy.file_offset(), data, copy.nbytes(), *std::move(bytes));
+    const char* data = bytes->data();  // before `bytes` moves
+    view.Add(copy.file(), copy.file_offset(), data, copy.nbytes(), std::move(bytes));
     fetched += copy.nbytes();
   }
   return fetched;

@@ -112,9 +112,14 @@ int AddNodeCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
 int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
                   const BuddyStore& store, ResidentView& view);
 
-// Reads a memory copy from the agent holding it (PeerMemory.ReadMemoryCopy).
-using FetchMemoryCopy =
-    std::function<absl::StatusOr<std::shared_ptr<const MemoryBuffer>>(const v1::MemoryCopy&)>;
+// Reads a memory copy from the agent holding it (PeerMemory.ReadMemoryCopy) into `dest`, which
+// has room for copy.nbytes() bytes.
+using FetchMemoryCopy = std::function<absl::Status(const v1::MemoryCopy& copy, char* dest)>;
+
+// Whether `copy` (held by another agent, so its sizes are not trusted) fits a data file of
+// `file_size` bytes as the manifest implies it and the `max_bytes` a load may still read from
+// other agents; InvalidArgument naming the sizes if not.
+absl::Status CheckRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes);
 
 // Adds to `view` each file of `needed` (file name -> the file's size as the manifest implies
 // it: its last chunk's end, rounded up to 4 KiB) that it lacks and that an agent of `copies`

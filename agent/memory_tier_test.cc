@@ -2,8 +2,8 @@
 
 #include <cstring>
 #include <memory>
-#include <vector>
 #include <string>
+#include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -85,23 +85,21 @@ v1::MemoryCopy Held(const std::string& file, uint32_t holder, uint64_t offset, u
 
 TEST(MemoryTier, AddRemoteCopies_OnlyNeededBoundedFilesFromOtherHolders) {
   const std::vector<v1::MemoryCopy> copies = {
-      Held("data-00000", /*holder=*/0, 4096, 8192, "self:1"),     // this agent's own: skipped
-      Held("data-00009", 3, 4096, 8192, "c:1"),                    // not needed: skipped
-      Held("data-00001", 1, 4096, 1 << 30, "liar:1"),              // past the file: skipped
-      Held("data-00001", 2, 4096, 8192, "down:1"),                 // fails: next holder
-      Held("data-00001", 4, 4096, 8192, "d:1"),                    // read
-      Held("data-00002", 5, 4096, 8192, "e:1"),                    // over max_bytes: skipped
+      Held("data-00000", /*holder=*/0, 4096, 8192, "self:1"),  // this agent's own: skipped
+      Held("data-00009", 3, 4096, 8192, "c:1"),                // not needed: skipped
+      Held("data-00001", 1, 4096, 1 << 30, "liar:1"),          // past the file: skipped
+      Held("data-00001", 2, 4096, 8192, "down:1"),             // fails: next holder
+      Held("data-00001", 4, 4096, 8192, "d:1"),                // read
+      Held("data-00002", 5, 4096, 8192, "e:1"),                // over max_bytes: skipped
   };
   const absl::flat_hash_map<std::string, uint64_t> needed = {
       {"data-00000", 12288}, {"data-00001", 12288}, {"data-00002", 12288}};
   std::vector<std::string> asked;
-  FetchMemoryCopy fetch = [&](const v1::MemoryCopy& copy)
-      -> absl::StatusOr<std::shared_ptr<const MemoryBuffer>> {
+  FetchMemoryCopy fetch = [&](const v1::MemoryCopy& copy, char* dest) {
     asked.push_back(copy.peer_address());
     if (copy.peer_address() == "down:1") return absl::UnavailableError("down");
-    auto buffer = std::make_shared<MemoryBuffer>(copy.nbytes());
-    memset(buffer->data(), 'r', copy.nbytes());
-    return std::shared_ptr<const MemoryBuffer>(std::move(buffer));
+    memset(dest, 'r', copy.nbytes());
+    return absl::OkStatus();
   };
   ResidentView view;
   EXPECT_EQ(AddRemoteCopies(copies, /*self_rank=*/0, needed, /*max_bytes=*/10000, fetch, view),

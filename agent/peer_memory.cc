@@ -5,8 +5,12 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
+#include "agent/peer/chunk_codec.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "grpcpp/generic/generic_stub.h"
+#include "grpcpp/support/proto_buffer_reader.h"
 
 namespace tessera {
 namespace {
@@ -34,9 +38,9 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
     if (!ok) {  // the sender closed the stream
       if (buffer_ == nullptr) return Fail(absl::InvalidArgumentError("no memory copy was sent"));
       if (received_ != copy_.nbytes()) {
-        return Fail(absl::InvalidArgumentError(absl::StrCat(
-            "the memory copy of ", copy_.file(), " ended after ", received_, " of ",
-            copy_.nbytes(), " bytes")));
+        return Fail(absl::InvalidArgumentError(absl::StrCat("the memory copy of ", copy_.file(),
+                                                            " ended after ", received_, " of ",
+                                                            copy_.nbytes(), " bytes")));
       }
       store_->Keep(std::move(copy_), std::move(buffer_));
       kept_ = true;
@@ -49,8 +53,8 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
         return Fail(absl::InvalidArgumentError("the first chunk names no memory copy"));
       }
       if (chunk_.job_id() != *job_id_) {
-        return Fail(absl::FailedPreconditionError(absl::StrCat(
-            "this agent serves job ", *job_id_, ", not ", chunk_.job_id())));
+        return Fail(absl::FailedPreconditionError(
+            absl::StrCat("this agent serves job ", *job_id_, ", not ", chunk_.job_id())));
       }
       copy_ = chunk_.copy();
       absl::StatusOr<std::shared_ptr<MemoryBuffer>> buffer = store_->Reserve(copy_);
@@ -58,10 +62,10 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
       buffer_ = *std::move(buffer);
     }
     if (!AppendInOrder(chunk_, copy_.nbytes(), *buffer_, &received_)) {
-      return Fail(absl::InvalidArgumentError(absl::StrCat(
-          "chunk of ", chunk_.data().size(), " bytes at ", chunk_.offset(),
-          " of the memory copy of ", copy_.file(), ": expected bytes from ", received_, " of ",
-          copy_.nbytes())));
+      return Fail(absl::InvalidArgumentError(
+          absl::StrCat("chunk of ", chunk_.data().size(), " bytes at ", chunk_.offset(),
+                       " of the memory copy of ", copy_.file(), ": expected bytes from ", received_,
+                       " of ", copy_.nbytes())));
     }
     StartRead(&chunk_);
   }
@@ -95,13 +99,15 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
   bool kept_ = false;
 };
 
-// ReadMemoryCopy: the bytes in chunks, holding them until the stream is done.
-class ReadReactor final : public grpc::ServerWriteReactor<v1::MemoryCopyChunk> {
+// ReadMemoryCopy: bytes [begin, end) of a copy in chunks, each chunk's data an external slice
+// over the memory that holds it. Every slice holds `hold` until gRPC is done with it, so the
+// memory outlives the last write even if the copy is dropped or replaced meanwhile.
+class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  // Fails with `error` unless it is OK; else streams `size` bytes at `data`.
-  ReadReactor(absl::Status error, const char* data, uint64_t size,
+  // Fails with `error` unless it is OK; else streams bytes [begin, end) at `data`.
+  ReadReactor(absl::Status error, const char* data, uint64_t begin, uint64_t end,
               std::shared_ptr<const void> hold)
-      : data_(data), size_(size), hold_(std::move(hold)) {
+      : data_(data), offset_(begin), end_(end), hold_(std::move(hold)) {
     if (!error.ok()) {
       Finish(ToGrpcStatus(error));
       return;
@@ -120,24 +126,117 @@ class ReadReactor final : public grpc::ServerWriteReactor<v1::MemoryCopyChunk> {
   void OnDone() override { delete this; }
 
  private:
+  static void ReleaseHold(void* hold) { delete static_cast<std::shared_ptr<const void>*>(hold); }
+
   void WriteNext() {
-    if (offset_ >= size_) {
+    if (offset_ >= end_) {
       Finish(grpc::Status::OK);
       return;
     }
-    const uint64_t n = std::min(kMemoryCopyChunkBytes, size_ - offset_);
-    chunk_.Clear();
-    chunk_.set_offset(offset_);
-    chunk_.set_data(data_ + offset_, n);
+    const uint64_t n = std::min(kMemoryCopyChunkBytes, end_ - offset_);
+    v1::MemoryCopyChunk header;
+    header.set_offset(offset_);
+    grpc::Slice parts[2] = {
+        grpc::Slice(EncodeChunkPrefix(header, n)),
+        grpc::Slice(const_cast<char*>(data_ + offset_), n, &ReleaseHold,
+                    new std::shared_ptr<const void>(hold_)),
+    };
+    message_ = grpc::ByteBuffer(parts, 2);
     offset_ += n;
-    StartWrite(&chunk_);
+    StartWrite(&message_);
   }
 
   const char* const data_;
-  const uint64_t size_;
+  uint64_t offset_;
+  const uint64_t end_;
   const std::shared_ptr<const void> hold_;
-  uint64_t offset_ = 0;
-  v1::MemoryCopyChunk chunk_;
+  grpc::ByteBuffer message_;
+};
+
+// The part [offset, offset + length) of a copy of `size` bytes a ReadMemoryCopyRequest asks
+// for, as [begin, end); length 0 means to the end.
+absl::StatusOr<std::pair<uint64_t, uint64_t>> RequestedRange(
+    const v1::ReadMemoryCopyRequest& request, uint64_t size) {
+  const uint64_t offset = request.offset();
+  const uint64_t length =
+      request.length() == 0 && offset <= size ? size - offset : request.length();
+  if (offset > size || length > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + length,
+                                              ") of a memory copy of ", size, " bytes"));
+  }
+  return std::make_pair(offset, offset + length);
+}
+
+// One ReadMemoryCopy stream of the client: chunks in order into `dest` (the copy's start).
+class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
+ public:
+  ReadStream(char* dest, uint64_t begin, uint64_t end, absl::BlockingCounter* done)
+      : dest_(dest), next_(begin), end_(end), done_(done) {}
+
+  void Start(grpc::GenericStub* stub, const v1::ReadMemoryCopyRequest& request,
+             absl::Time deadline) {
+    context_.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Slice bytes(request.SerializeAsString());
+    request_ = grpc::ByteBuffer(&bytes, 1);
+    stub->PrepareBidiStreamingCall(&context_, kReadMethod, grpc::StubOptions(), this);
+    StartWriteLast(&request_, grpc::WriteOptions());
+    StartRead(&chunk_);
+    StartCall();
+  }
+
+  void Cancel() { context_.TryCancel(); }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone brings its status
+    uint64_t length = 0;
+    bool in_order = true;
+    grpc::ProtoBufferReader reader(&chunk_);
+    absl::Status decoded = DecodeChunk<v1::MemoryCopyChunk>(
+        &reader, chunk_.Length(), [&](const v1::MemoryCopyChunk& header, uint64_t len) {
+          length = len;
+          in_order = header.offset() == next_ && len <= end_ - next_;
+          return in_order ? DataPlacement{true, dest_ + next_, 0, len} : DataPlacement{};
+        });
+    if (decoded.ok() && !in_order) {
+      decoded = absl::DataLossError(absl::StrCat("a chunk of ", length, " bytes came where bytes [",
+                                                 next_, ", ", end_, ") were expected"));
+    }
+    if (!decoded.ok()) {
+      error_ = decoded;
+      context_.TryCancel();
+      return;
+    }
+    next_ += length;
+    chunk_.Clear();
+    StartRead(&chunk_);
+  }
+
+  void OnDone(const grpc::Status& status) override {
+    if (error_.ok()) {
+      if (!status.ok()) {
+        error_ = FromGrpcStatus(status);
+      } else if (next_ != end_) {
+        error_ =
+            absl::DataLossError(absl::StrCat("the stream ended at byte ", next_, " of ", end_));
+      }
+    }
+    done_->DecrementCount();  // may free this object: nothing after it
+  }
+
+  // After the BlockingCounter reached zero.
+  const absl::Status& result() const { return error_; }
+
+ private:
+  static constexpr char kReadMethod[] = "/tessera.v1.PeerMemory/ReadMemoryCopy";
+
+  char* const dest_;
+  uint64_t next_;
+  const uint64_t end_;
+  absl::BlockingCounter* const done_;
+  grpc::ClientContext context_;
+  grpc::ByteBuffer request_;
+  grpc::ByteBuffer chunk_;
+  absl::Status error_;
 };
 
 }  // namespace
@@ -147,34 +246,48 @@ grpc::ServerReadReactor<v1::MemoryCopyChunk>* PeerMemoryService::PutMemoryCopy(
   return new PutReactor(&job_id_, store_, response);
 }
 
-grpc::ServerWriteReactor<v1::MemoryCopyChunk>* PeerMemoryService::ReadMemoryCopy(
-    grpc::CallbackServerContext* /*context*/, const v1::ReadMemoryCopyRequest* request) {
-  if (request->job_id() != job_id_) {
-    return new ReadReactor(absl::FailedPreconditionError(absl::StrCat(
-                               "this agent serves job ", job_id_, ", not ", request->job_id())),
-                           nullptr, 0, nullptr);
+grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
+    grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* request_bytes) {
+  auto fail = [](absl::Status status) {
+    return new ReadReactor(std::move(status), nullptr, 0, 0, nullptr);
+  };
+  v1::ReadMemoryCopyRequest request;
+  grpc::ByteBuffer bytes(*request_bytes);  // shares the slices
+  grpc::ProtoBufferReader reader(&bytes);
+  if (!request.ParseFromZeroCopyStream(&reader)) {
+    return fail(absl::InvalidArgumentError("malformed ReadMemoryCopyRequest"));
+  }
+  if (request.job_id() != job_id_) {
+    return fail(absl::FailedPreconditionError(
+        absl::StrCat("this agent serves job ", job_id_, ", not ", request.job_id())));
   }
   // This agent's own copy, else one it holds as a buddy.
-  ResidentView view = tier_->Find(request->step(), request->session_id());
-  if (auto it = view.files.find(request->file()); it != view.files.end()) {
-    std::shared_ptr<const void> hold = view.holds.empty() ? nullptr : view.holds.front();
-    return new ReadReactor(absl::OkStatus(), it->second.data, it->second.size, std::move(hold));
+  const char* data = nullptr;
+  uint64_t size = 0;
+  std::shared_ptr<const void> hold;
+  ResidentView view = tier_->Find(request.step(), request.session_id());
+  if (auto it = view.files.find(request.file()); it != view.files.end() && !view.holds.empty()) {
+    data = it->second.data;
+    size = it->second.size;
+    hold = view.holds.front();
+  } else if (std::optional<HeldCopy> held =
+                 store_->Find(request.step(), request.session_id(), request.file())) {
+    data = held->bytes->data();
+    size = held->bytes->size();
+    hold = std::move(held->bytes);
+  } else {
+    return fail(absl::NotFoundError(absl::StrCat("no memory copy of ", request.file(), " of step ",
+                                                 request.step(), " (session ", request.session_id(),
+                                                 ") here")));
   }
-  if (std::optional<HeldCopy> held =
-          store_->Find(request->step(), request->session_id(), request->file())) {
-    const char* data = held->bytes->data();
-    const uint64_t size = held->bytes->size();
-    return new ReadReactor(absl::OkStatus(), data, size, std::move(held->bytes));
-  }
-  return new ReadReactor(absl::NotFoundError(absl::StrCat(
-                             "no memory copy of ", request->file(), " of step ", request->step(),
-                             " (session ", request->session_id(), ") here")),
-                         nullptr, 0, nullptr);
+  absl::StatusOr<std::pair<uint64_t, uint64_t>> range = RequestedRange(request, size);
+  if (!range.ok()) return fail(range.status());
+  return new ReadReactor(absl::OkStatus(), data, range->first, range->second, std::move(hold));
 }
 
-absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
-                            const std::string& job, const v1::MemoryCopy& copy, const char* data,
-                            absl::Duration timeout, const std::atomic<bool>* cancel,
+absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
+                            const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
+                            const std::atomic<bool>* cancel,
                             const std::function<void()>& before_chunk) {
   v1::PeerMemory::Stub stub(channel);
   grpc::ClientContext context;
@@ -204,38 +317,50 @@ absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
   return FromGrpcStatus(writer->Finish());
 }
 
-absl::StatusOr<std::shared_ptr<const MemoryBuffer>> ReadMemoryCopy(
-    const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
-    const v1::MemoryCopy& copy, absl::Duration timeout) {
-  v1::PeerMemory::Stub stub(channel);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+std::vector<std::shared_ptr<grpc::Channel>> MemoryCopyChannels(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    int streams) {
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  for (int i = 0; i < streams; ++i) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);  // no connection shared between them
+    args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+    args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 16 << 20);
+    channels.push_back(grpc::CreateCustomChannel(address, credentials, args));
+  }
+  return channels;
+}
+
+absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                            const std::string& job, const v1::MemoryCopy& copy, char* dest,
+                            absl::Duration timeout) {
+  if (channels.empty()) return absl::InvalidArgumentError("no channel to read a memory copy over");
+  // Consecutive parts of whole chunks, one per channel; none empty.
+  const uint64_t chunks = (copy.nbytes() + kMemoryCopyChunkBytes - 1) / kMemoryCopyChunkBytes;
+  const uint64_t streams = std::max<uint64_t>(1, std::min<uint64_t>(channels.size(), chunks));
+  const uint64_t per_stream = (chunks + streams - 1) / streams * kMemoryCopyChunkBytes;
+  const absl::Time deadline = absl::Now() + timeout;
   v1::ReadMemoryCopyRequest request;
   request.set_job_id(job);
   request.set_step(copy.step());
   request.set_session_id(copy.session_id());
   request.set_file(copy.file());
-  std::unique_ptr<grpc::ClientReader<v1::MemoryCopyChunk>> reader =
-      stub.ReadMemoryCopy(&context, request);
-  auto buffer = std::make_shared<MemoryBuffer>(copy.nbytes());
-  uint64_t received = 0;
-  v1::MemoryCopyChunk chunk;
-  bool in_order = true;
-  while (reader->Read(&chunk)) {
-    if (!AppendInOrder(chunk, copy.nbytes(), *buffer, &received)) {
-      in_order = false;
-      context.TryCancel();
-      break;
-    }
+  absl::BlockingCounter done(static_cast<int>(streams));
+  std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
+  std::vector<std::unique_ptr<ReadStream>> reads;
+  for (uint64_t i = 0; i < streams; ++i) {
+    const uint64_t begin = std::min(copy.nbytes(), i * per_stream);
+    const uint64_t end =
+        i + 1 == streams ? copy.nbytes() : std::min(copy.nbytes(), begin + per_stream);
+    request.set_offset(begin);
+    request.set_length(end - begin);
+    stubs.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
+    reads.push_back(std::make_unique<ReadStream>(dest, begin, end, &done));
+    reads.back()->Start(stubs.back().get(), request, deadline);
   }
-  const absl::Status status = FromGrpcStatus(reader->Finish());
-  if (!in_order || (status.ok() && received != copy.nbytes())) {
-    return absl::DataLossError(absl::StrCat("the memory copy of ", copy.file(), " from rank ",
-                                            copy.rank(), " came with ", received, " of ",
-                                            copy.nbytes(), " bytes, or out of order"));
-  }
-  RETURN_IF_ERROR(status);
-  return std::shared_ptr<const MemoryBuffer>(std::move(buffer));
+  done.Wait();
+  for (const std::unique_ptr<ReadStream>& read : reads) RETURN_IF_ERROR(read->result());
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

@@ -6,7 +6,9 @@
 // holds as a buddy). Both are callback reactors (STYLE.md 8): no thread waits on a peer.
 //
 // SendMemoryCopy and ReadMemoryCopy are the client side: blocking calls for the agent's
-// background replication and for loads.
+// background replication and for loads. A read moves the bytes with one copy on the receiving
+// side and none on the sending side, over several connections at once (DESIGN.md "Memory
+// tier": restoring from a buddy).
 //
 // Thread-safety: the service is thread-safe; the functions may run concurrently.
 #ifndef TESSERA_AGENT_PEER_MEMORY_H_
@@ -17,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -32,7 +35,9 @@ namespace tessera {
 // header, so neither side needs a larger limit configured.
 inline constexpr uint64_t kMemoryCopyChunkBytes = uint64_t{1} << 20;
 
-class PeerMemoryService final : public v1::PeerMemory::CallbackService {
+class PeerMemoryService final
+    : public v1::PeerMemory::WithCallbackMethod_PutMemoryCopy<
+          v1::PeerMemory::WithRawCallbackMethod_ReadMemoryCopy<v1::PeerMemory::Service>> {
  public:
   // `tier` and `store` must outlive the service; `job_id` is this agent's job.
   PeerMemoryService(std::string job_id, const MemoryTier* tier, BuddyStore* store)
@@ -40,8 +45,10 @@ class PeerMemoryService final : public v1::PeerMemory::CallbackService {
 
   grpc::ServerReadReactor<v1::MemoryCopyChunk>* PutMemoryCopy(
       grpc::CallbackServerContext* context, v1::PutMemoryCopyResponse* response) override;
-  grpc::ServerWriteReactor<v1::MemoryCopyChunk>* ReadMemoryCopy(
-      grpc::CallbackServerContext* context, const v1::ReadMemoryCopyRequest* request) override;
+  // Raw: the request is a ReadMemoryCopyRequest, each response a MemoryCopyChunk whose data is
+  // an external slice over the memory holding the copy (agent/peer/chunk_codec.h).
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadMemoryCopy(
+      grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
  private:
   const std::string job_id_;
@@ -54,19 +61,35 @@ class PeerMemoryService final : public v1::PeerMemory::CallbackService {
 // before each chunk is sent: it may block, e.g. while a trainer's save copy runs.
 // Errors: the receiver's (PutMemoryCopy: InvalidArgument, ResourceExhausted,
 // FailedPrecondition); Cancelled after `cancel`; Unavailable / DeadlineExceeded (`timeout`).
-absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
-                            const std::string& job, const v1::MemoryCopy& copy, const char* data,
-                            absl::Duration timeout, const std::atomic<bool>* cancel = nullptr,
+absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
+                            const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
+                            const std::atomic<bool>* cancel = nullptr,
                             const std::function<void()>& before_chunk = nullptr);
 
-// Reads, over `channel`, the whole copy `copy` of checkpoint `job`. The caller bounds
-// copy.nbytes() (it is allocated up front).
-// Errors: NotFound if the agent no longer holds it; FailedPrecondition if it serves another
-// job; DataLoss if it sent other than copy.nbytes() bytes in order; Unavailable /
-// DeadlineExceeded / Cancelled.
-absl::StatusOr<std::shared_ptr<const MemoryBuffer>> ReadMemoryCopy(
-    const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
-    const v1::MemoryCopy& copy, absl::Duration timeout);
+// Connections ReadMemoryCopy uses by default: on two cores, four new connections read 256 MiB
+// at 1.8x the bytes per second of one (agent/peer_memory_benchmark.cc).
+inline constexpr int kMemoryCopyReadStreams = 4;
+
+// `streams` channels to the agent at `address`, each on its own connection, for one
+// ReadMemoryCopy. Each receives with a fixed 16 MiB flow-control window instead of gRPC's
+// bandwidth-delay probing, which starts every new connection at 64 KiB: 1.5x the bytes per
+// second of a read of 256 MiB over four new connections (agent/peer_memory_benchmark.cc).
+std::vector<std::shared_ptr<grpc::Channel>> MemoryCopyChannels(
+    const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
+    int streams = kMemoryCopyReadStreams);
+
+// Reads the whole copy `copy` of checkpoint `job` into `dest` (copy.nbytes() bytes, which the
+// caller bounds), from the agent at the other end of `channels`: one stream per channel, each
+// over its own consecutive part of the copy (whole chunks; a copy of fewer chunks uses fewer
+// streams), so channels on separate connections read in parallel. Each chunk's data is copied
+// once, from gRPC's receive buffers to `dest`. On error `dest` holds an unspecified prefix.
+// Errors (the first failed stream's): NotFound if the agent no longer holds it;
+// FailedPrecondition if it serves another job; OutOfRange if it holds fewer bytes than
+// copy.nbytes(); DataLoss if it sent other than the requested bytes in order; Unavailable /
+// DeadlineExceeded; InvalidArgument if `channels` is empty.
+absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
+                            const std::string& job, const v1::MemoryCopy& copy, char* dest,
+                            absl::Duration timeout);
 
 }  // namespace tessera
 

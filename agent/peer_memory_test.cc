@@ -55,6 +55,21 @@ class PeerMemoryTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
+  // ReadMemoryCopy over `streams` connections into a buffer of copy.nbytes() bytes.
+  absl::StatusOr<std::string> Read(const v1::MemoryCopy& copy, int streams = 1,
+                                   const std::string& job = kJob) {
+    std::vector<std::shared_ptr<grpc::Channel>> channels;
+    for (int i = 0; i < streams; ++i) {
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      channels.push_back(
+          grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+    }
+    std::string dest(copy.nbytes(), '\0');
+    RETURN_IF_ERROR(ReadMemoryCopy(channels, job, copy, dest.data(), absl::Seconds(30)));
+    return dest;
+  }
+
   // A PutMemoryCopy stream of `chunk` alone; its status code.
   grpc::StatusCode PutOneChunk(const v1::MemoryCopyChunk& chunk) {
     v1::PeerMemory::Stub stub(channel_);
@@ -86,57 +101,93 @@ TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
   const std::string bytes = Pattern((9 << 20) + 123, 'a');  // several chunks, a short last one
   const v1::MemoryCopy copy = Copy(7, "data-00003", bytes.size(), /*writer=*/3);
   int hooks = 0;  // before_chunk: once before each of the 10 chunks
-  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30), nullptr,
-                             [&hooks] { ++hooks; })
-                  .ok());
+  ASSERT_TRUE(
+      SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30), nullptr, [&hooks] {
+        ++hooks;
+      }).ok());
   EXPECT_EQ(hooks, 10);
   ASSERT_EQ(store_->Copies().size(), 1u);
   EXPECT_EQ(store_->Copies()[0].writer_rank(), 3u);
   EXPECT_EQ(store_->Copies()[0].nbytes(), bytes.size());
 
-  absl::StatusOr<std::shared_ptr<const MemoryBuffer>> back =
-      ReadMemoryCopy(channel_, kJob, copy, absl::Seconds(30));
+  // Three streams over the ten chunks: parts of four, four and two.
+  absl::StatusOr<std::string> back = Read(copy, /*streams=*/3);
   ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(std::string((*back)->data(), (*back)->size()), bytes);
+  EXPECT_EQ(*back, bytes);
 
   // A newer copy from the same writer replaces it.
   const std::string newer = Pattern(5000, 'z');
-  ASSERT_TRUE(
-      SendMemoryCopy(channel_, kJob, Copy(8, "data-00003", newer.size(), 3), newer.data(), absl::Seconds(30))
-          .ok());
+  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(8, "data-00003", newer.size(), 3), newer.data(),
+                             absl::Seconds(30))
+                  .ok());
   ASSERT_EQ(store_->Copies().size(), 1u);
   EXPECT_EQ(store_->Copies()[0].step(), 8);
-  EXPECT_EQ(ReadMemoryCopy(channel_, kJob, copy, absl::Seconds(30)).status().code(),
-            absl::StatusCode::kNotFound);
+  EXPECT_EQ(Read(copy).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_F(PeerMemoryTest, Read_TheAgentsOwnResidentCopy) {
   Start(/*budget=*/1 << 20);
   auto own = std::make_shared<std::string>(Pattern((2 << 20) + 5, 'o'));
   PublishOwn(own);
-  absl::StatusOr<std::shared_ptr<const MemoryBuffer>> back =
-      ReadMemoryCopy(channel_, kJob, Copy(7, "data-00000", own->size(), 0), absl::Seconds(30));
-  ASSERT_TRUE(back.ok()) << back.status();
-  EXPECT_EQ(std::string((*back)->data(), (*back)->size()), *own);
+  for (int streams : {1, 2, 4}) {  // three chunks: one, two or three streams
+    absl::StatusOr<std::string> back = Read(Copy(7, "data-00000", own->size(), 0), streams);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(*back, *own) << streams << " streams";
+  }
+}
+
+TEST_F(PeerMemoryTest, Read_ARange_ThoseBytesWithOffsetsFromTheCopysStart) {
+  Start(/*budget=*/1 << 20);
+  auto own = std::make_shared<std::string>(Pattern((3 << 20) + 5, 'r'));
+  PublishOwn(own);
+  v1::PeerMemory::Stub stub(channel_);  // the generated client: the wire is plain protobuf
+  grpc::ClientContext context;
+  v1::ReadMemoryCopyRequest request;
+  request.set_job_id(kJob);
+  request.set_step(7);
+  request.set_session_id("s7");
+  request.set_file("data-00000");
+  request.set_offset((1 << 20) + 1);
+  request.set_length((1 << 20) + 2);
+  std::unique_ptr<grpc::ClientReader<v1::MemoryCopyChunk>> reader =
+      stub.ReadMemoryCopy(&context, request);
+  std::vector<uint64_t> offsets;
+  std::string got;
+  v1::MemoryCopyChunk chunk;
+  while (reader->Read(&chunk)) {
+    offsets.push_back(chunk.offset());
+    got += chunk.data();
+  }
+  ASSERT_TRUE(reader->Finish().ok());
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{(1 << 20) + 1, (2 << 20) + 1}));
+  EXPECT_EQ(got, own->substr((1 << 20) + 1, (1 << 20) + 2));
+}
+
+TEST_F(PeerMemoryTest, Read_MoreBytesThanHeld_OutOfRangeNamingTheSizes) {
+  Start(/*budget=*/1 << 20);
+  auto own = std::make_shared<std::string>(Pattern(5000, 'x'));
+  PublishOwn(own);
+  for (int streams : {1, 2}) {
+    absl::Status status = Read(Copy(7, "data-00000", 5001, 0), streams).status();
+    EXPECT_EQ(status.code(), absl::StatusCode::kOutOfRange) << status;
+    EXPECT_NE(status.message().find("5000 bytes"), std::string::npos) << status;
+  }
 }
 
 TEST_F(PeerMemoryTest, Read_NothingHeldOrAnotherJob_Errors) {
   Start(/*budget=*/1 << 20);
-  absl::Status none =
-      ReadMemoryCopy(channel_, kJob, Copy(7, "data-00009", 10, 9), absl::Seconds(30)).status();
+  absl::Status none = Read(Copy(7, "data-00009", 10, 9)).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
   EXPECT_NE(none.message().find("data-00009"), std::string::npos);
-  EXPECT_EQ(ReadMemoryCopy(channel_, "other", Copy(7, "data-00009", 10, 9), absl::Seconds(30))
-                .status()
-                .code(),
+  EXPECT_EQ(Read(Copy(7, "data-00009", 10, 9), 1, "other").status().code(),
             absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(PeerMemoryTest, Put_OverTheBuddyBudget_RefusedAndNothingHeld) {
   Start(/*budget=*/1 << 20);
   const std::string bytes = Pattern((1 << 20) + 1, 'b');
-  absl::Status s =
-      SendMemoryCopy(channel_, kJob, Copy(7, "data-00001", bytes.size(), 1), bytes.data(), absl::Seconds(30));
+  absl::Status s = SendMemoryCopy(channel_, kJob, Copy(7, "data-00001", bytes.size(), 1),
+                                  bytes.data(), absl::Seconds(30));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_TRUE(store_->Copies().empty());
 }
@@ -237,28 +288,30 @@ TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {
   Start(/*budget=*/64 << 20);
   MemoryTier sender_tier;
   absl::Notification step8_sent;
-  BuddyReplicator replicator(
-      &sender_tier, /*rank=*/5,
-      [&](const std::string& address, const v1::MemoryCopy& copy, const char* data,
-          const std::atomic<bool>& cancel) {
-        EXPECT_EQ(address, address_);
-        EXPECT_TRUE(copy.region().empty());
-        absl::Status s = SendMemoryCopy(channel_, kJob, copy, data, absl::Seconds(30), &cancel);
-        if (s.ok() && copy.step() == 8) step8_sent.Notify();
-        return s;
-      });
+  BuddyReplicator replicator(&sender_tier, /*rank=*/5,
+                             [&](const std::string& address, const v1::MemoryCopy& copy,
+                                 const char* data, const std::atomic<bool>& cancel) {
+                               EXPECT_EQ(address, address_);
+                               EXPECT_TRUE(copy.region().empty());
+                               absl::Status s = SendMemoryCopy(channel_, kJob, copy, data,
+                                                               absl::Seconds(30), &cancel);
+                               if (s.ok() && copy.step() == 8) step8_sent.Notify();
+                               return s;
+                             });
   v1::MemoryBuddy buddy;
   buddy.set_rank(1);
   buddy.set_peer_address(address_);
   replicator.SetBuddy(buddy);
 
   auto first = std::make_shared<std::string>(Pattern(3 << 20, 'f'));
-  sender_tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, first->size(),
-                                         ResidentRegion{"/r", first->data(), first->size(), first}});
+  sender_tier.Publish(
+      ResidentCheckpoint{7, "s7", "data-00005", 4096, first->size(),
+                         ResidentRegion{"/r", first->data(), first->size(), first}});
   replicator.OnPublished();
   auto second = std::make_shared<std::string>(Pattern(1 << 20, 's'));
-  sender_tier.Publish(ResidentCheckpoint{8, "s8", "data-00005", 4096, second->size(),
-                                         ResidentRegion{"/r", second->data(), second->size(), second}});
+  sender_tier.Publish(
+      ResidentCheckpoint{8, "s8", "data-00005", 4096, second->size(),
+                         ResidentRegion{"/r", second->data(), second->size(), second}});
   replicator.OnPublished();
   // Step 7 may be sent first or overtaken by step 8; step 8 is sent, and replaces it.
   ASSERT_TRUE(step8_sent.WaitForNotificationWithTimeout(absl::Seconds(60)));

@@ -210,8 +210,8 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
         char* target = direct ? item.dest + runs[r].dest_offset + (begin - runs[r].chunk_offset)
                               : bounce.Get(end - begin);
         if (target == nullptr) {
-          return absl::ResourceExhaustedError(absl::StrCat(
-              "no memory for a ", end - begin, "-byte read buffer (", path, ")"));
+          return absl::ResourceExhaustedError(
+              absl::StrCat("no memory for a ", end - begin, "-byte read buffer (", path, ")"));
         }
         // Fill the span from memory if it is resident there, else from the file; then verify
         // what landed (memory may change under us, so the copy is what is checked).
@@ -357,10 +357,7 @@ absl::Status ServeParallel(size_t n, int parallelism,
 
 CheckpointReader::CheckpointReader(Storage* storage, std::string dir,
                                    CheckpointReaderOptions options, v1::Manifest manifest)
-    : storage_(storage),
-      dir_(std::move(dir)),
-      options_(options),
-      manifest_(std::move(manifest)) {
+    : storage_(storage), dir_(std::move(dir)), options_(options), manifest_(std::move(manifest)) {
   index_.reserve(manifest_.tensors_size());
   chunk_boxes_.resize(manifest_.tensors_size());
   for (int t = 0; t < manifest_.tensors_size(); ++t) {
@@ -403,8 +400,7 @@ absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request
   if (!IsKnownDType(request.dtype)) return BadRequest(request, "dtype is unknown");
   if (absl::Status s = ValidateBoxInShape(request.box, request.global_shape); !s.ok()) {
     return BadRequest(request, absl::StrCat("box ", BoxToString(request.box), " is not inside ",
-                                            ShapeString(request.global_shape), ": ",
-                                            s.message()));
+                                            ShapeString(request.global_shape), ": ", s.message()));
   }
   absl::StatusOr<int64_t> volume = Volume(request.box);
   if (!volume.ok()) return BadRequest(request, volume.status().message());
@@ -414,16 +410,15 @@ absl::StatusOr<RequestPlan> CheckpointReader::PlanOne(const ReadRequest& request
     end = request.flat_range->end();
     if (begin < 0 || begin > end || end > *volume) {
       return BadRequest(request, absl::StrCat("flat range [", begin, ", ", end,
-                                              ") is not within the box's ", *volume,
-                                              " elements"));
+                                              ") is not within the box's ", *volume, " elements"));
     }
   }
   const uint64_t esize = DTypeSize(request.dtype);
   unsigned __int128 need = static_cast<unsigned __int128>(end - begin) * esize;
   if (need != request.dest_size) {
-    return BadRequest(request, absl::StrCat("destination holds ", request.dest_size,
-                                            " bytes; the region needs ",
-                                            static_cast<uint64_t>(need)));
+    return BadRequest(
+        request, absl::StrCat("destination holds ", request.dest_size, " bytes; the region needs ",
+                              static_cast<uint64_t>(need)));
   }
   if (need_dest && need > 0 && request.dest == nullptr) {
     return BadRequest(request, "destination is null");
@@ -559,9 +554,9 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   const absl::Status status =
       ServeParallel(work.size(), options_.parallelism, [&](size_t w, Bounce& bounce) {
         const std::string& name = work[w].runs.front().chunk->file();
-        Source source{files.at(name).get(), nullptr,
-                      storage_ == nullptr ? absl::StrCat("the memory copy of ", name)
-                                          : JoinPath(dir_, name)};
+        Source source{
+            files.at(name).get(), nullptr,
+            storage_ == nullptr ? absl::StrCat("the memory copy of ", name) : JoinPath(dir_, name)};
         if (resident != nullptr) {
           if (auto it = resident->find(name); it != resident->end()) source.resident = &it->second;
         }
@@ -572,26 +567,57 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   return results;
 }
 
+absl::StatusOr<std::vector<CheckpointReader::FileRun>> CheckpointReader::ContiguousRuns(
+    absl::Span<const ReadRequest> requests, const std::vector<RequestPlan>& plans,
+    const std::string* file) const {
+  // Each request's runs, in the destination's order, must continue one another in one file.
+  std::vector<FileRun> located(plans.size());
+  for (size_t i = 0; i < plans.size(); ++i) {
+    const std::vector<ByteRun>& runs = plans[i].runs;
+    if (runs.empty()) continue;
+    const std::string& in = file != nullptr ? *file : runs.front().chunk->file();
+    const uint64_t first = runs.front().file_offset();
+    uint64_t length = 0;
+    for (const ByteRun& run : runs) {
+      if (run.chunk->file() != in || run.dest_offset != length ||
+          run.file_offset() != first + length) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "tensor \"", requests[i].key, "\" is not one contiguous byte run of ", in));
+      }
+      length += run.length;
+    }
+    located[i] = FileRun{&in, first, length};
+  }
+  return located;
+}
+
+absl::StatusOr<std::string> CheckpointReader::ContiguousFile(
+    absl::Span<const ReadRequest> requests) const {
+  ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/false));
+  const std::string* file = nullptr;
+  for (const RequestPlan& plan : plans) {
+    if (!plan.runs.empty()) {
+      file = &plan.runs.front().chunk->file();
+      break;
+    }
+  }
+  if (file == nullptr) return absl::FailedPreconditionError("no requested tensor has bytes");
+  RETURN_IF_ERROR(ContiguousRuns(requests, plans, file).status());
+  return *file;
+}
+
 absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
     absl::Span<const ReadRequest> requests, absl::string_view file, const ResidentBytes& resident,
     ReadStats* stats) const {
   ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/false));
-  // Each request's runs, in the destination's order, must continue one another in `file`.
+  const std::string file_name(file);
+  ASSIGN_OR_RETURN(std::vector<FileRun> located, ContiguousRuns(requests, plans, &file_name));
   std::vector<ReadResult> results(plans.size());
   for (size_t i = 0; i < plans.size(); ++i) {
     results[i].state_absent = plans[i].state_absent;
-    const std::vector<ByteRun>& runs = plans[i].runs;
-    if (runs.empty()) continue;
-    const uint64_t first = runs.front().file_offset();
-    uint64_t length = 0;
-    for (const ByteRun& run : runs) {
-      if (run.chunk->file() != file || run.dest_offset != length ||
-          run.file_offset() != first + length) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "tensor \"", requests[i].key, "\" is not one contiguous byte run of ", file));
-      }
-      length += run.length;
-    }
+    if (located[i].file == nullptr) continue;
+    const uint64_t first = located[i].offset;
+    const uint64_t length = located[i].length;
     if (first < resident.file_offset || first - resident.file_offset > resident.size ||
         length > resident.size - (first - resident.file_offset)) {
       return absl::FailedPreconditionError(absl::StrCat(

@@ -58,9 +58,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "common/box.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
-#include "common/box.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/types.pb.h"
 
@@ -87,7 +87,7 @@ struct ReadRequest {
 struct ByteRun {
   const v1::TensorEntry* tensor = nullptr;  // points into the reader's manifest
   const v1::ChunkEntry* chunk = nullptr;    // likewise
-  uint64_t chunk_offset = 0;  // bytes from the start of the chunk body
+  uint64_t chunk_offset = 0;                // bytes from the start of the chunk body
   uint64_t length = 0;
   uint64_t dest_offset = 0;  // bytes from the start of the request's destination
 
@@ -210,7 +210,27 @@ class CheckpointReader {
                                                          const ResidentBytes& resident,
                                                          ReadStats* stats = nullptr) const;
 
+  // The data file that every request with bytes lies in as one contiguous byte run —
+  // LocateInMemory's condition on the layout, checked before any byte is at hand (a load that
+  // fetches the file from another agent first). Pure: reads nothing.
+  // Errors: as Plan (bar the null destination); FailedPrecondition naming the tensor if a
+  // request is not one contiguous run, or lies in another file than the first, or if no
+  // request has bytes.
+  absl::StatusOr<std::string> ContiguousFile(absl::Span<const ReadRequest> requests) const;
+
  private:
+  // Where one request's bytes lie when they are one contiguous run of one file.
+  struct FileRun {
+    const std::string* file = nullptr;  // null: the request has no bytes
+    uint64_t offset = 0;                // in the file
+    uint64_t length = 0;
+  };
+  // Each request's FileRun, planned; FailedPrecondition naming the first request whose runs do
+  // not continue one another in one file, or lie in another file than `file` (if given).
+  absl::StatusOr<std::vector<FileRun>> ContiguousRuns(absl::Span<const ReadRequest> requests,
+                                                      const std::vector<RequestPlan>& plans,
+                                                      const std::string* file) const;
+
   CheckpointReader(Storage* storage, std::string dir, CheckpointReaderOptions options,
                    v1::Manifest manifest);
 

@@ -7,7 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/peer/slice_chunk_codec.h"
+#include "agent/peer/chunk_codec.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/create_channel.h"
@@ -132,7 +132,7 @@ class GrpcPeerTransport::PushReactor : public grpc::ServerReadReactor<grpc::Byte
     absl::Status status;
     {
       grpc::ProtoBufferReader reader(&request_);
-      status = DecodeSliceChunk(
+      status = DecodeChunk<v1::SliceChunk>(
           &reader, request_.Length(), [&](const v1::SliceChunk& h, uint64_t len) {
             header = h;
             data_len = len;
@@ -381,7 +381,7 @@ class GrpcPeerTransport::PushStream
     }
     const uint64_t len = std::min<uint64_t>(chunk_bytes_, slice.nbytes - offset_);
     header_.set_offset(offset_);
-    const std::string prefix = EncodeSliceChunkPrefix(header_, len);
+    const std::string prefix = EncodeChunkPrefix(header_, len);
     group_->AcquireRef();
     grpc::Slice parts[2] = {
         grpc::Slice(prefix),

@@ -1,4 +1,4 @@
-#include "agent/peer/slice_chunk_codec.h"
+#include "agent/peer/chunk_codec.h"
 
 #include <climits>
 #include <cstring>
@@ -17,39 +17,41 @@ using google::protobuf::io::CodedInputStream;
 using google::protobuf::io::CodedOutputStream;
 using google::protobuf::io::StringOutputStream;
 
-constexpr int kDataField = v1::SliceChunk::kDataFieldNumber;
-
-absl::Status Place(const PlaceData& place, const v1::SliceChunk& header, uint64_t data_len,
+absl::Status Place(const std::function<DataPlacement(uint64_t)>& place, uint64_t data_len,
                    DataPlacement* placement) {
-  *placement = place(header, data_len);
+  *placement = place(data_len);
   if (placement->consume &&
       (placement->skip > data_len || placement->write > data_len - placement->skip)) {
     return absl::InvalidArgumentError(absl::StrCat("chunk placement (skip ", placement->skip,
-                                                   ", write ", placement->write,
-                                                   ") exceeds its ", data_len, " data bytes"));
+                                                   ", write ", placement->write, ") exceeds its ",
+                                                   data_len, " data bytes"));
   }
   return absl::OkStatus();
 }
 
 }  // namespace
 
-std::string EncodeSliceChunkPrefix(const v1::SliceChunk& header, uint64_t data_len) {
+std::string EncodeChunkPrefix(const google::protobuf::MessageLite& header, int data_field,
+                              uint64_t data_len) {
   std::string out = header.SerializeAsString();
   {
     StringOutputStream stream(&out);
     CodedOutputStream coded(&stream);
-    coded.WriteTag(
-        WireFormatLite::MakeTag(kDataField, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
+    coded.WriteTag(WireFormatLite::MakeTag(data_field, WireFormatLite::WIRETYPE_LENGTH_DELIMITED));
     coded.WriteVarint64(data_len);
   }
   return out;
 }
 
-absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
-                              uint64_t total_size, const PlaceData& place) {
-  if (total_size > INT_MAX) {
-    return absl::InvalidArgumentError(absl::StrCat("slice chunk of ", total_size, " bytes"));
-  }
+absl::Status DecodeChunk(google::protobuf::io::ZeroCopyInputStream* input, uint64_t total_size,
+                         int data_field, google::protobuf::MessageLite* header,
+                         const std::function<DataPlacement(uint64_t data_len)>& place) {
+  // Errors name the message type: "tessera.v1.SliceChunk: truncated data".
+  const std::string type = header->GetTypeName();
+  auto invalid = [&type](auto&&... what) {
+    return absl::InvalidArgumentError(absl::StrCat(type, ": ", what...));
+  };
+  if (total_size > INT_MAX) return invalid(total_size, " bytes");
   CodedInputStream in(input);
   in.SetTotalBytesLimit(INT_MAX);
   std::string header_bytes;  // the header fields, re-emitted as they are parsed
@@ -59,27 +61,25 @@ absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
     StringOutputStream header_stream(&header_bytes);
     CodedOutputStream header_out(&header_stream);
     while (const uint32_t tag = in.ReadTag()) {
-      if (WireFormatLite::GetTagFieldNumber(tag) != kDataField) {
+      if (WireFormatLite::GetTagFieldNumber(tag) != data_field) {
         if (!WireFormatLite::SkipField(&in, tag, &header_out)) {
-          return absl::InvalidArgumentError("malformed slice chunk header");
+          return invalid("malformed header");
         }
         continue;
       }
       if (WireFormatLite::GetTagWireType(tag) != WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        return absl::InvalidArgumentError("slice chunk data has the wrong wire type");
+        return invalid("data has the wrong wire type");
       }
       uint32_t len = 0;
       if (!in.ReadVarint32(&len) || len > INT_MAX) {
-        return absl::InvalidArgumentError("malformed slice chunk data length");
+        return invalid("malformed data length");
       }
       // The length comes from the peer: checked against what is left of the message before
       // anything is sized by it.
       const uint64_t position = static_cast<uint64_t>(in.CurrentPosition());
       const uint64_t left = position <= total_size ? total_size - position : 0;
       if (len > left) {
-        return absl::InvalidArgumentError(absl::StrCat("slice chunk data of ", len,
-                                                       " bytes exceeds the ", left,
-                                                       " bytes left in the message"));
+        return invalid("data of ", len, " bytes exceeds the ", left, " bytes left in the message");
       }
       if (len == left) {
         direct_len = len;
@@ -87,20 +87,19 @@ absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
       }
       buffered.resize(len);
       if (len > 0 && !in.ReadRaw(&buffered[0], static_cast<int>(len))) {
-        return absl::InvalidArgumentError("truncated slice chunk data");
+        return invalid("truncated data");
       }
     }
   }  // header_out is flushed into header_bytes here
   if (direct_len < 0 && static_cast<uint64_t>(in.CurrentPosition()) != total_size) {
-    return absl::InvalidArgumentError("malformed slice chunk");
+    return invalid("malformed message");
   }
-  v1::SliceChunk header;
-  if (!header.ParseFromString(header_bytes)) {
-    return absl::InvalidArgumentError("malformed slice chunk header");
+  if (!header->ParseFromString(header_bytes)) {
+    return invalid("malformed header");
   }
   const uint64_t data_len = direct_len >= 0 ? static_cast<uint64_t>(direct_len) : buffered.size();
   DataPlacement placement;
-  RETURN_IF_ERROR(Place(place, header, data_len, &placement));
+  RETURN_IF_ERROR(Place(place, data_len, &placement));
   if (!placement.consume || placement.write == 0) return absl::OkStatus();
   if (direct_len < 0) {
     std::memcpy(placement.dest, buffered.data() + placement.skip, placement.write);
@@ -108,7 +107,7 @@ absl::Status DecodeSliceChunk(google::protobuf::io::ZeroCopyInputStream* input,
   }
   if (!in.Skip(static_cast<int>(placement.skip)) ||
       !in.ReadRaw(placement.dest, static_cast<int>(placement.write))) {
-    return absl::InvalidArgumentError("truncated slice chunk data");
+    return invalid("truncated data");
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-#include "agent/peer/slice_chunk_codec.h"
+#include "agent/peer/chunk_codec.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -34,21 +34,22 @@ v1::SliceChunk Header() {
 absl::Status Decode(const std::string& message, char* dest, uint64_t skip, uint64_t write,
                     v1::SliceChunk* header, uint64_t* data_len, bool consume = true) {
   ArrayInputStream input(message.data(), static_cast<int>(message.size()), /*block_size=*/7);
-  return DecodeSliceChunk(&input, message.size(), [&](const v1::SliceChunk& h, uint64_t len) {
-    *header = h;
-    *data_len = len;
-    DataPlacement p;
-    p.consume = consume;
-    p.dest = dest;
-    p.skip = skip;
-    p.write = write;
-    return p;
-  });
+  return DecodeChunk<v1::SliceChunk>(&input, message.size(),
+                                     [&](const v1::SliceChunk& h, uint64_t len) {
+                                       *header = h;
+                                       *data_len = len;
+                                       DataPlacement p;
+                                       p.consume = consume;
+                                       p.dest = dest;
+                                       p.skip = skip;
+                                       p.write = write;
+                                       return p;
+                                     });
 }
 
-TEST(SliceChunkCodec, PrefixPlusData_IsAValidSliceChunk) {
+TEST(ChunkCodec, PrefixPlusData_IsAValidSliceChunk) {
   const std::string data = "0123456789abcdefghij";
-  const std::string message = EncodeSliceChunkPrefix(Header(), data.size()) + data;
+  const std::string message = EncodeChunkPrefix(Header(), data.size()) + data;
   v1::SliceChunk parsed;
   ASSERT_TRUE(parsed.ParseFromString(message));
   EXPECT_EQ(parsed.data(), data);
@@ -56,9 +57,9 @@ TEST(SliceChunkCodec, PrefixPlusData_IsAValidSliceChunk) {
   EXPECT_EQ(parsed.offset(), 16u);
 }
 
-TEST(SliceChunkCodec, DataLast_CopiedToPlacement) {
+TEST(ChunkCodec, DataLast_CopiedToPlacement) {
   const std::string data = "0123456789abcdefghij";
-  const std::string message = EncodeSliceChunkPrefix(Header(), data.size()) + data;
+  const std::string message = EncodeChunkPrefix(Header(), data.size()) + data;
   std::string dest(30, '.');
   v1::SliceChunk header;
   uint64_t len = 0;
@@ -71,7 +72,29 @@ TEST(SliceChunkCodec, DataLast_CopiedToPlacement) {
   EXPECT_EQ(dest, "....." + data.substr(3, 10) + std::string(15, '.'));
 }
 
-TEST(SliceChunkCodec, GeneratedSerialization_Decodes) {
+TEST(ChunkCodec, MemoryCopyChunk_PrefixPlusDataDecodedIntoPlace) {
+  v1::MemoryCopyChunk header;
+  header.set_offset(1 << 20);
+  const std::string data = "resident bytes";
+  const std::string message = EncodeChunkPrefix(header, data.size()) + data;
+  v1::MemoryCopyChunk parsed;
+  ASSERT_TRUE(parsed.ParseFromString(message));
+  EXPECT_EQ(parsed.data(), data);
+
+  ArrayInputStream input(message.data(), static_cast<int>(message.size()), /*block_size=*/5);
+  std::string dest(data.size(), '.');
+  uint64_t offset = 0;
+  ASSERT_TRUE(DecodeChunk<v1::MemoryCopyChunk>(&input, message.size(),
+                                               [&](const v1::MemoryCopyChunk& h, uint64_t len) {
+                                                 offset = h.offset();
+                                                 return DataPlacement{true, dest.data(), 0, len};
+                                               })
+                  .ok());
+  EXPECT_EQ(offset, uint64_t{1} << 20);
+  EXPECT_EQ(dest, data);
+}
+
+TEST(ChunkCodec, GeneratedSerialization_Decodes) {
   v1::SliceChunk full = Header();
   full.set_data(std::string(1000, 'x') + "tail");
   const std::string message = full.SerializeAsString();
@@ -83,7 +106,7 @@ TEST(SliceChunkCodec, GeneratedSerialization_Decodes) {
   EXPECT_EQ(header.key(), "layer.0.w");
 }
 
-TEST(SliceChunkCodec, DataNotLast_StillDecoded) {
+TEST(ChunkCodec, DataNotLast_StillDecoded) {
   // data first, then the header fields: a valid encoding that cannot be copied straight.
   using google::protobuf::internal::WireFormatLite;
   std::string message;
@@ -102,8 +125,8 @@ TEST(SliceChunkCodec, DataNotLast_StillDecoded) {
   EXPECT_EQ(header.key(), "layer.0.w");
 }
 
-TEST(SliceChunkCodec, NotConsumed_NothingWritten) {
-  const std::string message = EncodeSliceChunkPrefix(Header(), 4) + "abcd";
+TEST(ChunkCodec, NotConsumed_NothingWritten) {
+  const std::string message = EncodeChunkPrefix(Header(), 4) + "abcd";
   std::string dest(4, '.');
   v1::SliceChunk header;
   uint64_t len = 0;
@@ -111,8 +134,8 @@ TEST(SliceChunkCodec, NotConsumed_NothingWritten) {
   EXPECT_EQ(dest, "....");
 }
 
-TEST(SliceChunkCodec, PlacementBeyondData_Rejected) {
-  const std::string message = EncodeSliceChunkPrefix(Header(), 4) + "abcd";
+TEST(ChunkCodec, PlacementBeyondData_Rejected) {
+  const std::string message = EncodeChunkPrefix(Header(), 4) + "abcd";
   std::string dest(8, '.');
   v1::SliceChunk header;
   uint64_t len = 0;
@@ -121,8 +144,8 @@ TEST(SliceChunkCodec, PlacementBeyondData_Rejected) {
   EXPECT_EQ(dest, "........");
 }
 
-TEST(SliceChunkCodec, Truncated_Rejected) {
-  const std::string message = EncodeSliceChunkPrefix(Header(), 10) + "abcd";  // 6 bytes short
+TEST(ChunkCodec, Truncated_Rejected) {
+  const std::string message = EncodeChunkPrefix(Header(), 10) + "abcd";  // 6 bytes short
   std::string dest(10, '.');
   v1::SliceChunk header;
   uint64_t len = 0;
@@ -130,7 +153,7 @@ TEST(SliceChunkCodec, Truncated_Rejected) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST(SliceChunkCodec, Garbage_Rejected) {
+TEST(ChunkCodec, Garbage_Rejected) {
   const std::string message = "\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff\xff";
   std::string dest(4, '.');
   v1::SliceChunk header;
@@ -178,11 +201,11 @@ uint64_t MappedBytes() {
 }
 
 // Issue 11, bug 6: a peer's message named a data length of up to 2 GiB and the decoder
-// allocated that much before checking it against the message's size. The forged message is 
+// allocated that much before checking it against the message's size. The forged message is
 // decoded in a child whose address space allows a quarter of a GiB more than it has: a decoder
 // that allocates the forged length dies there (std::bad_alloc); one that checks first refuses
 // the message and the child exits 0.
-TEST(SliceChunkCodecDeathTest, ForgedDataLengthBeyondMessage_RejectedWithoutAllocating) {
+TEST(ChunkCodecDeathTest, ForgedDataLengthBeyondMessage_RejectedWithoutAllocating) {
 #ifdef TESSERA_UNDER_ASAN
   GTEST_SKIP() << "AddressSanitizer reserves its shadow memory: an address-space limit cannot "
                   "tell a 2 GiB allocation apart there";

@@ -1,0 +1,125 @@
+// Restoring from a buddy, without the rest of a load: PeerMemory.ReadMemoryCopy of a 256 MiB
+// resident copy over 1, 2 and 4 connections (second argument 1: new connections for every
+// read, as a load makes them; 0: kept), against the physical limit on the same machine in the
+// same run — plain loopback TCP sockets moving the same bytes from memory into a
+// preallocated buffer over as many connections (the kernel's two copies, nothing else).
+// Server and client share this process, as two agents share a node's cores. The destination
+// is faulted in once, so page faults are not measured.
+//
+//   bazel run -c opt //agent:peer_memory_benchmark
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "agent/buddy_store.h"
+#include "agent/memory_tier.h"
+#include "agent/peer_memory.h"
+#include "benchmark/benchmark.h"
+#include "grpcpp/grpcpp.h"
+
+namespace tessera {
+namespace {
+
+constexpr uint64_t kBytes = uint64_t{256} << 20;
+
+std::shared_ptr<std::string> Payload() {
+  static auto payload = std::make_shared<std::string>(kBytes, '\x5a');
+  return payload;
+}
+
+// The destination, faulted in once: the benchmark measures the transfer, not page faults.
+char* Dest() {
+  static std::string* dest = new std::string(kBytes, '\0');
+  return dest->data();
+}
+
+void BM_ReadMemoryCopy(benchmark::State& state) {
+  MemoryTier tier;
+  BuddyStore store(0);
+  std::shared_ptr<std::string> payload = Payload();
+  tier.Publish(
+      ResidentCheckpoint{7, "s7", "data-00000", 0, payload->size(),
+                         ResidentRegion{"/bench", payload->data(), payload->size(), payload}});
+  PeerMemoryService service("job", &tier, &store);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  auto connect = [&] {
+    return MemoryCopyChannels("127.0.0.1:" + std::to_string(port),
+                              grpc::InsecureChannelCredentials(), static_cast<int>(state.range(0)));
+  };
+  std::vector<std::shared_ptr<grpc::Channel>> channels = connect();
+  v1::MemoryCopy copy;
+  copy.set_step(7);
+  copy.set_session_id("s7");
+  copy.set_file("data-00000");
+  copy.set_nbytes(kBytes);
+  for (auto _ : state) {
+    if (state.range(1)) channels = connect();  // cold: new connections, as a load makes
+    absl::Status status = ReadMemoryCopy(channels, "job", copy, Dest(), absl::Minutes(1));
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
+  server->Shutdown();
+}
+BENCHMARK(BM_ReadMemoryCopy)
+    ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+void BM_LoopbackTcp(benchmark::State& state) {
+  const int streams = static_cast<int>(state.range(0));
+  const uint64_t per_stream = kBytes / streams;
+  const char* payload = Payload()->data();
+  for (auto _ : state) {
+    int listener = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
+    listen(listener, streams);
+    std::vector<std::thread> threads;
+    for (int i = 0; i < streams; ++i) {
+      threads.emplace_back([&addr, payload, per_stream, i] {
+        int s = socket(AF_INET, SOCK_STREAM, 0);
+        connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
+        for (uint64_t sent = 0; sent < per_stream;) {
+          ssize_t n = send(s, payload + i * per_stream + sent, per_stream - sent, 0);
+          if (n <= 0) break;
+          sent += n;
+        }
+        close(s);
+      });
+      int conn = accept(listener, nullptr, nullptr);
+      threads.emplace_back([conn, per_stream, i] {
+        char* dest = Dest() + i * per_stream;
+        for (uint64_t got = 0; got < per_stream;) {
+          ssize_t n = recv(conn, dest + got, per_stream - got, 0);
+          if (n <= 0) break;
+          got += n;
+        }
+        close(conn);
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    close(listener);
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
+}
+BENCHMARK(BM_LoopbackTcp)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace tessera
+
+BENCHMARK_MAIN();
