@@ -63,8 +63,9 @@ absl::Status MemoryCopyLost(const CheckpointReader& reader,
     }
   }
   std::vector<std::string> named;
-  for (const auto& [file, rank] : writers)
+  for (const auto& [file, rank] : writers) {
     named.push_back(absl::StrCat(file, " (rank ", rank, ")"));
+  }
   return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_MEMORY_COPY_LOST,
                    absl::StrCat("step ", reader.manifest().step(),
                                 " is a memory-only checkpoint and no live agent holds ",
@@ -133,8 +134,9 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       return located.status();
     }
     staged.results = *std::move(located);
-    for (const ReadResult& result : staged.results)
+    for (const ReadResult& result : staged.results) {
       staged.offsets.push_back(result.resident_offset);
+    }
     staged.shm_name = region[0].name;
     staged.shm_size = region[0].capacity;
     staged.fetched_from_peers = copy->nbytes();

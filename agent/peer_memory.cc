@@ -161,8 +161,8 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> RequestedRange(
   const uint64_t length =
       request.length() == 0 && offset <= size ? size - offset : request.length();
   if (offset > size || length > size - offset) {
-    return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + length,
-                                              ") of a memory copy of ", size, " bytes"));
+    return absl::OutOfRangeError(absl::StrCat(length, " bytes at ", offset,
+                                              " of a memory copy of ", size, " bytes"));
   }
   return std::make_pair(offset, offset + length);
 }
@@ -183,8 +183,6 @@ class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
     StartRead(&chunk_);
     StartCall();
   }
-
-  void Cancel() { context_.TryCancel(); }
 
   void OnReadDone(bool ok) override {
     if (!ok) return;  // the stream ended: OnDone brings its status

@@ -9,22 +9,22 @@
 #include <functional>
 #include <iterator>
 #include <map>
-#include <tuple>
-#include <utility>
 #include <memory>
 #include <random>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "storage/posix_storage.h"
-#include "storage/storage.h"
 #include "common/box.h"
 #include "common/status.h"
 #include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/posix_storage.h"
+#include "storage/storage.h"
 
 namespace tessera {
 namespace {
@@ -106,7 +106,8 @@ class CheckpointReaderTest : public ::testing::TestWithParam<bool> {
     absent.state_absent = true;
     tensors_ = {wq, exp_avg, mlp, norm, scalar, extra, absent};
 
-    absl::StatusOr<v1::Manifest> m = testing_checkpoint::WriteTestCheckpoint(storage_, dir_, tensors_);
+    absl::StatusOr<v1::Manifest> m =
+        testing_checkpoint::WriteTestCheckpoint(storage_, dir_, tensors_);
     ASSERT_TRUE(m.ok()) << m.status();
     manifest_ = *m;
   }
@@ -145,9 +146,9 @@ class CheckpointReaderTest : public ::testing::TestWithParam<bool> {
   // Reads one region and compares it with the brute-force reference.
   void ExpectReadMatches(CheckpointReader& reader, const std::string& key, const Box& box,
                          std::optional<v1::FlatRange> range = std::nullopt) {
-    SCOPED_TRACE(absl::StrCat(key, " ", BoxToString(box),
-                              range ? absl::StrCat(" flat [", range->begin(), ", ", range->end(), ")")
-                                    : ""));
+    SCOPED_TRACE(absl::StrCat(
+        key, " ", BoxToString(box),
+        range ? absl::StrCat(" flat [", range->begin(), ", ", range->end(), ")") : ""));
     std::string got;
     ReadRequest r = Request(key, box, &got, range);
     absl::StatusOr<std::vector<ReadResult>> results = reader.Read({r});
@@ -177,7 +178,8 @@ class CheckpointReaderTest : public ::testing::TestWithParam<bool> {
         CheckpointReader::FromManifest(manifest_, "memory-only step");
     if (!reader.ok()) return reader.status();
     std::string got;
-    return (*reader)->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr, files)
+    return (*reader)
+        ->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &got)}, nullptr, files)
         .status();
   }
 
@@ -221,8 +223,7 @@ TEST_P(CheckpointReaderTest, Read_ReshardedBoxes_MatchReference) {
   ExpectReadMatches(*reader, "layers.1.mlp.w", MakeBox({1, 2, 3}, {2, 3, 6}));
   // A flat range of a box crossing chunk boundaries (a distributed optimizer's slice).
   ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 4}, {8, 8}), Range(10, 50));
-  ExpectReadMatches(*reader, "layers.0.attn.wq#exp_avg", MakeBox({2, 0}, {6, 12}),
-                    Range(7, 61));
+  ExpectReadMatches(*reader, "layers.0.attn.wq#exp_avg", MakeBox({2, 0}, {6, 12}), Range(7, 61));
   ExpectReadMatches(*reader, "layers.1.mlp.w", MakeBox({0, 1, 2}, {4, 5, 7}), Range(33, 100));
   // Empty flat range and empty box: nothing to read.
   ExpectReadMatches(*reader, "layers.0.attn.wq", MakeBox({0, 4}, {8, 8}), Range(5, 5));
@@ -279,6 +280,31 @@ TEST_P(CheckpointReaderTest, Read_SeveralRequestsAtOnce_EachFilled) {
   EXPECT_EQ(c, Reference(Tensor("norm.weight"), requests[2].box));
   EXPECT_EQ(d, Tensor("step").data);
   EXPECT_EQ(e, Tensor("rng#rank3").data);
+}
+
+TEST_P(CheckpointReaderTest, ContiguousFile_OneChunkNamesItsFile_AcrossFilesRefused) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string chunk_file;  // the file of wq's top-left chunk, as the manifest says
+  for (const v1::TensorEntry& tensor : manifest_.tensors()) {
+    if (tensor.key() != "layers.0.attn.wq") continue;
+    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
+      if (chunk.box().offsets(0) == 0 && chunk.box().offsets(1) == 0) chunk_file = chunk.file();
+    }
+  }
+  ASSERT_FALSE(chunk_file.empty());
+  std::string a, b, c;
+  absl::StatusOr<std::string> file =
+      reader->ContiguousFile({Request("layers.0.attn.wq", MakeBox({0, 0}, {4, 6}), &a),
+                              Request("layers.0.attn.wq", MakeBox({1, 0}, {2, 6}), &b)});
+  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_EQ(*file, chunk_file);
+
+  // The whole rows span the chunk beside it, in another file.
+  absl::Status wide =
+      reader->ContiguousFile({Request("layers.0.attn.wq", MakeBox({0, 0}, {4, 12}), &c)}).status();
+  EXPECT_EQ(wide.code(), absl::StatusCode::kFailedPrecondition) << wide;
+  EXPECT_THAT(wide.message(), HasSubstr("layers.0.attn.wq"));
 }
 
 TEST_P(CheckpointReaderTest, Plan_RowSlice_RunsFromBothRowChunks) {
@@ -375,8 +401,7 @@ TEST_P(CheckpointReaderTest, Read_FlippedByte_ChecksumMismatchNamingTensorChunkF
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   std::string dest;
-  absl::Status s =
-      reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &dest)}).status();
+  absl::Status s = reader->Read({Request("layers.0.attn.wq", FullBox({8, 12}), &dest)}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
   EXPECT_EQ(GetErrorCode(s), v1::ERROR_CODE_CHECKSUM_MISMATCH);
   EXPECT_THAT(s.message(), HasSubstr("\"layers.0.attn.wq\""));
@@ -545,9 +570,8 @@ TEST_P(CheckpointReaderTest, FromManifest_FlippedByteInMemory_ChecksumMismatchNo
 
 TEST_P(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
   // Drop the chunk holding wq rows 4..7, columns 0..5.
-  RewriteManifest([](v1::Manifest& m) {
-    m.mutable_tensors(0)->mutable_chunks()->DeleteSubrange(2, 1);
-  });
+  RewriteManifest(
+      [](v1::Manifest& m) { m.mutable_tensors(0)->mutable_chunks()->DeleteSubrange(2, 1); });
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   std::string dest;
@@ -563,9 +587,8 @@ TEST_P(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
 }
 
 TEST_P(CheckpointReaderTest, Read_OverlappingChunks_DataLoss) {
-  RewriteManifest([](v1::Manifest& m) {
-    *m.mutable_tensors(0)->add_chunks() = m.tensors(0).chunks(0);
-  });
+  RewriteManifest(
+      [](v1::Manifest& m) { *m.mutable_tensors(0)->add_chunks() = m.tensors(0).chunks(0); });
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
   std::string dest;
@@ -674,11 +697,11 @@ TEST(CheckpointReaderIoTest, Read_LargeChunksDirect_InPlaceAndBounced_MatchRefer
   ASSERT_TRUE(reader.ok()) << reader.status();
 
   const std::vector<std::pair<Box, std::optional<v1::FlatRange>>> regions = {
-      {FullBox(t.shape), std::nullopt},                      // both chunks whole
-      {MakeBox({100, 0}, {60, 1024}), std::nullopt},         // rows across the chunk boundary
-      {MakeBox({3, 0}, {250, 1024}), Range(1000, 200000)},   // a distributed-optimizer slice
-      {MakeBox({0, 512}, {256, 512}), std::nullopt},         // right half: bounced per row
-      {MakeBox({127, 5}, {2, 3}), std::nullopt},             // a few elements
+      {FullBox(t.shape), std::nullopt},                     // both chunks whole
+      {MakeBox({100, 0}, {60, 1024}), std::nullopt},        // rows across the chunk boundary
+      {MakeBox({3, 0}, {250, 1024}), Range(1000, 200000)},  // a distributed-optimizer slice
+      {MakeBox({0, 512}, {256, 512}), std::nullopt},        // right half: bounced per row
+      {MakeBox({127, 5}, {2, 3}), std::nullopt},            // a few elements
   };
   for (const auto& [box, range] : regions) {
     const std::string want = Reference(t, box, range);
@@ -702,8 +725,8 @@ TEST(CheckpointReaderIoTest, Read_LargeChunksDirect_InPlaceAndBounced_MatchRefer
   const v1::ChunkEntry& second = (*reader)->manifest().tensors(0).chunks(1);
   FlipByte(JoinPath(dir, second.file()), second.offset() + 5000);
   std::string dest(Reference(t, FullBox(t.shape)).size(), '\0');
-  ReadRequest r{"w", v1::DTYPE_F32, t.shape, FullBox(t.shape), std::nullopt, dest.data(),
-                dest.size()};
+  ReadRequest r{"w",          v1::DTYPE_F32, t.shape,    FullBox(t.shape),
+                std::nullopt, dest.data(),   dest.size()};
   absl::StatusOr<std::vector<ReadResult>> results = (*reader)->Read({r});
   EXPECT_EQ(GetErrorCode(results.status()), v1::ERROR_CODE_CHECKSUM_MISMATCH) << results.status();
 }
