@@ -96,7 +96,8 @@ uint64_t Loader::MaxFetchBytes() const {
 
 absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& reader,
                                                     const std::vector<ReadRequest>& reads,
-                                                    const MemoryCopies& copies) {
+                                                    const MemoryCopies& copies,
+                                                    bool client_verifies) {
   ASSIGN_OR_RETURN(const std::string file, reader.ContiguousFile(reads));
   RETURN_IF_ERROR(copies.status());
   // A copy on this node (a peer's region, or one this agent holds as a buddy) is read where it
@@ -125,43 +126,50 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       staging_->ReleaseAll();
       continue;
     }
-    Staged staged;
-    staged.staging_time = absl::Now() - start;
-    absl::StatusOr<std::vector<ReadResult>> located = reader.LocateInMemory(
-        reads, file, ResidentBytes{copy->file_offset(), data, copy->nbytes()}, &staged.stats);
-    if (!located.ok()) {
+    const absl::Duration staging_time = absl::Now() - start;
+    absl::StatusOr<Staged> staged =
+        Locate(reader, reads, file, ResidentBytes{copy->file_offset(), data, copy->nbytes()},
+               client_verifies);
+    if (!staged.ok()) {
       staging_->ReleaseAll();
-      return located.status();
+      return staged.status();
     }
-    staged.results = *std::move(located);
-    for (const ReadResult& result : staged.results) {
-      staged.offsets.push_back(result.resident_offset);
-    }
-    staged.shm_name = region[0].name;
-    staged.shm_size = region[0].capacity;
-    staged.fetched_from_peers = copy->nbytes();
-    staged.in_place = true;
+    staged->staging_time = staging_time;
+    staged->shm_name = region[0].name;
+    staged->shm_size = region[0].capacity;
+    staged->fetched_from_peers = copy->nbytes();
     return staged;
   }
   return absl::FailedPreconditionError(
       absl::StrCat("no agent on another node could send its memory copy of ", file));
 }
 
-absl::StatusOr<Loader::Staged> Loader::StageInPlace(const CheckpointReader& reader,
-                                                    const std::vector<ReadRequest>& reads,
-                                                    HeldCheckpoint& held) {
-  const ResidentCheckpoint& resident = held.checkpoint;
+absl::StatusOr<Loader::Staged> Loader::Locate(const CheckpointReader& reader,
+                                              const std::vector<ReadRequest>& reads,
+                                              const std::string& file,
+                                              const ResidentBytes& resident,
+                                              bool client_verifies) {
   Staged staged;
   ASSIGN_OR_RETURN(staged.results,
-                   reader.LocateInMemory(
-                       reads, resident.file,
-                       ResidentBytes{resident.file_offset, resident.region.data, resident.nbytes},
-                       &staged.stats));
+                   reader.LocateInMemory(reads, file, resident, &staged.stats,
+                                         client_verifies ? &staged.unverified : nullptr));
   for (const ReadResult& result : staged.results) staged.offsets.push_back(result.resident_offset);
+  staged.in_place = true;
+  return staged;
+}
+
+absl::StatusOr<Loader::Staged> Loader::StageInPlace(const CheckpointReader& reader,
+                                                    const std::vector<ReadRequest>& reads,
+                                                    HeldCheckpoint& held, bool client_verifies) {
+  const ResidentCheckpoint& resident = held.checkpoint;
+  ASSIGN_OR_RETURN(
+      Staged staged,
+      Locate(reader, reads, resident.file,
+             ResidentBytes{resident.file_offset, resident.region.data, resident.nbytes},
+             client_verifies));
   staged.shm_name = resident.region.name;
   staged.shm_size = resident.region.capacity;
   staged.hold = std::move(held.hold);
-  staged.in_place = true;
   return staged;
 }
 
@@ -305,9 +313,9 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   };
   absl::StatusOr<Staged> staged = absl::FailedPreconditionError("nothing resident");
   if (held.has_value()) {
-    staged = StageInPlace(**reader, reads, *held);
+    staged = StageInPlace(**reader, reads, *held, request.client_verifies());
   } else if (options_.fetch_copy) {
-    staged = StageFetched(**reader, reads, find_copies());
+    staged = StageFetched(**reader, reads, find_copies(), request.client_verifies());
   }
   if (!staged.ok() && held.has_value()) {
     LogInfo("load ", response.load_id(), " step=", step, ": copying, not served in place (",
@@ -338,6 +346,12 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   response.set_memory_blocks_rejected(stats.memory_blocks_rejected);
   response.set_bytes_fetched_from_peers(fetched);
   response.set_memory_only(!(*reader)->on_disk());
+  for (const BlockCheck& block : staged->unverified) {
+    v1::BlockCheck* check = response.add_unverified_blocks();
+    check->set_offset(block.offset);
+    check->set_length(block.length);
+    check->set_xxh3(block.xxh3);
+  }
   current_load_ = response.load_id();
   // One line per load, split where the time goes: opening (manifest), staging (making the load
   // region, finding and fetching copies; none in place), then the reads (bandwidth over the
@@ -348,7 +362,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
       read_s > 0 ? static_cast<double>(stats.bytes_read) / read_s / (1 << 20) : 0;
   LogInfo("load ", response.load_id(), " step=", step,
           response.memory_only() ? " memory_only=1" : "", " shards=", request.shards_size(),
-          " in_place=", in_place ? 1 : 0, " bytes=", stats.bytes_copied,
+          " in_place=", in_place ? 1 : 0,
+          " client_verifies=", staged->unverified.empty() ? 0 : 1, " bytes=", stats.bytes_copied,
           " read_bytes=", stats.bytes_read, " memory_bytes=", stats.bytes_from_memory,
           " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
           " reads=", stats.read_calls, " setup_ms=", absl::ToDoubleMilliseconds(read_start - start),

@@ -11,8 +11,9 @@
 //
 // In place (DESIGN.md "Memory tier"): when every requested shard is one contiguous byte run
 // of the file this agent holds resident (a restart in the layout that saved) and every
-// checksum block those runs touch matches the manifest where it lies, no region is made and
-// nothing is copied: the response names the resident region itself, its slots where the
+// checksum block those runs touch matches the manifest where it lies — or, for a trainer that
+// checks them itself as it copies them out (LoadRequest.client_verifies), is listed for it
+// unread (LoadResponse.unverified_blocks) — no region is made and nothing is copied: the response names the resident region itself, its slots where the
 // shards lie in it, and the load holds the region until ReleaseLoad (no save writes a held
 // region). Likewise on a node that replaced a lost one: when that file is held by an agent on
 // another node only (a buddy), it is read whole into a new load region and served there,
@@ -121,6 +122,9 @@ class Loader {
     uint64_t fetched_from_peers = 0;   // bytes read from other nodes' memory
     std::shared_ptr<const void> hold;  // this agent's resident region, served in place; or null
     bool in_place = false;             // the region holds a data file's bytes, not a copy of reads
+    // In place for a client that verifies (LoadRequest.client_verifies): the blocks it must
+    // check, none read here. Empty: every byte was verified here.
+    std::vector<BlockCheck> unverified;
     // Making the region, finding and fetching copies (none for this agent's resident region).
     absl::Duration staging_time;
   };
@@ -132,9 +136,18 @@ class Loader {
   uint64_t MaxFetchBytes() const;
 
   // In place: the resident region of `held` itself, its hold taken, if every read lies in it
-  // as LocateInMemory serves. Errors: LocateInMemory's (the load then copies).
+  // as LocateInMemory serves; verified here, or its blocks listed for the client
+  // (`client_verifies`). Errors: LocateInMemory's (the load then copies).
   absl::StatusOr<Staged> StageInPlace(const CheckpointReader& reader,
-                                      const std::vector<ReadRequest>& reads, HeldCheckpoint& held);
+                                      const std::vector<ReadRequest>& reads, HeldCheckpoint& held,
+                                      bool client_verifies);
+
+  // Where `reads` lie in `resident`, a copy of data file `file`: a load served in place
+  // (LocateInMemory), verified here or its blocks listed for the client; the caller names the
+  // region and holds it. Errors: LocateInMemory's.
+  absl::StatusOr<Staged> Locate(const CheckpointReader& reader,
+                                const std::vector<ReadRequest>& reads, const std::string& file,
+                                const ResidentBytes& resident, bool client_verifies);
 
   // Copying: a new load region (this load's), each read's destination set in it, filled by
   // CheckpointReader::Read from disk and what memory holds (`held`: this agent's own copy).
@@ -152,7 +165,7 @@ class Loader {
   // Acquire's.
   absl::StatusOr<Staged> StageFetched(const CheckpointReader& reader,
                                       const std::vector<ReadRequest>& reads,
-                                      const MemoryCopies& copies);
+                                      const MemoryCopies& copies, bool client_verifies);
 
   // Reads into `view` the copies held on other nodes of the files `reads` need and `view`
   // lacks (options_.fetch_copy). Returns the bytes read.

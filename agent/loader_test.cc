@@ -13,10 +13,12 @@
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "common/box.h"
+#include "common/checksum.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
@@ -24,6 +26,7 @@
 namespace tessera {
 namespace {
 
+using ::testing::ElementsAre;
 using testing_checkpoint::GridChunks;
 using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
@@ -293,6 +296,54 @@ TEST_F(LoaderMemoryTierTest, Load_FlippedByteInMemory_CopiedWithThatBlockFromDis
   EXPECT_EQ(response.bytes_from_memory(), kTensorBytes - 4096u);
 }
 
+TEST_F(LoaderMemoryTierTest, Load_ClientVerifies_InPlaceWithItsBlocksListedUnread) {
+  Publish(session_id_);
+  // The agent does not read the region: a flipped byte does not stop it handing it out, and
+  // the listed checksum of that block shows the client the mismatch.
+  const uint64_t flipped = first_chunk_offset_ + 4096 + 10;
+  const_cast<char*>(region_.data)[flipped] ^= 0x5a;
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, LoaderOptions{&memory_});
+  loader.SetJobDir(job_dir_);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(response->shm_name(), region_.name);
+  EXPECT_EQ(pool_->regions_created(), 0u);
+  EXPECT_EQ(response->memory_blocks_rejected(), 0u);
+  EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
+  // Both chunks' 4 KiB blocks, in region order, covering the slot exactly.
+  ASSERT_EQ(response->unverified_blocks_size(), static_cast<int>(kTensorBytes / 4096));
+  uint64_t at = response->slots(0).offset();
+  std::vector<uint64_t> mismatched;
+  for (const v1::BlockCheck& block : response->unverified_blocks()) {
+    EXPECT_EQ(block.offset(), at);
+    EXPECT_EQ(block.length(), 4096u);
+    at = block.offset() + block.length();
+    if (Xxh3(region_.data + block.offset(), block.length()) != block.xxh3()) {
+      mismatched.push_back(block.offset());
+    }
+  }
+  EXPECT_EQ(at, response->slots(0).offset() + kTensorBytes);
+  EXPECT_THAT(mismatched, ElementsAre(first_chunk_offset_ + 4096));
+  loader.Release(response->load_id());
+}
+
+TEST_F(LoaderMemoryTierTest, Load_ClientVerifiesButCopied_AgentVerifiesNoBlocksListed) {
+  Publish(session_id_);
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, LoaderOptions{&memory_});
+  loader.SetJobDir(job_dir_);
+  // A column half is not one run of the file: copied, and verified here as it is copied.
+  v1::LoadRequest request = Request(Box{{0, 512}, {256, 512}});
+  request.set_client_verifies(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_NE(response->shm_name(), region_.name);
+  EXPECT_EQ(response->unverified_blocks_size(), 0);
+  EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
+  loader.Release(response->load_id());
+}
+
 TEST_F(LoaderMemoryTierTest, Load_ColumnHalf_CopiedFromMemory) {
   Publish(session_id_);
   // Not one run of the file: each row's half lies apart from the next.
@@ -431,6 +482,22 @@ TEST_F(LoaderFetchTest, Load_FetchedCopyWithAFlippedByte_CopiedWithThatBlockFrom
   EXPECT_EQ(response.memory_blocks_rejected(), 1u);
   EXPECT_EQ(response.bytes_from_disk(), 4096u);
   EXPECT_EQ(response.bytes_from_memory(), kTensorBytes - 4096u);
+}
+
+TEST_F(LoaderFetchTest, Load_ClientVerifies_FetchedOnceBlocksListed) {
+  flip_ = true;
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, FetchOptions());
+  loader.SetJobDir(job_dir_);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  // Served from the fetched region unread: the flipped byte is the client's to find.
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(response->slots(0).offset(), first_chunk_offset_);
+  EXPECT_EQ(response->unverified_blocks_size(), static_cast<int>(kTensorBytes / 4096));
+  EXPECT_EQ(response->memory_blocks_rejected(), 0u);
+  loader.Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {

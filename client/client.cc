@@ -13,6 +13,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/parallel_copy.h"
+#include "client/verified_copy.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
 #include "common/status.h"
@@ -175,7 +176,32 @@ Client::Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub,
       stub_(std::move(stub)),
       identity_(std::move(identity)) {}
 
-Client::~Client() = default;
+Client::~Client() {
+  absl::MutexLock lock(&mu_);
+  JoinReleaserLocked();
+}
+
+void Client::JoinReleaserLocked() {
+  if (releaser_.joinable()) releaser_.join();
+}
+
+void Client::ReleaseInBackgroundLocked(std::string load_id,
+                                       std::unique_ptr<MappedStaging> mapping) {
+  JoinReleaserLocked();
+  releaser_ = std::thread([this, load_id = std::move(load_id), mapping = std::move(mapping)]() mutable {
+    // Unmap before the release: after it our mapping may be the region's last reference.
+    mapping.reset();
+    v1::ReleaseLoadRequest request;
+    request.set_load_id(load_id);
+    v1::ReleaseLoadResponse response;
+    grpc::ClientContext context;
+    SetTimeout(&context, options_.release_load_timeout);
+    if (!stub_->ReleaseLoad(&context, request, &response).ok()) {
+      absl::MutexLock lock(&stats_mu_);
+      ++stats_.failed_releases;
+    }
+  });
+}
 
 ClientStats Client::stats() const {
   absl::MutexLock lock(&stats_mu_);
@@ -266,6 +292,7 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
                                    options_.max_plan_request_bytes));
 
   absl::MutexLock lock(&mu_);
+  JoinReleaserLocked();  // the last load's release, before anything stages
   v1::BeginSaveResponse response;
   {
     grpc::ClientContext context;
@@ -331,6 +358,7 @@ absl::Status Client::ReserveStaging(absl::Span<const TensorRef> tensors) {
   request.set_bytes(bytes);
   request.set_tensors(count);
   absl::MutexLock lock(&mu_);
+  JoinReleaserLocked();  // the last load's release, before anything stages
   v1::ReserveStagingResponse response;
   {
     grpc::ClientContext context;
@@ -393,10 +421,32 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
   shards.clear();
+  // Device copies read the region on the GPU's time: only host destinations are checked here.
+  request.set_client_verifies(!AnyCuda(into));
   RETURN_IF_ERROR(CheckRequestSize("load", request.ByteSizeLong(), request.shards_size(),
                                    options_.max_plan_request_bytes));
 
   absl::MutexLock lock(&mu_);
+  uint64_t mismatched = 0;
+  absl::StatusOr<LoadResult> result = LoadOnceLocked(request, into, &mismatched);
+  if (result.ok() && mismatched > 0) {
+    // A block of the agent's memory copy did not match: load again, the agent verifying (it
+    // reads that block from the file, or fails the load if there is none).
+    request.set_client_verifies(false);
+    uint64_t again = 0;
+    result = LoadOnceLocked(request, into, &again);
+    if (result.ok()) {
+      result->memory_blocks_rejected = std::max(result->memory_blocks_rejected, mismatched);
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request,
+                                                  absl::Span<const TensorRef> into,
+                                                  uint64_t* mismatched) {
+  JoinReleaserLocked();  // the last load's release, before the agent stages this one
+  *mismatched = 0;
   v1::LoadResponse response;
   {
     grpc::ClientContext context;
@@ -405,22 +455,9 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
     if (!status.ok()) return FromGrpcStatus(status);
   }
 
-  // From here the agent holds staging for us: release it on every path. The first release
-  // error is reported only if nothing else failed.
-  absl::Status release_status;
-  bool released = false;
-  auto release = [&] {
-    if (released) return;
-    released = true;
-    v1::ReleaseLoadRequest release_request;
-    release_request.set_load_id(response.load_id());
-    v1::ReleaseLoadResponse release_response;
-    grpc::ClientContext context;
-    SetTimeout(&context, options_.release_load_timeout);
-    release_status =
-        FromGrpcStatus(stub_->ReleaseLoad(&context, release_request, &release_response));
-  };
-  absl::Cleanup release_on_exit = release;
+  // From here the agent holds staging for us: release it on every path (in the background,
+  // as a successful load does; an error return unmaps `temporary`, below, first).
+  absl::Cleanup release_on_exit = [&] { ReleaseInBackgroundLocked(response.load_id(), nullptr); };
 
   LoadResult result;
   result.step = response.step();
@@ -453,6 +490,7 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   // every load region is. Declared after release_on_exit, so on an error return it is
   // unmapped before the release too.
   std::unique_ptr<MappedStaging> temporary;
+  const char* slot_data_base = nullptr;
   if (total > 0) {
     char* base = nullptr;
     auto cached = std::find_if(staging_.begin(), staging_.end(), [&](const auto& m) {
@@ -475,14 +513,46 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
     for (size_t i = 0; i < into.size(); ++i) {
       if (!absent[i]) slot_data[i] = base + response.slots(static_cast<int>(i)).offset();
     }
+    slot_data_base = base;
   }
-  RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false));
-  // Unmap before the release: after it our mapping may be the region's last reference, and
-  // unmapping would then free its pages here, on the trainer's time.
-  temporary.reset();
+  if (response.unverified_blocks_size() > 0) {
+    if (!request.client_verifies()) {
+      return absl::InternalError(absl::StrCat(
+          "the agent's Load reply leaves ", response.unverified_blocks_size(),
+          " blocks for this client to check, which it did not offer to (CUDA destinations)"));
+    }
+    if (slot_data_base == nullptr) {
+      return absl::InternalError(absl::StrCat("the agent's Load reply leaves ",
+                                              response.unverified_blocks_size(),
+                                              " blocks to check but no shard has bytes"));
+    }
+    std::vector<SlotCopy> slots;
+    std::vector<BlockCheck> blocks;
+    slots.reserve(into.size());
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (slot_data[i] == nullptr || into[i].nbytes == 0) continue;
+      slots.push_back(SlotCopy{into[i].data, response.slots(static_cast<int>(i)).offset(),
+                               into[i].nbytes});
+    }
+    blocks.reserve(response.unverified_blocks_size());
+    for (const v1::BlockCheck& block : response.unverified_blocks()) {
+      blocks.push_back(BlockCheck{block.offset(), block.length(), block.xxh3()});
+      result.bytes_verified_by_client += block.length();
+    }
+    absl::StatusOr<VerifiedCopyResult> copied =
+        VerifiedCopy(slot_data_base, response.shm_size(), slots, blocks, copy_threads_,
+                     options_.parallel_copy_min_bytes);
+    if (!copied.ok()) {
+      return absl::InternalError(
+          absl::StrCat("the agent's Load reply: ", copied.status().message()));
+    }
+    *mismatched = copied->mismatched.size();
+  } else {
+    RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false));
+  }
+  // `into` is filled: unmapping and the release need not hold the trainer.
   std::move(release_on_exit).Cancel();
-  release();
-  RETURN_IF_ERROR(release_status);
+  ReleaseInBackgroundLocked(response.load_id(), std::move(temporary));
   return result;
 }
 

@@ -45,6 +45,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -153,10 +154,14 @@ struct LoadResult {
   std::vector<size_t> absent;
   // Where the agent found the bytes (DESIGN.md "Memory tier"; whole checksum blocks): its
   // memory tier, verified; data files; blocks of the memory copy that failed verification
-  // and were read from the file instead.
+  // (by the agent, or by this client as it copied them: the load is then served again,
+  // verified by the agent) and were read from the file instead.
   uint64_t bytes_from_memory = 0;
   uint64_t bytes_from_disk = 0;
   uint64_t memory_blocks_rejected = 0;
+  // Of bytes_from_memory: checked by this client while it copied them (a load served in place
+  // into host memory, LoadRequest.client_verifies); the agent verified the rest.
+  uint64_t bytes_verified_by_client = 0;
   // Of bytes_from_memory: read over the network from other nodes' agents (buddy copies).
   uint64_t bytes_fetched_from_peers = 0;
   // The step loaded is a memory-only commit (every byte came from memory).
@@ -168,6 +173,9 @@ struct ClientStats {
   uint64_t saves = 0;         // saves that reached Staged successfully
   uint64_t staging_maps = 0;  // shared-memory regions mapped (reuse keeps this flat)
   int last_copy_threads = 0;  // threads of the last save's host copy (0: nothing to copy)
+  // Loads whose ReleaseLoad failed after Load returned (the agent frees a load's staging at
+  // the next Load anyway).
+  uint64_t failed_releases = 0;
 };
 
 class Client {
@@ -234,8 +242,12 @@ class Client {
 
   // Loads checkpoint `step` — a step (its disk checkpoint, else its memory-only commit),
   // kLatestStep (the latest on disk) or kNewestStep (the newest commit) — into `into`: each
-  // TensorRef names a piece in the current layout and the memory to fill (nbytes = its size). Optimizer shards
-  // the checkpoint records as absent are listed in LoadResult::absent and left untouched.
+  // TensorRef names a piece in the current layout and the memory to fill (nbytes = its size).
+  // Optimizer shards the checkpoint records as absent are listed in LoadResult::absent and
+  // left untouched. Every byte is verified against the manifest: when all of `into` is host
+  // memory, a load the agent serves in place is checked here as it is copied
+  // (client/verified_copy.h), and loaded again — verified by the agent, which reads a
+  // mismatching block from the file — if a block does not match.
   // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
   // state_absent set, or if `step` < -2; InvalidArgument + PLAN_TOO_LARGE over
   // options.max_plan_request_bytes; FailedPrecondition / InvalidArgument for CUDA
@@ -244,8 +256,11 @@ class Client {
   // CHECKSUM_MISMATCH naming tensor and file; InvalidArgument if a requested tensor is
   // missing from the checkpoint or its shape differs; Unavailable; DeadlineExceeded after
   // options.load_timeout. Internal if the agent's slots do not match the request or a CUDA
-  // copy fails; errors of MapStaging; errors of ReleaseLoad (the destinations are then
-  // filled, but the agent may still hold the staging).
+  // copy fails; errors of MapStaging.
+  // Load returns once `into` is filled: unmapping the load region (~9 ms per 256 MiB of
+  // page tables) and ReleaseLoad then run on a background thread, which the next Save, Load
+  // or ReserveStaging (and the destructor) waits for; a failed release is counted in
+  // ClientStats::failed_releases.
   absl::StatusOr<LoadResult> Load(int64_t step, absl::Span<const TensorRef> into);
 
   ClientStats stats() const;
@@ -256,6 +271,19 @@ class Client {
   // The cached save mapping for (name, size), (re)mapping it if the agent handed out
   // another region or it must now be pinned. Errors: as MapStaging.
   absl::StatusOr<MappedStaging*> SaveMappingLocked(const std::string& name, uint64_t size, bool pin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Unmaps `mapping` (may be null), then releases `load_id`, on releaser_.
+  void ReleaseInBackgroundLocked(std::string load_id, std::unique_ptr<MappedStaging> mapping)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits for the last load's background release.
+  void JoinReleaserLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // One Load request and its copy into `into`; with request.client_verifies, blocks left to
+  // check are checked while copying, and `*mismatched` counts those that did not match (the
+  // result must then not be used: `into` holds unverified bytes). Errors: as Load.
+  absl::StatusOr<LoadResult> LoadOnceLocked(const v1::LoadRequest& request,
+                                            absl::Span<const TensorRef> into, uint64_t* mismatched)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces
@@ -279,6 +307,8 @@ class Client {
   std::vector<std::unique_ptr<MappedStaging>> staging_ ABSL_GUARDED_BY(mu_);
   // Declared after staging_ so it is destroyed first: no copy is in flight at unmap.
   DeviceCopier device_ ABSL_GUARDED_BY(mu_);
+  // The last load's unmapping and ReleaseLoad, if not yet joined.
+  std::thread releaser_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex stats_mu_;
   ClientStats stats_ ABSL_GUARDED_BY(stats_mu_);

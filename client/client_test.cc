@@ -122,6 +122,13 @@ class FakeAgent final : public v1::Agent::Service {
   grpc::Status load_error ABSL_GUARDED_BY(mu);
   std::set<std::string> absent_states ABSL_GUARDED_BY(mu);  // "fqn/state_key" absent on load
   std::vector<v1::LoadRequest> load_requests ABSL_GUARDED_BY(mu);
+  // As an agent serving in place: to a request with client_verifies, each slot is one block
+  // left for the client to check; the first `wrong_checksum_loads` such loads list a wrong
+  // XXH3 for slot 0's block (a memory copy that no longer matches the manifest).
+  bool list_blocks ABSL_GUARDED_BY(mu) = false;
+  int failing_releases ABSL_GUARDED_BY(mu) = 0;  // the next n ReleaseLoad calls fail
+  bool hold_releases_open ABSL_GUARDED_BY(mu) = true;  // ReleaseLoad waits while false
+  int wrong_checksum_loads ABSL_GUARDED_BY(mu) = 0;
   std::vector<v1::ReserveStagingRequest> reserve_requests ABSL_GUARDED_BY(mu);
   std::vector<std::string> released ABSL_GUARDED_BY(mu);
   // At each ReleaseLoad: the mappings of the load region in this process (the fake's own
@@ -222,6 +229,19 @@ class FakeAgent final : public v1::Agent::Service {
     response->set_shm_name(region_.name);
     response->set_shm_size(total);
     for (const v1::StagingSlot& slot : slots) *response->add_slots() = slot;
+    if (list_blocks && request->client_verifies()) {
+      const bool wrong = wrong_checksum_loads > 0;
+      if (wrong) --wrong_checksum_loads;
+      for (size_t i = 0; i < slots.size(); ++i) {
+        if (slots[i].nbytes() == 0) continue;
+        v1::BlockCheck* block = response->add_unverified_blocks();
+        block->set_offset(slots[i].offset());
+        block->set_length(slots[i].nbytes());
+        block->set_xxh3(Xxh3(static_cast<char*>(region_.data) + slots[i].offset(),
+                             slots[i].nbytes()) ^
+                        (wrong && i == 0 ? 1 : 0));
+      }
+    }
     return grpc::Status::OK;
   }
 
@@ -244,10 +264,16 @@ class FakeAgent final : public v1::Agent::Service {
   grpc::Status ReleaseLoad(grpc::ServerContext*, const v1::ReleaseLoadRequest* request,
                            v1::ReleaseLoadResponse*) override {
     absl::MutexLock lock(&mu);
+    mu.Await(absl::Condition(&hold_releases_open));
     released.push_back(request->load_id());
     mappings_at_release.push_back(MappingsOf(region_.name));
+    if (failing_releases > 0) {
+      --failing_releases;
+      return grpc::Status(grpc::StatusCode::UNAVAILABLE, "release refused by the test");
+    }
     return grpc::Status::OK;
   }
+
 
  private:
   // Slots in request order, each 64-byte aligned after a gap; absent state gets none.
@@ -312,6 +338,14 @@ class ClientTest : public ::testing::Test {
   void TearDown() override {
     if (server_ != nullptr) server_->Shutdown();
     unlink(socket_.c_str());
+  }
+
+  // Waits until the fake has seen `n` ReleaseLoad calls: Load releases in the background.
+  void AwaitReleases(size_t n) {
+    auto seen = [&] { return fake_->released.size() >= n; };
+    absl::MutexLock lock(&fake_->mu);
+    ASSERT_TRUE(fake_->mu.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(60)))
+        << "no ReleaseLoad " << n << " in 60 s";
   }
 
   std::unique_ptr<Client> Connect(ClientOptions options = {}) {
@@ -1012,6 +1046,7 @@ TEST_F(ClientTest, Load_CopiesSlotsIntoDestinations_ReportsAbsentAndReleases) {
   EXPECT_EQ(v, std::vector<uint8_t>(12 * 4, 0x5A)) << "absent state must be left untouched";
   EXPECT_EQ(x, Pattern(x.size(), 1003));
 
+  AwaitReleases(1);
   absl::MutexLock lock(&fake_->mu);
   ASSERT_EQ(fake_->load_requests.size(), 1u);
   const v1::LoadRequest& request = fake_->load_requests[0];
@@ -1040,9 +1075,91 @@ TEST_F(ClientTest, Load_LargeTotal_ThreadedCopyByteExact) {
   EXPECT_EQ(Xxh3(b.data(), b.size()), Xxh3(Pattern(b.size(), 1001).data(), b.size()));
   EXPECT_EQ(c, Pattern(c.size(), 1002));
   EXPECT_EQ(client->stats().staging_maps, 1u);
+  AwaitReleases(1);
   absl::MutexLock lock(&fake_->mu);
   EXPECT_THAT(fake_->released, ElementsAre("load-1"));
   EXPECT_THAT(fake_->mappings_at_release, ElementsAre(1));
+}
+
+TEST_F(ClientTest, Load_InPlace_ClientChecksBlocksWhileCopying) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->list_blocks = true;
+  }
+  std::vector<uint8_t> a(5 * kMiB + 3, 0), b(1000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a), HostRef("b", &b)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes_verified_by_client, a.size() + b.size());
+  EXPECT_EQ(result->memory_blocks_rejected, 0u);
+  EXPECT_EQ(Xxh3(a.data(), a.size()), Xxh3(Pattern(a.size(), 1000).data(), a.size()));
+  EXPECT_EQ(b, Pattern(b.size(), 1001));
+  AwaitReleases(1);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 1u);
+  EXPECT_TRUE(fake_->load_requests[0].client_verifies()) << "host destinations only";
+  EXPECT_THAT(fake_->released, ElementsAre("load-1"));
+}
+
+TEST_F(ClientTest, Load_BlockMismatchInPlace_LoadsAgainAgentVerifying) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->list_blocks = true;
+    fake_->wrong_checksum_loads = 1;
+  }
+  std::vector<uint8_t> a(3000, 0), b(1000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a), HostRef("b", &b)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->memory_blocks_rejected, 1u);
+  EXPECT_EQ(result->bytes_verified_by_client, 0u) << "the second load was verified by the agent";
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  EXPECT_EQ(b, Pattern(b.size(), 1001));
+  AwaitReleases(2);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 2u);
+  EXPECT_TRUE(fake_->load_requests[0].client_verifies());
+  EXPECT_FALSE(fake_->load_requests[1].client_verifies());
+  EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
+}
+
+TEST_F(ClientTest, Load_ReturnsWhileItsReleaseIsPending_NextLoadWaitsForIt) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_releases_open = false;
+  }
+  std::vector<uint8_t> a(4096, 0);
+  // Load cannot complete a ReleaseLoad here, so it returns before its release does.
+  absl::StatusOr<LoadResult> first = client->Load(1, {HostRef("a", &a)});
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_releases_open = true;
+  }
+  ASSERT_TRUE(client->Load(1, {HostRef("a", &a)}).ok());
+  AwaitReleases(2);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
+}
+
+TEST_F(ClientTest, Load_ReleaseFails_LoadSucceedsAndTheFailureIsCounted) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->failing_releases = 1;
+  }
+  std::vector<uint8_t> a(4096, 0);
+  ASSERT_TRUE(client->Load(1, {HostRef("a", &a)}).ok());
+  // The next Load waits for the first one's release: its failure is counted by then.
+  ASSERT_TRUE(client->Load(1, {HostRef("a", &a)}).ok());
+  EXPECT_EQ(client->stats().failed_releases, 1u);
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
 }
 
 TEST_F(ClientTest, Load_SaveRegionReused_NoExtraMapping) {
@@ -1054,6 +1171,7 @@ TEST_F(ClientTest, Load_SaveRegionReused_NoExtraMapping) {
   ASSERT_TRUE(client->Load(1, {HostRef("a", &into)}).ok());
   EXPECT_EQ(into, Pattern(4096, 1000));
   EXPECT_EQ(client->stats().staging_maps, 1u);
+  AwaitReleases(1);
   absl::MutexLock lock(&fake_->mu);
   EXPECT_THAT(fake_->mappings_at_release, ElementsAre(2)) << "the cached save mapping is kept";
 }

@@ -2,12 +2,17 @@
 
 #include <algorithm>
 
+#include "common/xxh3_avx2.h"
+
 #define XXH_INLINE_ALL
 #include "xxhash.h"
 
 namespace tessera {
 
-uint64_t Xxh3(const void* data, size_t size) { return XXH3_64bits(data, size); }
+uint64_t Xxh3(const void* data, size_t size) {
+  if (checksum_internal::Avx2Available()) return checksum_internal::Avx2Xxh3(data, size);
+  return XXH3_64bits(data, size);
+}
 
 std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t block_size) {
   std::vector<uint64_t> sums;
@@ -15,14 +20,14 @@ std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t blo
   sums.reserve((size + block_size - 1) / block_size);
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t off = 0; off < size; off += block_size) {
-    sums.push_back(XXH3_64bits(p + off, std::min<size_t>(block_size, size - off)));
+    sums.push_back(Xxh3(p + off, std::min<size_t>(block_size, size - off)));
   }
   return sums;
 }
 
 uint64_t ChunkDigest(const std::vector<uint64_t>& block_xxh3) {
   static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "digest assumes little-endian");
-  return XXH3_64bits(block_xxh3.data(), block_xxh3.size() * sizeof(uint64_t));
+  return Xxh3(block_xxh3.data(), block_xxh3.size() * sizeof(uint64_t));
 }
 
 struct StreamingHasher::State {
@@ -33,6 +38,10 @@ StreamingHasher::StreamingHasher() : state_(std::make_unique<State>()) { Reset()
 StreamingHasher::~StreamingHasher() = default;
 
 void StreamingHasher::Update(const void* data, size_t size) {
+  if (checksum_internal::Avx2Available()) {
+    checksum_internal::Avx2Update(&state_->xxh, data, size);
+    return;
+  }
   XXH3_64bits_update(&state_->xxh, data, size);
 }
 

@@ -16,8 +16,18 @@ namespace tessera {
 
 inline constexpr uint32_t kDefaultBlockSize = 4u << 20;  // 4 MiB
 
-// XXH3-64 of data[0, size).
+// XXH3-64 of data[0, size). Uses XXH3's AVX2 kernels where the CPU has them
+// (common/xxh3_avx2.h); the digests are the same everywhere.
 uint64_t Xxh3(const void* data, size_t size);
+
+// Bytes [offset, offset + length) of some buffer, and the XXH3-64 they must hash to: a
+// checksum block, located, left for its reader to check (format/checkpoint_reader.h
+// LocateInMemory, client/verified_copy.h).
+struct BlockCheck {
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  uint64_t xxh3 = 0;
+};
 
 // XXH3-64 of each consecutive `block_size` bytes of data[0, size); the last block may be
 // short. Zero bytes give no blocks. `block_size` must be > 0.

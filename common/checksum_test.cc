@@ -1,12 +1,14 @@
 #include "common/checksum.h"
 
+#include <algorithm>
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "common/xxh3_avx2.h"
 #include "gtest/gtest.h"
-// The library's own (non-inlined) implementation, as the reference.
+// The library's own (non-inlined, baseline) implementation, as the reference.
 #include "xxhash.h"
 
 namespace tessera {
@@ -31,6 +33,37 @@ TEST(Xxh3, MatchesLibxxhashAcrossSizeClasses) {
   for (size_t n : {0, 1, 3, 4, 8, 9, 16, 17, 128, 129, 240, 241, 1024, 1025, 65536, 70000}) {
     EXPECT_EQ(Xxh3(data.data(), n), XXH3_64bits(data.data(), n)) << n;
   }
+}
+
+TEST(Xxh3, LongInputs_MatchLibxxhash) {
+  // Past one XXH3 block (1 KiB of stripes), a last partial stripe, several 4 MiB blocks.
+  std::vector<unsigned char> data = RandomBytes((9u << 20) + 77, 13);
+  for (size_t n : {size_t{1} << 20, (size_t{1} << 20) + 13, data.size()}) {
+    EXPECT_EQ(Xxh3(data.data(), n), XXH3_64bits(data.data(), n)) << n;
+  }
+}
+
+// The kernel Xxh3 and StreamingHasher choose on this CPU (common/xxh3_avx2.h), on its own.
+TEST(Xxh3Avx2, MatchesLibxxhash) {
+  if (!checksum_internal::Avx2Available()) {
+    GTEST_SKIP() << "this CPU (or this build's architecture) has no AVX2: the baseline kernel, "
+                    "tested above, is the one in use";
+  }
+  std::vector<unsigned char> data = RandomBytes((1u << 20) + 333, 14);
+  for (size_t n : {0, 1, 17, 129, 241, 1024, 1025, 65536, 1 << 20, (1 << 20) + 333}) {
+    EXPECT_EQ(checksum_internal::Avx2Xxh3(data.data(), n), XXH3_64bits(data.data(), n)) << n;
+  }
+  XXH3_state_t* state = XXH3_createState();
+  ASSERT_NE(state, nullptr);
+  XXH3_64bits_reset(state);
+  size_t off = 0;
+  for (size_t n : {100, 900, 64 << 10, 3, 1 << 19}) {
+    checksum_internal::Avx2Update(state, data.data() + off, n);
+    off += n;
+  }
+  checksum_internal::Avx2Update(state, data.data() + off, data.size() - off);
+  EXPECT_EQ(XXH3_64bits_digest(state), XXH3_64bits(data.data(), data.size()));
+  XXH3_freeState(state);
 }
 
 TEST(Xxh3, DependsOnEveryByte) {
@@ -106,6 +139,18 @@ TEST(StreamingHasher, ArbitrarySplits_EqualOneShot) {
       }
       EXPECT_EQ(h.Digest(), want) << "total " << total << " trial " << trial;
     }
+  }
+}
+
+TEST(StreamingHasher, LargeSplits_MatchLibxxhash) {
+  // Pieces as the verified copy hashes them (client/verified_copy.h), against the library.
+  std::vector<unsigned char> data = RandomBytes((4u << 20) + 5, 15);
+  for (size_t piece : {size_t{4096}, size_t{64} << 10, (size_t{64} << 10) + 1}) {
+    StreamingHasher h;
+    for (size_t off = 0; off < data.size(); off += piece) {
+      h.Update(data.data() + off, std::min(piece, data.size() - off));
+    }
+    EXPECT_EQ(h.Digest(), XXH3_64bits(data.data(), data.size())) << piece;
   }
 }
 

@@ -270,7 +270,7 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
 // Errors: FailedPrecondition if a span is not resident whole or a block does not match (it
 // is counted in memory_blocks_rejected).
 absl::Status VerifyWorkItemInPlace(const WorkItem& item, const ResidentBytes& resident,
-                                   AtomicStats& stats) {
+                                   AtomicStats& stats, std::vector<BlockCheck>* unverified) {
   const v1::TensorEntry& tensor = *item.runs.front().tensor;
   const v1::ChunkEntry& chunk = *item.runs.front().chunk;
   return ForEachSpan(
@@ -283,13 +283,22 @@ absl::Status VerifyWorkItemInPlace(const WorkItem& item, const ResidentBytes& re
               absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": body bytes [", begin,
                            ", ", end, ") are not all resident"));
         }
-        RETURN_IF_ERROR(VerifySpan(chunk, first_block, last_block, memory, [&](uint64_t bad) {
-          stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
-          return absl::FailedPreconditionError(
-              absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": block ", bad,
-                           " does not match the manifest in memory"));
-        }));
-        stats.blocks_verified.fetch_add(last_block - first_block + 1, std::memory_order_relaxed);
+        if (unverified != nullptr) {
+          for (uint64_t b = first_block; b <= last_block; ++b) {
+            const uint64_t at = static_cast<uint64_t>(memory - resident.data) +
+                                (BlockBegin(chunk, b) - begin);
+            unverified->push_back(BlockCheck{at, BlockEnd(chunk, b) - BlockBegin(chunk, b),
+                                             chunk.block_xxh3(static_cast<int>(b))});
+          }
+        } else {
+          RETURN_IF_ERROR(VerifySpan(chunk, first_block, last_block, memory, [&](uint64_t bad) {
+            stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
+            return absl::FailedPreconditionError(
+                absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": block ", bad,
+                             " does not match the manifest in memory"));
+          }));
+          stats.blocks_verified.fetch_add(last_block - first_block + 1, std::memory_order_relaxed);
+        }
         stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
         return absl::OkStatus();
       });
@@ -608,7 +617,7 @@ absl::StatusOr<std::string> CheckpointReader::ContiguousFile(
 
 absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
     absl::Span<const ReadRequest> requests, absl::string_view file, const ResidentBytes& resident,
-    ReadStats* stats) const {
+    ReadStats* stats, std::vector<BlockCheck>* unverified) const {
   ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/false));
   const std::string file_name(file);
   ASSIGN_OR_RETURN(std::vector<FileRun> located, ContiguousRuns(requests, plans, &file_name));
@@ -627,9 +636,29 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
   }
   const std::vector<WorkItem> work = CutWork(requests, plans, options_.max_read_bytes);
   AtomicStats counters;
-  const absl::Status status = ServeParallel(
-      work.size(), options_.parallelism,
-      [&](size_t w, Bounce&) { return VerifyWorkItemInPlace(work[w], resident, counters); });
+  absl::Status status;
+  if (unverified != nullptr) {
+    // Listing reads no byte: one thread, then in region order, each block once (two requests
+    // may touch one block).
+    unverified->clear();
+    for (size_t w = 0; w < work.size() && status.ok(); ++w) {
+      status = VerifyWorkItemInPlace(work[w], resident, counters, unverified);
+    }
+    std::sort(unverified->begin(), unverified->end(),
+              [](const BlockCheck& a, const BlockCheck& b) { return a.offset < b.offset; });
+    unverified->erase(std::unique(unverified->begin(), unverified->end(),
+                                  [](const BlockCheck& a, const BlockCheck& b) {
+                                    return a.offset == b.offset;
+                                  }),
+                      unverified->end());
+    uint64_t listed = 0;
+    for (const BlockCheck& block : *unverified) listed += block.length;
+    counters.bytes_from_memory.store(listed);
+  } else {
+    status = ServeParallel(work.size(), options_.parallelism, [&](size_t w, Bounce&) {
+      return VerifyWorkItemInPlace(work[w], resident, counters, nullptr);
+    });
+  }
   if (stats != nullptr) *stats = counters.Snapshot();
   RETURN_IF_ERROR(status);
   return results;

@@ -59,6 +59,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "common/box.h"
+#include "common/checksum.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 #include "tessera/v1/manifest.pb.h"
@@ -201,14 +202,19 @@ class CheckpointReader {
   // still be right). `stats`, if given, is filled in (bytes_from_memory: whole blocks
   // verified). The bytes are right as verified: the caller keeps `resident` mapped and
   // unwritten for as long as it hands it out.
+  // With `unverified`, nothing is hashed: it receives every block those runs touch, once, by
+  // increasing offset from ResidentBytes::data, with the manifest's XXH3 — for a reader that
+  // checks them as it copies them out (client/verified_copy.h); bytes_from_memory counts
+  // each listed block once, blocks_verified none.
   // Errors: as Plan (bar the null destination); FailedPrecondition, naming the tensor or
   // chunk, if a request is not one contiguous run of `file`, a block it touches is not
-  // resident, or a block does not match (counted in stats->memory_blocks_rejected) — Read
-  // then serves the requests, taking bad blocks from the file.
-  absl::StatusOr<std::vector<ReadResult>> LocateInMemory(absl::Span<const ReadRequest> requests,
-                                                         absl::string_view file,
-                                                         const ResidentBytes& resident,
-                                                         ReadStats* stats = nullptr) const;
+  // resident, or (verifying here) a block does not match (counted in
+  // stats->memory_blocks_rejected) — Read then serves the requests, taking bad blocks from the
+  // file.
+  absl::StatusOr<std::vector<ReadResult>> LocateInMemory(
+      absl::Span<const ReadRequest> requests, absl::string_view file,
+      const ResidentBytes& resident, ReadStats* stats = nullptr,
+      std::vector<BlockCheck>* unverified = nullptr) const;
 
   // The data file that every request with bytes lies in as one contiguous byte run —
   // LocateInMemory's condition on the layout, checked before any byte is at hand (a load that

@@ -18,6 +18,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/box.h"
+#include "common/checksum.h"
 #include "common/status.h"
 #include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
@@ -530,6 +531,53 @@ TEST_P(CheckpointReaderTest, Read_ResidentCopyCoversPartOfFile_RestReadFromFile)
 }
 
 // A memory-only checkpoint (FromManifest): memory is the only source, always verified.
+TEST_P(CheckpointReaderTest, LocateInMemory_Unverified_ListsEachBlockOnceHashesNone) {
+  // wq's top-left chunk: 4 x 6 f32, 96 bytes in blocks of 64.
+  const v1::ChunkEntry* chunk = nullptr;
+  for (const v1::ChunkEntry& c : manifest_.tensors(0).chunks()) {
+    if (c.box().offsets(0) == 0 && c.box().offsets(1) == 0) chunk = &c;
+  }
+  ASSERT_NE(chunk, nullptr);
+  ASSERT_EQ(chunk->block_xxh3_size(), 2);
+  ResidentCopies memory(dir_, manifest_);
+  memory.bytes(chunk->file())[chunk->offset() + 70] ^= 0x5a;  // block 1 no longer matches
+  memory.Refresh();
+  const ResidentBytes& resident = memory.files()->at(chunk->file());
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  // Rows 0 and 1 as two requests: both in block 0, which is listed once.
+  std::string row0, rest;
+  const std::vector<ReadRequest> requests = {
+      Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 6}), &row0),
+      Request("layers.0.attn.wq", MakeBox({1, 0}, {3, 6}), &rest)};
+
+  ReadStats stats;
+  std::vector<BlockCheck> blocks;
+  absl::StatusOr<std::vector<ReadResult>> located =
+      reader->LocateInMemory(requests, chunk->file(), resident, &stats, &blocks);
+  ASSERT_TRUE(located.ok()) << located.status();
+  ASSERT_EQ(located->size(), 2u);
+  EXPECT_EQ((*located)[0].resident_offset, chunk->offset() - resident.file_offset);
+  EXPECT_EQ((*located)[1].resident_offset, chunk->offset() + 24 - resident.file_offset);
+  ASSERT_EQ(blocks.size(), 2u);
+  for (int b = 0; b < 2; ++b) {
+    EXPECT_EQ(blocks[b].offset, chunk->offset() + 64 * b - resident.file_offset) << b;
+    EXPECT_EQ(blocks[b].length, b == 0 ? 64u : 32u);
+    EXPECT_EQ(blocks[b].xxh3, chunk->block_xxh3(b)) << b;
+  }
+  EXPECT_EQ(stats.blocks_verified, 0u);
+  EXPECT_EQ(stats.memory_blocks_rejected, 0u) << "nothing was hashed";
+  EXPECT_EQ(stats.bytes_from_memory, 96u);
+  // The caller's check finds what verifying here finds.
+  EXPECT_NE(Xxh3(resident.data + blocks[1].offset, blocks[1].length), blocks[1].xxh3);
+  EXPECT_EQ(Xxh3(resident.data + blocks[0].offset, blocks[0].length), blocks[0].xxh3);
+
+  absl::Status verified = reader->LocateInMemory(requests, chunk->file(), resident, &stats).status();
+  EXPECT_EQ(verified.code(), absl::StatusCode::kFailedPrecondition) << verified;
+  EXPECT_THAT(verified.message(), HasSubstr("block 1 does not match"));
+  EXPECT_EQ(stats.memory_blocks_rejected, 1u);
+}
+
 TEST_P(CheckpointReaderTest, FromManifest_EveryFileResident_ReadsFromMemoryOnly) {
   ResidentCopies memory(dir_, manifest_);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # End-to-end test of the Python module with real processes on loopback: a coordinator, two
-# agents each of jobs "pydp" and "pyabs" (layout dp=2) and "pypp" (pp=2), then
+# agents each of jobs "pydp" and "pyabs" (layout dp=2), "pypp" and "pymem" (pp=2), then
 # tessera_e2e_test.py, which runs Python trainer processes against them. Exits with the
 # Python test's status (and non-zero if the cluster fails to start or stop).
 set -uo pipefail
@@ -19,7 +19,7 @@ fail() {
 start_coordinator || fail "coordinator"
 # start_agents replaces AGENT_PIDS: collect every job's agents so stop_agents stops them all.
 all_agents=()
-for job_layout in pydp:dp=2 pyabs:dp=2 pypp:pp=2; do
+for job_layout in pydp:dp=2 pyabs:dp=2 pypp:pp=2 pymem:pp=2; do
   start_agents "${job_layout%%:*}" "${job_layout#*:}"
   rc=$?
   all_agents+=("${AGENT_PIDS[@]}")

@@ -1,13 +1,14 @@
 """End-to-end tests of the `tessera` Python module against a real coordinator and agents.
 
-Started by python_e2e_test.sh, which runs the cluster: jobs "pydp" and "pyabs" (layout dp=2)
-and "pypp" (pp=2); agent sockets are $TESSERA_E2E_SOCK_DIR/<job>-<rank>.sock and the coordinator's
-checkpoints are under $TESSERA_E2E_DIR/ckpt/<job>. Trainer ranks are separate processes
+Started by python_e2e_test.sh, which runs the cluster: jobs "pydp" and "pyabs" (layout dp=2),
+"pypp" and "pymem" (pp=2); agent sockets are $TESSERA_E2E_SOCK_DIR/<job>-<rank>.sock and the
+coordinator's checkpoints are under $TESSERA_E2E_DIR/ckpt/<job>. Trainer ranks are separate processes
 (trainer.py), one per agent, run in parallel as a real job would.
 """
 
 import json
 import os
+import struct
 import subprocess
 import sys
 import tempfile
@@ -154,6 +155,56 @@ class PlanRejectionTest(unittest.TestCase):
             client.wait(12345, timeout=5)
         self.assertIsInstance(ctx.exception, (tessera.NotFoundError,
                                               tessera.DeadlineExceededError))
+
+
+def flip_resident_byte(job, rank, marker, past):
+    """Flips the byte `past` bytes after `marker` in the shared memory of `job`'s agent of
+    `rank` (its staging regions, /dev/shm/tessera-<job>-r<rank>-*); returns the region's path."""
+    for name in sorted(os.listdir("/dev/shm")):
+        if not name.startswith("tessera-%s-r%d-" % (job, rank)):
+            continue
+        path = os.path.join("/dev/shm", name)
+        with open(path, "r+b") as f:
+            at = f.read().find(marker)
+            if at < 0:
+                continue
+            f.seek(at + past)
+            b = f.read(1)
+            f.seek(at + past)
+            f.write(bytes([b[0] ^ 0x5A]))
+            return path
+    raise AssertionError("no staging region of %s rank %d holds the saved tensor" % (job, rank))
+
+
+@unittest.skipUnless(SOCK_DIR and RUN_DIR, "needs the cluster of python_e2e_test.sh")
+class MemoryTierInPlaceTest(unittest.TestCase):
+    """pp=2, each stage one tensor of its own (DESIGN.md "Memory tier"): restarted trainers
+    load step 10 from their agents' memory in place, each checking the bytes as it copies
+    them; a byte flipped in rank 0's memory is caught by its trainer, which loads again, and
+    that block comes from disk."""
+
+    def test_Restart_CheckedByTheTrainer_FlippedByteReadFromDisk(self):
+        mib = 1 << 20
+        run_ranks("pymem", 2, "memsave")
+        for report in run_ranks("pymem", 2, "memload"):
+            sources = report["sources"]
+            self.assertTrue(report["equal"], report)
+            self.assertEqual(report["step"], 10)
+            self.assertEqual(sources["bytes_from_memory"], mib, report)
+            self.assertEqual(sources["bytes_verified_by_client"], mib, report)
+            self.assertEqual(sources["bytes_from_disk"], 0, report)
+            self.assertEqual(sources["memory_blocks_rejected"], 0, report)
+
+        marker = b"".join(struct.pack("<q", k * 7919) for k in range(16))
+        flip_resident_byte("pymem", 0, marker, past=4096)
+        rank0, rank1 = run_ranks("pymem", 2, "memload")
+        self.assertTrue(rank0["equal"], rank0)
+        self.assertEqual(rank0["sources"]["memory_blocks_rejected"], 1, rank0)
+        self.assertEqual(rank0["sources"]["bytes_from_disk"], mib, rank0)
+        self.assertEqual(rank0["sources"]["bytes_verified_by_client"], 0, rank0)  # the agent's
+        self.assertTrue(rank1["equal"], rank1)
+        self.assertEqual(rank1["sources"]["bytes_verified_by_client"], mib, rank1)
+        self.assertEqual(rank1["sources"]["memory_blocks_rejected"], 0, rank1)
 
 
 if __name__ == "__main__":

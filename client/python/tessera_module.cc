@@ -188,7 +188,8 @@ class PyClient {
   }
 
   // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
-  // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers"}).
+  // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
+  // "bytes_verified_by_client"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;
@@ -204,6 +205,7 @@ class PyClient {
     sources["bytes_from_disk"] = r.bytes_from_disk;
     sources["memory_blocks_rejected"] = r.memory_blocks_rejected;
     sources["bytes_fetched_from_peers"] = r.bytes_fetched_from_peers;
+    sources["bytes_verified_by_client"] = r.bytes_verified_by_client;
     return py::make_tuple(r.step, absent, sources);
   }
 
@@ -213,6 +215,7 @@ class PyClient {
     out["saves"] = s.saves;
     out["staging_maps"] = s.staging_maps;
     out["last_copy_threads"] = s.last_copy_threads;
+    out["failed_releases"] = s.failed_releases;
     return out;
   }
 

@@ -4,6 +4,8 @@ agent through `tessera`. Prints one JSON line (its report) on stdout as its last
   trainer.py save --agent SOCK --out DIR --steps 1,2 [--frozen]   train and save each step
   trainer.py load --agent SOCK --out DIR [--frozen]   fresh model + optimizer; load, compare
   trainer.py dup  --agent SOCK                        saves a tensor every rank names alike
+  trainer.py memsave --agent SOCK                     saves step 10: one tensor of its own
+  trainer.py memload --agent SOCK                     loads it back (a restarted trainer)
 
 Step 0 is saved before any optimizer step (all optimizer state absent); --frozen adds a
 frozen layer whose optimizer state stays absent.
@@ -194,6 +196,27 @@ def do_load(client, out, frozen):
     return report
 
 
+def stage_tensor(rank):
+    """Rank `rank`'s one tensor of the memory-tier cases: 1 MiB whose values no other rank has
+    (the test finds it in the agent's memory by its first 16 values, k * 7919)."""
+    return torch.arange(1 << 17, dtype=torch.int64) * 7919 + rank * (1 << 40)
+
+
+def do_memsave(client):
+    rank = client.identity["rank"]
+    client.save(10, {"stage%d.w" % rank: stage_tensor(rank)})
+    client.wait(10, timeout=60)
+    return {"rank": rank}
+
+
+def do_memload(client):
+    rank = client.identity["rank"]
+    into = torch.zeros(1 << 17, dtype=torch.int64)
+    step = client.load(10, into={"stage%d.w" % rank: into})
+    return {"rank": rank, "step": step, "equal": bool(torch.equal(into, stage_tensor(rank))),
+            "sources": client.last_load}
+
+
 def do_dup(client):
     # Every pp stage names its layer "layers.0.weight": the torchtitan bug.
     try:
@@ -207,7 +230,7 @@ def do_dup(client):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["save", "load", "dup"])
+    ap.add_argument("mode", choices=["save", "load", "dup", "memsave", "memload"])
     ap.add_argument("--agent", required=True)
     ap.add_argument("--out", default="")
     ap.add_argument("--steps", default="1,2")
@@ -219,6 +242,10 @@ def main():
                          args.frozen)
     elif args.mode == "load":
         report = do_load(client, args.out, args.frozen)
+    elif args.mode == "memsave":
+        report = do_memsave(client)
+    elif args.mode == "memload":
+        report = do_memload(client)
     else:
         report = do_dup(client)
     sys.stdout.write(json.dumps(report, default=str) + "\n")

@@ -44,9 +44,10 @@ bench_rank.py / tessera-plan-load / tessera-llama-trainer:
            memory tier (DESIGN.md "Memory tier"): all loaders' bytes / (first load() call ->
            last returned), one run. Baseline: figure 1's memcpy of the same bytes with the
            client's threads; ratio = memcpy time / restore time (target >= 0.80, issue 16);
-           judged only if every byte came from memory. A restore is two copies (resident
-           region -> load staging, verified; staging -> tensors), so one memcpy is the
-           physical limit it is held to.
+           judged only if every byte came from memory. The agent hands over its resident
+           region and the trainer copies its tensors out of it, checking each block as it
+           goes: one pass over the bytes, so one memcpy is the physical limit it is held to
+           (the trainer also maps the region, page by page: a cost the baseline has not).
            Buddy restore (2+ ranks): the odd ranks' agents are SIGKILLed once their buddies
            hold the last step, restart on a new node id and load it: bytes they read from
            their buddies' memory / (first of their load() calls -> last returned). Baseline:

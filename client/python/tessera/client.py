@@ -23,7 +23,7 @@ INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "obje
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
 _NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0,
-               "bytes_fetched_from_peers": 0}
+               "bytes_fetched_from_peers": 0, "bytes_verified_by_client": 0}
 
 
 def padded(data):
@@ -121,8 +121,9 @@ class Client:
         # (their memory was left untouched).
         self.last_absent = []
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
-        # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers"}, whole
-        # checksum blocks counted.
+        # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
+        # "bytes_verified_by_client"}, whole checksum blocks counted; the last: bytes this
+        # process checked as it copied them (a load served in place into host memory).
         self.last_load = dict(_NO_SOURCES)
 
     @property
@@ -132,7 +133,7 @@ class Client:
         return copy.deepcopy(self._identity)
 
     def stats(self):
-        """{"saves", "staging_maps", "last_copy_threads"} of the native client."""
+        """{"saves", "staging_maps", "last_copy_threads", "failed_releases"} of the native client."""
         return self._native.stats()
 
     def _refs(self, tensors, for_load):

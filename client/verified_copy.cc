@@ -1,0 +1,140 @@
+#include "client/verified_copy.h"
+
+#include <algorithm>
+#include <cstring>
+#include <functional>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "common/status.h"
+
+namespace tessera {
+namespace {
+
+uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
+
+// Checks `blocks` against the region and, for each block, lists the slots whose bytes it
+// holds (by increasing slot offset is not needed: each slot copies its own intersection).
+absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
+    uint64_t region_size, absl::Span<const SlotCopy> slots, absl::Span<const BlockCheck> blocks) {
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const BlockCheck& block = blocks[b];
+    if (block.offset > region_size || block.length > region_size - block.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "block ", b, " [", block.offset, ", +", block.length, ") is outside the ",
+          region_size, "-byte region"));
+    }
+    if (b > 0 && block.offset < End(blocks[b - 1])) {
+      return absl::InvalidArgumentError(absl::StrCat("block ", b, " at ", block.offset,
+                                                     " overlaps or precedes block ", b - 1,
+                                                     " ending at ", End(blocks[b - 1])));
+    }
+  }
+  std::vector<std::vector<size_t>> by_block(blocks.size());
+  for (size_t s = 0; s < slots.size(); ++s) {
+    const SlotCopy& slot = slots[s];
+    if (slot.size == 0) continue;
+    // The first block ending after the slot's start; then blocks must follow one another
+    // without a gap until the slot's end.
+    auto it = std::upper_bound(blocks.begin(), blocks.end(), slot.offset,
+                               [](uint64_t at, const BlockCheck& block) { return at < End(block); });
+    uint64_t covered = slot.offset;
+    const uint64_t slot_end = slot.offset + slot.size;
+    for (; it != blocks.end() && covered < slot_end && it->offset <= covered; ++it) {
+      by_block[it - blocks.begin()].push_back(s);
+      covered = End(*it);
+    }
+    if (covered < slot_end) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "slot ", s, " [", slot.offset, ", +", slot.size, "): bytes from ", covered,
+          " lie in no block, so they could not be checked"));
+    }
+  }
+  return by_block;
+}
+
+// memcpy, in runs the C library copies with vector registers when `dst` and `src` are not
+// equally aligned: for a 64 KiB piece glibc uses `rep movsb`, which on AMD Zen runs at less
+// than half speed when the two differ modulo 64 (verified_copy_benchmark: 53 ms against 22 ms
+// for 256 MiB on two threads, destination 16 bytes off; a whole-buffer memcpy does not use it).
+// Runs of at most 2 KiB stay below glibc's rep-movsb threshold.
+void CopyPiece(char* dst, const char* src, uint64_t n) {
+  constexpr uint64_t kRun = 2048;
+  if (((reinterpret_cast<uintptr_t>(dst) - reinterpret_cast<uintptr_t>(src)) & 63) == 0) {
+    std::memcpy(dst, src, n);
+    return;
+  }
+  for (uint64_t done = 0; done < n; done += kRun) {
+    std::memcpy(dst + done, src + done, std::min(kRun, n - done));
+  }
+}
+
+// Copies and checks blocks [first, last); records mismatches in `bad` (one flag per block).
+void CopyBlocks(const char* region, absl::Span<const SlotCopy> slots,
+                absl::Span<const BlockCheck> blocks,
+                const std::vector<std::vector<size_t>>& by_block, size_t first, size_t last,
+                std::vector<char>& bad) {
+  StreamingHasher hasher;
+  for (size_t b = first; b < last; ++b) {
+    const BlockCheck& block = blocks[b];
+    hasher.Reset();
+    for (uint64_t begin = block.offset; begin < End(block); begin += kVerifiedCopyPiece) {
+      const uint64_t end = std::min(End(block), begin + kVerifiedCopyPiece);
+      for (size_t s : by_block[b]) {
+        const SlotCopy& slot = slots[s];
+        const uint64_t from = std::max(begin, slot.offset);
+        const uint64_t to = std::min(end, slot.offset + slot.size);
+        if (from < to) {
+          CopyPiece(static_cast<char*>(slot.dst) + (from - slot.offset), region + from,
+                    to - from);
+        }
+      }
+      hasher.Update(region + begin, end - begin);
+    }
+    if (hasher.Digest() != block.xxh3) bad[b] = 1;
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t region_size,
+                                                absl::Span<const SlotCopy> slots,
+                                                absl::Span<const BlockCheck> blocks,
+                                                int max_threads, uint64_t parallel_min_bytes) {
+  ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> by_block,
+                   SlotsByBlock(region_size, slots, blocks));
+  VerifiedCopyResult result;
+  if (blocks.empty()) return result;
+  uint64_t total = 0;
+  for (const BlockCheck& block : blocks) total += block.length;
+  const int threads =
+      (max_threads <= 1 || total <= parallel_min_bytes)
+          ? 1
+          : static_cast<int>(std::min<uint64_t>(max_threads, blocks.size()));
+  // Thread t takes the blocks that start within its share of the bytes, in order.
+  std::vector<size_t> cut(threads + 1, blocks.size());
+  cut[0] = 0;
+  uint64_t before = 0;  // bytes of blocks before block b
+  int next = 1;
+  for (size_t b = 0; b < blocks.size() && next < threads; ++b) {
+    while (next < threads && before >= total * next / threads) cut[next++] = b;
+    before += blocks[b].length;
+  }
+  std::vector<char> bad(blocks.size(), 0);
+  std::vector<std::thread> workers;
+  workers.reserve(threads - 1);
+  for (int t = 1; t < threads; ++t) {
+    if (cut[t] == cut[t + 1]) continue;  // one large block took more than its share
+    workers.emplace_back(CopyBlocks, region, slots, blocks, std::cref(by_block), cut[t],
+                         cut[t + 1], std::ref(bad));
+  }
+  CopyBlocks(region, slots, blocks, by_block, cut[0], cut[1], bad);
+  for (std::thread& worker : workers) worker.join();
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (bad[b]) result.mismatched.push_back(b);
+  }
+  result.threads = static_cast<int>(workers.size()) + 1;
+  return result;
+}
+
+}  // namespace tessera

@@ -1,0 +1,61 @@
+// VerifiedCopy: copies shards out of a load region while checking the region's checksum
+// blocks, so that a restore reads each byte once (DESIGN.md "Memory tier": checked by the
+// trainer).
+//
+// A load served in place hands the trainer the agent's resident region and, unverified, the
+// checksum blocks its slots touch (LoadResponse.unverified_blocks): the agent does not read
+// the region at all. The trainer checks every block in the pass that copies it out: each
+// piece of a block (kVerifiedCopyPiece bytes) is first copied into the destinations it
+// belongs to, then hashed from the region while it is still in this core's cache. Reading the
+// bytes once instead of twice (the agent's verification pass, then the trainer's copy) is
+// what brings a restore from memory near a memcpy of the same bytes.
+//
+// What is checked is the region, a piece right after the piece was copied out: the agent keeps
+// the region unwritten while the load holds it, so the copy holds the bytes that were hashed.
+//
+// Thread-safety: a pure function over caller memory; the destinations must not overlap the
+// region or each other.
+#ifndef TESSERA_CLIENT_VERIFIED_COPY_H_
+#define TESSERA_CLIENT_VERIFIED_COPY_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "common/checksum.h"
+
+namespace tessera {
+
+// Copy region[offset, offset + size) to dst.
+struct SlotCopy {
+  void* dst = nullptr;
+  uint64_t offset = 0;
+  uint64_t size = 0;
+};
+
+// Bytes copied, then hashed, at a time: small enough to stay in a core's L2 between the copy
+// and the hash, large enough that the per-piece calls cost nothing.
+inline constexpr uint64_t kVerifiedCopyPiece = uint64_t{64} << 10;
+
+struct VerifiedCopyResult {
+  // Indices into `blocks` whose bytes do not hash to their xxh3, ascending. Destinations that
+  // overlap them hold unverified bytes: the caller must not use them.
+  std::vector<size_t> mismatched;
+  int threads = 0;  // threads that copied (0: no blocks)
+};
+
+// Copies every slot and checks every block of `region`, on up to `max_threads` threads (each
+// takes whole blocks; one thread when the blocks total at most `parallel_min_bytes`).
+// `blocks` must be sorted by offset, not overlap, and lie inside [0, region_size); every byte
+// of every slot must lie in some block (bytes no block covers would be copied unchecked).
+// Errors: InvalidArgument naming the block or slot that breaks this; nothing is copied then.
+absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t region_size,
+                                                absl::Span<const SlotCopy> slots,
+                                                absl::Span<const BlockCheck> blocks,
+                                                int max_threads, uint64_t parallel_min_bytes);
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_VERIFIED_COPY_H_
