@@ -234,6 +234,10 @@ int main(int argc, char** argv) {
     addresses.Set(session, a);
   };
   executor_options.memory_tier = memory;
+  // A buddy send of an older step holds the staging set the save reuses: it gives way.
+  executor_options.before_acquire = [&replicator] {
+    if (replicator != nullptr) replicator->GiveWay();
+  };
   tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
                                  executor_options);
   const std::string node = absl::GetFlag(FLAGS_node_id);
@@ -282,9 +286,10 @@ int main(int argc, char** argv) {
         [&job, &executor](const std::string& address, const tessera::v1::MemoryCopy& copy,
                           const char* data, const std::atomic<bool>& cancel) {
           // The copy to the buddy yields the CPU to a trainer's save copy on this agent: the
-          // stall is the copy alone. Checked each 100 ms for cancellation.
+          // stall is the copy alone. Checked each 5 ms for cancellation: a save that needs
+          // this copy's region waits for it to let go (BuddyReplicator::GiveWay).
           auto yield_to_saves = [&executor, &cancel] {
-            while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(100))) {
+            while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(5))) {
             }
           };
           return tessera::SendMemoryCopy(PeerChannel(address), job, copy, data, kMemoryCopyTimeout,

@@ -13,10 +13,10 @@ BuddyReplicator::BuddyReplicator(const MemoryTier* tier, uint32_t rank, Send sen
 }
 
 BuddyReplicator::~BuddyReplicator() {
-  cancel_.store(true);
   {
     absl::MutexLock lock(&mu_);
     stop_ = true;
+    cancel_.store(true);
   }
   thread_.join();
 }
@@ -30,6 +30,21 @@ void BuddyReplicator::SetBuddy(std::optional<v1::MemoryBuddy> buddy) {
 void BuddyReplicator::OnPublished() {
   absl::MutexLock lock(&mu_);
   wake_ = true;
+}
+
+void BuddyReplicator::GiveWay() {
+  const std::optional<v1::MemoryCopy> current = tier_->CurrentCopy();
+  absl::MutexLock lock(&mu_);
+  if (!sending_.has_value() || !current.has_value() ||
+      (sending_->first == current->step() && sending_->second == current->session_id())) {
+    return;  // nothing sent, or the newest copy: its region is not the one a save reuses
+  }
+  // Until that send is over — not until no send runs: the newest copy's send may start at
+  // once, and it pauses while this agent's trainer is in a save, which waits for us.
+  const std::pair<int64_t, std::string> older = *sending_;
+  cancel_.store(true);
+  auto let_go = [this, &older]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sending_ != older; };
+  mu_.Await(absl::Condition(&let_go));
 }
 
 void BuddyReplicator::Run() {
@@ -58,9 +73,26 @@ void BuddyReplicator::Run() {
     if (file == view.files.end()) continue;
     copy->set_writer_rank(rank_);
     copy->clear_region();  // the buddy holds it in its heap, not in this region
-    const absl::Status sent = send_(buddy->peer_address(), *copy, file->second.data, cancel_);
-    if (!sent.ok()) {
+    {
       absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      if (wake_) continue;  // published or re-paired since `copy` was read: look again
+      cancel_.store(false);
+      sending_ = std::make_pair(copy->step(), copy->session_id());
+    }
+    const absl::Status sent = send_(buddy->peer_address(), *copy, file->second.data, cancel_);
+    view = ResidentView();  // let the region go before anything else
+    absl::MutexLock lock(&mu_);
+    sending_.reset();
+    if (!sent.ok() && cancel_.load()) {
+      if (stop_) return;
+      LogInfo("memory copy of step ", copy->step(), " to buddy rank ", buddy->rank(),
+              " given up: a save needs its region, and a newer step is committed (saves come "
+              "faster than the buddy receives them); sending that one");
+      wake_ = true;
+      continue;
+    }
+    if (!sent.ok()) {
       if (failed_ != key) {
         failed_ = key;
         LogWarning("memory copy of step ", copy->step(), " not sent to buddy rank ",
@@ -71,7 +103,6 @@ void BuddyReplicator::Run() {
     }
     LogInfo("memory copy of step ", copy->step(), " (", copy->nbytes(), " bytes) sent to buddy rank ",
             buddy->rank(), " on ", buddy->node_id());
-    absl::MutexLock lock(&mu_);
     sent_ = key;
   }
 }

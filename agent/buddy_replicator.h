@@ -9,7 +9,11 @@
 // Sending starts after the commit, so it never competes with the save's disk write, and the
 // Send given (agent_main) pauses while a trainer is blocked in a save. A failed
 // send is logged (once per copy and buddy) and tried again at the next SetBuddy (the next
-// heartbeat). At most one send runs at a time; destruction cancels it between chunks.
+// heartbeat). At most one send runs at a time; destruction cancels it between chunks. A save
+// about to acquire staging calls GiveWay: a send of a copy older than the newest commit holds
+// the region that save reuses (saves alternate between two sets), and would make it create a
+// new one on the trainer's time; that send is given up and the newest copy sent instead (the
+// buddy keeps what it held whole before).
 //
 // Thread-safety: all methods are safe for concurrent use.
 #ifndef TESSERA_AGENT_BUDDY_REPLICATOR_H_
@@ -22,6 +26,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -51,6 +56,11 @@ class BuddyReplicator {
   // The memory tier published a new resident copy.
   void OnPublished() ABSL_LOCKS_EXCLUDED(mu_);
 
+  // A save is about to acquire staging: if the send in progress is of a copy older than the
+  // tier's current one, cancels it and returns once it has let that copy's region go (one
+  // chunk, or the Send's pause for a trainer's save to notice). Returns at once otherwise.
+  void GiveWay() ABSL_LOCKS_EXCLUDED(mu_);
+
  private:
   void Run();
 
@@ -64,6 +74,10 @@ class BuddyReplicator {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::string sent_ ABSL_GUARDED_BY(mu_);    // key of the last copy sent whole
   std::string failed_ ABSL_GUARDED_BY(mu_);  // key of the last failure logged
+  // The copy being sent, if a send is in progress: (step, session id).
+  std::optional<std::pair<int64_t, std::string>> sending_ ABSL_GUARDED_BY(mu_);
+  // Set (under mu_) to stop the send in progress: at destruction, or by GiveWay. Cleared
+  // (under mu_) before each send unless stopping.
   std::atomic<bool> cancel_{false};
 
   std::thread thread_;  // last: joins before the fields above go away

@@ -3,9 +3,11 @@
 #include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "agent/buddy_replicator.h"
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
@@ -282,6 +284,85 @@ TEST(BuddyReplicator, FailedSendTriedAgainAtTheNextHeartbeat_RestartedBuddySentA
   replicator.reset();  // joins: every send it would make is made
   absl::MutexLock lock(&mu);
   EXPECT_EQ(calls, 3);
+}
+
+// A send that goes on until cancelled (or `gate` opens), as a long transfer does.
+absl::Status SendUntilCancelled(const std::atomic<bool>& cancel, const std::atomic<bool>& gate) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);  // failing the test
+  while (!cancel.load() && !gate.load() && absl::Now() < give_up) std::this_thread::yield();
+  return cancel.load() ? absl::CancelledError("cancelled") : absl::OkStatus();
+}
+
+TEST(BuddyReplicator, GiveWay_SendOfAnOlderStepCancelled_ItsRegionLetGoBeforeItReturns) {
+  // Saves faster than a buddy transfer: the send of step 7 must not hold step 7's region when
+  // the save after step 8 reuses it, or that save makes a new region on the trainer's time.
+  MemoryTier tier;
+  // The staging pool's own references: a region is held while another reference lives.
+  auto region7 = std::make_shared<std::string>(Pattern(1000, 'a'));
+  tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, region7->size(),
+                                  ResidentRegion{"/r7", region7->data(), region7->size(), region7}});
+  absl::Notification started7, sent8;
+  std::atomic<bool> cancelled7{false}, never{false}, save_done{false};
+  BuddyReplicator replicator(
+      &tier, /*rank=*/5,
+      [&](const std::string&, const v1::MemoryCopy& copy, const char*,
+          const std::atomic<bool>& cancel) {
+        if (copy.step() == 8) {
+          // As the agent's Send does, step 8's send waits while the trainer is in its save —
+          // the save that called GiveWay, which must not wait for this send in turn.
+          absl::Status status = SendUntilCancelled(cancel, save_done);
+          sent8.Notify();
+          return status;
+        }
+        started7.Notify();
+        absl::Status status = SendUntilCancelled(cancel, never);
+        cancelled7.store(absl::IsCancelled(status));
+        return status;
+      });
+  v1::MemoryBuddy buddy;
+  buddy.set_rank(1);
+  buddy.set_peer_address("10.0.0.2:7000");
+  replicator.SetBuddy(buddy);
+  ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(region7.use_count(), 2) << "the send holds step 7's region";
+
+  auto region8 = std::make_shared<std::string>(Pattern(1000, 'b'));
+  tier.Publish(ResidentCheckpoint{8, "s8", "data-00005", 4096, region8->size(),
+                                  ResidentRegion{"/r8", region8->data(), region8->size(), region8}});
+  replicator.OnPublished();
+  replicator.GiveWay();  // the save of step 9 is about to acquire staging
+  EXPECT_TRUE(cancelled7.load()) << "the send of step 7 ran to its end";
+  EXPECT_EQ(region7.use_count(), 1) << "step 7's region is still held";
+  save_done.store(true);
+  ASSERT_TRUE(sent8.WaitForNotificationWithTimeout(absl::Seconds(60)));  // the newest, next
+}
+
+TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {
+  MemoryTier tier;
+  auto region7 = std::make_shared<std::string>(Pattern(1000, 'a'));
+  tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, region7->size(),
+                                  ResidentRegion{"/r7", region7->data(), region7->size(), region7}});
+  absl::Notification started7, sent7;
+  std::atomic<bool> open{false}, cancelled7{false};
+  BuddyReplicator replicator(&tier, /*rank=*/5,
+                             [&](const std::string&, const v1::MemoryCopy&, const char*,
+                                 const std::atomic<bool>& cancel) {
+                               started7.Notify();
+                               absl::Status status = SendUntilCancelled(cancel, open);
+                               cancelled7.store(absl::IsCancelled(status));
+                               sent7.Notify();
+                               return status;
+                             });
+  v1::MemoryBuddy buddy;
+  buddy.set_rank(1);
+  buddy.set_peer_address("10.0.0.2:7000");
+  replicator.SetBuddy(buddy);
+  ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  // Step 7 is the newest commit: its region is the resident one, which no save reuses.
+  replicator.GiveWay();
+  open.store(true);
+  ASSERT_TRUE(sent7.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_FALSE(cancelled7.load());
 }
 
 TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {

@@ -317,6 +317,7 @@ void SaveExecutor::Run(const SaveWork& work) {
       Overloaded{
           [&](const PinWork& pin) {
             absl::StatusOr<StagingMemory> memory;
+            if (options_.before_acquire) options_.before_acquire();
             const uint64_t evictions = staging_->resident_evictions();
             absl::StatusOr<std::vector<StagingSlot>> slots =
                 staging_->Acquire({pin.layout->total_bytes});

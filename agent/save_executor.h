@@ -63,6 +63,10 @@ struct SaveExecutorOptions {
   // Where committed saves' staging is kept resident for loads (SaveCore R11); must outlive
   // the executor. Default: none (the memory tier is off; staging is reused as is).
   MemoryTier* memory_tier = nullptr;
+  // Called on the executor's thread before a save acquires staging (PIN): lets go of what
+  // holds the staging set that save reuses (agent_main: BuddyReplicator::GiveWay). Default:
+  // none.
+  std::function<void()> before_acquire;
 };
 
 class SaveExecutor {
