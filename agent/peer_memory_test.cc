@@ -6,6 +6,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "agent/buddy_replicator.h"
@@ -293,14 +294,27 @@ absl::Status SendUntilCancelled(const std::atomic<bool>& cancel, const std::atom
   return cancel.load() ? absl::CancelledError("cancelled") : absl::OkStatus();
 }
 
+// Publishes `step` (session "s<step>") held in `region`: the staging pool's own reference, so
+// the region counts as held while another reference to it lives.
+void PublishStep(MemoryTier& tier, int64_t step, const std::shared_ptr<std::string>& region) {
+  tier.Publish(ResidentCheckpoint{
+      step, absl::StrCat("s", step), "data-00005", 4096, region->size(),
+      ResidentRegion{absl::StrCat("/r", step), region->data(), region->size(), region}});
+}
+
+v1::MemoryBuddy TestBuddy() {
+  v1::MemoryBuddy buddy;
+  buddy.set_rank(1);
+  buddy.set_peer_address("10.0.0.2:7000");
+  return buddy;
+}
+
 TEST(BuddyReplicator, GiveWay_SendOfAnOlderStepCancelled_ItsRegionLetGoBeforeItReturns) {
   // Saves faster than a buddy transfer: the send of step 7 must not hold step 7's region when
   // the save after step 8 reuses it, or that save makes a new region on the trainer's time.
   MemoryTier tier;
-  // The staging pool's own references: a region is held while another reference lives.
   auto region7 = std::make_shared<std::string>(Pattern(1000, 'a'));
-  tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, region7->size(),
-                                  ResidentRegion{"/r7", region7->data(), region7->size(), region7}});
+  PublishStep(tier, 7, region7);
   absl::Notification started7, sent8;
   std::atomic<bool> cancelled7{false}, never{false}, save_done{false};
   BuddyReplicator replicator(
@@ -319,16 +333,12 @@ TEST(BuddyReplicator, GiveWay_SendOfAnOlderStepCancelled_ItsRegionLetGoBeforeItR
         cancelled7.store(absl::IsCancelled(status));
         return status;
       });
-  v1::MemoryBuddy buddy;
-  buddy.set_rank(1);
-  buddy.set_peer_address("10.0.0.2:7000");
-  replicator.SetBuddy(buddy);
+  replicator.SetBuddy(TestBuddy());
   ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_EQ(region7.use_count(), 2) << "the send holds step 7's region";
 
   auto region8 = std::make_shared<std::string>(Pattern(1000, 'b'));
-  tier.Publish(ResidentCheckpoint{8, "s8", "data-00005", 4096, region8->size(),
-                                  ResidentRegion{"/r8", region8->data(), region8->size(), region8}});
+  PublishStep(tier, 8, region8);
   replicator.OnPublished();
   replicator.GiveWay();  // the save of step 9 is about to acquire staging
   EXPECT_TRUE(cancelled7.load()) << "the send of step 7 ran to its end";
@@ -340,8 +350,7 @@ TEST(BuddyReplicator, GiveWay_SendOfAnOlderStepCancelled_ItsRegionLetGoBeforeItR
 TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {
   MemoryTier tier;
   auto region7 = std::make_shared<std::string>(Pattern(1000, 'a'));
-  tier.Publish(ResidentCheckpoint{7, "s7", "data-00005", 4096, region7->size(),
-                                  ResidentRegion{"/r7", region7->data(), region7->size(), region7}});
+  PublishStep(tier, 7, region7);
   absl::Notification started7, sent7;
   std::atomic<bool> open{false}, cancelled7{false};
   BuddyReplicator replicator(&tier, /*rank=*/5,
@@ -353,10 +362,7 @@ TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {
                                sent7.Notify();
                                return status;
                              });
-  v1::MemoryBuddy buddy;
-  buddy.set_rank(1);
-  buddy.set_peer_address("10.0.0.2:7000");
-  replicator.SetBuddy(buddy);
+  replicator.SetBuddy(TestBuddy());
   ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
   // Step 7 is the newest commit: its region is the resident one, which no save reuses.
   replicator.GiveWay();
