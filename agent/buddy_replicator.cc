@@ -101,8 +101,8 @@ void BuddyReplicator::Run() {
       }
       continue;
     }
-    LogInfo("memory copy of step ", copy->step(), " (", copy->nbytes(), " bytes) sent to buddy rank ",
-            buddy->rank(), " on ", buddy->node_id());
+    LogInfo("memory copy of step ", copy->step(), " (", copy->nbytes(),
+            " bytes) sent to buddy rank ", buddy->rank(), " on ", buddy->node_id());
     sent_ = key;
   }
 }

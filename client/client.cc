@@ -188,7 +188,8 @@ void Client::JoinReleaserLocked() {
 void Client::ReleaseInBackgroundLocked(std::string load_id,
                                        std::unique_ptr<MappedStaging> mapping) {
   JoinReleaserLocked();
-  releaser_ = std::thread([this, load_id = std::move(load_id), mapping = std::move(mapping)]() mutable {
+  releaser_ = std::thread([this, load_id = std::move(load_id),
+                           mapping = std::move(mapping)]() mutable {
     // Unmap before the release: after it our mapping may be the region's last reference.
     mapping.reset();
     v1::ReleaseLoadRequest request;
@@ -490,7 +491,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   // every load region is. Declared after release_on_exit, so on an error return it is
   // unmapped before the release too.
   std::unique_ptr<MappedStaging> temporary;
-  const char* slot_data_base = nullptr;
+  const char* region_base = nullptr;
   if (total > 0) {
     char* base = nullptr;
     auto cached = std::find_if(staging_.begin(), staging_.end(), [&](const auto& m) {
@@ -513,7 +514,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     for (size_t i = 0; i < into.size(); ++i) {
       if (!absent[i]) slot_data[i] = base + response.slots(static_cast<int>(i)).offset();
     }
-    slot_data_base = base;
+    region_base = base;
   }
   if (response.unverified_blocks_size() > 0) {
     if (!request.client_verifies()) {
@@ -521,7 +522,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
           "the agent's Load reply leaves ", response.unverified_blocks_size(),
           " blocks for this client to check, which it did not offer to (CUDA destinations)"));
     }
-    if (slot_data_base == nullptr) {
+    if (region_base == nullptr) {
       return absl::InternalError(absl::StrCat("the agent's Load reply leaves ",
                                               response.unverified_blocks_size(),
                                               " blocks to check but no shard has bytes"));
@@ -540,7 +541,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
       result.bytes_verified_by_client += block.length();
     }
     absl::StatusOr<VerifiedCopyResult> copied =
-        VerifiedCopy(slot_data_base, response.shm_size(), slots, blocks, copy_threads_,
+        VerifiedCopy(region_base, response.shm_size(), slots, blocks, copy_threads_,
                      options_.parallel_copy_min_bytes);
     if (!copied.ok()) {
       return absl::InternalError(

@@ -13,8 +13,8 @@ namespace {
 
 uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
 
-// Checks `blocks` against the region and, for each block, lists the slots whose bytes it
-// holds (by increasing slot offset is not needed: each slot copies its own intersection).
+// Checks `blocks` against the region and that they cover every slot byte; lists, for each
+// block, the slots that have bytes in it.
 absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
     uint64_t region_size, absl::Span<const SlotCopy> slots, absl::Span<const BlockCheck> blocks) {
   for (size_t b = 0; b < blocks.size(); ++b) {
@@ -36,8 +36,9 @@ absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
     if (slot.size == 0) continue;
     // The first block ending after the slot's start; then blocks must follow one another
     // without a gap until the slot's end.
-    auto it = std::upper_bound(blocks.begin(), blocks.end(), slot.offset,
-                               [](uint64_t at, const BlockCheck& block) { return at < End(block); });
+    auto it = std::upper_bound(
+        blocks.begin(), blocks.end(), slot.offset,
+        [](uint64_t at, const BlockCheck& block) { return at < End(block); });
     uint64_t covered = slot.offset;
     const uint64_t slot_end = slot.offset + slot.size;
     for (; it != blocks.end() && covered < slot_end && it->offset <= covered; ++it) {

@@ -2,8 +2,8 @@
 
 Started by python_e2e_test.sh, which runs the cluster: jobs "pydp" and "pyabs" (layout dp=2),
 "pypp" and "pymem" (pp=2); agent sockets are $TESSERA_E2E_SOCK_DIR/<job>-<rank>.sock and the
-coordinator's checkpoints are under $TESSERA_E2E_DIR/ckpt/<job>. Trainer ranks are separate processes
-(trainer.py), one per agent, run in parallel as a real job would.
+coordinator's checkpoints are under $TESSERA_E2E_DIR/ckpt/<job>. Trainer ranks are separate
+processes (trainer.py), one per agent, run in parallel as a real job would.
 """
 
 import json

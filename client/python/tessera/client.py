@@ -133,7 +133,8 @@ class Client:
         return copy.deepcopy(self._identity)
 
     def stats(self):
-        """{"saves", "staging_maps", "last_copy_threads", "failed_releases"} of the native client."""
+        """{"saves", "staging_maps", "last_copy_threads", "failed_releases"} of the native
+        client."""
         return self._native.stats()
 
     def _refs(self, tensors, for_load):
