@@ -32,19 +32,23 @@ void BuddyReplicator::OnPublished() {
   wake_ = true;
 }
 
-void BuddyReplicator::GiveWay() {
+bool BuddyReplicator::GiveWay(absl::Duration max_wait) {
   const std::optional<v1::MemoryCopy> current = tier_->CurrentCopy();
   absl::MutexLock lock(&mu_);
   if (!sending_.has_value() || !current.has_value() ||
       (sending_->first == current->step() && sending_->second == current->session_id())) {
-    return;  // nothing sent, or the newest copy: its region is not the one a save reuses
+    return true;  // nothing sent, or the newest copy: its region is not the one a save reuses
   }
   // Until that send is over — not until no send runs: the newest copy's send may start at
   // once, and it pauses while this agent's trainer is in a save, which waits for us.
   const std::pair<int64_t, std::string> older = *sending_;
   cancel_.store(true);
   auto let_go = [this, &older]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return sending_ != older; };
-  mu_.Await(absl::Condition(&let_go));
+  if (mu_.AwaitWithTimeout(absl::Condition(&let_go), max_wait)) return true;
+  LogWarning("the memory copy of step ", older.first, " being sent to the buddy did not stop ",
+             "within ", absl::FormatDuration(max_wait), " (the buddy is not reading?): the save ",
+             "stages into a new region");
+  return false;
 }
 
 void BuddyReplicator::Run() {

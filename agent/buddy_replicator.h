@@ -31,6 +31,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "agent/memory_tier.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/types.pb.h"
@@ -58,8 +59,11 @@ class BuddyReplicator {
 
   // A save is about to acquire staging: if the send in progress is of a copy older than the
   // tier's current one, cancels it and returns once it has let that copy's region go (one
-  // chunk, or the Send's pause for a trainer's save to notice). Returns at once otherwise.
-  void GiveWay() ABSL_LOCKS_EXCLUDED(mu_);
+  // chunk, or the Send's pause for a trainer's save to notice) — or after `max_wait`, if the
+  // send is stuck (a buddy that stopped reading holds a write until the Send's deadline): the
+  // save then finds the region held and makes another, as it would without GiveWay. Returns
+  // false only then; at once (true) if no such send runs.
+  bool GiveWay(absl::Duration max_wait) ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   void Run();

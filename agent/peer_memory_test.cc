@@ -340,11 +340,37 @@ TEST(BuddyReplicator, GiveWay_SendOfAnOlderStepCancelled_ItsRegionLetGoBeforeItR
   auto region8 = std::make_shared<std::string>(Pattern(1000, 'b'));
   PublishStep(tier, 8, region8);
   replicator.OnPublished();
-  replicator.GiveWay();  // the save of step 9 is about to acquire staging
+  EXPECT_TRUE(replicator.GiveWay(absl::Seconds(60)));  // the save of step 9 acquires staging
   EXPECT_TRUE(cancelled7.load()) << "the send of step 7 ran to its end";
   EXPECT_EQ(region7.use_count(), 1) << "step 7's region is still held";
   save_done.store(true);
   ASSERT_TRUE(sent8.WaitForNotificationWithTimeout(absl::Seconds(60)));  // the newest, next
+}
+
+TEST(BuddyReplicator, GiveWay_SendThatDoesNotStop_GivenUpAfterTheWait) {
+  // A buddy that stopped reading holds the send in a write until the Send's deadline: the
+  // save waits only so long, then stages elsewhere (never a hang on a peer's fault).
+  MemoryTier tier;
+  auto region7 = std::make_shared<std::string>(Pattern(1000, 'a'));
+  PublishStep(tier, 7, region7);
+  absl::Notification started7;
+  std::atomic<bool> unblocked{false};
+  BuddyReplicator replicator(&tier, /*rank=*/5,
+                             [&](const std::string&, const v1::MemoryCopy& copy, const char*,
+                                 const std::atomic<bool>&) {
+                               if (copy.step() != 7) return absl::OkStatus();
+                               started7.Notify();
+                               std::atomic<bool> never{false};
+                               return SendUntilCancelled(never, unblocked);  // ignores cancel
+                             });
+  replicator.SetBuddy(TestBuddy());
+  ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  auto region8 = std::make_shared<std::string>(Pattern(1000, 'b'));
+  PublishStep(tier, 8, region8);
+  replicator.OnPublished();
+  EXPECT_FALSE(replicator.GiveWay(absl::Milliseconds(50)));
+  EXPECT_EQ(region7.use_count(), 2) << "the stuck send still holds step 7's region";
+  unblocked.store(true);
 }
 
 TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {
@@ -365,7 +391,7 @@ TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {
   replicator.SetBuddy(TestBuddy());
   ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
   // Step 7 is the newest commit: its region is the resident one, which no save reuses.
-  replicator.GiveWay();
+  EXPECT_TRUE(replicator.GiveWay(absl::Seconds(60)));
   open.store(true);
   ASSERT_TRUE(sent7.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_FALSE(cancelled7.load());
