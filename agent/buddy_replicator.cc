@@ -39,6 +39,12 @@ bool BuddyReplicator::GiveWay(absl::Duration max_wait) {
       (sending_->first == current->step() && sending_->second == current->session_id())) {
     return true;  // nothing sent, or the newest copy: its region is not the one a save reuses
   }
+  if (given_up_in_a_row_ >= kMaxGiveUpsInARow) {
+    LogWarning("the memory copy of step ", sending_->first, " is sent to the buddy to its end: ",
+               given_up_in_a_row_, " sends in a row were given up for saves, and the buddy ",
+               "holds no newer whole copy; the save stages into a new region");
+    return false;
+  }
   // Until that send is over — not until no send runs: the newest copy's send may start at
   // once, and it pauses while this agent's trainer is in a save, which waits for us.
   const std::pair<int64_t, std::string> older = *sending_;
@@ -90,6 +96,7 @@ void BuddyReplicator::Run() {
     sending_.reset();
     if (!sent.ok() && cancel_.load()) {
       if (stop_) return;
+      ++given_up_in_a_row_;
       LogInfo("memory copy of step ", copy->step(), " to buddy rank ", buddy->rank(),
               " given up: a save needs its region, and a newer step is committed (saves come "
               "faster than the buddy receives them); sending that one");
@@ -108,6 +115,7 @@ void BuddyReplicator::Run() {
     LogInfo("memory copy of step ", copy->step(), " (", copy->nbytes(),
             " bytes) sent to buddy rank ", buddy->rank(), " on ", buddy->node_id());
     sent_ = key;
+    given_up_in_a_row_ = 0;
   }
 }
 

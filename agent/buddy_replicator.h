@@ -49,7 +49,7 @@ class BuddyReplicator {
 
   // `tier` must outlive the replicator. `rank` is this agent's (the copies' writer_rank).
   BuddyReplicator(const MemoryTier* tier, uint32_t rank, Send send);
-  ~BuddyReplicator();  // stops the thread (a send in progress finishes first)
+  ~BuddyReplicator();  // stops the thread (a send in progress is cancelled between chunks)
 
   // The buddy the coordinator named (nullopt: none).
   void SetBuddy(std::optional<v1::MemoryBuddy> buddy) ABSL_LOCKS_EXCLUDED(mu_);
@@ -61,9 +61,14 @@ class BuddyReplicator {
   // tier's current one, cancels it and returns once it has let that copy's region go (one
   // chunk, or the Send's pause for a trainer's save to notice) — or after `max_wait`, if the
   // send is stuck (a buddy that stopped reading holds a write until the Send's deadline): the
-  // save then finds the region held and makes another, as it would without GiveWay. Returns
-  // false only then; at once (true) if no such send runs.
+  // save then finds the region held and makes another, as it would without GiveWay. After
+  // kMaxGiveUpsInARow sends given up in a row (saves coming faster than the buddy receives
+  // copies) it lets the send finish instead, so that the buddy gets a whole copy: logged, and
+  // the save makes another region. Returns false when the region stays held (those two
+  // cases); at once true if no such send runs.
   bool GiveWay(absl::Duration max_wait) ABSL_LOCKS_EXCLUDED(mu_);
+
+  static constexpr int kMaxGiveUpsInARow = 2;
 
  private:
   void Run();
@@ -80,6 +85,7 @@ class BuddyReplicator {
   std::string failed_ ABSL_GUARDED_BY(mu_);  // key of the last failure logged
   // The copy being sent, if a send is in progress: (step, session id).
   std::optional<std::pair<int64_t, std::string>> sending_ ABSL_GUARDED_BY(mu_);
+  int given_up_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;  // sends cancelled by GiveWay since one ended
   // Set (under mu_) to stop the send in progress: at destruction, or by GiveWay. Cleared
   // (under mu_) before each send unless stopping.
   std::atomic<bool> cancel_{false};

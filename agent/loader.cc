@@ -363,7 +363,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   LogInfo("load ", response.load_id(), " step=", step,
           response.memory_only() ? " memory_only=1" : "", " shards=", request.shards_size(),
           " in_place=", in_place ? 1 : 0,
-          " client_verifies=", staged->unverified.empty() ? 0 : 1, " bytes=", stats.bytes_copied,
+          " unverified_blocks=", staged->unverified.size(), " bytes=", stats.bytes_copied,
           " read_bytes=", stats.bytes_read, " memory_bytes=", stats.bytes_from_memory,
           " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
           " reads=", stats.read_calls, " setup_ms=", absl::ToDoubleMilliseconds(read_start - start),

@@ -15,9 +15,10 @@
 // checks them itself as it copies them out (LoadRequest.client_verifies), is listed for it
 // unread (LoadResponse.unverified_blocks) — no region is made and nothing is copied: the
 // response names the resident region itself, its slots where the shards lie in it, and the
-// load holds the region until ReleaseLoad (no save writes a held region). Likewise on a node that replaced a lost one: when that file is held by an agent on
-// another node only (a buddy), it is read whole into a new load region and served there,
-// verified where it lies. Otherwise — another layout, other files, a block that does not
+// load holds the region until ReleaseLoad (no save writes a held region). Likewise on a node
+// that replaced a lost one: when that file is held by an agent on another node only (a
+// buddy), it is read whole into a new load region and served there, verified where it lies
+// (or listed, as above). Otherwise — another layout, other files, a block that does not
 // match — the load takes the copying path above.
 //
 // Memory-only checkpoints (DESIGN.md "Memory-only saves"): the manifest comes from the

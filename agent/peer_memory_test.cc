@@ -287,10 +287,17 @@ TEST(BuddyReplicator, FailedSendTriedAgainAtTheNextHeartbeat_RestartedBuddySentA
   EXPECT_EQ(calls, 3);
 }
 
-// A send that goes on until cancelled (or `gate` opens), as a long transfer does.
+// A send that goes on until cancelled (or `gate` opens), as a long transfer does. One that is
+// neither within 20 s fails the test (GiveWay waited for the wrong send, say).
 absl::Status SendUntilCancelled(const std::atomic<bool>& cancel, const std::atomic<bool>& gate) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(20);  // failing the test
-  while (!cancel.load() && !gate.load() && absl::Now() < give_up) std::this_thread::yield();
+  const absl::Time give_up = absl::Now() + absl::Seconds(20);
+  while (!cancel.load() && !gate.load()) {
+    if (absl::Now() > give_up) {
+      ADD_FAILURE() << "a send was neither cancelled nor let through in 20 s";
+      return absl::DeadlineExceededError("test send gave up");
+    }
+    std::this_thread::yield();
+  }
   return cancel.load() ? absl::CancelledError("cancelled") : absl::OkStatus();
 }
 
@@ -371,6 +378,56 @@ TEST(BuddyReplicator, GiveWay_SendThatDoesNotStop_GivenUpAfterTheWait) {
   EXPECT_FALSE(replicator.GiveWay(absl::Milliseconds(50)));
   EXPECT_EQ(region7.use_count(), 2) << "the stuck send still holds step 7's region";
   unblocked.store(true);
+}
+
+TEST(BuddyReplicator, GiveWay_AfterTwoGiveUpsInARow_TheThirdSendFinishes) {
+  // Saves always faster than the buddy: without a limit no copy would ever arrive whole.
+  MemoryTier tier;
+  std::vector<std::shared_ptr<std::string>> regions;
+  absl::Mutex mu;
+  std::vector<int64_t> started ABSL_GUARDED_BY(mu);
+  std::vector<int64_t> cancelled ABSL_GUARDED_BY(mu);
+  std::atomic<bool> open{false};
+  BuddyReplicator replicator(&tier, /*rank=*/5,
+                             [&](const std::string&, const v1::MemoryCopy& copy, const char*,
+                                 const std::atomic<bool>& cancel) {
+                               {
+                                 absl::MutexLock lock(&mu);
+                                 started.push_back(copy.step());
+                               }
+                               absl::Status status = SendUntilCancelled(cancel, open);
+                               if (absl::IsCancelled(status)) {
+                                 absl::MutexLock lock(&mu);
+                                 cancelled.push_back(copy.step());
+                               }
+                               return status;
+                             });
+  replicator.SetBuddy(TestBuddy());
+  auto publish = [&](int64_t step) {
+    regions.push_back(std::make_shared<std::string>(Pattern(1000, static_cast<char>('a' + step))));
+    PublishStep(tier, step, regions.back());
+    replicator.OnPublished();
+  };
+  auto await_sending = [&](int64_t step) {
+    auto sending = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+      return !started.empty() && started.back() == step;
+    };
+    absl::MutexLock lock(&mu);
+    return mu.AwaitWithTimeout(absl::Condition(&sending), absl::Seconds(60));
+  };
+  publish(7);
+  ASSERT_TRUE(await_sending(7));
+  publish(8);
+  EXPECT_TRUE(replicator.GiveWay(absl::Seconds(60)));  // step 7's send given up (1)
+  ASSERT_TRUE(await_sending(8));
+  publish(9);
+  EXPECT_TRUE(replicator.GiveWay(absl::Seconds(60)));  // step 8's, given up (2)
+  ASSERT_TRUE(await_sending(9));
+  publish(10);
+  EXPECT_FALSE(replicator.GiveWay(absl::Seconds(60)));  // step 9's send goes on to its end
+  open.store(true);
+  absl::MutexLock lock(&mu);
+  EXPECT_EQ(cancelled, (std::vector<int64_t>{7, 8}));
 }
 
 TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {

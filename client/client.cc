@@ -432,10 +432,16 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   absl::StatusOr<LoadResult> result = LoadOnceLocked(request, into, &mismatched);
   if (result.ok() && mismatched > 0) {
     // A block of the agent's memory copy did not match: load again, the agent verifying (it
-    // reads that block from the file, or fails the load if there is none).
+    // reads that block from the file, or fails the load if there is none) — the same step,
+    // even if -1 or -2 would resolve to a newer one by now.
     request.set_client_verifies(false);
+    request.set_step(result->step);
     uint64_t again = 0;
     result = LoadOnceLocked(request, into, &again);
+    if (result.ok() && result->step != request.step()) {
+      return absl::InternalError(absl::StrCat("the agent loaded step ", result->step,
+                                              " when asked for step ", request.step()));
+    }
     if (result.ok()) {
       result->memory_blocks_rejected = std::max(result->memory_blocks_rejected, mismatched);
     }

@@ -246,8 +246,9 @@ class Client {
   // Optimizer shards the checkpoint records as absent are listed in LoadResult::absent and
   // left untouched. Every byte is verified against the manifest: when all of `into` is host
   // memory, a load the agent serves in place is checked here as it is copied
-  // (client/verified_copy.h), and loaded again — verified by the agent, which reads a
-  // mismatching block from the file — if a block does not match.
+  // (client/verified_copy.h), and loaded again — the same step, verified by the agent, which
+  // reads a mismatching block from the file — if a block does not match. On an error, the
+  // contents of `into` are unspecified (they may hold bytes that failed the check).
   // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
   // state_absent set, or if `step` < -2; InvalidArgument + PLAN_TOO_LARGE over
   // options.max_plan_request_bytes; FailedPrecondition / InvalidArgument for CUDA

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
@@ -123,12 +124,12 @@ class FakeAgent final : public v1::Agent::Service {
   std::set<std::string> absent_states ABSL_GUARDED_BY(mu);  // "fqn/state_key" absent on load
   std::vector<v1::LoadRequest> load_requests ABSL_GUARDED_BY(mu);
   // As an agent serving in place: to a request with client_verifies, each slot is one block
-  // left for the client to check; the first `wrong_checksum_loads` such loads list a wrong
-  // XXH3 for slot 0's block (a memory copy that no longer matches the manifest).
+  // left for the client to check; in the first `corrupt_loads` such loads a byte of slot 0
+  // differs from what its listed XXH3 was taken over (a memory copy that no longer matches).
   bool list_blocks ABSL_GUARDED_BY(mu) = false;
+  int corrupt_loads ABSL_GUARDED_BY(mu) = 0;
   int failing_releases ABSL_GUARDED_BY(mu) = 0;  // the next n ReleaseLoad calls fail
   bool hold_releases_open ABSL_GUARDED_BY(mu) = true;  // ReleaseLoad waits while false
-  int wrong_checksum_loads ABSL_GUARDED_BY(mu) = 0;
   std::vector<v1::ReserveStagingRequest> reserve_requests ABSL_GUARDED_BY(mu);
   std::vector<std::string> released ABSL_GUARDED_BY(mu);
   // At each ReleaseLoad: the mappings of the load region in this process (the fake's own
@@ -230,17 +231,16 @@ class FakeAgent final : public v1::Agent::Service {
     response->set_shm_size(total);
     for (const v1::StagingSlot& slot : slots) *response->add_slots() = slot;
     if (list_blocks && request->client_verifies()) {
-      const bool wrong = wrong_checksum_loads > 0;
-      if (wrong) --wrong_checksum_loads;
       for (size_t i = 0; i < slots.size(); ++i) {
         if (slots[i].nbytes() == 0) continue;
+        char* bytes = static_cast<char*>(region_.data) + slots[i].offset();
         v1::BlockCheck* block = response->add_unverified_blocks();
         block->set_offset(slots[i].offset());
         block->set_length(slots[i].nbytes());
-        block->set_xxh3(Xxh3(static_cast<char*>(region_.data) + slots[i].offset(),
-                             slots[i].nbytes()) ^
-                        (wrong && i == 0 ? 1 : 0));
+        block->set_xxh3(Xxh3(bytes, slots[i].nbytes()));
+        if (i == 0 && corrupt_loads > 0) bytes[slots[i].nbytes() / 2] ^= 0x5a;
       }
+      if (corrupt_loads > 0) --corrupt_loads;
     }
     return grpc::Status::OK;
   }
@@ -1108,39 +1108,42 @@ TEST_F(ClientTest, Load_BlockMismatchInPlace_LoadsAgainAgentVerifying) {
   {
     absl::MutexLock lock(&fake_->mu);
     fake_->list_blocks = true;
-    fake_->wrong_checksum_loads = 1;
+    fake_->corrupt_loads = 1;
   }
   std::vector<uint8_t> a(3000, 0), b(1000, 0);
   absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a), HostRef("b", &b)});
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->memory_blocks_rejected, 1u);
   EXPECT_EQ(result->bytes_verified_by_client, 0u) << "the second load was verified by the agent";
-  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  EXPECT_EQ(a, Pattern(a.size(), 1000)) << "the corrupt bytes copied first were replaced";
   EXPECT_EQ(b, Pattern(b.size(), 1001));
   AwaitReleases(2);
   absl::MutexLock lock(&fake_->mu);
   ASSERT_EQ(fake_->load_requests.size(), 2u);
   EXPECT_TRUE(fake_->load_requests[0].client_verifies());
   EXPECT_FALSE(fake_->load_requests[1].client_verifies());
+  EXPECT_EQ(fake_->load_requests[1].step(), 2) << "the step the first load resolved";
   EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
 }
 
-TEST_F(ClientTest, Load_ReturnsWhileItsReleaseIsPending_NextLoadWaitsForIt) {
+TEST_F(ClientTest, Load_ReturnsWhileItsReleaseIsHeldUp) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
+  auto open_releases = [&] {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_releases_open = true;
+  };
   {
     absl::MutexLock lock(&fake_->mu);
     fake_->hold_releases_open = false;
   }
+  absl::Cleanup reopen = open_releases;  // a failed assertion must not leave the fake stuck
   std::vector<uint8_t> a(4096, 0);
-  // Load cannot complete a ReleaseLoad here, so it returns before its release does.
+  // No ReleaseLoad can complete here, so Load returns before its release does.
   absl::StatusOr<LoadResult> first = client->Load(1, {HostRef("a", &a)});
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(a, Pattern(a.size(), 1000));
-  {
-    absl::MutexLock lock(&fake_->mu);
-    fake_->hold_releases_open = true;
-  }
+  open_releases();
   ASSERT_TRUE(client->Load(1, {HostRef("a", &a)}).ok());
   AwaitReleases(2);
   absl::MutexLock lock(&fake_->mu);

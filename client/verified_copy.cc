@@ -34,6 +34,11 @@ absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
   for (size_t s = 0; s < slots.size(); ++s) {
     const SlotCopy& slot = slots[s];
     if (slot.size == 0) continue;
+    if (slot.offset > region_size || slot.size > region_size - slot.offset) {
+      return absl::InvalidArgumentError(absl::StrCat("slot ", s, " [", slot.offset, ", +",
+                                                     slot.size, ") is outside the ", region_size,
+                                                     "-byte region"));
+    }
     // The first block ending after the slot's start; then blocks must follow one another
     // without a gap until the slot's end.
     auto it = std::upper_bound(

@@ -8,9 +8,26 @@
 #include "xxhash.h"
 
 namespace tessera {
+namespace {
+
+// Whether the AVX2 kernels may run: built (x86-64) and the CPU has AVX2. Asked here, in code
+// compiled for the baseline.
+bool Avx2Available() {
+  static const bool available = [] {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return checksum_internal::kAvx2Built && __builtin_cpu_supports("avx2") != 0;
+#else
+    return false;
+#endif
+  }();
+  return available;
+}
+
+}  // namespace
 
 uint64_t Xxh3(const void* data, size_t size) {
-  if (checksum_internal::Avx2Available()) return checksum_internal::Avx2Xxh3(data, size);
+  if (Avx2Available()) return checksum_internal::Avx2Xxh3(data, size);
   return XXH3_64bits(data, size);
 }
 
@@ -38,7 +55,7 @@ StreamingHasher::StreamingHasher() : state_(std::make_unique<State>()) { Reset()
 StreamingHasher::~StreamingHasher() = default;
 
 void StreamingHasher::Update(const void* data, size_t size) {
-  if (checksum_internal::Avx2Available()) {
+  if (Avx2Available()) {
     checksum_internal::Avx2Update(&state_->xxh, data, size);
     return;
   }

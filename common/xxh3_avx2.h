@@ -16,10 +16,11 @@
 namespace tessera {
 namespace checksum_internal {
 
-// True if this build has the AVX2 kernels (x86-64) and the CPU runs them.
-bool Avx2Available();
+// True if this build compiled the kernels below for AVX2 (x86-64). Data, not code: whether
+// the CPU runs them is asked by common/checksum.cc, compiled for the baseline.
+extern const bool kAvx2Built;
 
-// XXH3_64bits and XXH3_64bits_update; call only if Avx2Available(). `xxh3_state` is an
+// XXH3_64bits and XXH3_64bits_update; call only if kAvx2Built and the CPU has AVX2. `xxh3_state` is an
 // XXH3_state_t (the same type in every translation unit including xxhash.h).
 uint64_t Avx2Xxh3(const void* data, size_t size);
 void Avx2Update(void* xxh3_state, const void* data, size_t size);

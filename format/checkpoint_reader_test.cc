@@ -530,7 +530,6 @@ TEST_P(CheckpointReaderTest, Read_ResidentCopyCoversPartOfFile_RestReadFromFile)
   EXPECT_EQ(stats.memory_blocks_rejected, 0u);
 }
 
-// A memory-only checkpoint (FromManifest): memory is the only source, always verified.
 TEST_P(CheckpointReaderTest, LocateInMemory_Unverified_ListsEachBlockOnceHashesNone) {
   // wq's top-left chunk: 4 x 6 f32, 96 bytes in blocks of 64.
   const v1::ChunkEntry* chunk = nullptr;
@@ -578,6 +577,7 @@ TEST_P(CheckpointReaderTest, LocateInMemory_Unverified_ListsEachBlockOnceHashesN
   EXPECT_EQ(stats.memory_blocks_rejected, 1u);
 }
 
+// A memory-only checkpoint (FromManifest): memory is the only source, always verified.
 TEST_P(CheckpointReaderTest, FromManifest_EveryFileResident_ReadsFromMemoryOnly) {
   ResidentCopies memory(dir_, manifest_);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
