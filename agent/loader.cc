@@ -113,19 +113,18 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
   const uint64_t file_size = FileSizes(reader, {file})[file];
   const absl::Time start = absl::Now();
   for (const v1::MemoryCopy* copy : remote) {
-    if (absl::Status fits = CheckRemoteCopy(*copy, file_size, MaxFetchBytes()); !fits.ok()) {
-      LogWarning(fits.message());
+    absl::StatusOr<std::vector<StagingSlot>> region = absl::UnknownError("not acquired");
+    auto in_load_region = [&](uint64_t nbytes) -> absl::StatusOr<char*> {
+      region = staging_->Acquire({std::max<uint64_t>(nbytes, 4096)});
+      if (!region.ok()) return region.status();
+      return static_cast<char*>((*region)[0].data);
+    };
+    if (!ReadRemoteCopy(*copy, file_size, MaxFetchBytes(), in_load_region, options_.fetch_copy)
+             .ok()) {
+      if (region.ok()) staging_->ReleaseAll();
       continue;
     }
-    ASSIGN_OR_RETURN(std::vector<StagingSlot> region,
-                     staging_->Acquire({std::max<uint64_t>(copy->nbytes(), 4096)}));
-    char* data = static_cast<char*>(region[0].data);
-    if (absl::Status read = options_.fetch_copy(*copy, data); !read.ok()) {
-      LogWarning("memory copy of ", file, " held by rank ", copy->rank(), " on ", copy->node_id(),
-                 " not read (", read.ToString(), ")");
-      staging_->ReleaseAll();
-      continue;
-    }
+    const char* data = static_cast<const char*>((*region)[0].data);
     const absl::Duration staging_time = absl::Now() - start;
     absl::StatusOr<Staged> staged =
         Locate(reader, reads, file, ResidentBytes{copy->file_offset(), data, copy->nbytes()},
@@ -135,8 +134,8 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       return staged.status();
     }
     staged->staging_time = staging_time;
-    staged->shm_name = region[0].name;
-    staged->shm_size = region[0].capacity;
+    staged->shm_name = (*region)[0].name;
+    staged->shm_size = (*region)[0].capacity;
     staged->fetched_from_peers = copy->nbytes();
     return staged;
   }

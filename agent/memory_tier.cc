@@ -89,15 +89,25 @@ int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
   return added;
 }
 
-absl::Status CheckRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes) {
+absl::Status ReadRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes,
+                            const CopyDestination& destination, const FetchMemoryCopy& fetch) {
+  absl::Status status;
   if (copy.nbytes() > file_size || copy.file_offset() > file_size - copy.nbytes() ||
       copy.nbytes() > max_bytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("memory copy of ", copy.file(), " held by rank ", copy.rank(),
-                     " not read: ", copy.nbytes(), " bytes at ", copy.file_offset(),
-                     " (the file has ", file_size, "; ", max_bytes, " may still be read)"));
+    status = absl::InvalidArgumentError(absl::StrCat(copy.nbytes(), " bytes at ",
+                                                     copy.file_offset(), " (the file has ",
+                                                     file_size, "; ", max_bytes,
+                                                     " may still be read)"));
+  } else if (absl::StatusOr<char*> dest = destination(copy.nbytes()); !dest.ok()) {
+    status = dest.status();
+  } else {
+    status = fetch(copy, *dest);
   }
-  return absl::OkStatus();
+  if (!status.ok()) {
+    LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " on ",
+               copy.node_id(), " not read: ", status.ToString());
+  }
+  return status;
 }
 
 uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
@@ -110,16 +120,12 @@ uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t sel
         copy.peer_address().empty()) {
       continue;
     }
-    if (absl::Status fits = CheckRemoteCopy(copy, file->second, max_bytes - fetched); !fits.ok()) {
-      LogWarning(fits.message());
-      continue;
-    }
-    auto bytes = std::make_shared<MemoryBuffer>(copy.nbytes());
-    if (absl::Status read = fetch(copy, bytes->data()); !read.ok()) {
-      LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " on ",
-                 copy.node_id(), " not read (", read.ToString(), ")");
-      continue;
-    }
+    std::shared_ptr<MemoryBuffer> bytes;
+    auto in_heap = [&bytes](uint64_t nbytes) -> absl::StatusOr<char*> {
+      bytes = std::make_shared<MemoryBuffer>(nbytes);
+      return bytes->data();
+    };
+    if (!ReadRemoteCopy(copy, file->second, max_bytes - fetched, in_heap, fetch).ok()) continue;
     const char* data = bytes->data();  // before `bytes` moves
     view.Add(copy.file(), copy.file_offset(), data, copy.nbytes(), std::move(bytes));
     fetched += copy.nbytes();

@@ -116,10 +116,17 @@ int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
 // has room for copy.nbytes() bytes.
 using FetchMemoryCopy = std::function<absl::Status(const v1::MemoryCopy& copy, char* dest)>;
 
-// Whether `copy` (held by another agent, so its sizes are not trusted) fits a data file of
-// `file_size` bytes as the manifest implies it and the `max_bytes` a load may still read from
-// other agents; InvalidArgument naming the sizes if not.
-absl::Status CheckRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes);
+// Where a copy read from another agent goes: room for `nbytes` bytes, or why not.
+using CopyDestination = std::function<absl::StatusOr<char*>(uint64_t nbytes)>;
+
+// Reads `copy`, held by another agent, with `fetch` into the memory `destination` gives — once
+// its sizes (not trusted) fit a data file of `file_size` bytes as the manifest implies it and
+// the `max_bytes` a load may still read from other agents, so nothing is allocated for a size
+// that does not. The one path by which loads read remote copies (AddRemoteCopies, the loader's
+// fetch in place). Errors, each logged naming the file, holder and node: InvalidArgument naming
+// the sizes; `destination`'s; `fetch`'s.
+absl::Status ReadRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes,
+                            const CopyDestination& destination, const FetchMemoryCopy& fetch);
 
 // Adds to `view` each file of `needed` (file name -> the file's size as the manifest implies
 // it: its last chunk's end, rounded up to 4 KiB) that it lacks and that an agent of `copies`

@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <string>
 #include <vector>
 
@@ -218,6 +219,26 @@ TEST_F(SaveExecutorTest, AwaitTrainerFree_FalseFromBeginSaveUntilStaged) {
   });
   ASSERT_TRUE(staged.WaitForNotificationWithTimeout(kBound));
   EXPECT_TRUE(executor->AwaitTrainerFree(kBound));
+  executor->Shutdown();
+}
+
+// The memory tier's buddy sends give way here (BuddyReplicator::GiveWay): before_acquire runs
+// at PIN, before the save's staging is acquired, once per save.
+TEST_F(SaveExecutorTest, Pin_BeforeAcquireRunsBeforeStagingIsAcquired) {
+  std::atomic<int> calls{0};
+  std::atomic<uint64_t> regions_at_call{~uint64_t{0}};
+  SaveExecutorOptions options;
+  options.before_acquire = [&] {
+    regions_at_call.store(pool_->regions_created());
+    calls.fetch_add(1);
+  };
+  std::unique_ptr<SaveExecutor> executor = MakeExecutor(options);
+  executor->OnRegistered(Registered());
+  ASSERT_EQ(pool_->regions_created(), 0u);
+  SaveUpToPersist(*executor);
+  EXPECT_EQ(calls.load(), 1);
+  EXPECT_EQ(regions_at_call.load(), 0u) << "staging was acquired before before_acquire ran";
+  EXPECT_EQ(pool_->regions_created(), 1u);
   executor->Shutdown();
 }
 

@@ -1,8 +1,8 @@
 #include "client/verified_copy.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstring>
-#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -75,30 +75,24 @@ void CopyPiece(char* dst, const char* src, uint64_t n) {
   }
 }
 
-// Copies and checks blocks [first, last); records mismatches in `bad` (one flag per block).
-void CopyBlocks(const char* region, absl::Span<const SlotCopy> slots,
-                absl::Span<const BlockCheck> blocks,
-                const std::vector<std::vector<size_t>>& by_block, size_t first, size_t last,
-                std::vector<char>& bad) {
-  StreamingHasher hasher;
-  for (size_t b = first; b < last; ++b) {
-    const BlockCheck& block = blocks[b];
-    hasher.Reset();
-    for (uint64_t begin = block.offset; begin < End(block); begin += kVerifiedCopyPiece) {
-      const uint64_t end = std::min(End(block), begin + kVerifiedCopyPiece);
-      for (size_t s : by_block[b]) {
-        const SlotCopy& slot = slots[s];
-        const uint64_t from = std::max(begin, slot.offset);
-        const uint64_t to = std::min(end, slot.offset + slot.size);
-        if (from < to) {
-          CopyPiece(static_cast<char*>(slot.dst) + (from - slot.offset), region + from,
-                    to - from);
-        }
+// Copies block `b`'s bytes into the slots that have some, a piece at a time, hashing each piece
+// right after; true if the block matches its XXH3.
+bool CopyBlock(const char* region, absl::Span<const SlotCopy> slots, const BlockCheck& block,
+               const std::vector<size_t>& block_slots, StreamingHasher& hasher) {
+  hasher.Reset();
+  for (uint64_t begin = block.offset; begin < End(block); begin += kVerifiedCopyPiece) {
+    const uint64_t end = std::min(End(block), begin + kVerifiedCopyPiece);
+    for (size_t s : block_slots) {
+      const SlotCopy& slot = slots[s];
+      const uint64_t from = std::max(begin, slot.offset);
+      const uint64_t to = std::min(end, slot.offset + slot.size);
+      if (from < to) {
+        CopyPiece(static_cast<char*>(slot.dst) + (from - slot.offset), region + from, to - from);
       }
-      hasher.Update(region + begin, end - begin);
     }
-    if (hasher.Digest() != block.xxh3) bad[b] = 1;
+    hasher.Update(region + begin, end - begin);
   }
+  return hasher.Digest() == block.xxh3;
 }
 
 }  // namespace
@@ -117,29 +111,23 @@ absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t reg
       (max_threads <= 1 || total <= parallel_min_bytes)
           ? 1
           : static_cast<int>(std::min<uint64_t>(max_threads, blocks.size()));
-  // Thread t takes the blocks that start within its share of the bytes, in order.
-  std::vector<size_t> cut(threads + 1, blocks.size());
-  cut[0] = 0;
-  uint64_t before = 0;  // bytes of blocks before block b
-  int next = 1;
-  for (size_t b = 0; b < blocks.size() && next < threads; ++b) {
-    while (next < threads && before >= total * next / threads) cut[next++] = b;
-    before += blocks[b].length;
-  }
+  // Each thread takes the next block not yet taken.
+  std::atomic<size_t> next{0};
   std::vector<char> bad(blocks.size(), 0);
+  auto worker = [&] {
+    StreamingHasher hasher;
+    for (size_t b = next.fetch_add(1); b < blocks.size(); b = next.fetch_add(1)) {
+      if (!CopyBlock(region, slots, blocks[b], by_block[b], hasher)) bad[b] = 1;
+    }
+  };
   std::vector<std::thread> workers;
-  workers.reserve(threads - 1);
-  for (int t = 1; t < threads; ++t) {
-    if (cut[t] == cut[t + 1]) continue;  // one large block took more than its share
-    workers.emplace_back(CopyBlocks, region, slots, blocks, std::cref(by_block), cut[t],
-                         cut[t + 1], std::ref(bad));
-  }
-  CopyBlocks(region, slots, blocks, by_block, cut[0], cut[1], bad);
-  for (std::thread& worker : workers) worker.join();
+  for (int t = 1; t < threads; ++t) workers.emplace_back(worker);
+  worker();
+  for (std::thread& w : workers) w.join();
   for (size_t b = 0; b < blocks.size(); ++b) {
     if (bad[b]) result.mismatched.push_back(b);
   }
-  result.threads = static_cast<int>(workers.size()) + 1;
+  result.threads = threads;
   return result;
 }
 

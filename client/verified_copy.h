@@ -47,7 +47,7 @@ struct VerifiedCopyResult {
 };
 
 // Copies every slot and checks every block of `region`, on up to `max_threads` threads (each
-// takes whole blocks; one thread when the blocks total at most `parallel_min_bytes`).
+// takes the next whole block; one thread when the blocks total at most `parallel_min_bytes`).
 // `blocks` must be sorted by offset, not overlap, and lie inside [0, region_size); every byte
 // of every slot must lie in some block (bytes no block covers would be copied unchecked).
 // Errors: InvalidArgument naming the block or slot that breaks this; nothing is copied then.
