@@ -1060,6 +1060,9 @@ absl::StatusOr<v1::RankAssignment> GlobalPlan::Assignment(uint32_t rank) const {
 
 std::string DataFileName(uint32_t rank) { return absl::StrFormat("data-%05u.safetensors", rank); }
 
+namespace {
+
+// plan->peers from plan->assignments.
 absl::Status FillPeers(GlobalPlan* plan) {
   const uint32_t world = static_cast<uint32_t>(plan->assignments.size());
   size_t bytes = 0;
@@ -1088,6 +1091,42 @@ absl::Status FillPeers(GlobalPlan* plan) {
   }
   plan->peers = std::move(peers);
   return absl::OkStatus();
+}
+
+// plan->chunk_index from plan->tensors.
+absl::Status IndexChunks(GlobalPlan* plan) {
+  absl::flat_hash_map<std::string, uint32_t> index;
+  size_t chunks = 0;
+  for (const v1::TensorEntry& t : plan->tensors) chunks += t.chunks_size();
+  index.reserve(chunks);
+  uint32_t next = 0;
+  for (const v1::TensorEntry& t : plan->tensors) {
+    for (const v1::ChunkEntry& c : t.chunks()) {
+      if (!index.emplace(ChunkId(t.key(), c.box()), next++).second) {
+        return absl::DataLossError(absl::StrCat("the plan lists chunk ",
+                                                ChunkName(t.key(), BoxFromProto(c.box())),
+                                                " twice"));
+      }
+    }
+  }
+  plan->chunk_index = std::move(index);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string ChunkId(absl::string_view key, const v1::Box& box) {
+  return ChunkName(key, BoxFromProto(box)) + "|" + absl::StrJoin(box.lengths(), ",");
+}
+
+absl::Status FillDerived(GlobalPlan* plan) {
+  absl::Status status = FillPeers(plan);
+  if (status.ok()) status = IndexChunks(plan);
+  if (!status.ok()) {
+    plan->peers.clear();
+    plan->chunk_index.clear();
+  }
+  return status;
 }
 
 std::string EncodePlanRecord(const GlobalPlan& plan) {
@@ -1206,9 +1245,10 @@ absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
   Planner planner(layout, std::move(by_rank), total);
   absl::StatusOr<GlobalPlan> plan = planner.Run();
   if (plan.ok()) {
-    if (absl::Status peers = FillPeers(&*plan); !peers.ok()) {
-      return absl::InternalError(absl::StrCat("the planner produced an assignment that does not "
-                                              "parse: ", peers.message()));
+    if (absl::Status derived = FillDerived(&*plan); !derived.ok()) {
+      return absl::InternalError(
+          absl::StrCat("the planner produced a plan that cannot be read back: ",
+                       derived.message()));
     }
   }
   return plan;

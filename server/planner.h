@@ -45,7 +45,7 @@
 //
 // Thread-safety: BuildGlobalPlan and the fingerprint functions are pure functions. On plans of
 // 65,536 shards or more, their passes over every shard or rank (validation, fingerprints,
-// encoding the assignments, FillPeers) run on up to 8 threads of their own, one per core.
+// encoding the assignments, FillDerived) run on up to 8 threads of their own, one per core.
 // PlanCache is safe for concurrent use.
 #ifndef TESSERA_SERVER_PLANNER_H_
 #define TESSERA_SERVER_PLANNER_H_
@@ -113,8 +113,13 @@ struct GlobalPlan {
   std::vector<uint64_t> staged_bytes_by_rank;
   // Index = rank: the ranks it exchanges DP slices with (AssignmentPeers of its assignment:
   // the leaders it sends to, the peers it gathers from), sorted. What the rank's
-  // GatherCommand.peer_addresses covers. Filled by BuildGlobalPlan and FillPeers.
+  // GatherCommand.peer_addresses covers. Filled by BuildGlobalPlan and FillDerived.
   std::vector<std::vector<uint32_t>> peers;
+  // ChunkId(key, box) -> the chunk's index in plan order (`tensors` in order, each tensor's
+  // chunks in order: HashItem.chunk), for the agents' chunk reports, which name key and box.
+  // Filled by BuildGlobalPlan and FillDerived: built once per plan, so a session of a cached
+  // plan does not rebuild it on the way to PINNING (ChunkLedger reads it).
+  absl::flat_hash_map<std::string, uint32_t> chunk_index;
 
   // assignments[rank], parsed.
   // Errors: OutOfRange if there is no such rank; DataLoss if the bytes do not parse.
@@ -124,9 +129,14 @@ struct GlobalPlan {
 // "data-00003.safetensors": the data file rank 3 writes.
 std::string DataFileName(uint32_t rank);
 
-// Sets plan->peers from plan->assignments (for a plan restored from its record).
-// Errors: DataLoss if an assignment does not parse (plan->peers is then left empty).
-absl::Status FillPeers(GlobalPlan* plan);
+// Sets what follows from a plan's assignments and tensors (for a plan restored from its
+// record): plan->peers and plan->chunk_index.
+// Errors: DataLoss if an assignment does not parse or two chunks have one ChunkId (both
+// fields are then left empty).
+absl::Status FillDerived(GlobalPlan* plan);
+
+// Identifies a chunk within a plan: its tensor's key and its box (offsets and lengths).
+std::string ChunkId(absl::string_view key, const v1::Box& box);
 
 // The encoding of GlobalPlan.assignments (PlanRecord.assignment_format): 2 — HashItems and
 // GatherSends name their local shard (and a HashItem its chunk's index in `tensors`) instead

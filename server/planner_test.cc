@@ -551,10 +551,10 @@ TEST(PlanWire, AssignmentPeers_SendsAndSources_SortedWithoutSelf) {
 
   GlobalPlan plan;
   plan.assignments = {bytes, "\xff"};
-  EXPECT_EQ(FillPeers(&plan).code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(FillDerived(&plan).code(), absl::StatusCode::kDataLoss);
   EXPECT_THAT(plan.peers, IsEmpty());
   plan.assignments.pop_back();
-  ASSERT_TRUE(FillPeers(&plan).ok());
+  ASSERT_TRUE(FillDerived(&plan).ok());
   EXPECT_THAT(plan.peers, ElementsAre(ElementsAre(2, 5, 7)));  // as rank 0: 0 is self
 }
 
@@ -1089,6 +1089,43 @@ std::vector<LocalPlan> SamplePlans(const MeshLayout& layout) {
                        Extra("rng", 8)};
   }
   return plans;
+}
+
+// The chunk index of a built plan: every chunk, numbered in plan order (what HashItem.chunk
+// and ChunkLedger count by); a plan restored from its record gets the same one.
+TEST(Planner, ChunkIndex_EveryChunkInPlanOrder_SameAfterFillDerived) {
+  MeshLayout layout = Mesh({{"dp", 4}});
+  GlobalPlan plan = MustPlan(layout, SamplePlans(layout));
+  uint32_t next = 0;
+  for (const v1::TensorEntry& t : plan.tensors) {
+    for (const v1::ChunkEntry& c : t.chunks()) {
+      auto it = plan.chunk_index.find(ChunkId(t.key(), c.box()));
+      ASSERT_NE(it, plan.chunk_index.end()) << t.key();
+      EXPECT_EQ(it->second, next++) << t.key();
+    }
+  }
+  EXPECT_EQ(plan.chunk_index.size(), next);
+  EXPECT_EQ(next, 6u);  // w, m (its slices gathered into one chunk), rng of ranks 0..3
+
+  GlobalPlan restored;
+  restored.assignments = plan.assignments;
+  restored.tensors = plan.tensors;
+  ASSERT_TRUE(FillDerived(&restored).ok());
+  EXPECT_EQ(restored.chunk_index, plan.chunk_index);
+  EXPECT_EQ(restored.peers, plan.peers);
+}
+
+TEST(Planner, ChunkIndex_ChunkListedTwice_DataLossAndNothingFilled) {
+  MeshLayout layout = Mesh({{"dp", 4}});
+  GlobalPlan plan = MustPlan(layout, SamplePlans(layout));
+  plan.chunk_index.clear();
+  plan.peers.clear();
+  plan.tensors.push_back(plan.tensors[0]);  // a record that lists a tensor twice
+  const absl::Status status = FillDerived(&plan);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss);
+  EXPECT_THAT(std::string(status.message()), ::testing::HasSubstr("twice"));
+  EXPECT_THAT(plan.chunk_index, IsEmpty());
+  EXPECT_THAT(plan.peers, IsEmpty());
 }
 
 TEST(Planner, Fingerprint_SameInput_Stable) {

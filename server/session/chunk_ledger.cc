@@ -3,18 +3,12 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/box.h"
 #include "common/checksum.h"
 #include "common/tensor_key.h"
 
 namespace tessera {
 namespace {
-
-// Identifies a chunk within a session: key and box.
-std::string ChunkId(absl::string_view key, const v1::Box& box) {
-  return ChunkName(key, BoxFromProto(box)) + "|" + absl::StrJoin(box.lengths(), ",");
-}
 
 v1::ErrorDetail Diverged(std::string message) {
   v1::ErrorDetail detail;
@@ -32,33 +26,35 @@ void AddRankRef(const MeshLayout& mesh, uint32_t rank, v1::ErrorDetail* error) {
 }
 
 ChunkLedger::ChunkLedger(std::shared_ptr<const GlobalPlan> plan) : plan_(std::move(plan)) {
+  chunks_.reserve(plan_->chunk_index.size());
   for (const v1::TensorEntry& t : plan_->tensors) {
-    for (const v1::ChunkEntry& c : t.chunks()) {
-      chunk_index_[ChunkId(t.key(), c.box())] = static_cast<uint32_t>(chunks_.size());
-      chunks_.push_back(Entry{c, &t.key()});
-    }
+    for (const v1::ChunkEntry& c : t.chunks()) chunks_.push_back(Entry{&c, &t.key(), nullptr});
   }
 }
 
 absl::StatusOr<bool> ChunkLedger::RecordChunk(uint32_t rank, const v1::ChunkReport& report) {
-  auto it = chunk_index_.find(ChunkId(report.key(), report.chunk().box()));
+  auto it = plan_->chunk_index.find(ChunkId(report.key(), report.chunk().box()));
   const std::string name = ChunkName(report.key(), BoxFromProto(report.chunk().box()));
-  if (it == chunk_index_.end()) {
+  if (it == plan_->chunk_index.end() || it->second >= chunks_.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " reported chunk ", name, " which is not in the plan"));
   }
   Entry& chunk = chunks_[it->second];
-  if (chunk.entry.writer_rank() != rank || chunk.entry.nbytes() != report.chunk().nbytes()) {
+  const v1::ChunkEntry& planned = *chunk.planned;
+  if (planned.writer_rank() != rank || planned.nbytes() != report.chunk().nbytes()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "rank ", rank, " reported chunk ", name, " of ", report.chunk().nbytes(),
-        " bytes; the plan has rank ", chunk.entry.writer_rank(), " writing ",
-        chunk.entry.nbytes(), " bytes"));
+        " bytes; the plan has rank ", planned.writer_rank(), " writing ", planned.nbytes(),
+        " bytes"));
   }
-  const bool first = !chunk.reported;
-  if (first) ++reported_;
-  chunk.reported = true;
-  chunk.entry = report.chunk();
-  chunk.entry.set_writer_rank(rank);
+  const bool first = chunk.reported == nullptr;
+  if (first) {
+    ++reported_;
+    chunk.reported = std::make_unique<v1::ChunkEntry>(report.chunk());
+  } else {
+    *chunk.reported = report.chunk();
+  }
+  chunk.reported->set_writer_rank(rank);
   return first;
 }
 
@@ -104,10 +100,10 @@ v1::ErrorDetail ChunkLedger::CheckReplicas(const MeshLayout& mesh) const {
       const bool matches =
           replica.has_value() &&
           (item.has_range() ? reference == replica
-                            : ChunkDigest({chunk.entry.block_xxh3().begin(),
-                                           chunk.entry.block_xxh3().end()}) == *replica);
+                            : ChunkDigest({chunk.entry().block_xxh3().begin(),
+                                           chunk.entry().block_xxh3().end()}) == *replica);
       if (matches) continue;
-      const std::string name = ChunkName(*chunk.key, BoxFromProto(chunk.entry.box()));
+      const std::string name = ChunkName(*chunk.key, BoxFromProto(chunk.planned->box()));
       v1::ErrorDetail error = Diverged(
           replica.has_value()
               ? absl::StrCat("replica ", name, " on rank ", r, " differs from the copy rank ",
@@ -140,7 +136,7 @@ v1::Manifest ChunkLedger::BuildManifest(const std::string& job_id, int64_t step,
   for (const v1::TensorEntry& planned : plan_->tensors) {
     v1::TensorEntry* t = manifest.add_tensors();
     *t = planned;
-    for (v1::ChunkEntry& c : *t->mutable_chunks()) c = chunks_[next++].entry;
+    for (v1::ChunkEntry& c : *t->mutable_chunks()) c = chunks_[next++].entry();
   }
   return manifest;
 }

@@ -28,7 +28,9 @@ namespace tessera {
 
 class ChunkLedger {
  public:
-  // `plan` must not be null.
+  // `plan` must not be null; its chunk_index must be filled (BuildGlobalPlan, FillDerived).
+  // O(chunks) pointer copies: the plan's entries are read in place, and a chunk's reported
+  // entry is made when it is reported (a cached plan's session starts without copying it).
   explicit ChunkLedger(std::shared_ptr<const GlobalPlan> plan);
 
   // Records a chunk `rank` wrote. Returns true if it was not reported before.
@@ -57,9 +59,11 @@ class ChunkLedger {
 
  private:
   struct Entry {
-    v1::ChunkEntry entry;
-    const std::string* key = nullptr;  // its tensor's, in plan_->tensors
-    bool reported = false;
+    const v1::ChunkEntry* planned = nullptr;   // in plan_->tensors
+    const std::string* key = nullptr;          // its tensor's, in plan_->tensors
+    std::unique_ptr<v1::ChunkEntry> reported;  // null until reported
+    // The reported entry, or the planned one before that.
+    const v1::ChunkEntry& entry() const { return reported != nullptr ? *reported : *planned; }
   };
   // What a replica hash covers: chunk `chunk` (its index in the plan), or the slice
   // [begin, end) of it when `ranged`.
@@ -81,10 +85,8 @@ class ChunkLedger {
 
   std::shared_ptr<const GlobalPlan> plan_;
   // Index = the chunk's index in the plan (plan_->tensors in order, each tensor's chunks in
-  // order: HashItem.chunk): the planned entry, then the reported one.
+  // order: HashItem.chunk; plan_->chunk_index maps chunk reports to it).
   std::vector<Entry> chunks_;
-  // ChunkId(key, box) -> index in chunks_, for chunk reports, which name key and box.
-  absl::flat_hash_map<std::string, uint32_t> chunk_index_;
   uint32_t reported_ = 0;
   // -> (rank, digest) of each replica that reported.
   absl::flat_hash_map<HashId, std::vector<std::pair<uint32_t, uint64_t>>> hashes_;

@@ -129,9 +129,9 @@ absl::StatusOr<std::shared_ptr<const GlobalPlan>> ReadPlan(const StateStore& sto
                                  record->rank_fingerprints().end());
   plan->staged_bytes_by_rank.assign(record->staged_bytes_by_rank().begin(),
                                     record->staged_bytes_by_rank().end());
-  if (absl::Status peers = FillPeers(plan.get()); !peers.ok()) {
-    return absl::DataLossError(absl::StrCat("the ", what, " has an assignment that does not "
-                                            "parse: ", peers.message()));
+  if (absl::Status derived = FillDerived(plan.get()); !derived.ok()) {
+    return absl::DataLossError(absl::StrCat("the ", what, " cannot be read back: ",
+                                            derived.message()));
   }
   return std::shared_ptr<const GlobalPlan>(std::move(plan));
 }
