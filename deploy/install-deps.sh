@@ -66,29 +66,38 @@ if ! "$VENV/bin/python" -c "" 2>/dev/null; then
   rm -rf "$VENV"
   "$PYTHON" -m venv "$VENV"
 fi
-say "installing $(grep -c '^[a-zA-Z]' "$REQUIREMENTS") pinned Python packages into $VENV" \
+# One package at a time, without pip's cache. One `pip install -r` keeps every downloaded
+# wheel (~3 GB) until it ends and its cache keeps a second copy; that ran a CI machine out of
+# disk. Package by package the disk holds what is installed plus one wheel: 4.9 GB at the
+# peak for the 4.7 GB environment. The pins are the whole closure of torch, numpy and
+# safetensors, so --no-deps installs the same set; `pip check` below proves it.
+need_mb=5400
+free_mb=$(df -Pm "$(dirname "$VENV")" | awk 'NR == 2 { print $4 }')
+if [ "$free_mb" -lt "$need_mb" ]; then
+  echo "install-deps: the Python environment needs about $need_mb MiB free where it is" \
+    "installed ($VENV); $(dirname "$VENV") has $free_mb MiB free. Free some space, or set" \
+    "TESSERA_VENV to a place with room." >&2
+  exit 1
+fi
+mapfile -t pins < <(grep '^[a-zA-Z]' "$REQUIREMENTS")
+say "installing ${#pins[@]} pinned Python packages into $VENV" \
   "($(grep -o '^torch==[^ ]*' "$REQUIREMENTS") with its CUDA libraries: about 3 GB to download," \
   "4.7 GB installed; a few minutes)"
 start=$(date +%s)
-# pip shows each download with its size; while it unpacks (a minute or more without output),
-# a line every 30 s says how far it got.
-ticker=""
-pip_out=/dev/stdout
-if [ "$quiet" = 1 ]; then
-  pip_out=/dev/null
-else
-  (
-    while sleep 30; do
-      echo "install-deps: ... $(( $(date +%s) - start )) s, environment at" \
-        "$(du -sm "$VENV" 2>/dev/null | cut -f1) MiB"
-    done
-  ) &
-  ticker=$!
-  trap 'kill $ticker 2>/dev/null || true' EXIT
-fi
-"$VENV/bin/python" -m pip install --disable-pip-version-check --no-input --require-hashes \
-  --progress-bar on -r "$REQUIREMENTS" >"$pip_out"
-[ -z "$ticker" ] || kill "$ticker" 2>/dev/null || true
+# pip's own output is shown unless --quiet.
+pip_() { if [ "$quiet" = 1 ]; then "$VENV/bin/python" -m pip "$@" >/dev/null; else "$VENV/bin/python" -m pip "$@"; fi; }
+one=$(mktemp)
+trap 'rm -f "$one"' EXIT
+i=0
+for pin in "${pins[@]}"; do
+  i=$((i + 1))
+  say "[$i/${#pins[@]}] ${pin%% *} ($(( $(date +%s) - start )) s, environment at" \
+    "$(du -sm "$VENV" 2>/dev/null | cut -f1) MiB)"
+  echo "$pin" >"$one"
+  pip_ install --disable-pip-version-check --no-input --no-cache-dir --require-hashes --no-deps \
+    --progress-bar on -r "$one"
+done
+pip_ check --disable-pip-version-check
 echo "$want" >"$stamp"
 say "Python environment ready in $(( $(date +%s) - start )) s:" \
   "$("$VENV/bin/python" -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "numpy", numpy.__version__, "safetensors", safetensors.__version__)')"
