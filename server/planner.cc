@@ -4,6 +4,7 @@
 #include <cstring>
 #include <iterator>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -309,10 +310,27 @@ absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t inde
 constexpr size_t kParallelShards = 1 << 16;
 constexpr size_t kMaxPassThreads = 8;
 
-// How many threads a pass over `shards` shards uses.
-size_t PassThreads(size_t shards) {
+// How many threads a pass over `shards` shards uses: `requested` (PlannerOptions.threads) if
+// not 0, else one per core; at most kMaxPassThreads; one below kParallelShards.
+size_t PassThreads(size_t shards, size_t requested = 0) {
   if (shards < kParallelShards) return 1;
+  if (requested != 0) return std::min(requested, kMaxPassThreads);
   return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxPassThreads);
+}
+
+// Splits the items [0, n) into `parts` contiguous runs of about equal weight, where
+// prefix[i] (n + 1 entries, prefix[0] = 0) is the weight of items [0, i). Run t is
+// [runs[t], runs[t + 1]); runs may be empty.
+std::vector<uint32_t> SplitRuns(const std::vector<size_t>& prefix, size_t parts) {
+  const size_t total = prefix.back();
+  std::vector<uint32_t> runs(parts + 1, static_cast<uint32_t>(prefix.size() - 1));
+  for (size_t t = 0; t < parts; ++t) {
+    const size_t weight = total / parts * t + total % parts * t / parts;  // total * t / parts
+    runs[t] = static_cast<uint32_t>(std::lower_bound(prefix.begin(), prefix.end(), weight) -
+                                    prefix.begin());
+  }
+  runs[0] = 0;
+  return runs;
 }
 
 // Runs fn(t) for every t in [0, threads), each on its own thread (t = 0 on the caller's), and
@@ -331,8 +349,12 @@ void RunOnThreads(size_t threads, const Fn& fn) {
 
 class Planner {
  public:
-  Planner(const MeshLayout& layout, std::vector<const LocalPlan*> by_rank, size_t total_shards)
-      : layout_(layout), by_rank_(std::move(by_rank)), total_shards_(total_shards) {}
+  Planner(const MeshLayout& layout, std::vector<const LocalPlan*> by_rank, size_t total_shards,
+          size_t threads)
+      : layout_(layout),
+        by_rank_(std::move(by_rank)),
+        total_shards_(total_shards),
+        requested_threads_(threads) {}
 
   absl::StatusOr<GlobalPlan> Run() {
     RETURN_IF_ERROR(CollectPieces());
@@ -350,76 +372,127 @@ class Planner {
   absl::string_view Fqn(const Piece& p) const { return p.shard->fqn(); }
   const std::string& KeyName(const Piece& p) const { return keys_[p.key].name; }
 
-  // Rule 1 and the ranks' fingerprints, rank by rank on PassThreads() threads (each thread
-  // every n-th rank; the error of the lowest rank wins, so it is the one a single thread
-  // finds first); then, in (rank, shard) order, the grouping of pieces by key (a hash map,
-  // then a stable counting sort of pieces_ so that each key's pieces are contiguous) and the
-  // comparisons rule 2 needs.
+  size_t Threads(size_t work) const { return PassThreads(work, requested_threads_); }
+
+  static KeyRef RefOf(const Piece& p) {
+    const v1::ShardDesc& s = *p.shard;
+    return KeyRef{s.fqn(), s.state_key(), s.kind(), s.state_absent(),
+                  s.kind() == v1::SHARD_KIND_EXTRA ? p.rank : 0u};
+  }
+
+  // The keys one run of ranks claims, in order of first appearance in the run.
+  struct RunKeys {
+    absl::flat_hash_map<KeyRef, uint32_t> index;  // -> local key
+    std::vector<uint32_t> first_piece;            // per local key: its first piece
+    std::vector<uint32_t> count;                  // per local key: its pieces in the run
+    std::vector<uint32_t> global;                 // per local key: its index in keys_
+    std::vector<uint32_t> next;                   // per local key: where its next piece goes
+
+    uint32_t Add(const KeyRef& ref, uint32_t piece) {
+      auto [it, inserted] = index.try_emplace(ref, static_cast<uint32_t>(first_piece.size()));
+      if (inserted) {
+        first_piece.push_back(piece);
+        count.push_back(0);
+      }
+      ++count[it->second];
+      return it->second;
+    }
+  };
+
+  // Rule 1, the ranks' fingerprints and staged bytes, and the grouping of pieces by key, so
+  // that each key's pieces are contiguous in (rank, shard) order in pieces_, with the
+  // comparisons rule 2 needs. Three passes:
+  //   1. each thread takes a contiguous run of ranks: it validates their shards and numbers
+  //      the keys it meets (RunKeys); it stops at its first error, and the first run's error
+  //      is the lowest rank's, the one a single thread finds first;
+  //   2. the runs' keys are merged in run order, so keys_ is in order of first appearance
+  //      and a key's dtype and shape are those of its first claim; each key's range in
+  //      pieces_ is split among the runs in run order (a stable counting sort);
+  //   3. each thread moves its run's pieces to their places in pieces_.
   absl::Status CollectPieces() {
     const uint32_t world = static_cast<uint32_t>(by_rank_.size());
     std::vector<size_t> rank_begin(world + 1, 0);
     for (uint32_t rank = 0; rank < world; ++rank) {
       rank_begin[rank + 1] = rank_begin[rank] + by_rank_[rank]->shards.size();
     }
-    std::vector<Piece> pieces(total_shards_);
+    const size_t threads = Threads(total_shards_);
+    const std::vector<uint32_t> runs = SplitRuns(rank_begin, threads);
+    // In (rank, shard) order; key is the local key of the piece's run until pass 3.
+    std::unique_ptr<Piece[]> pieces(new Piece[total_shards_]);
     rank_fingerprints_.resize(world);
-    const size_t threads = PassThreads(total_shards_);
-    struct FirstError {
-      uint32_t rank = std::numeric_limits<uint32_t>::max();
-      absl::Status status;
-    };
-    std::vector<FirstError> errors(threads);
+    staged_bytes_.assign(world, 0);
+    std::vector<RunKeys> run_keys(threads);
+    std::vector<absl::Status> errors(threads);
     RunOnThreads(threads, [&](size_t t) {
-      for (uint32_t rank = static_cast<uint32_t>(t); rank < world;
-           rank += static_cast<uint32_t>(threads)) {
+      RunKeys& local = run_keys[t];
+      for (uint32_t rank = runs[t]; rank < runs[t + 1]; ++rank) {
         const std::vector<v1::ShardDesc>& shards = by_rank_[rank]->shards;
         LocalPlanHasher hasher(rank, shards.size());
         for (size_t i = 0; i < shards.size(); ++i) {
-          absl::Status valid = ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i],
-                                             &pieces[rank_begin[rank] + i]);
+          const uint32_t index = static_cast<uint32_t>(rank_begin[rank] + i);
+          Piece& p = pieces[index];
+          absl::Status valid = ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i], &p);
           if (!valid.ok()) {
-            errors[t] = {rank, std::move(valid)};
+            errors[t] = std::move(valid);
             return;
           }
           hasher.Add(shards[i]);
+          staged_bytes_[rank] += shards[i].nbytes();
+          p.key = local.Add(RefOf(p), index);
         }
         rank_fingerprints_[rank] = hasher.Finish();
       }
     });
-    const FirstError* first = &errors[0];
-    for (const FirstError& e : errors) {
-      if (e.rank < first->rank) first = &e;
+    for (absl::Status& error : errors) {
+      if (!error.ok()) return std::move(error);
     }
-    if (!first->status.ok()) return first->status;
 
     absl::flat_hash_map<KeyRef, uint32_t> key_index;
     std::vector<uint32_t> counts;
-    for (Piece& p : pieces) {
-      const v1::ShardDesc& s = *p.shard;
-      KeyRef ref{s.fqn(), s.state_key(), s.kind(), s.state_absent(),
-                 s.kind() == v1::SHARD_KIND_EXTRA ? p.rank : 0};
-      auto [it, inserted] = key_index.try_emplace(ref, static_cast<uint32_t>(keys_.size()));
-      if (inserted) {
-        KeyInfo& key = keys_.emplace_back();
-        key.ref = ref;
-        key.dtype = s.dtype();
-        key.shape.assign(s.global_shape().begin(), s.global_shape().end());
-        counts.push_back(0);
-      } else {
-        const KeyInfo& key = keys_[it->second];
-        p.shape_differs =
-            s.dtype() != key.dtype || SpanOf(s.global_shape()) != absl::MakeConstSpan(key.shape);
+    for (RunKeys& local : run_keys) {
+      local.global.resize(local.first_piece.size());
+      for (size_t l = 0; l < local.first_piece.size(); ++l) {
+        const Piece& first = pieces[local.first_piece[l]];
+        auto [it, inserted] =
+            key_index.try_emplace(RefOf(first), static_cast<uint32_t>(keys_.size()));
+        if (inserted) {
+          KeyInfo& key = keys_.emplace_back();
+          key.ref = it->first;
+          key.dtype = first.shard->dtype();
+          key.shape.assign(first.shard->global_shape().begin(), first.shard->global_shape().end());
+          counts.push_back(0);
+        }
+        local.global[l] = it->second;
+        counts[it->second] += local.count[l];
       }
-      p.key = it->second;
-      ++counts[p.key];
     }
     uint32_t offset = 0;
     for (size_t k = 0; k < keys_.size(); ++k) {
       keys_[k].begin = keys_[k].end = offset;
       offset += counts[k];
     }
-    pieces_.resize(pieces.size());
-    for (const Piece& p : pieces) pieces_[keys_[p.key].end++] = p;
+    for (RunKeys& local : run_keys) {  // keys_[k].end: where the next run's pieces go
+      local.next.resize(local.global.size());
+      for (size_t l = 0; l < local.global.size(); ++l) {
+        local.next[l] = keys_[local.global[l]].end;
+        keys_[local.global[l]].end += local.count[l];
+      }
+    }
+
+    pieces_.reset(new Piece[total_shards_]);
+    RunOnThreads(threads, [&](size_t t) {
+      RunKeys& local = run_keys[t];
+      for (size_t i = rank_begin[runs[t]]; i < rank_begin[runs[t + 1]]; ++i) {
+        Piece p = pieces[i];
+        const uint32_t l = p.key;
+        p.key = local.global[l];
+        const KeyInfo& key = keys_[p.key];
+        const v1::ShardDesc& s = *p.shard;
+        p.shape_differs =
+            s.dtype() != key.dtype || SpanOf(s.global_shape()) != absl::MakeConstSpan(key.shape);
+        pieces_[local.next[l]++] = p;
+      }
+    });
     return absl::OkStatus();
   }
 
@@ -573,35 +646,65 @@ class Planner {
   }
 
   // Rules 4 and 5 for every key, producing the distinct chunks in key order, then box order.
-  // Sorts each key's pieces in place: non-empty ones by (box, range, rank), empty ones last.
+  // Keys are independent: each thread takes a contiguous run of keys in name order (of about
+  // equal pieces) and stops at its first error; the first run's error is the one a single
+  // thread finds first.
   absl::Status BuildChunks() {
-    std::vector<BoxView> views;
-    for (uint32_t k : sorted_keys_) {
-      const KeyInfo& key = keys_[k];
-      if (key.ref.absent) continue;  // no chunks: nothing is staged
-      if (key.ref.kind == v1::SHARD_KIND_EXTRA) {
-        RETURN_IF_ERROR(ExtraChunk(key));
-        continue;
-      }
-      const size_t first_chunk = chunks_.size();
-      auto begin = pieces_.begin() + key.begin, end = pieces_.begin() + key.end;
-      const uint32_t live_end =
-          key.begin +
-          static_cast<uint32_t>(
-              std::partition(begin, end, [](const Piece& p) { return p.elements() > 0; }) - begin);
-      std::sort(begin, pieces_.begin() + live_end, PieceLess);
-      for (uint32_t i = key.begin; i < live_end;) {
-        uint32_t j = i + 1;
-        while (j < live_end && CompareBoxes(piece(i), piece(j)) == 0) ++j;
-        RETURN_IF_ERROR(BoxChunk(k, i, j));
-        i = j;
-      }
-      views.clear();
-      for (size_t c = first_chunk; c < chunks_.size(); ++c) {
-        views.push_back(piece(chunks_[c].begin).box());
-      }
-      if (!TilesExactly(key.shape, views)) return CoverageError(key, first_chunk, views);
+    std::vector<size_t> prefix(sorted_keys_.size() + 1, 0);
+    for (size_t i = 0; i < sorted_keys_.size(); ++i) {
+      const KeyInfo& key = keys_[sorted_keys_[i]];
+      prefix[i + 1] = prefix[i] + (key.end - key.begin);
     }
+    const size_t threads = Threads(total_shards_);
+    const std::vector<uint32_t> runs = SplitRuns(prefix, threads);
+    std::vector<std::vector<Chunk>> chunks(threads);
+    std::vector<absl::Status> errors(threads);
+    RunOnThreads(threads, [&](size_t t) {
+      for (uint32_t i = runs[t]; i < runs[t + 1]; ++i) {
+        absl::Status status = KeyChunks(sorted_keys_[i], &chunks[t]);
+        if (!status.ok()) {
+          errors[t] = std::move(status);
+          return;
+        }
+      }
+    });
+    for (absl::Status& error : errors) {
+      if (!error.ok()) return std::move(error);
+    }
+    size_t total = 0;
+    for (const std::vector<Chunk>& run : chunks) total += run.size();
+    chunks_.reserve(total);
+    for (const std::vector<Chunk>& run : chunks) {
+      chunks_.insert(chunks_.end(), run.begin(), run.end());
+    }
+    return absl::OkStatus();
+  }
+
+  // Rules 4 and 5 for key `k`: appends its distinct chunks to `out`, in box order. Sorts the
+  // key's pieces in place: non-empty ones by (box, range, rank), empty ones last.
+  absl::Status KeyChunks(uint32_t k, std::vector<Chunk>* out) {
+    const KeyInfo& key = keys_[k];
+    if (key.ref.absent) return absl::OkStatus();  // no chunks: nothing is staged
+    if (key.ref.kind == v1::SHARD_KIND_EXTRA) return ExtraChunk(key, out);
+    const size_t first_chunk = out->size();
+    Piece* begin = pieces_.get() + key.begin;
+    Piece* end = pieces_.get() + key.end;
+    const uint32_t live_end =
+        key.begin +
+        static_cast<uint32_t>(
+            std::partition(begin, end, [](const Piece& p) { return p.elements() > 0; }) - begin);
+    std::sort(begin, pieces_.get() + live_end, PieceLess);
+    for (uint32_t i = key.begin; i < live_end;) {
+      uint32_t j = i + 1;
+      while (j < live_end && CompareBoxes(piece(i), piece(j)) == 0) ++j;
+      RETURN_IF_ERROR(BoxChunk(k, i, j, out));
+      i = j;
+    }
+    const absl::Span<const Chunk> mine = absl::MakeConstSpan(*out).subspan(first_chunk);
+    std::vector<BoxView> views;
+    views.reserve(mine.size());
+    for (const Chunk& chunk : mine) views.push_back(piece(chunk.begin).box());
+    if (!TilesExactly(key.shape, views)) return CoverageError(key, mine, views);
     return absl::OkStatus();
   }
 
@@ -617,7 +720,7 @@ class Planner {
     return a.ranged == b.ranged && a.begin == b.begin && a.end == b.end;  // boxes already equal
   }
 
-  absl::Status ExtraChunk(const KeyInfo& key) {
+  absl::Status ExtraChunk(const KeyInfo& key, std::vector<Chunk>* out) const {
     const Piece& p = piece(key.begin);
     if (key.end - key.begin > 1) {
       const Piece& q = piece(key.begin + 1);
@@ -629,13 +732,13 @@ class Planner {
                               "); give each extra piece of a rank its own name."));
     }
     if (p.elements() == 0) return absl::OkStatus();
-    chunks_.push_back(Chunk{p.key, key.begin, key.begin + 1, p.shard->nbytes(), p.rank, false});
+    out->push_back(Chunk{p.key, key.begin, key.begin + 1, p.shard->nbytes(), p.rank, false});
     return absl::OkStatus();
   }
 
   // The pieces pieces_[i, j) of key `k` share one box: identical ones must be replicas
   // (rule 4); whole-box and flat-range claims must not mix; flat ranges must tile the box.
-  absl::Status BoxChunk(uint32_t k, uint32_t i, uint32_t j) {
+  absl::Status BoxChunk(uint32_t k, uint32_t i, uint32_t j, std::vector<Chunk>* out) const {
     const Piece& first = piece(i);
     const v1::Box& box = first.shard->box();
     int64_t covered = 0;  // flat elements of the box tiled so far
@@ -666,14 +769,14 @@ class Planner {
     const int64_t box_volume =
         first.ranged ? CheckedVolume(SpanOf(box.lengths())).value() : first.elements();
     if (first.ranged && covered != box_volume) return FlatGapError(i, j, covered, box_volume);
-    chunks_.push_back(Chunk{k, i, j,
+    out->push_back(Chunk{k, i, j,
                             static_cast<uint64_t>(box_volume) * DTypeSize(first.dtype_enum()), 0,
                             first.ranged});
     return absl::OkStatus();
   }
 
   // Rule 4: identical pieces pieces_[c, d) (sorted by rank) are replicas.
-  absl::Status CheckReplicas(uint32_t c, uint32_t d) {
+  absl::Status CheckReplicas(uint32_t c, uint32_t d) const {
     const Piece& first = piece(c);
     const uint32_t group = layout_.ReplicaGroupKey(first.rank, first.mask);
     for (uint32_t x = c + 1; x < d; ++x) {
@@ -744,12 +847,11 @@ class Planner {
         "slice missing from its plan?)."));
   }
 
-  // Rule 5 failed for `key`: find the overlapping pair, else a missing region.
-  absl::Status CoverageError(const KeyInfo& key, size_t first_chunk,
+  // Rule 5 failed for `key`, whose chunks are `chunks`: find the overlapping pair, else a
+  // missing region.
+  absl::Status CoverageError(const KeyInfo& key, absl::Span<const Chunk> chunks,
                              const std::vector<BoxView>& views) const {
-    auto claimant = [&](size_t view) -> const Piece& {
-      return piece(chunks_[first_chunk + view].begin);
-    };
+    auto claimant = [&](size_t view) -> const Piece& { return piece(chunks[view].begin); };
     if (std::optional<std::pair<size_t, size_t>> pair = FindOverlap(views); pair.has_value()) {
       const Piece& a = claimant(pair->first);
       const Piece& b = claimant(pair->second);
@@ -901,10 +1003,7 @@ class Planner {
     GlobalPlan plan;
     plan.fingerprint = CombineFingerprints(layout_, rank_fingerprints_);
     plan.rank_fingerprints = rank_fingerprints_;
-    plan.staged_bytes_by_rank.assign(world, 0);
-    for (uint32_t r = 0; r < world; ++r) {
-      for (const v1::ShardDesc& s : by_rank_[r]->shards) plan.staged_bytes_by_rank[r] += s.nbytes();
-    }
+    plan.staged_bytes_by_rank = staged_bytes_;
     plan.bytes_written_by_rank = load_;
     for (uint64_t bytes : load_) plan.total_bytes += bytes;
     EmitTensors(&plan);
@@ -922,7 +1021,7 @@ class Planner {
     }
     EncodeChunkBytes();
     plan.assignments.resize(world);
-    const size_t threads = PassThreads(items.size());
+    const size_t threads = Threads(items.size());
     RunOnThreads(threads, [&](size_t t) {
       std::string buffer;  // reused: its capacity grows once per thread, not per rank
       for (uint32_t r = static_cast<uint32_t>(t); r < world; r += static_cast<uint32_t>(threads)) {
@@ -1033,9 +1132,11 @@ class Planner {
   const MeshLayout& layout_;
   const std::vector<const LocalPlan*> by_rank_;  // index = rank
   const size_t total_shards_;
+  const size_t requested_threads_;  // PlannerOptions.threads
 
   std::vector<uint64_t> rank_fingerprints_;  // FingerprintLocalPlan, index = rank
-  std::vector<Piece> pieces_;                // every shard, grouped by key (see BuildChunks' order)
+  std::vector<uint64_t> staged_bytes_;       // bytes of the rank's shards, index = rank
+  std::unique_ptr<Piece[]> pieces_;  // every shard (total_shards_), grouped by key (see KeyChunks)
   std::vector<KeyInfo> keys_;                // in order of first appearance
   std::vector<uint32_t> sorted_keys_;        // key indices sorted by name
   std::vector<Chunk> chunks_;                // in key-name order, then box order
@@ -1242,7 +1343,7 @@ absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
                               "; every rank of the mesh must submit one."));
     }
   }
-  Planner planner(layout, std::move(by_rank), total);
+  Planner planner(layout, std::move(by_rank), total, options.threads);
   absl::StatusOr<GlobalPlan> plan = planner.Run();
   if (plan.ok()) {
     if (absl::Status derived = FillDerived(&*plan); !derived.ok()) {

@@ -44,8 +44,11 @@
 // (planner_benchmark.cc).
 //
 // Thread-safety: BuildGlobalPlan and the fingerprint functions are pure functions. On plans of
-// 65,536 shards or more, their passes over every shard or rank (validation, fingerprints,
-// encoding the assignments, FillDerived) run on up to 8 threads of their own, one per core.
+// 65,536 shards or more, their passes over every shard, rank or key (validation with the
+// grouping of pieces by key, fingerprints, rules 4 and 5 per key, encoding the assignments,
+// FillDerived) run on up to 8 threads of their own, one per core. Each thread takes a
+// contiguous run of ranks (or of keys in name order) and the lowest run's error wins, so the
+// error is the one a single thread would find first.
 // PlanCache is safe for concurrent use.
 #ifndef TESSERA_SERVER_PLANNER_H_
 #define TESSERA_SERVER_PLANNER_H_
@@ -84,6 +87,10 @@ struct PlannerOptions {
   // Most shards all ranks together may submit; more is PLAN_TOO_LARGE.
   // Default: 1 << 26.
   size_t max_total_shards = size_t{1} << 26;
+  // Threads of the planner's passes on plans of 65,536 shards or more; smaller plans use one.
+  // The plan and the error returned do not depend on it. 0: one per core; at most 8.
+  // Default: 0.
+  size_t threads = 0;
 };
 
 // A validated global plan.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <functional>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 #include <string>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/box.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -935,6 +937,116 @@ TEST(Planner, Plan_LargePlanOnSeveralThreads_SamePlanAndFirstErrorByRank) {
   v1::ErrorDetail detail = MustFail(layout, plans, v1::ERROR_CODE_MALFORMED_SHARD);
   EXPECT_THAT(Coords(detail), ElementsAre("dp=7"));
   EXPECT_THAT(detail.message(), ::testing::HasSubstr("Shard 900 "));
+}
+
+// A plan of 70,000 shards over dp=64 (the threaded passes run from 65,536): every rank holds a
+// replica of "shared" and 1,100 tensors of its own; ranks 40-63 hold "late" (a key first met
+// far into the ranks) and DP slices of "w"'s optimizer state.
+std::vector<LocalPlan> LargePlans(const MeshLayout& layout) {
+  std::vector<LocalPlan> plans = EmptyPlans(layout);
+  for (uint32_t r = 0; r < 64; ++r) {
+    plans[r].shards.push_back(Whole("shared", {8}, {"dp"}));
+    for (int i = 0; i < 1100; ++i) {
+      plans[r].shards.push_back(Whole(absl::StrCat("r", r, ".p", i), {4}));
+    }
+    plans[r].shards.push_back(OptSlice("w", "exp_avg", {64, 2}, 2 * r, 2 * r + 2));
+    if (r >= 40) plans[r].shards.push_back(Whole("late", {3, 5}, {"dp"}, v1::DTYPE_BF16));
+  }
+  return plans;
+}
+
+// BuildGlobalPlan with PlannerOptions.threads = `threads`: the plan's serialized parts, or
+// the error's ErrorDetail, as one string.
+std::string PlanOrError(const MeshLayout& layout, const std::vector<LocalPlan>& plans,
+                        size_t threads) {
+  PlannerOptions options;
+  options.threads = threads;
+  absl::StatusOr<GlobalPlan> plan = BuildGlobalPlan(layout, plans, options);
+  if (!plan.ok()) {
+    std::optional<v1::ErrorDetail> detail = GetErrorDetail(plan.status());
+    return absl::StrCat("error ", plan.status().ToString(), " ",
+                        detail.has_value() ? detail->SerializeAsString() : "");
+  }
+  std::string out = absl::StrCat("plan ", plan->fingerprint, " ", plan->total_bytes);
+  for (const std::string& a : plan->assignments) absl::StrAppend(&out, "|", a);
+  for (const v1::TensorEntry& t : plan->tensors) absl::StrAppend(&out, "|", t.SerializeAsString());
+  for (size_t r = 0; r < plan->assignments.size(); ++r) {
+    absl::StrAppend(&out, "|", plan->bytes_written_by_rank[r], ",", plan->rank_fingerprints[r],
+                    ",", plan->staged_bytes_by_rank[r], ",", absl::StrJoin(plan->peers[r], ","));
+  }
+  return out;
+}
+
+// The passes split ranks (validation, grouping by key) and keys (rules 4 and 5) into runs,
+// one per thread: the plan, and of several errors the one returned, are the same on 1, 2, 3
+// and 8 threads.
+TEST(Planner, Plan_LargePlan_SamePlanAndErrorOnAnyThreadCount) {
+  MeshLayout layout = Mesh({{"dp", 64}});
+  struct Case {
+    std::string name;
+    std::function<void(std::vector<LocalPlan>*)> mutate;
+    v1::ErrorCode expect;  // ERROR_CODE_UNSPECIFIED for a valid plan
+  };
+  const std::vector<Case> cases = {
+      {"valid", [](std::vector<LocalPlan>*) {}, v1::ERROR_CODE_UNSPECIFIED},
+      {"malformed on ranks 7 and 40",
+       [](std::vector<LocalPlan>* p) {
+         (*p)[40].shards[5].set_dtype(static_cast<v1::DType>(999));
+         (*p)[7].shards[900].set_dtype(static_cast<v1::DType>(999));
+       },
+       v1::ERROR_CODE_MALFORMED_SHARD},
+      {"a later rank's claim of \"late\" differs from rank 40's",
+       [](std::vector<LocalPlan>* p) { (*p)[63].shards.back().set_dtype(v1::DTYPE_F16); },
+       v1::ERROR_CODE_SHAPE_MISMATCH},
+      {"coverage: \"a.gap\" on the last ranks, \"z.overlap\" on the first",
+       [](std::vector<LocalPlan>* p) {
+         (*p)[62].shards.push_back(Param("a.gap", {4, 4}, {0, 0}, {2, 4}));
+         (*p)[0].shards.push_back(Whole("z.overlap", {4}));
+         (*p)[1].shards.push_back(Param("z.overlap", {4}, {2}, {2}));
+       },
+       v1::ERROR_CODE_INCOMPLETE_COVERAGE},
+      {"a slice of \"w\" missing on rank 50",
+       [](std::vector<LocalPlan>* p) {
+         std::vector<v1::ShardDesc>& shards = (*p)[50].shards;
+         shards.erase(shards.end() - 2);
+       },
+       v1::ERROR_CODE_INCOMPLETE_COVERAGE},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<LocalPlan> plans = LargePlans(layout);
+    c.mutate(&plans);
+    const std::string one = PlanOrError(layout, plans, 1);
+    if (c.expect == v1::ERROR_CODE_UNSPECIFIED) {
+      ASSERT_EQ(one.rfind("plan ", 0), 0u) << one.substr(0, 300);
+      ExpectConsistent(layout, plans, MustPlan(layout, plans));
+    } else {
+      ASSERT_EQ(one.rfind("error ", 0), 0u);
+      MustFail(layout, plans, c.expect);
+    }
+    for (size_t threads : {2, 3, 8}) {
+      SCOPED_TRACE(absl::StrCat(threads, " threads"));
+      EXPECT_TRUE(PlanOrError(layout, plans, threads) == one);
+    }
+  }
+  // Which error: rank 7's shard, rank 40's "late" against rank 63's, "a.gap" (first by name).
+  std::vector<LocalPlan> plans = LargePlans(layout);
+  plans[40].shards[5].set_dtype(static_cast<v1::DType>(999));
+  plans[7].shards[900].set_dtype(static_cast<v1::DType>(999));
+  PlannerOptions eight;
+  eight.threads = 8;
+  EXPECT_THAT(Ranks(MustFail(layout, plans, v1::ERROR_CODE_MALFORMED_SHARD, eight)),
+              ElementsAre(7));
+  plans = LargePlans(layout);
+  plans[63].shards.back().set_dtype(v1::DTYPE_F16);
+  EXPECT_THAT(Ranks(MustFail(layout, plans, v1::ERROR_CODE_SHAPE_MISMATCH, eight)),
+              ElementsAre(40, 63));
+  plans = LargePlans(layout);
+  plans[62].shards.push_back(Param("a.gap", {4, 4}, {0, 0}, {2, 4}));
+  plans[0].shards.push_back(Whole("z.overlap", {4}));
+  plans[1].shards.push_back(Param("z.overlap", {4}, {2}, {2}));
+  EXPECT_THAT(MustFail(layout, plans, v1::ERROR_CODE_INCOMPLETE_COVERAGE, eight).fqns(),
+              ElementsAre("a.gap"));
 }
 
 TEST(Planner, Plan_SamePieceTwiceOnOneRank_Malformed) {
