@@ -124,11 +124,13 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       if (region.ok()) staging_->ReleaseAll();
       continue;
     }
-    const char* data = static_cast<const char*>((*region)[0].data);
+    char* data = static_cast<char*>((*region)[0].data);
     const absl::Duration staging_time = absl::Now() - start;
+    // The fetched bytes are this load's own until it answers: verifying them here, a block that
+    // does not match is read from the file over them (not the whole copy fetched again).
     absl::StatusOr<Staged> staged =
         Locate(reader, reads, file, ResidentBytes{copy->file_offset(), data, copy->nbytes()},
-               client_verifies);
+               client_verifies, client_verifies ? nullptr : data);
     if (!staged.ok()) {
       staging_->ReleaseAll();
       return staged.status();
@@ -147,11 +149,17 @@ absl::StatusOr<Loader::Staged> Loader::Locate(const CheckpointReader& reader,
                                               const std::vector<ReadRequest>& reads,
                                               const std::string& file,
                                               const ResidentBytes& resident,
-                                              bool client_verifies) {
+                                              bool client_verifies, char* writable) {
   Staged staged;
-  ASSIGN_OR_RETURN(staged.results,
-                   reader.LocateInMemory(reads, file, resident, &staged.stats,
-                                         client_verifies ? &staged.unverified : nullptr));
+  if (writable != nullptr) {
+    ASSIGN_OR_RETURN(staged.results, reader.RepairInMemory(reads, file, writable,
+                                                           resident.file_offset, resident.size,
+                                                           &staged.stats));
+  } else {
+    ASSIGN_OR_RETURN(staged.results,
+                     reader.LocateInMemory(reads, file, resident, &staged.stats,
+                                           client_verifies ? &staged.unverified : nullptr));
+  }
   for (const ReadResult& result : staged.results) staged.offsets.push_back(result.resident_offset);
   staged.in_place = true;
   return staged;

@@ -145,10 +145,13 @@ class Loader {
 
   // Where `reads` lie in `resident`, a copy of data file `file`: a load served in place
   // (LocateInMemory), verified here or its blocks listed for the client; the caller names the
-  // region and holds it. Errors: LocateInMemory's.
+  // region and holds it. With `writable` (resident.data, a copy only this load uses) and
+  // verifying here, a block that does not match is read from the file over it
+  // (RepairInMemory). Errors: LocateInMemory's, or RepairInMemory's.
   absl::StatusOr<Staged> Locate(const CheckpointReader& reader,
                                 const std::vector<ReadRequest>& reads, const std::string& file,
-                                const ResidentBytes& resident, bool client_verifies);
+                                const ResidentBytes& resident, bool client_verifies,
+                                char* writable = nullptr);
 
   // Copying: a new load region (this load's), each read's destination set in it, filled by
   // CheckpointReader::Read from disk and what memory holds (`held`: this agent's own copy).
@@ -160,7 +163,8 @@ class Loader {
   // Fetched in place: when every read lies in one data file (ContiguousFile) that no agent on
   // this node holds and an agent on another node does (`copies`), that file's copy is read
   // into a new load region (LoaderOptions::fetch_copy) and served there as a resident copy is
-  // (LocateInMemory): one copy into the region, verified where it lies. Errors:
+  // (LocateInMemory): one copy into the region, verified where it lies, a block that does not
+  // match read from the file over it (RepairInMemory). Errors:
   // FailedPrecondition if it does not apply or no holder could send it; LocateInMemory's
   // (the region is then released and the copying path serves the load, fetching again);
   // Acquire's.

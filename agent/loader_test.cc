@@ -471,17 +471,20 @@ TEST_F(LoaderFetchTest, Load_HeldOnAnotherNodeOnly_FetchedIntoTheLoadRegionAndSe
   EXPECT_EQ(response.bytes_from_disk(), 0u);
 }
 
-TEST_F(LoaderFetchTest, Load_FetchedCopyWithAFlippedByte_CopiedWithThatBlockFromDisk) {
+TEST_F(LoaderFetchTest, Load_FetchedCopyWithAFlippedByte_ThatBlockReadFromDiskInPlace) {
   flip_ = true;
   const v1::LoadResponse response = LoadAll(FetchOptions());
-  // Fetched once in place, refused by its checksum; the copying path fetches it again and
-  // reads the bad block from the file.
-  EXPECT_EQ(fetches_, 2);
+  // Fetched once; the block that does not match is read from the file over the fetched bytes,
+  // and the load is served from the fetched region (it used to be fetched a second time by
+  // the copying path).
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(pool_->regions_created(), 1u);
   ASSERT_EQ(response.slots_size(), 1);
-  EXPECT_EQ(response.slots(0).offset(), 0u);
+  EXPECT_EQ(response.slots(0).offset(), first_chunk_offset_);
   EXPECT_EQ(response.memory_blocks_rejected(), 1u);
   EXPECT_EQ(response.bytes_from_disk(), 4096u);
   EXPECT_EQ(response.bytes_from_memory(), kTensorBytes - 4096u);
+  EXPECT_EQ(response.bytes_fetched_from_peers(), file_size_);
 }
 
 TEST_F(LoaderFetchTest, Load_ClientVerifies_FetchedOnceBlocksListed) {
@@ -497,6 +500,18 @@ TEST_F(LoaderFetchTest, Load_ClientVerifies_FetchedOnceBlocksListed) {
   EXPECT_EQ(response->slots(0).offset(), first_chunk_offset_);
   EXPECT_EQ(response->unverified_blocks_size(), static_cast<int>(kTensorBytes / 4096));
   EXPECT_EQ(response->memory_blocks_rejected(), 0u);
+  loader.Release(response->load_id());
+
+  // The client's retry once its check fails (Client::Load): fetched again, verified here, the
+  // bad block read from the file over it; two fetches in all (it used to take three).
+  request.set_client_verifies(false);
+  response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 2);
+  EXPECT_EQ(response->slots(0).offset(), first_chunk_offset_);
+  EXPECT_EQ(response->unverified_blocks_size(), 0);
+  EXPECT_EQ(response->memory_blocks_rejected(), 1u);
+  EXPECT_EQ(response->bytes_from_disk(), 4096u);
   loader.Release(response->load_id());
 }
 

@@ -191,6 +191,24 @@ absl::Status VerifySpan(const v1::ChunkEntry& chunk, uint64_t first, uint64_t la
   return absl::OkStatus();
 }
 
+// A resident block that does not match: block `bad` of `chunk` read from `file` into
+// `block_target` (its place in the copy being served), checked, and counted as read instead.
+absl::Status ReplaceResidentBlock(ReadableFile& file, const std::string& path,
+                                  const v1::TensorEntry& tensor, const v1::ChunkEntry& chunk,
+                                  uint64_t bad, char* block_target, AtomicStats& stats) {
+  const uint64_t block_begin = BlockBegin(chunk, bad);
+  const uint64_t block_size = BlockEnd(chunk, bad) - block_begin;
+  RETURN_IF_ERROR(ReadChunkBytes(file, tensor, chunk, block_begin, block_target, block_size));
+  stats.read_calls.fetch_add(1, std::memory_order_relaxed);
+  stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
+  stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
+  stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
+  if (FindBadBlock(chunk, bad, 1, block_target)) {
+    return format_internal::ChecksumMismatchError(tensor, chunk, path, bad);
+  }
+  return absl::OkStatus();
+}
+
 // Reads, verifies and copies one work item: every block its runs touch, span by span.
 absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& bounce,
                            AtomicStats& stats) {
@@ -233,19 +251,8 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
                 return format_internal::ChecksumMismatchError(tensor, chunk, path, bad);
               }
               // A resident block that does not match: this block from the file instead.
-              const uint64_t block_begin = BlockBegin(chunk, bad);
-              const uint64_t block_size = BlockEnd(chunk, bad) - block_begin;
-              char* block_target = target + (block_begin - begin);
-              RETURN_IF_ERROR(
-                  ReadChunkBytes(*file, tensor, chunk, block_begin, block_target, block_size));
-              stats.read_calls.fetch_add(1, std::memory_order_relaxed);
-              stats.bytes_read.fetch_add(block_size, std::memory_order_relaxed);
-              stats.bytes_from_memory.fetch_sub(block_size, std::memory_order_relaxed);
-              stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
-              if (FindBadBlock(chunk, bad, 1, block_target)) {
-                return format_internal::ChecksumMismatchError(tensor, chunk, path, bad);
-              }
-              return absl::OkStatus();
+              return ReplaceResidentBlock(*file, path, tensor, chunk, bad,
+                                          target + (BlockBegin(chunk, bad) - begin), stats);
             }));
         stats.blocks_verified.fetch_add(last_block - first_block + 1, std::memory_order_relaxed);
 
@@ -265,12 +272,22 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
       });
 }
 
+// What repairs a resident copy in place (RepairInMemory): the file to read bad blocks from,
+// and the copy's bytes, writable.
+struct Repair {
+  ReadableFile* file;
+  const std::string* path;
+  char* data;  // = ResidentBytes::data
+};
+
 // Verifies one work item in place: every block its runs touch (the spans a read takes), where
-// it lies in `resident`. Copies nothing and reads no file.
+// it lies in `resident`. Copies nothing and, unless `repair` reads a bad block from its file
+// over the copy, reads no file.
 // Errors: FailedPrecondition if a span is not resident whole or a block does not match (it
-// is counted in memory_blocks_rejected).
+// is counted in memory_blocks_rejected) and there is no `repair`; ReplaceResidentBlock's.
 absl::Status VerifyWorkItemInPlace(const WorkItem& item, const ResidentBytes& resident,
-                                   AtomicStats& stats, std::vector<BlockCheck>* unverified) {
+                                   AtomicStats& stats, std::vector<BlockCheck>* unverified,
+                                   const Repair* repair = nullptr) {
   const v1::TensorEntry& tensor = *item.runs.front().tensor;
   const v1::ChunkEntry& chunk = *item.runs.front().chunk;
   return ForEachSpan(
@@ -291,13 +308,21 @@ absl::Status VerifyWorkItemInPlace(const WorkItem& item, const ResidentBytes& re
                                              chunk.block_xxh3(static_cast<int>(b))});
           }
         } else {
+          stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
           RETURN_IF_ERROR(VerifySpan(chunk, first_block, last_block, memory, [&](uint64_t bad) {
+            if (repair != nullptr) {
+              char* block =
+                  repair->data + (memory - resident.data) + (BlockBegin(chunk, bad) - begin);
+              return ReplaceResidentBlock(*repair->file, *repair->path, tensor, chunk, bad, block,
+                                          stats);
+            }
             stats.memory_blocks_rejected.fetch_add(1, std::memory_order_relaxed);
             return absl::FailedPreconditionError(
                 absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": block ", bad,
                              " does not match the manifest in memory"));
           }));
           stats.blocks_verified.fetch_add(last_block - first_block + 1, std::memory_order_relaxed);
+          return absl::OkStatus();
         }
         stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
         return absl::OkStatus();
@@ -546,17 +571,7 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   for (const WorkItem& item : work) files.try_emplace(item.runs.front().chunk->file());
   for (auto& [name, file] : files) {
     if (storage_ == nullptr) break;  // memory-only: no file to open
-    const std::string path = JoinPath(dir_, name);
-    absl::StatusOr<std::unique_ptr<ReadableFile>> opened = storage_->OpenForRead(path);
-    if (absl::IsNotFound(opened.status())) {
-      v1::ErrorDetail detail;
-      detail.set_code(v1::ERROR_CODE_IO_ERROR);
-      detail.set_path(path);
-      detail.set_message(absl::StrCat("data file ", path, " named by the manifest is missing"));
-      return MakeError(absl::StatusCode::kDataLoss, detail);
-    }
-    RETURN_IF_ERROR(opened.status());
-    file = *std::move(opened);
+    ASSIGN_OR_RETURN(file, OpenDataFile(name));
   }
 
   AtomicStats counters;
@@ -574,6 +589,20 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Read(
   if (stats != nullptr) *stats = counters.Snapshot();
   RETURN_IF_ERROR(status);
   return results;
+}
+
+absl::StatusOr<std::unique_ptr<ReadableFile>> CheckpointReader::OpenDataFile(
+    const std::string& name) const {
+  const std::string path = JoinPath(dir_, name);
+  absl::StatusOr<std::unique_ptr<ReadableFile>> opened = storage_->OpenForRead(path);
+  if (absl::IsNotFound(opened.status())) {
+    v1::ErrorDetail detail;
+    detail.set_code(v1::ERROR_CODE_IO_ERROR);
+    detail.set_path(path);
+    detail.set_message(absl::StrCat("data file ", path, " named by the manifest is missing"));
+    return MakeError(absl::StatusCode::kDataLoss, detail);
+  }
+  return opened;
 }
 
 absl::StatusOr<std::vector<CheckpointReader::FileRun>> CheckpointReader::ContiguousRuns(
@@ -618,6 +647,18 @@ absl::StatusOr<std::string> CheckpointReader::ContiguousFile(
 absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
     absl::Span<const ReadRequest> requests, absl::string_view file, const ResidentBytes& resident,
     ReadStats* stats, std::vector<BlockCheck>* unverified) const {
+  return Locate(requests, file, resident, /*writable=*/nullptr, stats, unverified);
+}
+
+absl::StatusOr<std::vector<ReadResult>> CheckpointReader::RepairInMemory(
+    absl::Span<const ReadRequest> requests, absl::string_view file, char* data,
+    uint64_t file_offset, uint64_t size, ReadStats* stats) const {
+  return Locate(requests, file, ResidentBytes{file_offset, data, size}, data, stats, nullptr);
+}
+
+absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Locate(
+    absl::Span<const ReadRequest> requests, absl::string_view file, const ResidentBytes& resident,
+    char* writable, ReadStats* stats, std::vector<BlockCheck>* unverified) const {
   ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/false));
   const std::string file_name(file);
   ASSIGN_OR_RETURN(std::vector<FileRun> located, ContiguousRuns(requests, plans, &file_name));
@@ -655,8 +696,17 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
     for (const BlockCheck& block : *unverified) listed += block.length;
     counters.bytes_from_memory.store(listed);
   } else {
+    // Repairing reads bad blocks from the data file (none for a memory-only checkpoint).
+    std::unique_ptr<ReadableFile> data_file;
+    const std::string path = JoinPath(dir_, file_name);
+    Repair repair{nullptr, &path, writable};
+    if (writable != nullptr && storage_ != nullptr) {
+      ASSIGN_OR_RETURN(data_file, OpenDataFile(file_name));
+      repair.file = data_file.get();
+    }
     status = ServeParallel(work.size(), options_.parallelism, [&](size_t w, Bounce&) {
-      return VerifyWorkItemInPlace(work[w], resident, counters, nullptr);
+      return VerifyWorkItemInPlace(work[w], resident, counters, nullptr,
+                                   repair.file != nullptr ? &repair : nullptr);
     });
   }
   if (stats != nullptr) *stats = counters.Snapshot();

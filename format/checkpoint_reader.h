@@ -216,6 +216,20 @@ class CheckpointReader {
       const ResidentBytes& resident, ReadStats* stats = nullptr,
       std::vector<BlockCheck>* unverified = nullptr) const;
 
+  // LocateInMemory, verifying, for a copy the caller may write (one it fetched from another
+  // node and hands out only afterwards): a block that does not match is read from `file` over
+  // it, checked again and counted (stats->memory_blocks_rejected, bytes_read; bytes_from_memory
+  // counts the blocks that matched), instead of refusing the copy. So a copy with a few bad
+  // blocks is still served in place, and is not fetched again to be copied.
+  // Errors: as LocateInMemory for the layout and for blocks not resident; for a memory-only
+  // checkpoint (no file) a block that does not match is FailedPrecondition, as there; the
+  // file's errors as Read's (DataLoss if it is missing, or if its block does not match
+  // either).
+  absl::StatusOr<std::vector<ReadResult>> RepairInMemory(absl::Span<const ReadRequest> requests,
+                                                         absl::string_view file, char* data,
+                                                         uint64_t file_offset, uint64_t size,
+                                                         ReadStats* stats = nullptr) const;
+
   // The data file that every request with bytes lies in as one contiguous byte run —
   // LocateInMemory's condition on the layout, checked before any byte is at hand (a load that
   // fetches the file from another agent first). Pure: reads nothing.
@@ -239,6 +253,16 @@ class CheckpointReader {
 
   CheckpointReader(Storage* storage, std::string dir, CheckpointReaderOptions options,
                    v1::Manifest manifest);
+
+  // LocateInMemory and RepairInMemory: `writable` (resident.data, writable) repairs.
+  absl::StatusOr<std::vector<ReadResult>> Locate(absl::Span<const ReadRequest> requests,
+                                                 absl::string_view file,
+                                                 const ResidentBytes& resident, char* writable,
+                                                 ReadStats* stats,
+                                                 std::vector<BlockCheck>* unverified) const;
+
+  // Opens data file `name` of the checkpoint: DataLoss naming it if it is missing.
+  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenDataFile(const std::string& name) const;
 
   // Plan, checking that each request with bytes has a destination if `need_dest`.
   absl::StatusOr<std::vector<RequestPlan>> PlanAll(absl::Span<const ReadRequest> requests,

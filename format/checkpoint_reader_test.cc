@@ -577,6 +577,67 @@ TEST_P(CheckpointReaderTest, LocateInMemory_Unverified_ListsEachBlockOnceHashesN
   EXPECT_EQ(stats.memory_blocks_rejected, 1u);
 }
 
+// A copy the caller may write (a fetched one): a block that does not match is read from the
+// file over it, so the copy is served in place, repaired; with no file behind it (memory-only)
+// or a bad block in the file too, it is refused.
+TEST_P(CheckpointReaderTest, RepairInMemory_BadBlock_ReadFromFileOverTheCopy) {
+  const v1::ChunkEntry* chunk = nullptr;
+  for (const v1::ChunkEntry& c : manifest_.tensors(0).chunks()) {
+    if (c.box().offsets(0) == 0 && c.box().offsets(1) == 0) chunk = &c;
+  }
+  ASSERT_NE(chunk, nullptr);
+  ASSERT_EQ(chunk->block_xxh3_size(), 2);  // 96 bytes in blocks of 64
+  ResidentCopies memory(dir_, manifest_);
+  const std::string good = memory.bytes(chunk->file());
+  std::string& copy = memory.bytes(chunk->file());
+  copy[chunk->offset() + 70] ^= 0x5a;  // block 1 no longer matches
+  std::string row0, rest;
+  const std::vector<ReadRequest> requests = {
+      Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 6}), &row0),
+      Request("layers.0.attn.wq", MakeBox({1, 0}, {3, 6}), &rest)};
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+
+  ReadStats stats;
+  absl::StatusOr<std::vector<ReadResult>> located =
+      reader->RepairInMemory(requests, chunk->file(), copy.data(), 0, copy.size(), &stats);
+  ASSERT_TRUE(located.ok()) << located.status();
+  ASSERT_EQ(located->size(), 2u);
+  EXPECT_EQ((*located)[0].resident_offset, chunk->offset());
+  EXPECT_EQ((*located)[1].resident_offset, chunk->offset() + 24);
+  EXPECT_TRUE(copy == good) << "the bad block was replaced by the file's";
+  EXPECT_EQ(stats.memory_blocks_rejected, 1u);
+  EXPECT_EQ(stats.bytes_read, 32u);  // block 1: the chunk's last 32 bytes
+  // Block 0 is checked for each request that touches it (as LocateInMemory checks): blocks
+  // 0 | 0, 1 — 64 + 96 bytes, less block 1's 32 read from the file.
+  EXPECT_EQ(stats.blocks_verified, 3u);
+  EXPECT_EQ(stats.bytes_from_memory, 128u);
+  // Now it matches: served with nothing read.
+  ASSERT_TRUE(reader->RepairInMemory(requests, chunk->file(), copy.data(), 0, copy.size(), &stats)
+                  .ok());
+  EXPECT_EQ(stats.memory_blocks_rejected, 0u);
+  EXPECT_EQ(stats.bytes_read, 0u);
+
+  // The file's block 1 is bad as well: refused, naming the block.
+  copy[chunk->offset() + 70] ^= 0x5a;
+  FlipByte(JoinPath(dir_, chunk->file()), chunk->offset() + 71);
+  absl::Status both =
+      reader->RepairInMemory(requests, chunk->file(), copy.data(), 0, copy.size()).status();
+  EXPECT_EQ(GetErrorCode(both), v1::ERROR_CODE_CHECKSUM_MISMATCH) << both;
+  EXPECT_THAT(both.message(), HasSubstr("block 1"));
+
+  // Memory-only: no file to repair from; the copy is refused as LocateInMemory refuses it.
+  copy = good;
+  copy[chunk->offset() + 70] ^= 0x5a;
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> memory_only =
+      CheckpointReader::FromManifest(manifest_, "memory-only step");
+  ASSERT_TRUE(memory_only.ok()) << memory_only.status();
+  absl::Status refused =
+      (*memory_only)->RepairInMemory(requests, chunk->file(), copy.data(), 0, copy.size()).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_THAT(refused.message(), HasSubstr("block 1 does not match"));
+}
+
 // A memory-only checkpoint (FromManifest): memory is the only source, always verified.
 TEST_P(CheckpointReaderTest, FromManifest_EveryFileResident_ReadsFromMemoryOnly) {
   ResidentCopies memory(dir_, manifest_);
