@@ -257,11 +257,13 @@ int main(int argc, char** argv) {
       request.set_incarnation(incarnation);
       request.set_step(step);
     };
-    loader_options.find_copies = [&coordinator, query](int64_t step, const std::string& session_id)
+    loader_options.find_copies = [&coordinator, query](int64_t step, const std::string& session_id,
+                                                       const std::vector<std::string>& files)
         -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
       tessera::v1::FindMemoryCopiesRequest request;
       query(request, step);
       request.set_session_id(session_id);
+      for (const std::string& file : files) request.add_files(file);
       absl::StatusOr<tessera::v1::FindMemoryCopiesResponse> found =
           coordinator.FindMemoryCopies(request);
       if (!found.ok()) return found.status();

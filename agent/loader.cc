@@ -23,18 +23,21 @@ namespace {
 
 uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
-// The data files `reads` read (the reader's plan names each run's chunk), that `view` does not
-// hold. Empty if the reads cannot be planned (Read reports the same error).
+// The data files `reads` read (CheckpointReader::DataFiles), sorted. Empty if the reads
+// cannot be planned (Read reports the same error).
+std::vector<std::string> FilesRead(const CheckpointReader& reader,
+                                   const std::vector<ReadRequest>& reads) {
+  absl::StatusOr<std::vector<std::string>> files = reader.DataFiles(reads);
+  return files.ok() ? *std::move(files) : std::vector<std::string>{};
+}
+
+// FilesRead that `view` does not hold.
 absl::flat_hash_set<std::string> FilesNotInView(const CheckpointReader& reader,
                                                 const std::vector<ReadRequest>& reads,
                                                 const ResidentView& view) {
   absl::flat_hash_set<std::string> files;
-  absl::StatusOr<std::vector<RequestPlan>> plans = reader.Plan(reads);
-  if (!plans.ok()) return files;
-  for (const RequestPlan& plan : *plans) {
-    for (const ByteRun& run : plan.runs) {
-      if (!view.files.contains(run.chunk->file())) files.insert(run.chunk->file());
-    }
+  for (std::string& file : FilesRead(reader, reads)) {
+    if (!view.files.contains(file)) files.insert(std::move(file));
   }
   return files;
 }
@@ -313,7 +316,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   bool copies_asked = false;
   auto find_copies = [&]() -> const MemoryCopies& {
     if (!copies_asked && options_.find_copies) {
-      copies = options_.find_copies(step, (*reader)->manifest().session_id());
+      copies = options_.find_copies(step, (*reader)->manifest().session_id(),
+                                    FilesRead(**reader, reads));
     }
     copies_asked = true;
     return copies;

@@ -57,11 +57,12 @@ struct LoaderOptions {
   const MemoryTier* memory = nullptr;
   // The copies this agent holds as other ranks' memory buddy; null: none. Likewise.
   const BuddyStore* buddies = nullptr;
-  // The memory copies of checkpoint (step, session id) that the job's agents hold
-  // (Coordinator.FindMemoryCopies); those on `node_id` are read from memory too. An error
-  // only costs reads. Default: none (this agent's own tier alone).
-  std::function<absl::StatusOr<std::vector<v1::MemoryCopy>>(int64_t step,
-                                                            const std::string& session_id)>
+  // The memory copies of checkpoint (step, session id) that the job's agents hold, of the
+  // data files `files` (Coordinator.FindMemoryCopies; the load passes the files its reads
+  // touch, sorted); those on `node_id` are read from memory too. An error only costs reads.
+  // Default: none (this agent's own tier alone).
+  std::function<absl::StatusOr<std::vector<v1::MemoryCopy>>(
+      int64_t step, const std::string& session_id, const std::vector<std::string>& files)>
       find_copies;
   // This agent's node (RegisterAgentRequest.node_id). Default: "".
   std::string node_id;

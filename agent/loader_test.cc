@@ -390,10 +390,13 @@ TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) 
   options.node_id = "node-a";
   int asked = 0;
   options.find_copies =
-      [&](int64_t step, const std::string& session) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+      [&](int64_t step, const std::string& session,
+          const std::vector<std::string>& files) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     ++asked;
     EXPECT_EQ(step, 7);
     EXPECT_EQ(session, session_id_);
+    // Only the files the load reads are asked for: here the one the tensor lies in.
+    EXPECT_THAT(files, ElementsAre(PeerCopy("node-a")[0].file()));
     return PeerCopy("node-a");
   };
   const v1::LoadResponse response = LoadAll(options);
@@ -405,21 +408,21 @@ TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) 
 TEST_F(LoaderMemoryTierTest, Load_PeerOnAnotherNodeOrCoordinatorDown_EveryByteFromDisk) {
   LoaderOptions options;
   options.node_id = "node-a";
-  options.find_copies = [&](int64_t,
-                            const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     return PeerCopy("node-b");
   };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
-  options.find_copies = [&](int64_t,
-                            const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     return absl::UnavailableError("coordinator down");
   };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
   // The peer's region is gone (its agent died): disk too.
-  options.find_copies = [&](int64_t,
-                            const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     return PeerCopy("node-a");
   };
   save_pool_->ReleaseAll();
@@ -435,7 +438,8 @@ class LoaderFetchTest : public LoaderMemoryTierTest {
     LoaderOptions options;
     options.node_id = "node-a";
     options.find_copies =
-        [this](int64_t, const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+        [this](int64_t, const std::string&,
+               const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
       return RemoteCopy();
     };
     options.fetch_copy = [this](const v1::MemoryCopy& copy, char* dest) {
@@ -526,8 +530,8 @@ TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {
 
 TEST_F(LoaderFetchTest, Load_AlsoHeldOnThisNode_ReadFromThereNotFetched) {
   LoaderOptions options = FetchOptions();
-  options.find_copies = [this](int64_t,
-                               const std::string&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     std::vector<v1::MemoryCopy> copies = RemoteCopy();
     copies.push_back(PeerCopy("node-a")[0]);
     return copies;

@@ -549,6 +549,18 @@ absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::Plan(
   return PlanAll(requests, /*need_dest=*/true);
 }
 
+absl::StatusOr<std::vector<std::string>> CheckpointReader::DataFiles(
+    absl::Span<const ReadRequest> requests) const {
+  ASSIGN_OR_RETURN(std::vector<RequestPlan> plans, PlanAll(requests, /*need_dest=*/false));
+  std::vector<std::string> files;
+  for (const RequestPlan& plan : plans) {
+    for (const ByteRun& run : plan.runs) files.push_back(run.chunk->file());
+  }
+  std::sort(files.begin(), files.end());
+  files.erase(std::unique(files.begin(), files.end()), files.end());
+  return files;
+}
+
 absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::PlanAll(
     absl::Span<const ReadRequest> requests, bool need_dest) const {
   std::vector<RequestPlan> plans;

@@ -230,6 +230,12 @@ class CheckpointReader {
                                                          uint64_t file_offset, uint64_t size,
                                                          ReadStats* stats = nullptr) const;
 
+  // The data files the requests' bytes lie in, sorted, each once: what a load reads, known
+  // before its destinations are (it asks where copies of them are first). Pure: reads nothing.
+  // Errors: as Plan (bar the null destination).
+  absl::StatusOr<std::vector<std::string>> DataFiles(
+      absl::Span<const ReadRequest> requests) const;
+
   // The data file that every request with bytes lies in as one contiguous byte run —
   // LocateInMemory's condition on the layout, checked before any byte is at hand (a load that
   // fetches the file from another agent first). Pure: reads nothing.

@@ -11,6 +11,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -575,6 +576,25 @@ TEST_P(CheckpointReaderTest, LocateInMemory_Unverified_ListsEachBlockOnceHashesN
   EXPECT_EQ(verified.code(), absl::StatusCode::kFailedPrecondition) << verified;
   EXPECT_THAT(verified.message(), HasSubstr("block 1 does not match"));
   EXPECT_EQ(stats.memory_blocks_rejected, 1u);
+}
+
+// What a load reads, before it has destinations: each data file its bytes lie in, once, sorted.
+TEST_P(CheckpointReaderTest, DataFiles_EveryFileTheRequestsTouch_SortedOnceWithoutDestinations) {
+  std::set<std::string> want;
+  for (const v1::ChunkEntry& c : manifest_.tensors(0).chunks()) want.insert(c.file());
+  ASSERT_GE(want.size(), 1u);
+  std::string whole, row0;
+  std::vector<ReadRequest> requests = {
+      Request(manifest_.tensors(0).key(), FullBox({8, 12}), &whole),
+      Request(manifest_.tensors(0).key(), MakeBox({0, 0}, {1, 12}), &row0)};
+  for (ReadRequest& r : requests) r.dest = nullptr;  // not needed
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  absl::StatusOr<std::vector<std::string>> files = reader->DataFiles(requests);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(*files, std::vector<std::string>(want.begin(), want.end()));
+  requests[0].key = "no.such.tensor";
+  EXPECT_EQ(reader->DataFiles(requests).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // A copy the caller may write (a fetched one): a block that does not match is read from the

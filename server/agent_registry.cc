@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "common/ids.h"
 #include "common/status.h"
@@ -58,6 +59,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
     if (!any_alive) {
       job.layout = *layout;
       job.agents.clear();
+      job.holders.clear();
     }
   }
   if (!inserted && !job.layout.SameMesh(request.layout())) {
@@ -75,6 +77,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   agent.registration.mutable_coord()->clear_index();
   for (uint32_t c : job.layout.Coords(rank)) agent.registration.mutable_coord()->add_index(c);
   agent.last_heartbeat = clock_->Now();
+  job.IndexCopies(rank, agent, /*add=*/false);
   agent.resident.reset();  // its next heartbeat states what it holds
   agent.buddy_copies.clear();
   job.buddies.reset();
@@ -122,9 +125,27 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
     resident->set_writer_rank(rank);
   }
   for (v1::MemoryCopy& copy : buddy_copies) held_here(copy);
+  Job& job = jobs_.at(job_id);
+  job.IndexCopies(rank, *agent, /*add=*/false);
   agent->resident = std::move(resident);
   agent->buddy_copies = std::move(buddy_copies);
+  job.IndexCopies(rank, *agent, /*add=*/true);
   return absl::OkStatus();
+}
+
+void AgentRegistry::Job::IndexCopies(uint32_t rank, const Agent& agent, bool add) {
+  auto index = [&](const v1::MemoryCopy& copy) {
+    if (add) {
+      holders[copy.file()].insert(rank);
+      return;
+    }
+    auto it = holders.find(copy.file());
+    if (it == holders.end()) return;
+    it->second.erase(rank);
+    if (it->second.empty()) holders.erase(it);
+  };
+  if (agent.resident.has_value()) index(*agent.resident);
+  for (const v1::MemoryCopy& copy : agent.buddy_copies) index(copy);
 }
 
 std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
@@ -166,21 +187,37 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 }
 
 std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_id, int64_t step,
-                                                        const std::string& session_id) const {
+                                                        const std::string& session_id,
+                                                        absl::Span<const std::string> files) const {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   std::vector<v1::MemoryCopy> copies;
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return copies;
+  const absl::flat_hash_set<absl::string_view> file_set(files.begin(), files.end());
   auto wanted = [&](const v1::MemoryCopy& c) {
-    return c.step() == step && c.session_id() == session_id;
+    return c.step() == step && c.session_id() == session_id &&
+           (file_set.empty() || file_set.contains(c.file()));
   };
-  for (const auto& [rank, agent] : job->second.agents) {
-    if (now - agent.last_heartbeat > options_.lease) continue;
+  auto add = [&](const Agent& agent) {
+    if (now - agent.last_heartbeat > options_.lease) return;
     if (agent.resident.has_value() && wanted(*agent.resident)) copies.push_back(*agent.resident);
     for (const v1::MemoryCopy& c : agent.buddy_copies) {
       if (wanted(c)) copies.push_back(c);
     }
+  };
+  if (files.empty()) {
+    for (const auto& [rank, agent] : job->second.agents) add(agent);
+    return copies;
+  }
+  absl::btree_set<uint32_t> ranks;  // by rank, as without `files`
+  for (const std::string& file : files) {
+    auto it = job->second.holders.find(file);
+    if (it != job->second.holders.end()) ranks.insert(it->second.begin(), it->second.end());
+  }
+  for (uint32_t rank : ranks) {
+    auto agent = job->second.agents.find(rank);
+    if (agent != job->second.agents.end()) add(agent->second);
   }
   return copies;
 }

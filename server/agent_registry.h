@@ -22,10 +22,13 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/btree_map.h"
+#include "absl/container/btree_set.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/layout.h"
 #include "tessera/v1/admin.pb.h"
@@ -70,8 +73,12 @@ class AgentRegistry {
   // hold — their own and those they hold as buddies — by holder rank, with rank, node_id and
   // peer_address filled in (writer_rank too, for an agent's own). An agent that re-registered
   // has none until its next heartbeat states them; an expired agent's are left out.
+  // With `files`, only copies of those data files: found through an index by file, so a
+  // load's question costs what its files have holders, not the job's agent count (at 16,384
+  // agents restarting, every one of them asks).
   std::vector<v1::MemoryCopy> MemoryCopies(const std::string& job_id, int64_t step,
-                                           const std::string& session_id) const
+                                           const std::string& session_id,
+                                           absl::Span<const std::string> files = {}) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK if `incarnation` is the registered one for (job, rank). Errors as Heartbeat.
@@ -120,6 +127,11 @@ class AgentRegistry {
     // of a ring member that can expire) passed.
     mutable std::optional<absl::btree_map<uint32_t, uint32_t>> buddies;
     mutable absl::Time buddies_valid_until = absl::InfinitePast();
+    // Data file -> the ranks whose resident or buddy copies are of it (any step).
+    absl::flat_hash_map<std::string, absl::btree_set<uint32_t>> holders;
+
+    // Adds `agent`'s copies (rank `rank`) to `holders`, or removes them.
+    void IndexCopies(uint32_t rank, const Agent& agent, bool add);
   };
 
   // Errors as CheckIncarnation.

@@ -189,6 +189,53 @@ TEST_F(AgentRegistryTest, MemoryCopies_BuddyCopiesListedWithTheirHolder) {
   EXPECT_EQ(copies[1].node_id(), "node0");
 }
 
+// A load asks for the files it reads: only their copies, own and buddy ones, by holder rank
+// as without files; the index follows heartbeats that change or drop a copy, re-registrations
+// and lease expiry.
+TEST_F(AgentRegistryTest, MemoryCopies_OfFiles_OnlyThoseFilesByHolderRank) {
+  auto copy_of = [](const std::string& file, uint32_t writer) {
+    v1::MemoryCopy c = Copy(7, "s7", "");
+    c.set_file(file);
+    c.set_writer_rank(writer);
+    return c;
+  };
+  for (uint32_t r : {0u, 1u, 2u, 3u}) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  // Rank r holds its own file data-r; rank 3 also holds rank 0's and rank 1's as a buddy.
+  for (uint32_t r : {0u, 1u, 2u}) {
+    ASSERT_TRUE(
+        registry_.Heartbeat("job", r, r + 1, 0, copy_of(absl::StrCat("data-", r), r)).ok());
+  }
+  ASSERT_TRUE(registry_.Heartbeat("job", 3, 4, 0, copy_of("data-3", 3),
+                                  {copy_of("data-1", 1), copy_of("data-0", 0)})
+                  .ok());
+  auto holders = [&](std::vector<std::string> files) {
+    std::vector<std::string> out;
+    for (const v1::MemoryCopy& c : registry_.MemoryCopies("job", 7, "s7", files)) {
+      out.push_back(absl::StrCat(c.file(), "@", c.rank()));
+    }
+    return out;
+  };
+  EXPECT_THAT(holders({"data-1"}), ElementsAre("data-1@1", "data-1@3"));
+  EXPECT_THAT(holders({"data-1", "data-0"}),
+              ElementsAre("data-0@0", "data-1@1", "data-1@3", "data-0@3"));
+  EXPECT_THAT(holders({"data-9"}), IsEmpty());
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 6u);  // no files: every copy
+  EXPECT_THAT(registry_.MemoryCopies("job", 7, "s8", {"data-1"}), IsEmpty());
+
+  // Rank 3 now holds only rank 0's buddy copy; rank 1 drops its own; rank 0 re-registers.
+  ASSERT_TRUE(registry_.Heartbeat("job", 3, 4, 0, std::nullopt, {copy_of("data-0", 0)}).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 1, 2, 0).ok());
+  EXPECT_THAT(holders({"data-1"}), IsEmpty());
+  EXPECT_THAT(holders({"data-0", "data-3"}), ElementsAre("data-0@0", "data-0@3"));
+  ASSERT_TRUE(registry_.Register(Registration(0, 10)).ok());
+  EXPECT_THAT(holders({"data-0"}), ElementsAre("data-0@3"));
+  // Rank 3's lease expires: its copies are left out.
+  clock_.Advance(absl::Seconds(8));
+  ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0, copy_of("data-2", 2)).ok());
+  clock_.Advance(absl::Seconds(3));
+  EXPECT_THAT(holders({"data-0", "data-2"}), ElementsAre("data-2@2"));
+}
+
 TEST_F(AgentRegistryTest, BuddyOf_RingOverNodes_SamePositionOnTheNextNode) {
   // node-a: ranks 0, 2, 4; node-b: 1, 3; node-c: 5.
   const std::vector<std::pair<uint32_t, std::string>> placement = {

@@ -85,8 +85,9 @@ grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
   absl::Status status =
       registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
   if (status.ok()) {
-    for (v1::MemoryCopy& copy :
-         registry_->MemoryCopies(request->job_id(), request->step(), request->session_id())) {
+    const std::vector<std::string> files(request->files().begin(), request->files().end());
+    for (v1::MemoryCopy& copy : registry_->MemoryCopies(request->job_id(), request->step(),
+                                                        request->session_id(), files)) {
       *response->add_copies() = std::move(copy);
     }
   }
