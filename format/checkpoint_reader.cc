@@ -708,18 +708,25 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Locate(
     for (const BlockCheck& block : *unverified) listed += block.length;
     counters.bytes_from_memory.store(listed);
   } else {
-    // Repairing reads bad blocks from the data file (none for a memory-only checkpoint).
-    std::unique_ptr<ReadableFile> data_file;
-    const std::string path = JoinPath(dir_, file_name);
-    Repair repair{nullptr, &path, writable};
-    if (writable != nullptr && storage_ != nullptr) {
-      ASSIGN_OR_RETURN(data_file, OpenDataFile(file_name));
-      repair.file = data_file.get();
-    }
     status = ServeParallel(work.size(), options_.parallelism, [&](size_t w, Bounce&) {
-      return VerifyWorkItemInPlace(work[w], resident, counters, nullptr,
-                                   repair.file != nullptr ? &repair : nullptr);
+      return VerifyWorkItemInPlace(work[w], resident, counters, nullptr);
     });
+  }
+  if (!status.ok() && writable != nullptr && storage_ != nullptr &&
+      counters.memory_blocks_rejected.load() > 0) {
+    // Repairing: again, on one thread (two work items may share a block, and a repair writes
+    // it), reading each block that does not match from the data file over the copy.
+    ASSIGN_OR_RETURN(std::unique_ptr<ReadableFile> data_file, OpenDataFile(file_name));
+    const std::string path = JoinPath(dir_, file_name);
+    const Repair repair{data_file.get(), &path, writable};
+    AtomicStats repaired;
+    status = absl::OkStatus();
+    for (size_t w = 0; w < work.size() && status.ok(); ++w) {
+      status = VerifyWorkItemInPlace(work[w], resident, repaired, nullptr, &repair);
+    }
+    if (stats != nullptr) *stats = repaired.Snapshot();
+    RETURN_IF_ERROR(status);
+    return results;
   }
   if (stats != nullptr) *stats = counters.Snapshot();
   RETURN_IF_ERROR(status);

@@ -220,7 +220,9 @@ class CheckpointReader {
   // node and hands out only afterwards): a block that does not match is read from `file` over
   // it, checked again and counted (stats->memory_blocks_rejected, bytes_read; bytes_from_memory
   // counts the blocks that matched), instead of refusing the copy. So a copy with a few bad
-  // blocks is still served in place, and is not fetched again to be copied.
+  // blocks is still served in place, and is not fetched again to be copied. Verified on
+  // `parallelism` threads; only if a block does not match, verified and repaired again on one
+  // (two requests may share a block).
   // Errors: as LocateInMemory for the layout and for blocks not resident; for a memory-only
   // checkpoint (no file) a block that does not match is FailedPrecondition, as there; the
   // file's errors as Read's (DataLoss if it is missing, or if its block does not match
