@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 #include <iterator>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -344,6 +343,24 @@ void RunOnThreads(size_t threads, const Fn& fn) {
   for (std::thread& thread : pool) thread.join();
 }
 
+// Runs fn(t, item) for every item of every run (SplitRuns), each run in order on its own
+// thread; a run stops at its first error. Returns the first run's error: runs are in item
+// order, so it is the error one thread going through every item would meet first.
+template <typename Fn>
+absl::Status ForEachInRuns(const std::vector<uint32_t>& runs, const Fn& fn) {
+  const size_t threads = runs.size() - 1;
+  std::vector<absl::Status> errors(threads);
+  RunOnThreads(threads, [&](size_t t) {
+    for (uint32_t item = runs[t]; item < runs[t + 1] && errors[t].ok(); ++item) {
+      errors[t] = fn(t, item);
+    }
+  });
+  for (absl::Status& error : errors) {
+    if (!error.ok()) return std::move(error);
+  }
+  return absl::OkStatus();
+}
+
 // ---------------------------------------------------------------------------------------------
 // The planner proper: one instance per BuildGlobalPlan call, one method per rule.
 
@@ -422,30 +439,20 @@ class Planner {
     rank_fingerprints_.resize(world);
     staged_bytes_.assign(world, 0);
     std::vector<RunKeys> run_keys(threads);
-    std::vector<absl::Status> errors(threads);
-    RunOnThreads(threads, [&](size_t t) {
-      RunKeys& local = run_keys[t];
-      for (uint32_t rank = runs[t]; rank < runs[t + 1]; ++rank) {
-        const std::vector<v1::ShardDesc>& shards = by_rank_[rank]->shards;
-        LocalPlanHasher hasher(rank, shards.size());
-        for (size_t i = 0; i < shards.size(); ++i) {
-          const uint32_t index = static_cast<uint32_t>(rank_begin[rank] + i);
-          Piece& p = pieces[index];
-          absl::Status valid = ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i], &p);
-          if (!valid.ok()) {
-            errors[t] = std::move(valid);
-            return;
-          }
-          hasher.Add(shards[i]);
-          staged_bytes_[rank] += shards[i].nbytes();
-          p.key = local.Add(RefOf(p), index);
-        }
-        rank_fingerprints_[rank] = hasher.Finish();
+    RETURN_IF_ERROR(ForEachInRuns(runs, [&](size_t t, uint32_t rank) -> absl::Status {
+      const std::vector<v1::ShardDesc>& shards = by_rank_[rank]->shards;
+      LocalPlanHasher hasher(rank, shards.size());
+      for (size_t i = 0; i < shards.size(); ++i) {
+        const uint32_t index = static_cast<uint32_t>(rank_begin[rank] + i);
+        Piece& p = pieces[index];
+        RETURN_IF_ERROR(ValidateShard(layout_, rank, static_cast<int32_t>(i), shards[i], &p));
+        hasher.Add(shards[i]);
+        staged_bytes_[rank] += shards[i].nbytes();
+        p.key = run_keys[t].Add(RefOf(p), index);
       }
-    });
-    for (absl::Status& error : errors) {
-      if (!error.ok()) return std::move(error);
-    }
+      rank_fingerprints_[rank] = hasher.Finish();
+      return absl::OkStatus();
+    }));
 
     absl::flat_hash_map<KeyRef, uint32_t> key_index;
     std::vector<uint32_t> counts;
@@ -658,19 +665,9 @@ class Planner {
     const size_t threads = Threads(total_shards_);
     const std::vector<uint32_t> runs = SplitRuns(prefix, threads);
     std::vector<std::vector<Chunk>> chunks(threads);
-    std::vector<absl::Status> errors(threads);
-    RunOnThreads(threads, [&](size_t t) {
-      for (uint32_t i = runs[t]; i < runs[t + 1]; ++i) {
-        absl::Status status = KeyChunks(sorted_keys_[i], &chunks[t]);
-        if (!status.ok()) {
-          errors[t] = std::move(status);
-          return;
-        }
-      }
-    });
-    for (absl::Status& error : errors) {
-      if (!error.ok()) return std::move(error);
-    }
+    RETURN_IF_ERROR(ForEachInRuns(runs, [&](size_t t, uint32_t i) {
+      return KeyChunks(sorted_keys_[i], &chunks[t]);
+    }));
     size_t total = 0;
     for (const std::vector<Chunk>& run : chunks) total += run.size();
     chunks_.reserve(total);
