@@ -26,7 +26,8 @@ struct SessionOptions {
   absl::Duration copying_timeout = absl::Seconds(600);
   absl::Duration persisting_timeout = absl::Seconds(1800);
   absl::Duration committing_timeout = absl::Seconds(120);
-  // Most agents writing at once to the storage target. Default: 64.
+  // Most agents writing at once to the storage target (memory-only saves write nothing and
+  // are not bound). Default: 64.
   uint32_t max_concurrent_writers = 64;
   // Committed checkpoints kept per job; older ones are retired with each commit. 0 keeps all.
   // Default: 0.

@@ -651,7 +651,8 @@ void SessionMachine::HandOutPersist(Effects& out) {
   for (uint32_t r = 0; r < world(); ++r) {
     RankProgress& p = ranks_[r];
     if (p.persist_sent || p.persisted) continue;
-    const bool writes = plan_->bytes_written_by_rank[r] > 0;
+    // A memory-only PERSIST writes nothing to storage: the writer bound does not apply.
+    const bool writes = !record_.memory_only() && plan_->bytes_written_by_rank[r] > 0;
     if (writes && writers_active_ >= context_.options->max_concurrent_writers) continue;
     if (writes) ++writers_active_;
     p.persist_sent = true;

@@ -17,7 +17,8 @@
 //   2 (ReportPhase)     every rank reported PINNED. Each gets COPY (its trainer may copy).
 //   3 (ReportPhase)     every rank reported STAGED (every trainer resumed). Each gets GATHER
 //                       with its peers' addresses; once all reported GATHERED, PERSIST is
-//                       handed out, at most `max_concurrent_writers` writers at a time.
+//                       handed out, at most `max_concurrent_writers` writers at a time
+//                       (a memory-only save's PERSIST writes nothing: all at once).
 //   4 (Report*)         every rank reported PERSISTED, every planned chunk was reported, and
 //                       every replica's hash matches its writer's (else 6, REPLICA_DIVERGED).
 //                       The manifest is built and persisted with the state; the coordinator

@@ -2333,6 +2333,33 @@ TEST_F(MemoryOnlyTest, MemoryOnly_EveryChunkReported_CommittedWithoutDiskNeverLa
   EXPECT_THAT(List()[0].files_not_in_memory(), IsEmpty());
 }
 
+// A memory-only PERSIST writes nothing to storage, so the writer bound (a bound on concurrent
+// disk writers) does not hold it back: every rank gets its PERSIST at once.
+TEST_F(MemoryOnlyTest, MemoryOnly_WriterBound_EveryPersistAtOnce) {
+  options_.max_concurrent_writers = 1;
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  AskMemoryOnly(true);
+  const std::string id = DriveToPersisting(2);
+  ASSERT_GE(Writers(id).size(), 2u);
+  GatherAll(id);
+
+  EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ElementsAre(0, 1, 2, 3));
+  PersistAll(id);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
+
+  // A disk save after it is bound as before: one writer at a time.
+  AskMemoryOnly(false);
+  const std::string disk = DriveToPersisting(3);
+  GatherAll(disk);
+  std::vector<uint32_t> writers_sent;
+  for (uint32_t r : RanksSent(v1::Command::kPersist, disk)) {
+    const std::vector<uint32_t> writers = Writers(disk);
+    if (std::find(writers.begin(), writers.end(), r) != writers.end()) writers_sent.push_back(r);
+  }
+  EXPECT_THAT(writers_sent, SizeIs(1));
+}
+
 TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestart_StillRecordedAsMemoryOnly) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
