@@ -25,6 +25,7 @@
 #include "agent/cuda_host.h"
 #include "agent/lifeline.h"
 #include "agent/loader.h"
+#include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
 #include "agent/peer/grpc_peer_transport.h"
 #include "agent/peer/peer_address_book.h"
@@ -37,6 +38,7 @@
 #include "common/log.h"
 #include "common/program.h"
 #include "common/signals.h"
+#include "common/tcp_socket.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/fault_injecting_storage.h"
@@ -55,6 +57,10 @@ ABSL_FLAG(std::string, peer_listen, "0.0.0.0:0",
 ABSL_FLAG(std::string, peer_host, "",
           "host name or address other agents use to reach this one (default: the host of "
           "--peer_listen if it names one address, else the hostname)");
+ABSL_FLAG(std::string, memory_bulk_listen, "",
+          "memory tier: host:port where other agents read this agent's memory copies over plain "
+          "TCP, faster than over --peer_listen (default: the host of --peer_listen, a free port; "
+          "'off': read over --peer_listen only)");
 ABSL_FLAG(std::string, node_id, "",
           "identity of this host; ranks on one node share its RAM budget (default: hostname)");
 ABSL_FLAG(int64_t, host_ram_budget_mb, 0,
@@ -210,6 +216,27 @@ int main(int argc, char** argv) {
   tessera::BuddyStore buddy_store(buddy_budget);
   tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
 
+  // The bulk port for other agents' reads of this agent's memory copies.
+  std::unique_ptr<tessera::MemoryBulkServer> memory_bulk;
+  std::string memory_bulk_listen = absl::GetFlag(FLAGS_memory_bulk_listen);
+  if (memory_bulk_listen.empty()) {
+    absl::StatusOr<std::pair<std::string, std::string>> peer_listen =
+        tessera::SplitHostPort(absl::GetFlag(FLAGS_peer_listen));
+    if (!peer_listen.ok()) return Fail(absl::StrCat("--peer_listen: ", peer_listen.status().message()));
+    memory_bulk_listen = tessera::JoinHostPort(peer_listen->first, "0");
+  }
+  if (memory_on && memory_bulk_listen != "off") {
+    tessera::MemoryBulkServerOptions bulk_options;
+    bulk_options.listen_address = memory_bulk_listen;
+    absl::StatusOr<std::unique_ptr<tessera::MemoryBulkServer>> started =
+        tessera::MemoryBulkServer::Start(job, &memory_tier, &buddy_store, bulk_options);
+    if (!started.ok()) {
+      return Fail(absl::StrCat("--memory_bulk_listen ", memory_bulk_listen, ": ",
+                               started.status().message()));
+    }
+    memory_bulk = *std::move(started);
+  }
+
   tessera::PeerAddressBook addresses;  // filled from GATHER commands
   tessera::GrpcPeerTransportOptions peer_options;
   if (memory_on) peer_options.extra_services.push_back(&peer_memory);
@@ -279,9 +306,7 @@ int main(int argc, char** argv) {
       return std::move(*found->mutable_manifest());
     };
     loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy, char* dest) {
-      return tessera::ReadMemoryCopy(
-          tessera::MemoryCopyChannels(copy.peer_address(), grpc::InsecureChannelCredentials()), job,
-          copy, dest, kMemoryCopyTimeout);
+      return tessera::ReadMemoryCopyFromHolder(job, copy, dest, kMemoryCopyTimeout);
     };
   }
   tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
@@ -316,6 +341,10 @@ int main(int argc, char** argv) {
   registration.set_peer_address(tessera::AdvertisedPeerAddress(absl::GetFlag(FLAGS_peer_host),
                                                                absl::GetFlag(FLAGS_peer_listen),
                                                                (*peers)->port(), Hostname()));
+  if (memory_bulk != nullptr) {
+    registration.set_memory_bulk_address(tessera::AdvertisedPeerAddress(
+        absl::GetFlag(FLAGS_peer_host), memory_bulk_listen, memory_bulk->port(), Hostname()));
+  }
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);
   registration.set_memory_tier(memory_on);

@@ -255,32 +255,66 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
   if (!request.ParseFromZeroCopyStream(&reader)) {
     return fail(absl::InvalidArgumentError("malformed ReadMemoryCopyRequest"));
   }
-  if (request.job_id() != job_id_) {
-    return fail(absl::FailedPreconditionError(
-        absl::StrCat("this agent serves job ", job_id_, ", not ", request.job_id())));
+  absl::StatusOr<RequestedBytes> found = FindRequestedBytes(job_id_, *tier_, *store_, request);
+  if (!found.ok()) return fail(found.status());
+  return new ReadReactor(absl::OkStatus(), found->data, found->begin, found->end,
+                         std::move(found->hold));
+}
+
+absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id,
+                                                  const MemoryTier& tier, const BuddyStore& store,
+                                                  const v1::ReadMemoryCopyRequest& request) {
+  if (request.job_id() != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this agent serves job ", job_id, ", not ", request.job_id()));
   }
-  // This agent's own copy, else one it holds as a buddy.
-  const char* data = nullptr;
+  RequestedBytes out;
   uint64_t size = 0;
-  std::shared_ptr<const void> hold;
-  ResidentView view = tier_->Find(request.step(), request.session_id());
+  ResidentView view = tier.Find(request.step(), request.session_id());
   if (auto it = view.files.find(request.file()); it != view.files.end() && !view.holds.empty()) {
-    data = it->second.data;
+    out.data = it->second.data;
     size = it->second.size;
-    hold = view.holds.front();
+    out.hold = view.holds.front();
   } else if (std::optional<HeldCopy> held =
-                 store_->Find(request.step(), request.session_id(), request.file())) {
-    data = held->bytes->data();
+                 store.Find(request.step(), request.session_id(), request.file())) {
+    out.data = held->bytes->data();
     size = held->bytes->size();
-    hold = std::move(held->bytes);
+    out.hold = std::move(held->bytes);
   } else {
-    return fail(absl::NotFoundError(absl::StrCat("no memory copy of ", request.file(), " of step ",
-                                                 request.step(), " (session ", request.session_id(),
-                                                 ") here")));
+    return absl::NotFoundError(absl::StrCat("no memory copy of ", request.file(), " of step ",
+                                            request.step(), " (session ", request.session_id(),
+                                            ") here"));
   }
-  absl::StatusOr<std::pair<uint64_t, uint64_t>> range = RequestedRange(request, size);
-  if (!range.ok()) return fail(range.status());
-  return new ReadReactor(absl::OkStatus(), data, range->first, range->second, std::move(hold));
+  ASSIGN_OR_RETURN(const auto range, RequestedRange(request, size));
+  out.begin = range.first;
+  out.end = range.second;
+  return out;
+}
+
+std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int streams) {
+  const uint64_t chunks = (nbytes + kMemoryCopyChunkBytes - 1) / kMemoryCopyChunkBytes;
+  const uint64_t n = std::max<uint64_t>(
+      1, std::min<uint64_t>(static_cast<uint64_t>(std::max(streams, 1)), chunks));
+  const uint64_t per_part = (chunks + n - 1) / n * kMemoryCopyChunkBytes;
+  std::vector<std::pair<uint64_t, uint64_t>> parts;
+  for (uint64_t i = 0; i < n; ++i) {
+    const uint64_t begin = std::min(nbytes, i * per_part);
+    const uint64_t end = i + 1 == n ? nbytes : std::min(nbytes, begin + per_part);
+    parts.emplace_back(begin, end);
+  }
+  return parts;
+}
+
+v1::ReadMemoryCopyRequest ReadRequest(const std::string& job, const v1::MemoryCopy& copy,
+                                      uint64_t begin, uint64_t end) {
+  v1::ReadMemoryCopyRequest request;
+  request.set_job_id(job);
+  request.set_step(copy.step());
+  request.set_session_id(copy.session_id());
+  request.set_file(copy.file());
+  request.set_offset(begin);
+  request.set_length(end - begin);
+  return request;
 }
 
 absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
@@ -333,28 +367,17 @@ absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& c
                             const std::string& job, const v1::MemoryCopy& copy, char* dest,
                             absl::Duration timeout) {
   if (channels.empty()) return absl::InvalidArgumentError("no channel to read a memory copy over");
-  // Consecutive parts of whole chunks, one per channel; none empty.
-  const uint64_t chunks = (copy.nbytes() + kMemoryCopyChunkBytes - 1) / kMemoryCopyChunkBytes;
-  const uint64_t streams = std::max<uint64_t>(1, std::min<uint64_t>(channels.size(), chunks));
-  const uint64_t per_stream = (chunks + streams - 1) / streams * kMemoryCopyChunkBytes;
+  const std::vector<std::pair<uint64_t, uint64_t>> parts =
+      ReadParts(copy.nbytes(), static_cast<int>(channels.size()));
   const absl::Time deadline = absl::Now() + timeout;
-  v1::ReadMemoryCopyRequest request;
-  request.set_job_id(job);
-  request.set_step(copy.step());
-  request.set_session_id(copy.session_id());
-  request.set_file(copy.file());
-  absl::BlockingCounter done(static_cast<int>(streams));
+  absl::BlockingCounter done(static_cast<int>(parts.size()));
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
   std::vector<std::unique_ptr<ReadStream>> reads;
-  for (uint64_t i = 0; i < streams; ++i) {
-    const uint64_t begin = std::min(copy.nbytes(), i * per_stream);
-    const uint64_t end =
-        i + 1 == streams ? copy.nbytes() : std::min(copy.nbytes(), begin + per_stream);
-    request.set_offset(begin);
-    request.set_length(end - begin);
+  for (size_t i = 0; i < parts.size(); ++i) {
+    const auto [begin, end] = parts[i];
     stubs.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
     reads.push_back(std::make_unique<ReadStream>(dest, begin, end, &done));
-    reads.back()->Start(stubs.back().get(), request, deadline);
+    reads.back()->Start(stubs.back().get(), ReadRequest(job, copy, begin, end), deadline);
   }
   done.Wait();
   for (const std::unique_ptr<ReadStream>& read : reads) RETURN_IF_ERROR(read->result());

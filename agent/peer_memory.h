@@ -19,6 +19,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -77,6 +78,33 @@ inline constexpr int kMemoryCopyReadStreams = 4;
 std::vector<std::shared_ptr<grpc::Channel>> MemoryCopyChannels(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     int streams = kMemoryCopyReadStreams);
+
+// The bytes a ReadMemoryCopyRequest asks for, in the memory of a copy this agent holds: bytes
+// [begin, end) at `data`, kept alive by `hold` (the copy may be dropped or replaced meanwhile).
+struct RequestedBytes {
+  const char* data = nullptr;  // the copy's first byte
+  uint64_t begin = 0;
+  uint64_t end = 0;
+  std::shared_ptr<const void> hold;
+};
+
+// What `request` asks of an agent of job `job_id` whose own resident copies are in `tier` and
+// whose buddy copies are in `store`: its own copy of the file, else one it holds as a buddy.
+// The one lookup behind both ways of reading (ReadMemoryCopy, agent/memory_bulk.h).
+// Errors: FailedPrecondition if the request's job is not `job_id`; NotFound if it holds no
+// copy of that file of (step, session_id); OutOfRange if the range does not lie within it.
+absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id,
+                                                  const MemoryTier& tier, const BuddyStore& store,
+                                                  const v1::ReadMemoryCopyRequest& request);
+
+// How a read of a copy of `nbytes` bytes is split over at most `streams` connections:
+// consecutive [begin, end) parts of whole kMemoryCopyChunkBytes chunks, none empty unless the
+// copy is (then one part), covering [0, nbytes) in order.
+std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int streams);
+
+// The ReadMemoryCopyRequest for bytes [begin, end) of `copy` of job `job`.
+v1::ReadMemoryCopyRequest ReadRequest(const std::string& job, const v1::MemoryCopy& copy,
+                                      uint64_t begin, uint64_t end);
 
 // Reads the whole copy `copy` of checkpoint `job` into `dest` (copy.nbytes() bytes, which the
 // caller bounds), from the agent at the other end of `channels`: one stream per channel, each

@@ -1,10 +1,11 @@
-// Restoring from a buddy, without the rest of a load: PeerMemory.ReadMemoryCopy of a 256 MiB
-// resident copy over 1, 2 and 4 connections (second argument 1: new connections for every
-// read, as a load makes them; 0: kept), against the physical limit on the same machine in the
-// same run — plain loopback TCP sockets moving the same bytes from memory into a
-// preallocated buffer over as many connections (the kernel's two copies, nothing else).
-// Server and client share this process, as two agents share a node's cores. The destination
-// is faulted in once, so page faults are not measured.
+// Restoring from a buddy, without the rest of a load: a 256 MiB resident copy read over 1, 2
+// and 4 connections with PeerMemory.ReadMemoryCopy (second argument 1: new connections for
+// every read, as a load makes them; 0: kept) and over the bulk port (agent/memory_bulk.h, new
+// connections every read), against the physical limit on the same machine in the same run —
+// plain loopback TCP sockets moving the same bytes from memory into a preallocated buffer over
+// as many connections (the kernel's two copies, nothing else). Server and client share this
+// process, as two agents share a node's cores. The destination is faulted in once, so page
+// faults are not measured.
 //
 //   bazel run -c opt //agent:peer_memory_benchmark
 #include <arpa/inet.h>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include "agent/buddy_store.h"
+#include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
 #include "benchmark/benchmark.h"
@@ -34,6 +36,23 @@ std::shared_ptr<std::string> Payload() {
   return payload;
 }
 
+// A tier holding the payload as its own copy of step 7, and that copy as a reader names it.
+void PublishPayload(MemoryTier& tier) {
+  std::shared_ptr<std::string> payload = Payload();
+  tier.Publish(
+      ResidentCheckpoint{7, "s7", "data-00000", 0, payload->size(),
+                         ResidentRegion{"/bench", payload->data(), payload->size(), payload}});
+}
+
+v1::MemoryCopy PayloadCopy() {
+  v1::MemoryCopy copy;
+  copy.set_step(7);
+  copy.set_session_id("s7");
+  copy.set_file("data-00000");
+  copy.set_nbytes(kBytes);
+  return copy;
+}
+
 // The destination, faulted in once: the benchmark measures the transfer, not page faults.
 char* Dest() {
   static std::string* dest = new std::string(kBytes, '\0');
@@ -43,10 +62,7 @@ char* Dest() {
 void BM_ReadMemoryCopy(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(0);
-  std::shared_ptr<std::string> payload = Payload();
-  tier.Publish(
-      ResidentCheckpoint{7, "s7", "data-00000", 0, payload->size(),
-                         ResidentRegion{"/bench", payload->data(), payload->size(), payload}});
+  PublishPayload(tier);
   PeerMemoryService service("job", &tier, &store);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -58,11 +74,7 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
                               grpc::InsecureChannelCredentials(), static_cast<int>(state.range(0)));
   };
   std::vector<std::shared_ptr<grpc::Channel>> channels = connect();
-  v1::MemoryCopy copy;
-  copy.set_step(7);
-  copy.set_session_id("s7");
-  copy.set_file("data-00000");
-  copy.set_nbytes(kBytes);
+  const v1::MemoryCopy copy = PayloadCopy();
   for (auto _ : state) {
     if (state.range(1)) channels = connect();  // cold: new connections, as a load makes
     absl::Status status = ReadMemoryCopy(channels, "job", copy, Dest(), absl::Minutes(1));
@@ -73,6 +85,36 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
 }
 BENCHMARK(BM_ReadMemoryCopy)
     ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The bulk port (agent/memory_bulk.h): the same read over plain TCP connections, new ones for
+// every read (as a load makes them), each received straight into its part of the destination.
+void BM_ReadMemoryCopyBulk(benchmark::State& state) {
+  MemoryTier tier;
+  BuddyStore store(0);
+  PublishPayload(tier);
+  MemoryBulkServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
+      MemoryBulkServer::Start("job", &tier, &store, options);
+  if (!server.ok()) {
+    state.SkipWithError(server.status().ToString().c_str());
+    return;
+  }
+  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
+  const v1::MemoryCopy copy = PayloadCopy();
+  for (auto _ : state) {
+    absl::Status status = ReadMemoryCopyBulk(address, "job", copy, Dest(), absl::Minutes(1),
+                                             static_cast<int>(state.range(0)));
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
+}
+BENCHMARK(BM_ReadMemoryCopyBulk)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(4)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 

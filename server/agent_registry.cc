@@ -119,6 +119,7 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
     copy.set_rank(rank);
     copy.set_node_id(agent->registration.node_id());
     copy.set_peer_address(agent->registration.peer_address());
+    copy.set_bulk_address(agent->registration.memory_bulk_address());
   };
   if (resident.has_value()) {
     held_here(*resident);

@@ -175,7 +175,10 @@ TEST_F(AgentRegistryTest, MemoryCopies_ForgottenOnLossRestartOrAHeartbeatWithout
 }
 
 TEST_F(AgentRegistryTest, MemoryCopies_BuddyCopiesListedWithTheirHolder) {
-  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  v1::RegisterAgentRequest holder = Registration(0, 1);
+  holder.set_peer_address("10.0.0.1:7000");
+  holder.set_memory_bulk_address("10.0.0.1:7001");
+  ASSERT_TRUE(registry_.Register(holder).ok());
   v1::MemoryCopy held = Copy(7, "s7", "");
   held.set_file("data-00001.safetensors");
   held.set_writer_rank(1);
@@ -187,6 +190,11 @@ TEST_F(AgentRegistryTest, MemoryCopies_BuddyCopiesListedWithTheirHolder) {
   EXPECT_EQ(copies[1].writer_rank(), 1u);
   EXPECT_EQ(copies[1].rank(), 0u);
   EXPECT_EQ(copies[1].node_id(), "node0");
+  // Where to read it: the holder's Peer service and its bulk port.
+  for (const v1::MemoryCopy& c : copies) {
+    EXPECT_EQ(c.peer_address(), "10.0.0.1:7000");
+    EXPECT_EQ(c.bulk_address(), "10.0.0.1:7001");
+  }
 }
 
 // A load asks for the files it reads: only their copies, own and buddy ones, by holder rank

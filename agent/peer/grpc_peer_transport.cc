@@ -10,6 +10,7 @@
 #include "agent/peer/chunk_codec.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
+#include "common/tcp_socket.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/security/credentials.h"
@@ -73,8 +74,7 @@ std::string AdvertisedPeerAddress(const std::string& peer_host,
                           listen_host == "0:0:0:0:0:0:0:0";
     host = wildcard ? hostname : listen_host;
   }
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(host, ":", port);
+  return JoinHostPort(host, absl::StrCat(port));
 }
 
 // ---------------------------------------------------------------------------------------------

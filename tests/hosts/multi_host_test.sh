@@ -282,6 +282,16 @@ PY
 }
 wait_until 30 buddies_hold ||
   fail "host a's agents do not hold buddy copies of b's step 30 files: $(cat "$DIR/logs/agents-buddies.json")"
+# Those copies are read over their holders' bulk ports (agent/memory_bulk.h), on host a's address.
+/usr/bin/python3 - "$DIR/logs/agents-buddies.json" "$TAG-a" "${ADDR[a]}" <<'PY' ||
+import json, sys
+agents = json.load(open(sys.argv[1]))["agents"]
+bulk = [c.get("bulk_address", "") for a in agents if a["node_id"] == sys.argv[2]
+        for c in a.get("buddy_copies", [])]
+bad = [b for b in bulk if b.rpartition(":")[0] != sys.argv[3]]
+sys.exit("buddy copies on host a name bulk ports %s, not on %s" % (bad, sys.argv[3]) if bad else 0)
+PY
+  fail "bulk ports of host a's agents (see $DIR/logs/agents-buddies.json)"
 for r in 1 3; do
   kill -KILL "${AGENT_PIDS[$r]}" 2>/dev/null
   wait "${AGENT_PIDS[$r]}" 2>/dev/null

@@ -1,0 +1,250 @@
+#include "agent/memory_bulk.h"
+
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "agent/buddy_store.h"
+#include "agent/memory_tier.h"
+#include "agent/peer_memory.h"
+#include "common/tcp_socket.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tessera/v1/peer.pb.h"
+
+namespace tessera {
+namespace {
+
+constexpr char kJob[] = "job";
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
+
+std::string Pattern(uint64_t size, char seed) {
+  std::string s(size, '\0');
+  for (uint64_t i = 0; i < size; ++i) s[i] = static_cast<char>(seed + i * 7 + (i >> 12));
+  return s;
+}
+
+v1::MemoryCopy Copy(const std::string& file, uint64_t nbytes) {
+  v1::MemoryCopy c;
+  c.set_step(7);
+  c.set_session_id("s7");
+  c.set_file(file);
+  c.set_nbytes(nbytes);
+  return c;
+}
+
+// A message framed as on the bulk port: u32 little-endian length, then its bytes.
+std::string Frame(const std::string& body) {
+  const uint32_t n = static_cast<uint32_t>(body.size());
+  std::string frame(4, '\0');
+  memcpy(frame.data(), &n, 4);  // x86-64 and aarch64 are little-endian
+  return frame + body;
+}
+
+// Receives one framed BulkReadHeader from `socket`.
+v1::BulkReadHeader RecvHeader(const TcpSocket& socket) {
+  uint32_t n = 0;
+  EXPECT_TRUE(socket.RecvAll(reinterpret_cast<char*>(&n), 4, Soon()).ok());
+  std::string body(n, '\0');
+  EXPECT_TRUE(socket.RecvAll(body.data(), n, Soon()).ok());
+  v1::BulkReadHeader header;
+  EXPECT_TRUE(header.ParseFromString(body));
+  return header;
+}
+
+// An agent's memory as both ways of reading serve it: own copy "data-00000" (2 MiB + 5 bytes,
+// three chunks) and a buddy copy "data-00003" (9 MiB + 123 bytes, ten chunks); a bulk port and
+// a PeerMemory service.
+class MemoryBulkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    own_ = std::make_shared<std::string>(Pattern((2 << 20) + 5, 'o'));
+    tier_.Publish(ResidentCheckpoint{7, "s7", "data-00000", 4096, own_->size(),
+                                     ResidentRegion{"/own", own_->data(), own_->size(), own_}});
+    held_ = Pattern((9 << 20) + 123, 'b');
+    v1::MemoryCopy buddy = Copy("data-00003", held_.size());
+    buddy.set_writer_rank(3);
+    absl::StatusOr<std::shared_ptr<MemoryBuffer>> room = store_.Reserve(buddy);
+    ASSERT_TRUE(room.ok()) << room.status();
+    memcpy((*room)->data(), held_.data(), held_.size());
+    store_.Keep(buddy, *room);
+  }
+
+  void StartBulk(MemoryBulkServerOptions options = {}) {
+    options.listen_address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
+        MemoryBulkServer::Start(kJob, &tier_, &store_, options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    bulk_ = *std::move(server);
+    bulk_address_ = "127.0.0.1:" + std::to_string(bulk_->port());
+  }
+
+  absl::StatusOr<std::string> Read(const v1::MemoryCopy& copy, int streams = 4,
+                                   const std::string& job = kJob) {
+    std::string dest(copy.nbytes(), '\0');
+    absl::Status read =
+        ReadMemoryCopyBulk(bulk_address_, job, copy, dest.data(), absl::Seconds(30), streams);
+    if (!read.ok()) return read;
+    return dest;
+  }
+
+  // A connection to the bulk port that asked for the own copy and got its header: the server
+  // is sending (it blocks once the socket buffers are full, as nothing reads them).
+  TcpSocket Reading() {
+    absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
+    EXPECT_TRUE(socket.ok()) << socket.status();
+    const std::string request = Frame(ReadRequest(kJob, Copy("data-00003", held_.size()), 0,
+                                                  held_.size())
+                                          .SerializeAsString());
+    EXPECT_TRUE(socket->SendAll(request.data(), request.size(), Soon()).ok());
+    EXPECT_EQ(RecvHeader(*socket).nbytes(), held_.size());
+    return *std::move(socket);
+  }
+
+  MemoryTier tier_;
+  BuddyStore store_{64 << 20};
+  std::shared_ptr<std::string> own_;
+  std::string held_;
+  std::unique_ptr<MemoryBulkServer> bulk_;
+  std::string bulk_address_;
+};
+
+TEST_F(MemoryBulkTest, Read_OwnAndBuddyCopies_ByteIdenticalOverOneToFourStreams) {
+  StartBulk();
+  for (int streams : {1, 2, 4}) {  // the own copy's three chunks: one, two or three parts
+    absl::StatusOr<std::string> back = Read(Copy("data-00000", own_->size()), streams);
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_TRUE(*back == *own_) << streams << " streams";
+  }
+  absl::StatusOr<std::string> back = Read(Copy("data-00003", held_.size()), 3);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == held_);
+}
+
+TEST_F(MemoryBulkTest, Read_Errors_TheHoldersNamingTheBulkPort) {
+  StartBulk();
+  absl::Status missing = Read(Copy("data-00009", 10)).status();
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
+  EXPECT_NE(missing.message().find("no memory copy of data-00009"), std::string::npos);
+  EXPECT_NE(missing.message().find("bulk read from " + bulk_address_), std::string::npos);
+
+  absl::Status other_job = Read(Copy("data-00000", own_->size()), 1, "other").status();
+  EXPECT_EQ(other_job.code(), absl::StatusCode::kFailedPrecondition) << other_job;
+
+  // More bytes than held: the last part's range overruns the copy.
+  absl::Status beyond = Read(Copy("data-00000", own_->size() + 1), 1).status();
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kOutOfRange) << beyond;
+}
+
+TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
+  StartBulk();
+  PeerMemoryService service(kJob, &tier_, &store_);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
+  ASSERT_NE(grpc_server, nullptr);
+
+  v1::MemoryCopy copy = Copy("data-00003", held_.size());
+  copy.set_peer_address("127.0.0.1:" + std::to_string(port));
+  copy.set_bulk_address(bulk_address_);
+  std::string dest(held_.size(), '\0');
+  ASSERT_TRUE(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).ok());
+  EXPECT_TRUE(dest == held_);
+
+  // Without a bulk port the same bytes come over PeerMemory; with the bulk port gone and still
+  // named, the read fails rather than going elsewhere (the loader then reads the disk).
+  copy.clear_bulk_address();
+  dest.assign(held_.size(), '\0');
+  ASSERT_TRUE(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).ok());
+  EXPECT_TRUE(dest == held_);
+  bulk_.reset();
+  copy.set_bulk_address(bulk_address_);
+  EXPECT_EQ(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).code(),
+            absl::StatusCode::kUnavailable);
+  grpc_server->Shutdown();
+}
+
+TEST_F(MemoryBulkTest, Read_HolderClosesEarly_DataLossNamingTheBytes) {
+  absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 1);
+  ASSERT_TRUE(listener.ok());
+  bulk_address_ = "127.0.0.1:" + std::to_string(listener->port());
+  std::thread holder([&] {
+    absl::StatusOr<TcpSocket> c = listener->Accept();
+    ASSERT_TRUE(c.ok());
+    char length[4];
+    ASSERT_TRUE(c->RecvAll(length, 4, Soon()).ok());
+    uint32_t n;
+    memcpy(&n, length, 4);
+    std::string request(n, '\0');
+    ASSERT_TRUE(c->RecvAll(request.data(), n, Soon()).ok());
+    v1::BulkReadHeader header;
+    header.set_nbytes(1000);
+    const std::string answer = Frame(header.SerializeAsString()) + std::string(600, 'x');
+    ASSERT_TRUE(c->SendAll(answer.data(), answer.size(), Soon()).ok());
+  });  // closes after 600 of 1,000 bytes
+  absl::Status status = Read(Copy("data-00000", 1000), 1).status();
+  holder.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("after 600 of 1000 bytes"), std::string::npos) << status;
+}
+
+TEST_F(MemoryBulkTest, Read_HolderNeverAnswers_DeadlineExceeded) {
+  // The kernel completes connections to a listener nobody accepts on: the request is sent and
+  // no answer comes.
+  absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 4);
+  ASSERT_TRUE(listener.ok());
+  std::string dest(1000, '\0');
+  absl::Status status =
+      ReadMemoryCopyBulk("127.0.0.1:" + std::to_string(listener->port()), kJob,
+                         Copy("data-00000", 1000), dest.data(), absl::Milliseconds(100));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+}
+
+TEST_F(MemoryBulkTest, Server_MalformedOrOversizedRequest_InvalidArgumentHeader) {
+  StartBulk();
+  for (const std::string& request :
+       {Frame("\xff\xff\xff not a request"),
+        // Only the length of a 100 KiB request: the server refuses it without reading on.
+        Frame(std::string(100 << 10, 'x')).substr(0, 4)}) {
+    absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
+    ASSERT_TRUE(socket.ok());
+    ASSERT_TRUE(socket->SendAll(request.data(), request.size(), Soon()).ok());
+    const v1::BulkReadHeader header = RecvHeader(*socket);
+    EXPECT_EQ(header.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+        << header.message();
+    EXPECT_EQ(header.nbytes(), 0u);
+  }
+}
+
+TEST_F(MemoryBulkTest, Server_AtMaxConnections_TheNextWaitsForOneToEnd) {
+  MemoryBulkServerOptions options;
+  options.max_connections = 1;
+  StartBulk(options);
+  TcpSocket first = Reading();  // served, blocked on the bytes nobody reads
+  std::string dest(own_->size(), '\0');
+  absl::Status waited = ReadMemoryCopyBulk(bulk_address_, kJob, Copy("data-00000", own_->size()),
+                                           dest.data(), absl::Milliseconds(100), 1);
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+
+  first.Close();  // the server's send fails: its connection ends
+  absl::StatusOr<std::string> back = Read(Copy("data-00000", own_->size()), 1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *own_);
+}
+
+TEST_F(MemoryBulkTest, Server_DestroyedMidRead_ReturnsAndTheReaderGetsDataLoss) {
+  StartBulk();
+  TcpSocket reader = Reading();
+  bulk_.reset();  // wakes the connection blocked in send and joins it
+  std::string dest(held_.size(), '\0');
+  absl::Status status = reader.RecvAll(dest.data(), dest.size(), Soon());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+}
+
+}  // namespace
+}  // namespace tessera

@@ -1,0 +1,76 @@
+// Blocking TCP sockets with deadlines: the few calls a plain data connection needs (the memory
+// tier's bulk reads, agent/memory_bulk.h), each bounded in time so that a peer that dies or
+// stops reading or writing ends the call with an error instead of blocking it.
+//
+// Errors name the operation and the address: Unavailable for a peer that cannot be reached or
+// that reset the connection; DeadlineExceeded once the deadline passed; DataLoss for a
+// connection closed before the bytes expected; InvalidArgument for an address that does not
+// parse or resolve.
+//
+// Thread-safety: a TcpSocket is used by one thread at a time, except Shutdown(), which any
+// thread may call to wake a blocked call (it then fails).
+#ifndef TESSERA_COMMON_TCP_SOCKET_H_
+#define TESSERA_COMMON_TCP_SOCKET_H_
+
+#include <cstddef>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+namespace tessera {
+
+// "host:port" or "[v6 literal]:port" split into host (brackets removed) and port.
+// Errors: InvalidArgument if there is no ':' or no port.
+absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(absl::string_view address);
+
+// The inverse: "host:port", an IPv6 literal host bracketed ("[fd00::5]:7000").
+std::string JoinHostPort(absl::string_view host, absl::string_view port);
+
+class TcpSocket {
+ public:
+  TcpSocket() = default;
+  explicit TcpSocket(int fd, std::string peer) : fd_(fd), peer_(std::move(peer)) {}
+  TcpSocket(TcpSocket&& other) noexcept { *this = std::move(other); }
+  TcpSocket& operator=(TcpSocket&& other) noexcept;
+  TcpSocket(const TcpSocket&) = delete;
+  TcpSocket& operator=(const TcpSocket&) = delete;
+  ~TcpSocket() { Close(); }
+
+  // Connects to `address` ("host:port"), trying each address the host resolves to.
+  static absl::StatusOr<TcpSocket> Connect(absl::string_view address, absl::Time deadline);
+
+  // A listening socket bound to `address` (port 0: a free one); port() says which.
+  static absl::StatusOr<TcpSocket> Listen(absl::string_view address, int backlog);
+
+  // The next connection (peer() names it). Fails once Shutdown() was called.
+  absl::StatusOr<TcpSocket> Accept() const;
+
+  // Sends all `n` bytes at `data`. Does not raise SIGPIPE.
+  absl::Status SendAll(const char* data, size_t n, absl::Time deadline) const;
+
+  // Receives exactly `n` bytes into `dest`. DataLoss if the peer closes first, naming how
+  // many bytes had arrived.
+  absl::Status RecvAll(char* dest, size_t n, absl::Time deadline) const;
+
+  // Wakes and fails any call blocked on this socket, now and later; the descriptor stays open
+  // until Close() or destruction.
+  void Shutdown() const;
+  void Close();
+
+  int port() const;
+  bool valid() const { return fd_ >= 0; }
+  int fd() const { return fd_; }
+  const std::string& peer() const { return peer_; }
+
+ private:
+  int fd_ = -1;
+  std::string peer_;  // for error messages
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_TCP_SOCKET_H_

@@ -1,0 +1,113 @@
+#include "common/tcp_socket.h"
+
+#include <string>
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
+
+// A listener on loopback and one connection to it: {client side, server side}.
+struct Pair {
+  TcpSocket listener;
+  TcpSocket client;
+  TcpSocket server;
+};
+
+Pair Connected() {
+  Pair p;
+  absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 4);
+  EXPECT_TRUE(listener.ok()) << listener.status();
+  p.listener = *std::move(listener);
+  absl::StatusOr<TcpSocket> client =
+      TcpSocket::Connect("127.0.0.1:" + std::to_string(p.listener.port()), Soon());
+  EXPECT_TRUE(client.ok()) << client.status();
+  p.client = *std::move(client);
+  absl::StatusOr<TcpSocket> server = p.listener.Accept();
+  EXPECT_TRUE(server.ok()) << server.status();
+  p.server = *std::move(server);
+  return p;
+}
+
+TEST(SplitHostPortTest, HostPortAndBracketedV6) {
+  EXPECT_EQ(*SplitHostPort("10.0.0.5:7000"), std::make_pair(std::string("10.0.0.5"),
+                                                             std::string("7000")));
+  EXPECT_EQ(*SplitHostPort("[fd00::5]:7001"), std::make_pair(std::string("fd00::5"),
+                                                              std::string("7001")));
+  EXPECT_EQ(JoinHostPort("fd00::5", "7001"), "[fd00::5]:7001");
+  EXPECT_EQ(JoinHostPort("node-a", "0"), "node-a:0");
+  EXPECT_EQ(SplitHostPort("node-a").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(SplitHostPort("node-a:").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(TcpSocketTest, SendAllRecvAll_MoreThanTheSocketBuffers_ByteIdentical) {
+  Pair p = Connected();
+  std::string data(48 << 20, '\0');
+  for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<char>(i * 31 + (i >> 16));
+  std::thread sender([&] { EXPECT_TRUE(p.client.SendAll(data.data(), data.size(), Soon()).ok()); });
+  std::string got(data.size(), '\0');
+  absl::Status received = p.server.RecvAll(got.data(), got.size(), Soon());
+  sender.join();
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_TRUE(got == data);
+}
+
+TEST(TcpSocketTest, RecvAll_PeerClosesEarly_DataLossSayingHowMuchArrived) {
+  Pair p = Connected();
+  ASSERT_TRUE(p.client.SendAll("abc", 3, Soon()).ok());
+  p.client.Close();
+  char buffer[8];
+  absl::Status status = p.server.RecvAll(buffer, sizeof(buffer), Soon());
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_NE(status.message().find("after 3 of 8 bytes"), std::string::npos) << status;
+}
+
+TEST(TcpSocketTest, RecvAll_PeerSendsNothing_DeadlineExceededAtTheDeadline) {
+  Pair p = Connected();
+  char buffer[8];
+  absl::Status status = p.server.RecvAll(buffer, sizeof(buffer), absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  status = p.server.RecvAll(buffer, sizeof(buffer), absl::Now() - absl::Seconds(1));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+}
+
+TEST(TcpSocketTest, Shutdown_WakesABlockedReceive) {
+  Pair p = Connected();
+  absl::Status status;
+  std::thread receiver([&] {
+    char buffer[8];
+    status = p.server.RecvAll(buffer, sizeof(buffer), Soon());
+  });
+  p.server.Shutdown();
+  receiver.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+}
+
+TEST(TcpSocketTest, Accept_AfterShutdown_Fails) {
+  absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 4);
+  ASSERT_TRUE(listener.ok());
+  absl::Status accepted;
+  std::thread acceptor([&] { accepted = listener->Accept().status(); });
+  listener->Shutdown();
+  acceptor.join();
+  EXPECT_FALSE(accepted.ok());
+}
+
+TEST(TcpSocketTest, Connect_NothingListens_UnavailableNamingTheAddress) {
+  absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 1);
+  ASSERT_TRUE(listener.ok());
+  const std::string address = "127.0.0.1:" + std::to_string(listener->port());
+  listener->Close();  // the port is free again: connecting is refused
+  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, Soon());
+  EXPECT_EQ(socket.status().code(), absl::StatusCode::kUnavailable) << socket.status();
+  EXPECT_NE(socket.status().message().find(address), std::string::npos);
+  EXPECT_EQ(TcpSocket::Connect("no-port", Soon()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessera
