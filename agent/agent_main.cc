@@ -38,7 +38,6 @@
 #include "common/log.h"
 #include "common/program.h"
 #include "common/signals.h"
-#include "common/tcp_socket.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/fault_injecting_storage.h"
@@ -218,21 +217,16 @@ int main(int argc, char** argv) {
 
   // The bulk port for other agents' reads of this agent's memory copies.
   std::unique_ptr<tessera::MemoryBulkServer> memory_bulk;
-  std::string memory_bulk_listen = absl::GetFlag(FLAGS_memory_bulk_listen);
-  if (memory_bulk_listen.empty()) {
-    absl::StatusOr<std::pair<std::string, std::string>> peer_listen =
-        tessera::SplitHostPort(absl::GetFlag(FLAGS_peer_listen));
-    if (!peer_listen.ok()) return Fail(absl::StrCat("--peer_listen: ", peer_listen.status().message()));
-    memory_bulk_listen = tessera::JoinHostPort(peer_listen->first, "0");
-  }
-  if (memory_on && memory_bulk_listen != "off") {
-    tessera::MemoryBulkServerOptions bulk_options;
-    bulk_options.listen_address = memory_bulk_listen;
+  tessera::MemoryBulkServerOptions bulk_options;
+  if (memory_on && absl::GetFlag(FLAGS_memory_bulk_listen) != "off") {
+    absl::StatusOr<std::string> listen = tessera::MemoryBulkListenAddress(
+        absl::GetFlag(FLAGS_memory_bulk_listen), absl::GetFlag(FLAGS_peer_listen));
+    if (!listen.ok()) return Fail(std::string(listen.status().message()));
+    bulk_options.listen_address = *listen;
     absl::StatusOr<std::unique_ptr<tessera::MemoryBulkServer>> started =
         tessera::MemoryBulkServer::Start(job, &memory_tier, &buddy_store, bulk_options);
     if (!started.ok()) {
-      return Fail(absl::StrCat("--memory_bulk_listen ", memory_bulk_listen, ": ",
-                               started.status().message()));
+      return Fail(absl::StrCat("memory bulk port on ", *listen, ": ", started.status().message()));
     }
     memory_bulk = *std::move(started);
   }
@@ -343,7 +337,8 @@ int main(int argc, char** argv) {
                                                                (*peers)->port(), Hostname()));
   if (memory_bulk != nullptr) {
     registration.set_memory_bulk_address(tessera::AdvertisedPeerAddress(
-        absl::GetFlag(FLAGS_peer_host), memory_bulk_listen, memory_bulk->port(), Hostname()));
+        absl::GetFlag(FLAGS_peer_host), bulk_options.listen_address, memory_bulk->port(),
+        Hostname()));
   }
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);

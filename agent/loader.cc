@@ -117,9 +117,11 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
   const absl::Time start = absl::Now();
   for (const v1::MemoryCopy* copy : remote) {
     absl::StatusOr<std::vector<StagingSlot>> region = absl::UnknownError("not acquired");
+    absl::Time fetch_start = absl::InfiniteFuture();
     auto in_load_region = [&](uint64_t nbytes) -> absl::StatusOr<char*> {
       region = staging_->Acquire({std::max<uint64_t>(nbytes, 4096)});
       if (!region.ok()) return region.status();
+      fetch_start = absl::Now();
       return static_cast<char*>((*region)[0].data);
     };
     if (!ReadRemoteCopy(*copy, file_size, MaxFetchBytes(), in_load_region, options_.fetch_copy)
@@ -128,7 +130,8 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       continue;
     }
     char* data = static_cast<char*>((*region)[0].data);
-    const absl::Duration staging_time = absl::Now() - start;
+    const absl::Time fetched = absl::Now();
+    const absl::Duration staging_time = fetched - start;
     // The fetched bytes are this load's own until it answers: verifying them here, a block that
     // does not match is read from the file over them (not the whole copy fetched again).
     absl::StatusOr<Staged> staged =
@@ -139,6 +142,7 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       return staged.status();
     }
     staged->staging_time = staging_time;
+    staged->fetch_time = fetched - fetch_start;
     staged->shm_name = (*region)[0].name;
     staged->shm_size = (*region)[0].capacity;
     staged->fetched_from_peers = copy->nbytes();
@@ -379,6 +383,9 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
           " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
           " reads=", stats.read_calls, " setup_ms=", absl::ToDoubleMilliseconds(read_start - start),
           " staging_ms=", absl::ToDoubleMilliseconds(staged->staging_time),
+          staged->fetch_time > absl::ZeroDuration()
+              ? absl::StrCat(" fetch_ms=", absl::ToDoubleMilliseconds(staged->fetch_time))
+              : "",
           " read_ms=", read_s * 1e3, " read_mib_s=", read_mib_s);
   return response;
 }

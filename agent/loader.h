@@ -129,6 +129,8 @@ class Loader {
     std::vector<BlockCheck> unverified;
     // Making the region, finding and fetching copies (none for this agent's resident region).
     absl::Duration staging_time;
+    // Of staging_time, a fetch in place's transfer alone (after its load region was made).
+    absl::Duration fetch_time;
   };
 
   // The job's memory copies of a load's checkpoint (LoaderOptions::find_copies), or why not.

@@ -73,6 +73,16 @@ absl::Status ReadPart(const std::string& address, const v1::ReadMemoryCopyReques
 
 }  // namespace
 
+absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
+                                                    const std::string& peer_listen) {
+  if (!flag.empty()) return flag;
+  absl::StatusOr<std::pair<std::string, std::string>> host_port = SplitHostPort(peer_listen);
+  if (!host_port.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--peer_listen: ", host_port.status().message()));
+  }
+  return JoinHostPort(host_port->first, "0");
+}
+
 absl::StatusOr<std::unique_ptr<MemoryBulkServer>> MemoryBulkServer::Start(
     std::string job_id, const MemoryTier* tier, const BuddyStore* store,
     MemoryBulkServerOptions options) {
@@ -126,8 +136,9 @@ void MemoryBulkServer::AcceptLoop() {
     absl::StatusOr<TcpSocket> accepted = listener_.Accept();
     absl::MutexLock lock(&mu_);
     if (stopping_) return;
-    if (!accepted.ok()) {
+    if (!accepted.ok()) {  // e.g. out of descriptors: not a reason to spin
       LogWarning("memory bulk port: ", accepted.status().ToString());
+      mu_.AwaitWithTimeout(absl::Condition(&stopping_), absl::Milliseconds(100));
       continue;
     }
     // Connections that finished: join their threads.

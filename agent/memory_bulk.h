@@ -47,6 +47,12 @@ struct MemoryBulkServerOptions {
   absl::Duration send_timeout = absl::Minutes(2);
 };
 
+// Where an agent listens for bulk reads: `flag` (--memory_bulk_listen) if not empty, else the
+// host of `peer_listen` (--peer_listen) with a free port.
+// Errors: InvalidArgument naming --peer_listen if it is not host:port.
+absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
+                                                    const std::string& peer_listen);
+
 class MemoryBulkServer {
  public:
   // Serves the copies of job `job_id` in `tier` (the agent's own) and `store` (held as a

@@ -112,6 +112,15 @@ class MemoryBulkTest : public ::testing::Test {
   std::string bulk_address_;
 };
 
+TEST(MemoryBulkListenAddressTest, FlagElseThePeerHostWithAFreePort) {
+  EXPECT_EQ(*MemoryBulkListenAddress("10.0.0.5:7100", "0.0.0.0:0"), "10.0.0.5:7100");
+  EXPECT_EQ(*MemoryBulkListenAddress("", "10.0.0.5:7000"), "10.0.0.5:0");
+  EXPECT_EQ(*MemoryBulkListenAddress("", "[fd00::5]:7000"), "[fd00::5]:0");
+  absl::Status bad = MemoryBulkListenAddress("", "10.0.0.5").status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("--peer_listen"), std::string::npos) << bad;
+}
+
 TEST_F(MemoryBulkTest, Read_OwnAndBuddyCopies_ByteIdenticalOverOneToFourStreams) {
   StartBulk();
   for (int streams : {1, 2, 4}) {  // the own copy's three chunks: one, two or three parts
