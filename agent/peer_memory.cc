@@ -293,13 +293,15 @@ absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id,
 
 std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int streams) {
   const uint64_t chunks = (nbytes + kMemoryCopyChunkBytes - 1) / kMemoryCopyChunkBytes;
-  const uint64_t n = std::max<uint64_t>(
-      1, std::min<uint64_t>(static_cast<uint64_t>(std::max(streams, 1)), chunks));
-  const uint64_t per_part = (chunks + n - 1) / n * kMemoryCopyChunkBytes;
+  const uint64_t most = static_cast<uint64_t>(std::max(streams, 1));
+  const uint64_t chunks_per_part = std::max<uint64_t>(1, (chunks + most - 1) / most);
+  // 5 chunks over 4 streams: parts of 2, 2 and 1 chunks, not a fourth part with none.
+  const uint64_t n = std::max<uint64_t>(1, (chunks + chunks_per_part - 1) / chunks_per_part);
   std::vector<std::pair<uint64_t, uint64_t>> parts;
   for (uint64_t i = 0; i < n; ++i) {
-    const uint64_t begin = std::min(nbytes, i * per_part);
-    const uint64_t end = i + 1 == n ? nbytes : std::min(nbytes, begin + per_part);
+    const uint64_t begin = i * chunks_per_part * kMemoryCopyChunkBytes;
+    const uint64_t end =
+        i + 1 == n ? nbytes : (i + 1) * chunks_per_part * kMemoryCopyChunkBytes;
     parts.emplace_back(begin, end);
   }
   return parts;

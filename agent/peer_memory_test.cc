@@ -99,6 +99,20 @@ class PeerMemoryTest : public ::testing::Test {
   std::shared_ptr<grpc::Channel> channel_;
 };
 
+TEST(ReadPartsTest, ConsecutiveWholeChunks_NoEmptyPart) {
+  using Parts = std::vector<std::pair<uint64_t, uint64_t>>;
+  constexpr uint64_t kChunk = kMemoryCopyChunkBytes;
+  // Five chunks over four streams: three parts, not a fourth one with nothing in it.
+  EXPECT_EQ(ReadParts(5 * kChunk, 4), (Parts{{0, 2 * kChunk}, {2 * kChunk, 4 * kChunk},
+                                             {4 * kChunk, 5 * kChunk}}));
+  EXPECT_EQ(ReadParts(2 * kChunk + 5, 4),
+            (Parts{{0, kChunk}, {kChunk, 2 * kChunk}, {2 * kChunk, 2 * kChunk + 5}}));
+  EXPECT_EQ(ReadParts(8 * kChunk, 4).size(), 4u);
+  EXPECT_EQ(ReadParts(3 * kChunk, 1), (Parts{{0, 3 * kChunk}}));
+  EXPECT_EQ(ReadParts(0, 4), (Parts{{0, 0}}));
+  EXPECT_EQ(ReadParts(100, 0), (Parts{{0, 100}}));
+}
+
 TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
   Start(/*budget=*/64 << 20);
   const std::string bytes = Pattern((9 << 20) + 123, 'a');  // several chunks, a short last one
