@@ -111,10 +111,6 @@ constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // (BuddyReplicator::GiveWay): it stops within one 1 MiB chunk or 5 ms unless the buddy stopped
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
 constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
-std::shared_ptr<grpc::Channel> PeerChannel(const std::string& address) {
-  return grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
-}
-
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tessera-agent: %s\n", message.c_str());
   return 2;
@@ -308,8 +304,9 @@ int main(int argc, char** argv) {
   if (memory_on) {
     replicator_owner = std::make_unique<tessera::BuddyReplicator>(
         &memory_tier, urank,
-        [&job, &executor](const std::string& address, const tessera::v1::MemoryCopy& copy,
-                          const char* data, const std::atomic<bool>& cancel) {
+        [&job, &executor](const tessera::v1::MemoryBuddy& buddy,
+                          const tessera::v1::MemoryCopy& copy, const char* data,
+                          const std::atomic<bool>& cancel) {
           // The copy to the buddy yields the CPU to a trainer's save copy on this agent: the
           // stall is the copy alone. Checked each 5 ms for cancellation: a save that needs
           // this copy's region waits for it to let go (BuddyReplicator::GiveWay).
@@ -317,8 +314,8 @@ int main(int argc, char** argv) {
             while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(5))) {
             }
           };
-          return tessera::SendMemoryCopy(PeerChannel(address), job, copy, data, kMemoryCopyTimeout,
-                                         &cancel, yield_to_saves);
+          return tessera::SendMemoryCopyToBuddy(job, buddy, copy, data, kMemoryCopyTimeout, &cancel,
+                                                yield_to_saves);
         });
     replicator = replicator_owner.get();
   }
@@ -336,9 +333,9 @@ int main(int argc, char** argv) {
                                                                absl::GetFlag(FLAGS_peer_listen),
                                                                (*peers)->port(), Hostname()));
   if (memory_bulk != nullptr) {
-    registration.set_memory_bulk_address(tessera::AdvertisedPeerAddress(
-        absl::GetFlag(FLAGS_peer_host), bulk_options.listen_address, memory_bulk->port(),
-        Hostname()));
+    registration.set_memory_bulk_address(
+        tessera::AdvertisedPeerAddress(absl::GetFlag(FLAGS_peer_host), bulk_options.listen_address,
+                                       memory_bulk->port(), Hostname()));
   }
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);

@@ -90,7 +90,7 @@ void BuddyReplicator::Run() {
       cancel_.store(false);
       sending_ = std::make_pair(copy->step(), copy->session_id());
     }
-    const absl::Status sent = send_(buddy->peer_address(), *copy, file->second.data, cancel_);
+    const absl::Status sent = send_(*buddy, *copy, file->second.data, cancel_);
     view = ResidentView();  // let the region go before anything else
     absl::MutexLock lock(&mu_);
     sending_.reset();

@@ -4,8 +4,9 @@
 // The coordinator names the buddy in every heartbeat reply (SetBuddy); the memory tier says
 // when a save committed a new copy (OnPublished). Whenever the copy the buddy should hold —
 // (buddy and its incarnation, step, session) — differs from the last one sent whole, a thread
-// sends it (PeerMemory.PutMemoryCopy) from the resident region, holding it: the staging pool
-// never hands a held region to a save (agent/staging_pool.h), so the bytes stay the commit's.
+// sends it (over the buddy's bulk port, else PeerMemory.PutMemoryCopy) from the resident
+// region, holding it: the staging pool never hands a held region to a save
+// (agent/staging_pool.h), so the bytes stay the commit's.
 // Sending starts after the commit, so it never competes with the save's disk write, and the
 // Send given (agent_main) pauses while a trainer is blocked in a save. A failed
 // send is logged (once per copy and buddy) and tried again at the next SetBuddy (the next
@@ -41,9 +42,9 @@ namespace tessera {
 class BuddyReplicator {
  public:
   // Sends `copy` (header, writer_rank set, no region) with its copy.nbytes() bytes at `data`
-  // to the agent at `peer_address`, giving up between chunks once `cancel` is true. Returns
-  // the receiver's error or the transport's.
-  using Send = std::function<absl::Status(const std::string& peer_address,
+  // to `buddy` (agent/memory_bulk.h SendMemoryCopyToBuddy), giving up between chunks once
+  // `cancel` is true. Returns the receiver's error or the transport's.
+  using Send = std::function<absl::Status(const v1::MemoryBuddy& buddy,
                                           const v1::MemoryCopy& copy, const char* data,
                                           const std::atomic<bool>& cancel)>;
 

@@ -9,12 +9,11 @@
 #include "common/log.h"
 #include "google/protobuf/message_lite.h"
 #include "grpcpp/grpcpp.h"
-#include "tessera/v1/peer.pb.h"
 
 namespace tessera {
 namespace {
 
-// The largest request or header a side accepts (peer.proto "Bulk reads").
+// The largest message a side accepts (peer.proto "Bulk transfers").
 constexpr uint32_t kMaxFrameBytes = 64 << 10;
 
 // A message as u32 length (little-endian) and its bytes.
@@ -22,8 +21,8 @@ absl::Status SendFrame(const TcpSocket& socket, const google::protobuf::MessageL
                        absl::Time deadline) {
   const std::string body = message.SerializeAsString();
   const uint32_t n = static_cast<uint32_t>(body.size());
-  std::string frame = {static_cast<char>(n), static_cast<char>(n >> 8),
-                       static_cast<char>(n >> 16), static_cast<char>(n >> 24)};
+  std::string frame = {static_cast<char>(n), static_cast<char>(n >> 8), static_cast<char>(n >> 16),
+                       static_cast<char>(n >> 24)};
   frame += body;
   return socket.SendAll(frame.data(), frame.size(), deadline);
 }
@@ -31,8 +30,7 @@ absl::Status SendFrame(const TcpSocket& socket, const google::protobuf::MessageL
 absl::Status RecvFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
                        absl::Time deadline) {
   unsigned char length[4];
-  if (absl::Status got = socket.RecvAll(reinterpret_cast<char*>(length), 4, deadline);
-      !got.ok()) {
+  if (absl::Status got = socket.RecvAll(reinterpret_cast<char*>(length), 4, deadline); !got.ok()) {
     return got;
   }
   const uint32_t n = length[0] | length[1] << 8 | length[2] << 16 | uint32_t{length[3]} << 24;
@@ -50,23 +48,48 @@ absl::Status RecvFrame(const TcpSocket& socket, google::protobuf::MessageLite* m
   return absl::OkStatus();
 }
 
-// Bytes [begin, end) of the copy, read from `address` into `dest` (the copy's first byte).
-absl::Status ReadPart(const std::string& address, const v1::ReadMemoryCopyRequest& request,
-                      char* dest, uint64_t begin, uint64_t end, absl::Time deadline) {
+absl::Status SendStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,
+                        absl::Time deadline) {
+  v1::BulkStatus message;
+  message.set_code(static_cast<int>(status.code()));
+  message.set_message(std::string(status.message()));
+  message.set_nbytes(nbytes);
+  return SendFrame(socket, message, deadline);
+}
+
+// The peer's BulkStatus: its nbytes, or its error (naming `address`).
+absl::StatusOr<uint64_t> RecvStatus(const TcpSocket& socket, const std::string& address,
+                                    absl::Time deadline) {
+  v1::BulkStatus status;
+  if (absl::Status got = RecvFrame(socket, &status, deadline); !got.ok()) return got;
+  if (status.code() != 0) {
+    return absl::Status(static_cast<absl::StatusCode>(status.code()),
+                        absl::StrCat(status.message(), " (bulk port ", address, ")"));
+  }
+  return status.nbytes();
+}
+
+absl::StatusOr<TcpSocket> Open(const std::string& address, const v1::BulkRequest& request,
+                               absl::Time deadline) {
   absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
   if (!socket.ok()) return socket.status();
   if (absl::Status sent = SendFrame(*socket, request, deadline); !sent.ok()) return sent;
-  v1::BulkReadHeader header;
-  if (absl::Status got = RecvFrame(*socket, &header, deadline); !got.ok()) return got;
-  if (header.code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(header.code()),
-                        absl::StrCat(header.message(), " (bulk read from ", address, ")"));
-  }
-  if (header.nbytes() != end - begin) {
-    return absl::DataLossError(absl::StrCat(address, " offers ", header.nbytes(),
-                                            " bytes of the memory copy of ", request.file(),
-                                            " where bytes [", begin, ", ", end,
-                                            ") were asked for"));
+  return socket;
+}
+
+// Bytes [begin, end) of the copy, read from `address` into `dest` (the copy's first byte).
+absl::Status ReadPart(const std::string& address, v1::ReadMemoryCopyRequest request, char* dest,
+                      uint64_t begin, uint64_t end, absl::Time deadline) {
+  v1::BulkRequest wrapped;
+  *wrapped.mutable_read() = std::move(request);
+  absl::StatusOr<TcpSocket> socket = Open(address, wrapped, deadline);
+  if (!socket.ok()) return socket.status();
+  absl::StatusOr<uint64_t> offered = RecvStatus(*socket, address, deadline);
+  if (!offered.ok()) return offered.status();
+  if (*offered != end - begin) {
+    return absl::DataLossError(absl::StrCat(
+        address, " offers ", *offered, " bytes of the memory copy of ", wrapped.read().file(),
+        " where bytes [", begin, ", ", end, ") were asked for"));
   }
   return socket->RecvAll(dest + begin, end - begin, deadline);
 }
@@ -78,13 +101,14 @@ absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
   if (!flag.empty()) return flag;
   absl::StatusOr<std::pair<std::string, std::string>> host_port = SplitHostPort(peer_listen);
   if (!host_port.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("--peer_listen: ", host_port.status().message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--peer_listen: ", host_port.status().message()));
   }
   return JoinHostPort(host_port->first, "0");
 }
 
 absl::StatusOr<std::unique_ptr<MemoryBulkServer>> MemoryBulkServer::Start(
-    std::string job_id, const MemoryTier* tier, const BuddyStore* store,
+    std::string job_id, const MemoryTier* tier, BuddyStore* store,
     MemoryBulkServerOptions options) {
   absl::StatusOr<TcpSocket> listener = TcpSocket::Listen(options.listen_address, 128);
   if (!listener.ok()) return listener.status();
@@ -92,9 +116,8 @@ absl::StatusOr<std::unique_ptr<MemoryBulkServer>> MemoryBulkServer::Start(
       std::move(job_id), tier, store, std::move(options), *std::move(listener)));
 }
 
-MemoryBulkServer::MemoryBulkServer(std::string job_id, const MemoryTier* tier,
-                                   const BuddyStore* store, MemoryBulkServerOptions options,
-                                   TcpSocket listener)
+MemoryBulkServer::MemoryBulkServer(std::string job_id, const MemoryTier* tier, BuddyStore* store,
+                                   MemoryBulkServerOptions options, TcpSocket listener)
     : job_id_(std::move(job_id)),
       tier_(tier),
       store_(store),
@@ -159,34 +182,57 @@ void MemoryBulkServer::AcceptLoop() {
 
 void MemoryBulkServer::Serve(Connection* connection) {
   const TcpSocket& socket = connection->socket;
-  Answer(socket, Lookup(socket));
+  v1::BulkRequest request;
+  absl::Status got = RecvFrame(socket, &request, absl::Now() + options_.request_timeout);
+  if (got.ok() && request.kind_case() == v1::BulkRequest::KIND_NOT_SET) {
+    got = absl::InvalidArgumentError("a BulkRequest with neither a read nor a put");
+  }
+  if (!got.ok()) {
+    SendStatus(socket, got, 0, absl::Now() + options_.send_timeout).IgnoreError();
+  } else if (request.has_read()) {
+    ServeRead(socket, request.read());
+  } else {
+    ServePut(socket, request.put());
+  }
   absl::MutexLock lock(&mu_);
   connection->socket.Close();
   connection->done = true;
   --active_;
 }
 
-absl::StatusOr<RequestedBytes> MemoryBulkServer::Lookup(const TcpSocket& socket) const {
-  v1::ReadMemoryCopyRequest request;
-  if (absl::Status got = RecvFrame(socket, &request, absl::Now() + options_.request_timeout);
-      !got.ok()) {
-    return got;
-  }
-  return FindRequestedBytes(job_id_, *tier_, *store_, request);
-}
-
-void MemoryBulkServer::Answer(const TcpSocket& socket,
-                              const absl::StatusOr<RequestedBytes>& found) const {
+void MemoryBulkServer::ServeRead(const TcpSocket& socket,
+                                 const v1::ReadMemoryCopyRequest& request) const {
   const absl::Time deadline = absl::Now() + options_.send_timeout;
-  v1::BulkReadHeader header;
-  header.set_code(static_cast<int>(found.status().code()));
-  header.set_message(std::string(found.status().message()));
-  if (found.ok()) header.set_nbytes(found->end - found->begin);
-  absl::Status sent = SendFrame(socket, header, deadline);
+  absl::StatusOr<RequestedBytes> found = FindRequestedBytes(job_id_, *tier_, *store_, request);
+  absl::Status sent =
+      SendStatus(socket, found.status(), found.ok() ? found->end - found->begin : 0, deadline);
   if (sent.ok() && found.ok()) {
     sent = socket.SendAll(found->data + found->begin, found->end - found->begin, deadline);
   }
   if (!sent.ok()) LogWarning("memory bulk read for ", socket.peer(), ": ", sent.ToString());
+}
+
+void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put) {
+  const absl::Time deadline = absl::Now() + options_.put_timeout;
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> room =
+      ReserveBuddyCopy(job_id_, *store_, put.job_id(), put.copy());
+  absl::Status status =
+      SendStatus(socket, room.status(), room.ok() ? (*room)->size() : 0, deadline);
+  if (!room.ok()) return;
+  if (status.ok()) status = socket.RecvAll((*room)->data(), (*room)->size(), deadline);
+  if (status.ok()) {
+    // Logged before the copy is kept, and so before any heartbeat can state it.
+    LogInfo("kept the memory copy of ", put.copy().file(), " of step ", put.copy().step(),
+            " from rank ", put.copy().writer_rank(), " (", put.copy().nbytes(),
+            " bytes over the bulk port)");
+    store_->Keep(put.copy(), *std::move(room));
+    status = SendStatus(socket, absl::OkStatus(), put.copy().nbytes(), deadline);
+    if (!status.ok()) LogWarning("memory bulk put from ", socket.peer(), ": ", status.ToString());
+    return;
+  }
+  store_->Abandon(put.copy().writer_rank());  // the sender went away or stalled mid-copy
+  LogWarning("memory bulk put of ", put.copy().file(), " from ", socket.peer(),
+             " not kept: ", status.ToString());
 }
 
 absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
@@ -209,6 +255,32 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
   return absl::OkStatus();
 }
 
+absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,
+                                const v1::MemoryCopy& copy, const char* data,
+                                absl::Duration timeout, const std::atomic<bool>* cancel,
+                                const std::function<void()>& before_chunk) {
+  const absl::Time deadline = absl::Now() + timeout;
+  v1::BulkRequest request;
+  request.mutable_put()->set_job_id(job);
+  *request.mutable_put()->mutable_copy() = copy;
+  absl::StatusOr<TcpSocket> socket = Open(address, request, deadline);
+  if (!socket.ok()) return socket.status();
+  if (absl::StatusOr<uint64_t> room = RecvStatus(*socket, address, deadline); !room.ok()) {
+    return room.status();
+  }
+  for (uint64_t offset = 0; offset < copy.nbytes();) {
+    if (before_chunk) before_chunk();
+    if (cancel != nullptr && cancel->load()) {
+      return absl::CancelledError(
+          absl::StrCat("the memory copy of ", copy.file(), " to ", address, " was given up"));
+    }
+    const uint64_t n = std::min(kMemoryCopyChunkBytes, copy.nbytes() - offset);
+    if (absl::Status sent = socket->SendAll(data + offset, n, deadline); !sent.ok()) return sent;
+    offset += n;
+  }
+  return RecvStatus(*socket, address, deadline).status();
+}
+
 absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,
                                       char* dest, absl::Duration timeout) {
   if (!copy.bulk_address().empty()) {
@@ -216,6 +288,18 @@ absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCo
   }
   return ReadMemoryCopy(MemoryCopyChannels(copy.peer_address(), grpc::InsecureChannelCredentials()),
                         job, copy, dest, timeout);
+}
+
+absl::Status SendMemoryCopyToBuddy(const std::string& job, const v1::MemoryBuddy& buddy,
+                                   const v1::MemoryCopy& copy, const char* data,
+                                   absl::Duration timeout, const std::atomic<bool>* cancel,
+                                   const std::function<void()>& before_chunk) {
+  if (!buddy.bulk_address().empty()) {
+    return SendMemoryCopyBulk(buddy.bulk_address(), job, copy, data, timeout, cancel, before_chunk);
+  }
+  return SendMemoryCopy(
+      grpc::CreateChannel(buddy.peer_address(), grpc::InsecureChannelCredentials()), job, copy,
+      data, timeout, cancel, before_chunk);
 }
 
 }  // namespace tessera

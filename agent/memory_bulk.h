@@ -1,22 +1,27 @@
-// Bulk reads of memory copies over plain TCP (proto/tessera/v1/peer.proto "Bulk reads";
-// DESIGN.md "Memory tier": restoring from a buddy).
+// Bulk transfers of memory copies over plain TCP (proto/tessera/v1/peer.proto "Bulk
+// transfers"; DESIGN.md "Memory tier").
 //
-// MemoryBulkServer serves the agent's bulk port: each connection carries one read of a copy
-// the agent holds (FindRequestedBytes, the lookup PeerMemory.ReadMemoryCopy uses), sent from
-// the memory that holds it. ReadMemoryCopyBulk reads a whole copy over several connections at
-// once, each receiving straight into its part of the destination: the kernel's copy is the
-// only one on the receiving side. PeerMemory.ReadMemoryCopy copies every byte once more, from
-// gRPC's receive buffers; agent/peer_memory_benchmark.cc measures both against plain sockets.
+// MemoryBulkServer serves the agent's bulk port. Each connection carries one transfer: a read
+// of a copy the agent holds (FindRequestedBytes, the lookup PeerMemory.ReadMemoryCopy uses),
+// sent from the memory that holds it; or a put of another agent's copy, which it keeps as that
+// agent's memory buddy (BuddyStore, as PeerMemory.PutMemoryCopy), received straight into the
+// buffer that keeps it. ReadMemoryCopyBulk reads a whole copy over several connections at
+// once, each receiving straight into its part of the destination; SendMemoryCopyBulk puts one.
+// On either side the kernel's copy is the only one. Over gRPC the receiver copies every byte
+// once more out of gRPC's buffers (and a put copies it twice more on the sending side);
+// agent/peer_memory_benchmark.cc measures both against plain sockets.
 //
-// Never hangs on a peer: every call is bounded by a deadline (the reader's) or a timeout (the
-// server's, for a reader that stops sending its request or taking bytes); a server being
-// destroyed wakes and ends its connections.
+// Never hangs on a peer: every call is bounded by a deadline (the caller's) or a timeout (the
+// server's, for a peer that stops sending or taking bytes); a server being destroyed wakes and
+// ends its connections.
 //
-// Thread-safety: the server is thread-safe; ReadMemoryCopyBulk may run concurrently.
+// Thread-safety: the server is thread-safe; the functions may run concurrently.
 #ifndef TESSERA_AGENT_MEMORY_BULK_H_
 #define TESSERA_AGENT_MEMORY_BULK_H_
 
+#include <atomic>
 #include <cstdint>
+#include <functional>
 #include <list>
 #include <memory>
 #include <string>
@@ -31,6 +36,8 @@
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
 #include "common/tcp_socket.h"
+#include "tessera/v1/coordinator.pb.h"
+#include "tessera/v1/peer.pb.h"
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {
@@ -39,16 +46,20 @@ struct MemoryBulkServerOptions {
   // host:port to listen on; port 0 picks a free one (MemoryBulkServer::port()).
   std::string listen_address = "0.0.0.0:0";
   // Connections served at once; further ones wait in the listen backlog until one ends (their
-  // readers' deadlines bound the wait).
+  // peers' deadlines bound the wait).
   int max_connections = 64;
   // A connection whose request has not arrived after this long is closed.
   absl::Duration request_timeout = absl::Seconds(10);
   // A reader that has not taken the copy's bytes after this long is dropped.
   absl::Duration send_timeout = absl::Minutes(2);
+  // A put whose bytes have not all arrived after this long is dropped, its room given back.
+  // Longer than a sender's own deadline (agent_main: 2 minutes), which pauses while its
+  // trainer saves.
+  absl::Duration put_timeout = absl::Minutes(5);
 };
 
-// Where an agent listens for bulk reads: `flag` (--memory_bulk_listen) if not empty, else the
-// host of `peer_listen` (--peer_listen) with a free port.
+// Where an agent listens for bulk transfers: `flag` (--memory_bulk_listen) if not empty, else
+// the host of `peer_listen` (--peer_listen) with a free port.
 // Errors: InvalidArgument naming --peer_listen if it is not host:port.
 absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
                                                     const std::string& peer_listen);
@@ -56,14 +67,14 @@ absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
 class MemoryBulkServer {
  public:
   // Serves the copies of job `job_id` in `tier` (the agent's own) and `store` (held as a
-  // buddy); both must outlive the server.
+  // buddy), and keeps the copies other agents put in `store`; both must outlive the server.
   // Errors: InvalidArgument / Unavailable if it cannot listen on options.listen_address.
   static absl::StatusOr<std::unique_ptr<MemoryBulkServer>> Start(
-      std::string job_id, const MemoryTier* tier, const BuddyStore* store,
+      std::string job_id, const MemoryTier* tier, BuddyStore* store,
       MemoryBulkServerOptions options = {});
 
-  // Stops accepting, ends the connections being served (their readers get an error) and
-  // joins every thread.
+  // Stops accepting, ends the connections being served (their peers get an error; a put not
+  // yet whole is not kept) and joins every thread.
   ~MemoryBulkServer();
 
   MemoryBulkServer(const MemoryBulkServer&) = delete;
@@ -78,17 +89,16 @@ class MemoryBulkServer {
     bool done = false;
   };
 
-  MemoryBulkServer(std::string job_id, const MemoryTier* tier, const BuddyStore* store,
+  MemoryBulkServer(std::string job_id, const MemoryTier* tier, BuddyStore* store,
                    MemoryBulkServerOptions options, TcpSocket listener);
   void AcceptLoop();
   void Serve(Connection* connection);
-  // The status and bytes a request asks for; Answer sends them.
-  absl::StatusOr<RequestedBytes> Lookup(const TcpSocket& socket) const;
-  void Answer(const TcpSocket& socket, const absl::StatusOr<RequestedBytes>& found) const;
+  void ServeRead(const TcpSocket& socket, const v1::ReadMemoryCopyRequest& request) const;
+  void ServePut(const TcpSocket& socket, const v1::BulkPut& put);
 
   const std::string job_id_;
   const MemoryTier* const tier_;
-  const BuddyStore* const store_;
+  BuddyStore* const store_;
   const MemoryBulkServerOptions options_;
   TcpSocket listener_;
   const int port_;
@@ -111,11 +121,31 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
                                 const v1::MemoryCopy& copy, char* dest, absl::Duration timeout,
                                 int streams = kMemoryCopyReadStreams);
 
+// Puts copy.nbytes() bytes at `data` to the bulk port at `address` as the buddy copy `copy`
+// (writer_rank set) of job `job`, in kMemoryCopyChunkBytes pieces: before each,
+// `before_chunk` (if given) runs — it may block, e.g. while a trainer's save copy runs — and
+// the put stops once `*cancel` (if given) is true. Returns once the receiver keeps the copy.
+// Errors: the receiver's, as PeerMemory.PutMemoryCopy's (ResourceExhausted,
+// FailedPrecondition); Cancelled after `cancel` (the receiver keeps nothing); as
+// ReadMemoryCopyBulk's for the connection.
+absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,
+                                const v1::MemoryCopy& copy, const char* data,
+                                absl::Duration timeout, const std::atomic<bool>* cancel = nullptr,
+                                const std::function<void()>& before_chunk = nullptr);
+
 // Reads `copy` from the agent holding it: over its bulk port when it has one
 // (copy.bulk_address), else over PeerMemory.ReadMemoryCopy at copy.peer_address. Errors: as
 // the path taken.
 absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,
                                       char* dest, absl::Duration timeout);
+
+// Sends `copy` to `buddy`: over its bulk port when it has one (buddy.bulk_address), else over
+// PeerMemory.PutMemoryCopy at buddy.peer_address. Arguments and errors: as SendMemoryCopyBulk
+// and SendMemoryCopy.
+absl::Status SendMemoryCopyToBuddy(const std::string& job, const v1::MemoryBuddy& buddy,
+                                   const v1::MemoryCopy& copy, const char* data,
+                                   absl::Duration timeout, const std::atomic<bool>* cancel,
+                                   const std::function<void()>& before_chunk);
 
 }  // namespace tessera
 

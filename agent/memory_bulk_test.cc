@@ -1,6 +1,8 @@
 #include "agent/memory_bulk.h"
 
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -44,15 +46,15 @@ std::string Frame(const std::string& body) {
   return frame + body;
 }
 
-// Receives one framed BulkReadHeader from `socket`.
-v1::BulkReadHeader RecvHeader(const TcpSocket& socket) {
+// Receives one framed BulkStatus from `socket`.
+v1::BulkStatus RecvStatus(const TcpSocket& socket) {
   uint32_t n = 0;
   EXPECT_TRUE(socket.RecvAll(reinterpret_cast<char*>(&n), 4, Soon()).ok());
   std::string body(n, '\0');
   EXPECT_TRUE(socket.RecvAll(body.data(), n, Soon()).ok());
-  v1::BulkReadHeader header;
-  EXPECT_TRUE(header.ParseFromString(body));
-  return header;
+  v1::BulkStatus status;
+  EXPECT_TRUE(status.ParseFromString(body));
+  return status;
 }
 
 // An agent's memory as both ways of reading serve it: own copy "data-00000" (2 MiB + 5 bytes,
@@ -91,17 +93,27 @@ class MemoryBulkTest : public ::testing::Test {
     return dest;
   }
 
-  // A connection to the bulk port that asked for the own copy and got its header: the server
-  // is sending (it blocks once the socket buffers are full, as nothing reads them).
+  // A connection to the bulk port that asked for the buddy copy and got its status: the
+  // server is sending (it blocks once the socket buffers are full, as nothing reads them).
   TcpSocket Reading() {
     absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
     EXPECT_TRUE(socket.ok()) << socket.status();
-    const std::string request = Frame(ReadRequest(kJob, Copy("data-00003", held_.size()), 0,
-                                                  held_.size())
-                                          .SerializeAsString());
-    EXPECT_TRUE(socket->SendAll(request.data(), request.size(), Soon()).ok());
-    EXPECT_EQ(RecvHeader(*socket).nbytes(), held_.size());
+    v1::BulkRequest request;
+    *request.mutable_read() = ReadRequest(kJob, Copy("data-00003", held_.size()), 0, held_.size());
+    const std::string frame = Frame(request.SerializeAsString());
+    EXPECT_TRUE(socket->SendAll(frame.data(), frame.size(), Soon()).ok());
+    EXPECT_EQ(RecvStatus(*socket).nbytes(), held_.size());
     return *std::move(socket);
+  }
+
+  // A put of `bytes` as writer 5's copy of "data-00005" of job `job`.
+  absl::Status Put(const std::string& bytes, const std::string& job = kJob,
+                   const std::atomic<bool>* cancel = nullptr,
+                   const std::function<void()>& before_chunk = nullptr) {
+    v1::MemoryCopy copy = Copy("data-00005", bytes.size());
+    copy.set_writer_rank(5);
+    return SendMemoryCopyBulk(bulk_address_, job, copy, bytes.data(), absl::Seconds(30), cancel,
+                              before_chunk);
   }
 
   MemoryTier tier_;
@@ -138,7 +150,7 @@ TEST_F(MemoryBulkTest, Read_Errors_TheHoldersNamingTheBulkPort) {
   absl::Status missing = Read(Copy("data-00009", 10)).status();
   EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound) << missing;
   EXPECT_NE(missing.message().find("no memory copy of data-00009"), std::string::npos);
-  EXPECT_NE(missing.message().find("bulk read from " + bulk_address_), std::string::npos);
+  EXPECT_NE(missing.message().find("bulk port " + bulk_address_), std::string::npos);
 
   absl::Status other_job = Read(Copy("data-00000", own_->size()), 1, "other").status();
   EXPECT_EQ(other_job.code(), absl::StatusCode::kFailedPrecondition) << other_job;
@@ -146,6 +158,42 @@ TEST_F(MemoryBulkTest, Read_Errors_TheHoldersNamingTheBulkPort) {
   // More bytes than held: the last part's range overruns the copy.
   absl::Status beyond = Read(Copy("data-00000", own_->size() + 1), 1).status();
   EXPECT_EQ(beyond.code(), absl::StatusCode::kOutOfRange) << beyond;
+}
+
+TEST_F(MemoryBulkTest, Put_ThenRead_KeptAsTheWritersBuddyCopy) {
+  StartBulk();
+  const std::string bytes = Pattern((5 << 20) + 77, 'p');  // six chunks, a short last one
+  int chunks = 0;
+  ASSERT_TRUE(Put(bytes, kJob, nullptr, [&chunks] { ++chunks; }).ok());
+  EXPECT_EQ(chunks, 6);
+  std::optional<HeldCopy> held = store_.Find(7, "s7", "data-00005");
+  ASSERT_TRUE(held.has_value());
+  EXPECT_EQ(held->copy.writer_rank(), 5u);
+  absl::StatusOr<std::string> back = Read(Copy("data-00005", bytes.size()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == bytes);
+}
+
+TEST_F(MemoryBulkTest, Put_RefusedOrCancelled_NothingKeptAndTheRoomGivenBack) {
+  StartBulk();
+  // Over the budget beside the copy held (64 MiB - 9 MiB): refused before any byte is sent.
+  absl::Status too_big = Put(std::string(60 << 20, 'x'));
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted) << too_big;
+  EXPECT_EQ(Put("abc", "other").code(), absl::StatusCode::kFailedPrecondition);
+
+  // Given up after two of six chunks: the receiver keeps nothing.
+  std::atomic<bool> cancel{false};
+  int chunks = 0;
+  absl::Status cancelled = Put(Pattern((5 << 20) + 77, 'c'), kJob, &cancel, [&] {
+    if (++chunks == 3) cancel.store(true);
+  });
+  EXPECT_EQ(cancelled.code(), absl::StatusCode::kCancelled) << cancelled;
+  bulk_.reset();  // joins the connection: the receiver has seen the sender go
+  EXPECT_FALSE(store_.Find(7, "s7", "data-00005").has_value());
+  // Its room is free again: the whole budget beside the copy held fits.
+  v1::MemoryCopy rest = Copy("data-00006", (64 << 20) - held_.size());
+  rest.set_writer_rank(6);
+  EXPECT_TRUE(store_.Reserve(rest).ok());
 }
 
 TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
@@ -171,6 +219,26 @@ TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
   dest.assign(held_.size(), '\0');
   ASSERT_TRUE(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).ok());
   EXPECT_TRUE(dest == held_);
+
+  // Sending to a buddy likewise: its bulk port, else PeerMemory.
+  v1::MemoryBuddy buddy;
+  buddy.set_peer_address(copy.peer_address());
+  buddy.set_bulk_address(bulk_address_);
+  const std::string bytes = Pattern((2 << 20) + 9, 's');
+  v1::MemoryCopy sent = Copy("data-00005", bytes.size());
+  sent.set_writer_rank(5);
+  ASSERT_TRUE(
+      SendMemoryCopyToBuddy(kJob, buddy, sent, bytes.data(), absl::Seconds(30), nullptr, nullptr)
+          .ok());
+  EXPECT_EQ(store_.Find(7, "s7", "data-00005")->bytes->size(), bytes.size());
+  buddy.clear_bulk_address();
+  sent.set_step(8);
+  sent.set_session_id("s8");
+  ASSERT_TRUE(
+      SendMemoryCopyToBuddy(kJob, buddy, sent, bytes.data(), absl::Seconds(30), nullptr, nullptr)
+          .ok());
+  EXPECT_TRUE(store_.Find(8, "s8", "data-00005").has_value());
+
   bulk_.reset();
   copy.set_bulk_address(bulk_address_);
   EXPECT_EQ(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).code(),
@@ -191,7 +259,7 @@ TEST_F(MemoryBulkTest, Read_HolderClosesEarly_DataLossNamingTheBytes) {
     memcpy(&n, length, 4);
     std::string request(n, '\0');
     ASSERT_TRUE(c->RecvAll(request.data(), n, Soon()).ok());
-    v1::BulkReadHeader header;
+    v1::BulkStatus header;
     header.set_nbytes(1000);
     const std::string answer = Frame(header.SerializeAsString()) + std::string(600, 'x');
     ASSERT_TRUE(c->SendAll(answer.data(), answer.size(), Soon()).ok());
@@ -214,19 +282,19 @@ TEST_F(MemoryBulkTest, Read_HolderNeverAnswers_DeadlineExceeded) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
-TEST_F(MemoryBulkTest, Server_MalformedOrOversizedRequest_InvalidArgumentHeader) {
+TEST_F(MemoryBulkTest, Server_MalformedEmptyOrOversizedRequest_InvalidArgumentStatus) {
   StartBulk();
   for (const std::string& request :
-       {Frame("\xff\xff\xff not a request"),
+       {Frame("\xff\xff\xff not a request"), Frame(v1::BulkRequest().SerializeAsString()),
         // Only the length of a 100 KiB request: the server refuses it without reading on.
         Frame(std::string(100 << 10, 'x')).substr(0, 4)}) {
     absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
     ASSERT_TRUE(socket.ok());
     ASSERT_TRUE(socket->SendAll(request.data(), request.size(), Soon()).ok());
-    const v1::BulkReadHeader header = RecvHeader(*socket);
-    EXPECT_EQ(header.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
-        << header.message();
-    EXPECT_EQ(header.nbytes(), 0u);
+    const v1::BulkStatus status = RecvStatus(*socket);
+    EXPECT_EQ(status.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
+        << status.message();
+    EXPECT_EQ(status.nbytes(), 0u);
   }
 }
 

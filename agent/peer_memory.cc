@@ -52,12 +52,9 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
       if (!chunk_.has_copy()) {
         return Fail(absl::InvalidArgumentError("the first chunk names no memory copy"));
       }
-      if (chunk_.job_id() != *job_id_) {
-        return Fail(absl::FailedPreconditionError(
-            absl::StrCat("this agent serves job ", *job_id_, ", not ", chunk_.job_id())));
-      }
       copy_ = chunk_.copy();
-      absl::StatusOr<std::shared_ptr<MemoryBuffer>> buffer = store_->Reserve(copy_);
+      absl::StatusOr<std::shared_ptr<MemoryBuffer>> buffer =
+          ReserveBuddyCopy(*job_id_, *store_, chunk_.job_id(), copy_);
       if (!buffer.ok()) return Fail(buffer.status());
       buffer_ = *std::move(buffer);
     }
@@ -161,8 +158,8 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> RequestedRange(
   const uint64_t length =
       request.length() == 0 && offset <= size ? size - offset : request.length();
   if (offset > size || length > size - offset) {
-    return absl::OutOfRangeError(absl::StrCat(length, " bytes at ", offset,
-                                              " of a memory copy of ", size, " bytes"));
+    return absl::OutOfRangeError(
+        absl::StrCat(length, " bytes at ", offset, " of a memory copy of ", size, " bytes"));
   }
   return std::make_pair(offset, offset + length);
 }
@@ -261,8 +258,8 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
                          std::move(found->hold));
 }
 
-absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id,
-                                                  const MemoryTier& tier, const BuddyStore& store,
+absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id, const MemoryTier& tier,
+                                                  const BuddyStore& store,
                                                   const v1::ReadMemoryCopyRequest& request) {
   if (request.job_id() != job_id) {
     return absl::FailedPreconditionError(
@@ -291,6 +288,17 @@ absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id,
   return out;
 }
 
+absl::StatusOr<std::shared_ptr<MemoryBuffer>> ReserveBuddyCopy(const std::string& job_id,
+                                                               BuddyStore& store,
+                                                               const std::string& job,
+                                                               const v1::MemoryCopy& copy) {
+  if (job != job_id) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("this agent serves job ", job_id, ", not ", job));
+  }
+  return store.Reserve(copy);
+}
+
 std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int streams) {
   const uint64_t chunks = (nbytes + kMemoryCopyChunkBytes - 1) / kMemoryCopyChunkBytes;
   const uint64_t most = static_cast<uint64_t>(std::max(streams, 1));
@@ -300,8 +308,7 @@ std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int stream
   std::vector<std::pair<uint64_t, uint64_t>> parts;
   for (uint64_t i = 0; i < n; ++i) {
     const uint64_t begin = i * chunks_per_part * kMemoryCopyChunkBytes;
-    const uint64_t end =
-        i + 1 == n ? nbytes : (i + 1) * chunks_per_part * kMemoryCopyChunkBytes;
+    const uint64_t end = i + 1 == n ? nbytes : (i + 1) * chunks_per_part * kMemoryCopyChunkBytes;
     parts.emplace_back(begin, end);
   }
   return parts;

@@ -93,9 +93,18 @@ struct RequestedBytes {
 // The one lookup behind both ways of reading (ReadMemoryCopy, agent/memory_bulk.h).
 // Errors: FailedPrecondition if the request's job is not `job_id`; NotFound if it holds no
 // copy of that file of (step, session_id); OutOfRange if the range does not lie within it.
-absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id,
-                                                  const MemoryTier& tier, const BuddyStore& store,
+absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id, const MemoryTier& tier,
+                                                  const BuddyStore& store,
                                                   const v1::ReadMemoryCopyRequest& request);
+
+// Room in `store` (that of an agent of job `job_id`) for `copy`, put by an agent of job `job`
+// as its buddy copy: the one rule behind both ways of putting (PutMemoryCopy,
+// agent/memory_bulk.h). Keep or Abandon (copy.writer_rank) ends the reservation.
+// Errors: FailedPrecondition if the jobs differ; BuddyStore::Reserve's (ResourceExhausted).
+absl::StatusOr<std::shared_ptr<MemoryBuffer>> ReserveBuddyCopy(const std::string& job_id,
+                                                               BuddyStore& store,
+                                                               const std::string& job,
+                                                               const v1::MemoryCopy& copy);
 
 // How a read of a copy of `nbytes` bytes is split over at most `streams` connections:
 // consecutive [begin, end) parts of whole kMemoryCopyChunkBytes chunks, none empty unless the

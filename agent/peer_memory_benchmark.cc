@@ -5,7 +5,8 @@
 // plain loopback TCP sockets moving the same bytes from memory into a preallocated buffer over
 // as many connections (the kernel's two copies, nothing else). Server and client share this
 // process, as two agents share a node's cores. The destination is faulted in once, so page
-// faults are not measured.
+// faults are not measured. BM_PutMemoryCopy compares the two ways of replicating a copy to a
+// buddy (gRPC against the bulk port).
 //
 //   bazel run -c opt //agent:peer_memory_benchmark
 #include <arpa/inet.h>
@@ -117,6 +118,41 @@ BENCHMARK(BM_ReadMemoryCopyBulk)
     ->Arg(4)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// Replicating to a buddy: the same 256 MiB put into a receiver's BuddyStore (a fresh buffer
+// each time, as a buddy keeps each new copy), over PeerMemory.PutMemoryCopy (argument 0) and
+// over the bulk port (argument 1).
+void BM_PutMemoryCopy(benchmark::State& state) {
+  MemoryTier tier;
+  BuddyStore store(uint64_t{1} << 30);
+  PeerMemoryService service("job", &tier, &store);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  MemoryBulkServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> bulk =
+      MemoryBulkServer::Start("job", &tier, &store, options);
+  if (server == nullptr || !bulk.ok()) {
+    state.SkipWithError("cannot listen");
+    return;
+  }
+  v1::MemoryBuddy buddy;
+  buddy.set_peer_address("127.0.0.1:" + std::to_string(port));
+  if (state.range(0) == 1) buddy.set_bulk_address("127.0.0.1:" + std::to_string((*bulk)->port()));
+  v1::MemoryCopy copy = PayloadCopy();
+  copy.set_writer_rank(1);
+  for (auto _ : state) {
+    absl::Status status = SendMemoryCopyToBuddy("job", buddy, copy, Payload()->data(),
+                                                absl::Minutes(1), nullptr, nullptr);
+    if (!status.ok()) state.SkipWithError(status.ToString().c_str());
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
+  server->Shutdown();
+}
+BENCHMARK(BM_PutMemoryCopy)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 void BM_LoopbackTcp(benchmark::State& state) {
   const int streams = static_cast<int>(state.range(0));

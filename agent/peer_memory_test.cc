@@ -103,8 +103,8 @@ TEST(ReadPartsTest, ConsecutiveWholeChunks_NoEmptyPart) {
   using Parts = std::vector<std::pair<uint64_t, uint64_t>>;
   constexpr uint64_t kChunk = kMemoryCopyChunkBytes;
   // Five chunks over four streams: three parts, not a fourth one with nothing in it.
-  EXPECT_EQ(ReadParts(5 * kChunk, 4), (Parts{{0, 2 * kChunk}, {2 * kChunk, 4 * kChunk},
-                                             {4 * kChunk, 5 * kChunk}}));
+  EXPECT_EQ(ReadParts(5 * kChunk, 4),
+            (Parts{{0, 2 * kChunk}, {2 * kChunk, 4 * kChunk}, {4 * kChunk, 5 * kChunk}}));
   EXPECT_EQ(ReadParts(2 * kChunk + 5, 4),
             (Parts{{0, kChunk}, {kChunk, 2 * kChunk}, {2 * kChunk, 2 * kChunk + 5}}));
   EXPECT_EQ(ReadParts(8 * kChunk, 4).size(), 4u);
@@ -266,9 +266,9 @@ TEST(BuddyReplicator, FailedSendTriedAgainAtTheNextHeartbeat_RestartedBuddySentA
   absl::Notification first, second, third;
   auto replicator = std::make_unique<BuddyReplicator>(
       &tier, /*rank=*/5,
-      [&](const std::string& address, const v1::MemoryCopy& copy, const char* data,
+      [&](const v1::MemoryBuddy& to, const v1::MemoryCopy& copy, const char* data,
           const std::atomic<bool>&) {
-        EXPECT_EQ(address, "10.0.0.2:7000");
+        EXPECT_EQ(to.peer_address(), "10.0.0.2:7000");
         EXPECT_EQ(copy.step(), 7);
         EXPECT_EQ(std::string(data, copy.nbytes()), *bytes);
         absl::MutexLock lock(&mu);
@@ -338,22 +338,22 @@ TEST(BuddyReplicator, GiveWay_SendOfAnOlderStepCancelled_ItsRegionLetGoBeforeItR
   PublishStep(tier, 7, region7);
   absl::Notification started7, sent8;
   std::atomic<bool> cancelled7{false}, never{false}, save_done{false};
-  BuddyReplicator replicator(
-      &tier, /*rank=*/5,
-      [&](const std::string&, const v1::MemoryCopy& copy, const char*,
-          const std::atomic<bool>& cancel) {
-        if (copy.step() == 8) {
-          // As the agent's Send does, step 8's send waits while the trainer is in its save —
-          // the save that called GiveWay, which must not wait for this send in turn.
-          absl::Status status = SendUntilCancelled(cancel, save_done);
-          sent8.Notify();
-          return status;
-        }
-        started7.Notify();
-        absl::Status status = SendUntilCancelled(cancel, never);
-        cancelled7.store(absl::IsCancelled(status));
-        return status;
-      });
+  BuddyReplicator replicator(&tier, /*rank=*/5,
+                             [&](const v1::MemoryBuddy&, const v1::MemoryCopy& copy, const char*,
+                                 const std::atomic<bool>& cancel) {
+                               if (copy.step() == 8) {
+                                 // As the agent's Send does, step 8's send waits while the trainer
+                                 // is in its save — the save that called GiveWay, which must not
+                                 // wait for this send in turn.
+                                 absl::Status status = SendUntilCancelled(cancel, save_done);
+                                 sent8.Notify();
+                                 return status;
+                               }
+                               started7.Notify();
+                               absl::Status status = SendUntilCancelled(cancel, never);
+                               cancelled7.store(absl::IsCancelled(status));
+                               return status;
+                             });
   replicator.SetBuddy(TestBuddy());
   ASSERT_TRUE(started7.WaitForNotificationWithTimeout(absl::Seconds(60)));
   EXPECT_EQ(region7.use_count(), 2) << "the send holds step 7's region";
@@ -377,7 +377,7 @@ TEST(BuddyReplicator, GiveWay_SendThatDoesNotStop_GivenUpAfterTheWait) {
   absl::Notification started7;
   std::atomic<bool> unblocked{false};
   BuddyReplicator replicator(&tier, /*rank=*/5,
-                             [&](const std::string&, const v1::MemoryCopy& copy, const char*,
+                             [&](const v1::MemoryBuddy&, const v1::MemoryCopy& copy, const char*,
                                  const std::atomic<bool>&) {
                                if (copy.step() != 7) return absl::OkStatus();
                                started7.Notify();
@@ -403,7 +403,7 @@ TEST(BuddyReplicator, GiveWay_AfterTwoGiveUpsInARow_TheThirdSendFinishes) {
   std::vector<int64_t> cancelled ABSL_GUARDED_BY(mu);
   std::atomic<bool> open{false};
   BuddyReplicator replicator(&tier, /*rank=*/5,
-                             [&](const std::string&, const v1::MemoryCopy& copy, const char*,
+                             [&](const v1::MemoryBuddy&, const v1::MemoryCopy& copy, const char*,
                                  const std::atomic<bool>& cancel) {
                                {
                                  absl::MutexLock lock(&mu);
@@ -451,7 +451,7 @@ TEST(BuddyReplicator, GiveWay_SendOfTheNewestStepGoesOn) {
   absl::Notification started7, sent7;
   std::atomic<bool> open{false}, cancelled7{false};
   BuddyReplicator replicator(&tier, /*rank=*/5,
-                             [&](const std::string&, const v1::MemoryCopy&, const char*,
+                             [&](const v1::MemoryBuddy&, const v1::MemoryCopy&, const char*,
                                  const std::atomic<bool>& cancel) {
                                started7.Notify();
                                absl::Status status = SendUntilCancelled(cancel, open);
@@ -473,9 +473,9 @@ TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {
   MemoryTier sender_tier;
   absl::Notification step8_sent;
   BuddyReplicator replicator(&sender_tier, /*rank=*/5,
-                             [&](const std::string& address, const v1::MemoryCopy& copy,
+                             [&](const v1::MemoryBuddy& to, const v1::MemoryCopy& copy,
                                  const char* data, const std::atomic<bool>& cancel) {
-                               EXPECT_EQ(address, address_);
+                               EXPECT_EQ(to.peer_address(), address_);
                                EXPECT_TRUE(copy.region().empty());
                                absl::Status s = SendMemoryCopy(channel_, kJob, copy, data,
                                                                absl::Seconds(30), &cancel);

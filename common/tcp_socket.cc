@@ -102,8 +102,7 @@ absl::StatusOr<TcpSocket> OnFirstAddress(
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(absl::string_view address) {
   const size_t colon = address.rfind(':');
   if (colon == absl::string_view::npos || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("address \"", address, "\" is not host:port"));
+    return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not host:port"));
   }
   absl::string_view host = address.substr(0, colon);
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
@@ -154,8 +153,8 @@ absl::StatusOr<TcpSocket> TcpSocket::Accept() const {
     if (fd >= 0) {
       char host[NI_MAXHOST] = "?";
       char port[NI_MAXSERV] = "?";
-      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), port,
-                  sizeof(port), NI_NUMERICHOST | NI_NUMERICSERV);
+      getnameinfo(reinterpret_cast<sockaddr*>(&addr), len, host, sizeof(host), port, sizeof(port),
+                  NI_NUMERICHOST | NI_NUMERICSERV);
       const int one = 1;
       setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
       return TcpSocket(fd, absl::StrCat(host, ":", port));
@@ -188,8 +187,8 @@ absl::Status TcpSocket::RecvAll(char* dest, size_t n, absl::Time deadline) const
     }
     const ssize_t k = ::recv(fd_, dest + got, std::min(n - got, kMaxPerCall), MSG_WAITALL);
     if (k == 0) {
-      return absl::DataLossError(absl::StrCat(peer_, " closed the connection after ", got,
-                                              " of ", n, " bytes"));
+      return absl::DataLossError(
+          absl::StrCat(peer_, " closed the connection after ", got, " of ", n, " bytes"));
     }
     if (k < 0) {
       if (errno == EINTR) continue;

@@ -34,10 +34,10 @@ Pair Connected() {
 }
 
 TEST(SplitHostPortTest, HostPortAndBracketedV6) {
-  EXPECT_EQ(*SplitHostPort("10.0.0.5:7000"), std::make_pair(std::string("10.0.0.5"),
-                                                             std::string("7000")));
-  EXPECT_EQ(*SplitHostPort("[fd00::5]:7001"), std::make_pair(std::string("fd00::5"),
-                                                              std::string("7001")));
+  EXPECT_EQ(*SplitHostPort("10.0.0.5:7000"),
+            std::make_pair(std::string("10.0.0.5"), std::string("7000")));
+  EXPECT_EQ(*SplitHostPort("[fd00::5]:7001"),
+            std::make_pair(std::string("fd00::5"), std::string("7001")));
   EXPECT_EQ(JoinHostPort("fd00::5", "7001"), "[fd00::5]:7001");
   EXPECT_EQ(JoinHostPort("node-a", "0"), "node-a:0");
   EXPECT_EQ(SplitHostPort("node-a").status().code(), absl::StatusCode::kInvalidArgument);
@@ -69,7 +69,8 @@ TEST(TcpSocketTest, RecvAll_PeerClosesEarly_DataLossSayingHowMuchArrived) {
 TEST(TcpSocketTest, RecvAll_PeerSendsNothing_DeadlineExceededAtTheDeadline) {
   Pair p = Connected();
   char buffer[8];
-  absl::Status status = p.server.RecvAll(buffer, sizeof(buffer), absl::Now() + absl::Milliseconds(50));
+  absl::Status status =
+      p.server.RecvAll(buffer, sizeof(buffer), absl::Now() + absl::Milliseconds(50));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
   status = p.server.RecvAll(buffer, sizeof(buffer), absl::Now() - absl::Seconds(1));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;

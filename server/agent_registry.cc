@@ -182,6 +182,7 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
   v1::MemoryBuddy out;
   out.set_rank(buddy->second);
   out.set_peer_address(agent.registration.peer_address());
+  out.set_bulk_address(agent.registration.memory_bulk_address());
   out.set_node_id(agent.registration.node_id());
   out.set_incarnation(agent.registration.incarnation());
   return out;

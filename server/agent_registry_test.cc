@@ -252,8 +252,10 @@ TEST_F(AgentRegistryTest, BuddyOf_RingOverNodes_SamePositionOnTheNextNode) {
     v1::RegisterAgentRequest r = Registration(rank, rank + 1);
     r.set_node_id(node);
     r.set_peer_address(absl::StrCat("10.0.0.", rank, ":7000"));
+    r.set_memory_bulk_address(absl::StrCat("10.0.0.", rank, ":7001"));
     ASSERT_TRUE(registry_.Register(r).ok());
   }
+  EXPECT_EQ(registry_.BuddyOf("job", 0)->bulk_address(), "10.0.0.1:7001");  // where to send
   auto buddy = [&](uint32_t rank) { return registry_.BuddyOf("job", rank)->rank(); };
   EXPECT_EQ(buddy(0), 1u);  // a[0] -> b[0]
   EXPECT_EQ(buddy(2), 3u);  // a[1] -> b[1]

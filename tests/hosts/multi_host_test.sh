@@ -292,6 +292,11 @@ bad = [b for b in bulk if b.rpartition(":")[0] != sys.argv[3]]
 sys.exit("buddy copies on host a name bulk ports %s, not on %s" % (bad, sys.argv[3]) if bad else 0)
 PY
   fail "bulk ports of host a's agents (see $DIR/logs/agents-buddies.json)"
+# ... and they arrived over them.
+for r in 0 2; do
+  grep -q "kept the memory copy of .* of step 30 from rank .* over the bulk port" \
+    "$DIR/logs/agent-$JOB-$r.log" || fail "rank $r on host a did not receive step 30's buddy copy over its bulk port"
+done
 for r in 1 3; do
   kill -KILL "${AGENT_PIDS[$r]}" 2>/dev/null
   wait "${AGENT_PIDS[$r]}" 2>/dev/null
