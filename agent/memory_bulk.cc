@@ -230,9 +230,10 @@ void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put)
     if (!status.ok()) LogWarning("memory bulk put from ", socket.peer(), ": ", status.ToString());
     return;
   }
-  store_->Abandon(put.copy().writer_rank());  // the sender went away or stalled mid-copy
-  LogWarning("memory bulk put of ", put.copy().file(), " from ", socket.peer(),
-             " not kept: ", status.ToString());
+  // The sender gave way to a newer save (BuddyReplicator::GiveWay), went away or stalled.
+  store_->Abandon(put.copy().writer_rank());
+  LogInfo("memory copy of ", put.copy().file(), " of step ", put.copy().step(), " from rank ",
+          put.copy().writer_rank(), " not kept: ", status.ToString());
 }
 
 absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
