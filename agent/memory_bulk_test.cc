@@ -196,6 +196,55 @@ TEST_F(MemoryBulkTest, Put_RefusedOrCancelled_NothingKeptAndTheRoomGivenBack) {
   EXPECT_TRUE(store_.Reserve(rest).ok());
 }
 
+// Never hangs on a peer: each of the server's timeouts ends a connection that stopped.
+TEST_F(MemoryBulkTest, Server_RequestNeverSent_DeadlineExceededAfterRequestTimeout) {
+  MemoryBulkServerOptions options;
+  options.request_timeout = absl::Milliseconds(100);
+  StartBulk(options);
+  absl::StatusOr<TcpSocket> silent = TcpSocket::Connect(bulk_address_, Soon());
+  ASSERT_TRUE(silent.ok());
+  EXPECT_EQ(RecvStatus(*silent).code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
+}
+
+TEST_F(MemoryBulkTest, Server_ReaderTakesNothing_DroppedAfterSendTimeout) {
+  MemoryBulkServerOptions options;
+  options.max_connections = 1;
+  options.send_timeout = absl::Milliseconds(100);
+  StartBulk(options);
+  // 9 MiB asked for, more than the socket buffers hold, and never read: the connection holds
+  // the only slot until its send times out (with the default 2 minutes the next read waits,
+  // Server_AtMaxConnections_TheNextWaitsForOneToEnd). The next read then gets the slot.
+  TcpSocket stuck = Reading();
+  absl::StatusOr<std::string> back = Read(Copy("data-00000", own_->size()), 1);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == *own_);
+}
+
+TEST_F(MemoryBulkTest, Put_SenderStalls_DroppedAfterPutTimeoutAndTheRoomGivenBack) {
+  MemoryBulkServerOptions options;
+  options.put_timeout = absl::Milliseconds(200);
+  StartBulk(options);
+  absl::StatusOr<TcpSocket> sender = TcpSocket::Connect(bulk_address_, Soon());
+  ASSERT_TRUE(sender.ok());
+  v1::BulkRequest request;
+  request.mutable_put()->set_job_id(kJob);
+  v1::MemoryCopy copy = Copy("data-00005", 2 << 20);
+  copy.set_writer_rank(5);
+  *request.mutable_put()->mutable_copy() = copy;
+  const std::string frame = Frame(request.SerializeAsString());
+  ASSERT_TRUE(sender->SendAll(frame.data(), frame.size(), Soon()).ok());
+  ASSERT_EQ(RecvStatus(*sender).code(), 0);  // room reserved
+  const std::string half(1 << 20, 'h');
+  ASSERT_TRUE(sender->SendAll(half.data(), half.size(), Soon()).ok());
+  // The rest never comes: the server gives the room back, then closes the connection.
+  char byte;
+  EXPECT_EQ(sender->RecvAll(&byte, 1, Soon()).code(), absl::StatusCode::kDataLoss);
+  EXPECT_FALSE(store_.Find(7, "s7", "data-00005").has_value());
+  v1::MemoryCopy rest = Copy("data-00006", (64 << 20) - held_.size());
+  rest.set_writer_rank(6);
+  EXPECT_TRUE(store_.Reserve(rest).ok());
+}
+
 TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
   StartBulk();
   PeerMemoryService service(kJob, &tier_, &store_);

@@ -54,6 +54,22 @@ v1::MemoryCopy PayloadCopy() {
   return copy;
 }
 
+// `service` served on a free loopback port (*port).
+std::unique_ptr<grpc::Server> ServeOnLoopback(PeerMemoryService* service, int* port) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), port);
+  builder.RegisterService(service);
+  return builder.BuildAndStart();
+}
+
+// A bulk port on loopback for job "job" over `tier` and `store`.
+absl::StatusOr<std::unique_ptr<MemoryBulkServer>> BulkOnLoopback(const MemoryTier& tier,
+                                                                 BuddyStore& store) {
+  MemoryBulkServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  return MemoryBulkServer::Start("job", &tier, &store, options);
+}
+
 // The destination, faulted in once: the benchmark measures the transfer, not page faults.
 char* Dest() {
   static std::string* dest = new std::string(kBytes, '\0');
@@ -65,11 +81,8 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
   BuddyStore store(0);
   PublishPayload(tier);
   PeerMemoryService service("job", &tier, &store);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
   auto connect = [&] {
     return MemoryCopyChannels("127.0.0.1:" + std::to_string(port),
                               grpc::InsecureChannelCredentials(), static_cast<int>(state.range(0)));
@@ -95,10 +108,7 @@ void BM_ReadMemoryCopyBulk(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(0);
   PublishPayload(tier);
-  MemoryBulkServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
-      MemoryBulkServer::Start("job", &tier, &store, options);
+  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server = BulkOnLoopback(tier, store);
   if (!server.ok()) {
     state.SkipWithError(server.status().ToString().c_str());
     return;
@@ -126,15 +136,9 @@ void BM_PutMemoryCopy(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(uint64_t{1} << 30);
   PeerMemoryService service("job", &tier, &store);
-  grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  MemoryBulkServerOptions options;
-  options.listen_address = "127.0.0.1:0";
-  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> bulk =
-      MemoryBulkServer::Start("job", &tier, &store, options);
+  std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
+  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> bulk = BulkOnLoopback(tier, store);
   if (server == nullptr || !bulk.ok()) {
     state.SkipWithError("cannot listen");
     return;

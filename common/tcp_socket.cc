@@ -104,11 +104,15 @@ absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(absl::string_v
   if (colon == absl::string_view::npos || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(absl::StrCat("address \"", address, "\" is not host:port"));
   }
-  absl::string_view host = address.substr(0, colon);
+  return std::make_pair(UnbracketHost(address.substr(0, colon)),
+                        std::string(address.substr(colon + 1)));
+}
+
+std::string UnbracketHost(absl::string_view host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  return std::make_pair(std::string(host), std::string(address.substr(colon + 1)));
+  return std::string(host);
 }
 
 std::string JoinHostPort(absl::string_view host, absl::string_view port) {

@@ -27,6 +27,9 @@ namespace tessera {
 // Errors: InvalidArgument if there is no ':' or no port.
 absl::StatusOr<std::pair<std::string, std::string>> SplitHostPort(absl::string_view address);
 
+// "[fd00::1]" -> "fd00::1"; any other host unchanged.
+std::string UnbracketHost(absl::string_view host);
+
 // The inverse: "host:port", an IPv6 literal host bracketed ("[fd00::5]:7000").
 std::string JoinHostPort(absl::string_view host, absl::string_view port);
 

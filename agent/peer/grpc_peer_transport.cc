@@ -48,27 +48,13 @@ PeerResolver StaticPeerResolver(std::map<uint32_t, std::string> addresses) {
   };
 }
 
-namespace {
-
-// "[fd00::1]" -> "fd00::1"; anything else unchanged.
-std::string Unbracket(const std::string& host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    return host.substr(1, host.size() - 2);
-  }
-  return host;
-}
-
-}  // namespace
-
 std::string AdvertisedPeerAddress(const std::string& peer_host,
                                   const std::string& listen_address, int port,
                                   const std::string& hostname) {
-  std::string host = Unbracket(peer_host);
+  std::string host = UnbracketHost(peer_host);
   if (host.empty()) {
-    // The listen host: everything before the last ':' (the port follows it).
-    const size_t colon = listen_address.rfind(':');
-    const std::string listen_host =
-        Unbracket(colon == std::string::npos ? "" : listen_address.substr(0, colon));
+    absl::StatusOr<std::pair<std::string, std::string>> listen = SplitHostPort(listen_address);
+    const std::string listen_host = listen.ok() ? listen->first : "";
     const bool wildcard = listen_host.empty() || listen_host == "0.0.0.0" ||
                           listen_host == "::" || listen_host == "*" ||
                           listen_host == "0:0:0:0:0:0:0:0";
