@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -25,6 +26,7 @@
 #include "agent/cuda_host.h"
 #include "agent/lifeline.h"
 #include "agent/loader.h"
+#include "agent/memory_budgets.h"
 #include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
 #include "agent/peer/grpc_peer_transport.h"
@@ -65,15 +67,19 @@ ABSL_FLAG(std::string, node_id, "",
 ABSL_FLAG(int64_t, host_ram_budget_mb, 0,
           "MiB of host RAM this node's agents may pin for staging, all together (0: none "
           "declared)");
+ABSL_FLAG(int32_t, agents_per_node, 0,
+          "agents on this host, which share its memory (0: LOCAL_WORLD_SIZE, else "
+          "SLURM_NTASKS_PER_NODE, else 1); divides the default budgets below");
 ABSL_FLAG(int64_t, staging_budget_mb, 0,
-          "MiB this agent may map for staging (0: half of physical memory)");
+          "MiB this agent may map for staging (0: half of physical memory divided by "
+          "--agents_per_node)");
 ABSL_FLAG(bool, memory_tier, true,
           "keep the last committed checkpoint's staged bytes in memory, so a trainer restarted "
           "on this node loads it from there (verified against the manifest's checksums); "
           "bounded by --staging_budget_mb, dropped when a save needs the room");
 ABSL_FLAG(int64_t, buddy_budget_mb, 0,
-          "memory tier: MiB this agent may hold as other ranks' memory buddy (0: as much as "
-          "--staging_budget_mb)");
+          "memory tier: MiB this agent may hold as other ranks' memory buddy, copies being "
+          "received and replaced included (0: half of --staging_budget_mb)");
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
@@ -164,11 +170,27 @@ int main(int argc, char** argv) {
       tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
     }
   }
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page_size = sysconf(_SC_PAGESIZE);
+  const uint64_t physical = pages > 0 && page_size > 0
+                                ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(page_size)
+                                : 0;
+  absl::StatusOr<uint32_t> agents_per_node =
+      tessera::AgentsPerNode(absl::GetFlag(FLAGS_agents_per_node), std::getenv("LOCAL_WORLD_SIZE"),
+                             std::getenv("SLURM_NTASKS_PER_NODE"));
+  if (!agents_per_node.ok()) return Fail(agents_per_node.status().ToString());
+  absl::StatusOr<tessera::MemoryBudgets> budgets = tessera::ResolveMemoryBudgets(
+      physical, *agents_per_node, absl::GetFlag(FLAGS_staging_budget_mb),
+      absl::GetFlag(FLAGS_buddy_budget_mb));
+  if (!budgets.ok()) return Fail(budgets.status().ToString());
+  tessera::LogInfo("memory budgets: staging ", budgets->staging_bytes >> 20, " MiB, buddy copies ",
+                   budgets->buddy_bytes >> 20, " MiB (", *agents_per_node, " agent(s) on a node of ",
+                   physical >> 20, " MiB)");
   tessera::StagingPoolOptions pool_options;
   pool_options.job_id = job;
   pool_options.rank = urank;
   pool_options.incarnation = incarnation;
-  pool_options.budget_bytes = static_cast<uint64_t>(absl::GetFlag(FLAGS_staging_budget_mb)) << 20;
+  pool_options.budget_bytes = budgets->staging_bytes;
   pool_options.pin = gpu;
   absl::StatusOr<std::unique_ptr<tessera::StagingPool>> save_pool =
       tessera::StagingPool::Create(pool_options);
@@ -204,11 +226,7 @@ int main(int argc, char** argv) {
     if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
   });
   tessera::MemoryTier* const memory = memory_on ? &memory_tier : nullptr;
-  const uint64_t buddy_budget = absl::GetFlag(FLAGS_buddy_budget_mb) > 0
-                                    ? static_cast<uint64_t>(absl::GetFlag(FLAGS_buddy_budget_mb))
-                                          << 20
-                                    : (*save_pool)->budget_bytes();
-  tessera::BuddyStore buddy_store(buddy_budget);
+  tessera::BuddyStore buddy_store(budgets->buddy_bytes);
   tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
 
   // The bulk port for other agents' reads of this agent's memory copies.

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/log.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -19,6 +20,16 @@ absl::StatusOr<std::shared_ptr<MemoryBuffer>> BuddyStore::Reserve(const v1::Memo
                        absl::StrCat("a memory copy of ", copy.nbytes(), " bytes for rank ",
                                     writer, " does not fit the buddy budget of ", budget_bytes_,
                                     " bytes beside ", others, " held or being received"));
+    }
+    // The copy being replaced stays readable while its successor arrives if both fit; else it
+    // is let go now, so what this store holds never exceeds its budget.
+    auto held = copies_.find(writer);
+    if (held != copies_.end() &&
+        held->second.copy.nbytes() > budget_bytes_ - copy.nbytes() - others) {
+      LogInfo("the buddy copy of step ", held->second.copy.step(), " for rank ", writer,
+              " is let go for step ", copy.step(), "'s: both do not fit the buddy budget of ",
+              budget_bytes_, " bytes");
+      copies_.erase(held);
     }
     incoming_[writer] = copy.nbytes();
   }

@@ -3,7 +3,9 @@
 // so a replacement of the sender's node can restore from it (PeerMemory.ReadMemoryCopy).
 //
 // One copy per writer rank: a newer one replaces it once it arrived whole. Bounded by a byte
-// budget; the copy a sender replaces does not count against its replacement.
+// budget that counts everything held and being received: the copy a sender replaces stays
+// (readable) while its successor arrives only if both fit; otherwise it is let go when the
+// successor's room is reserved.
 //
 // Thread-safety: all methods are safe for concurrent use.
 #ifndef TESSERA_AGENT_BUDDY_STORE_H_
@@ -47,6 +49,7 @@ class BuddyStore {
 
   // Reserves room for `copy` (copy.writer_rank names the sender) and returns a buffer to
   // receive it into; the room counts until Keep or Abandon of that writer.
+  // Lets go of the writer's held copy first if the two would not fit together (logged).
   // Errors: ResourceExhausted if it would not fit the budget beside the other senders' copies,
   // held or being received.
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> Reserve(const v1::MemoryCopy& copy)

@@ -247,6 +247,34 @@ TEST(BuddyStore, Reserve_CopiesBeingReceivedCountAgainstTheBudget) {
   EXPECT_TRUE(store.Reserve(Copy(7, "b", 600, 2)).ok());
 }
 
+TEST(BuddyStore, Reserve_TheCopyBeingReplacedCountsTooUntilItIsReplaced) {
+  BuddyStore store(/*budget_bytes=*/1300);
+  ASSERT_TRUE(store.Reserve(Copy(7, "a", 600, 1)).ok());
+  store.Keep(Copy(7, "a", 600, 1), std::make_shared<MemoryBuffer>(600));
+  // Step 8's copy fits beside step 7's (1,200 of 1,300): step 7 stays readable until then.
+  ASSERT_TRUE(store.Reserve(Copy(8, "a", 600, 1)).ok());
+  EXPECT_TRUE(store.Find(7, "s7", "a").has_value());
+  // Writer 2's 200 bytes do not fit beside both of writer 1's.
+  EXPECT_EQ(store.Reserve(Copy(8, "b", 200, 2)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  store.Keep(Copy(8, "a", 600, 1), std::make_shared<MemoryBuffer>(600));
+  EXPECT_FALSE(store.Find(7, "s7", "a").has_value());
+  EXPECT_TRUE(store.Find(8, "s8", "a").has_value());
+}
+
+TEST(BuddyStore, Reserve_ReplacementThatFitsOnlyAlone_DropsTheOlderCopyFirst) {
+  BuddyStore store(/*budget_bytes=*/1000);
+  ASSERT_TRUE(store.Reserve(Copy(7, "a", 600, 1)).ok());
+  store.Keep(Copy(7, "a", 600, 1), std::make_shared<MemoryBuffer>(600));
+  // Both copies of writer 1 would take 1,200 of 1,000 bytes: step 7's is let go for step 8's,
+  // so what the store holds never exceeds its budget.
+  ASSERT_TRUE(store.Reserve(Copy(8, "a", 600, 1)).ok());
+  EXPECT_FALSE(store.Find(7, "s7", "a").has_value());
+  EXPECT_TRUE(store.Copies().empty());
+  // Room for writer 2: 400 beside the 600 being received.
+  EXPECT_TRUE(store.Reserve(Copy(8, "b", 400, 2)).ok());
+}
+
 TEST_F(PeerMemoryTest, Put_WithoutACopyHeader_InvalidArgument) {
   Start(/*budget=*/1 << 20);
   v1::MemoryCopyChunk chunk;

@@ -77,11 +77,7 @@ class StagingPool::Region {
 };
 
 absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(StagingPoolOptions options) {
-  uint64_t budget = options.budget_bytes;
-  if (budget == 0) {
-    const long pages = sysconf(_SC_PHYS_PAGES);
-    budget = pages > 0 ? static_cast<uint64_t>(pages) * PageSize() / 2 : (1ull << 30);
-  }
+  const uint64_t budget = options.budget_bytes;
   if (budget < PageSize()) {
     return absl::InvalidArgumentError(absl::StrCat("staging budget of ", budget,
                                                    " bytes is smaller than one page"));

@@ -64,8 +64,8 @@ struct StagingPoolOptions {
   uint64_t incarnation = 0;
 
   // Most bytes the pool may hold mapped at once (the sum of region capacities). The
-  // coordinator admits pinning per node; this is the agent's own hard stop.
-  // Default: 0, meaning half of the host's physical memory.
+  // coordinator admits pinning per node; this is the agent's own hard stop. Required: at
+  // least one page (the agent's default is ResolveMemoryBudgets', agent/memory_budgets.h).
   uint64_t budget_bytes = 0;
 
   // Page-lock regions (cudaHostRegister) when a GPU is present at run time. A registration
@@ -164,7 +164,7 @@ class StagingPool {
   // Resident sets dropped to make room for a save, since the pool was made.
   uint64_t resident_evictions() const;
 
-  // The effective budget (options.budget_bytes, or its default).
+  // options.budget_bytes.
   uint64_t budget_bytes() const { return budget_bytes_; }
 
   // Regions created since the pool was made: tells reuse from re-creation.

@@ -226,9 +226,10 @@ largest_total=0
 for s in "${size_list[@]}"; do
   mib=$(to_mib "$s")
   for r in "${rank_list[@]}"; do
-    # Per rank at the peak: its tensors + its agent's staging + the memcpy baseline buffer; the
-    # load needs the same per loader; plus 1 GiB for the processes themselves.
-    need=$(( 3 * mib * r + 1024 ))
+    # Per rank at the peak: its tensors + the memcpy baseline buffer + its agent's staging (two
+    # sets with the memory tier) + the buddy copy it holds for another rank; the load needs
+    # less per loader; plus 1 GiB for the processes themselves.
+    need=$(( 5 * mib * r + 1024 ))
     if [ "$need" -le "$mem_avail_mib" ]; then
       echo "$mib $r run $need" >>"$OUT/raw/configs.txt"
       [ $((mib * r)) -gt "$largest_total" ] && largest_total=$((mib * r))
