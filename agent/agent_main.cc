@@ -80,6 +80,10 @@ ABSL_FLAG(bool, memory_tier, true,
 ABSL_FLAG(int64_t, buddy_budget_mb, 0,
           "memory tier: MiB this agent may hold as other ranks' memory buddy, copies being "
           "received and replaced included (0: half of --staging_budget_mb)");
+ABSL_FLAG(int32_t, writes_in_flight, 1,
+          "data-file writes of 8 MiB issued at once when persisting (1: one after another, the "
+          "fastest on a virtio disk; NVMe and parallel file systems may want more: measure "
+          "with //format:shard_writer_benchmark)");
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
@@ -264,6 +268,11 @@ int main(int argc, char** argv) {
     if (lifeline_for_lease == nullptr) return std::nullopt;
     return lifeline_for_lease->LeaseGeneration();
   };
+  executor_options.writer.writes_in_flight = absl::GetFlag(FLAGS_writes_in_flight);
+  if (executor_options.writer.writes_in_flight < 1) {
+    return Fail(absl::StrCat("--writes_in_flight is ", executor_options.writer.writes_in_flight,
+                             ": it must be at least 1"));
+  }
   executor_options.core.job_id = job;
   executor_options.core.rank = urank;
   executor_options.core.incarnation = incarnation;

@@ -9,8 +9,10 @@
 #include <optional>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/status.h"
 #include "tessera/v1/types.pb.h"
 
@@ -100,6 +102,42 @@ absl::Status CheckStaging(const FileLayout& layout, const char* data, const std:
   return absl::OkStatus();
 }
 
+// Writes the data section in write_size pieces, writes_in_flight at once: each thread takes
+// the next piece in file order until none is left or a write failed; the first failure (in
+// time) is returned.
+absl::Status WriteDataSection(WritableFile& file, const FileLayout& layout, const char* staging,
+                              const ShardWriterOptions& options) {
+  const uint64_t step = (options.write_size + kDirectIoAlignment - 1) / kDirectIoAlignment *
+                        kDirectIoAlignment;
+  const uint64_t pieces = (layout.data_size + step - 1) / step;
+  std::atomic<uint64_t> next{0};
+  std::atomic<bool> failed{false};
+  absl::Mutex mu;
+  absl::Status first_error;
+  auto writer = [&] {
+    for (uint64_t i = next.fetch_add(1); i < pieces && !failed.load(std::memory_order_relaxed);
+         i = next.fetch_add(1)) {
+      const uint64_t off = i * step;
+      const uint64_t n = std::min<uint64_t>(step, layout.data_size - off);
+      absl::Status written = file.WriteAt(layout.data_start + off, staging + off, n);
+      if (!written.ok()) {
+        absl::MutexLock lock(&mu);
+        if (first_error.ok()) first_error = std::move(written);
+        failed.store(true, std::memory_order_relaxed);
+        return;
+      }
+    }
+  };
+  const uint64_t threads =
+      std::min<uint64_t>(pieces, static_cast<uint64_t>(std::max(options.writes_in_flight, 1)));
+  std::vector<std::thread> others;
+  for (uint64_t t = 1; t < threads; ++t) others.emplace_back(writer);
+  writer();
+  for (std::thread& t : others) t.join();
+  absl::MutexLock lock(&mu);
+  return first_error;
+}
+
 // Writes header and data section, syncs and closes. The file is closed on return.
 absl::Status WriteBytes(Storage& storage, const std::string& dir, const std::string& path,
                         const FileLayout& layout, const char* staging,
@@ -116,12 +154,7 @@ absl::Status WriteBytes(Storage& storage, const std::string& dir, const std::str
     memcpy(header.get(), layout.header.data(), layout.data_start);
     RETURN_IF_ERROR(file->WriteAt(0, header.get(), layout.data_start));
   }
-  const uint64_t step = (options.write_size + kDirectIoAlignment - 1) / kDirectIoAlignment *
-                        kDirectIoAlignment;
-  for (uint64_t off = 0; off < layout.data_size; off += step) {
-    const uint64_t n = std::min<uint64_t>(step, layout.data_size - off);
-    RETURN_IF_ERROR(file->WriteAt(layout.data_start + off, staging + off, n));
-  }
+  RETURN_IF_ERROR(WriteDataSection(*file, layout, staging, options));
   if (options.sync) RETURN_IF_ERROR(file->Sync());
   RETURN_IF_ERROR(file->Close());
   if (options.sync) RETURN_IF_ERROR(storage.SyncDir(dir));
@@ -146,8 +179,9 @@ absl::StatusOr<WrittenFile> ShardWriter::WriteFile(Storage& storage, const std::
                                                    const void* staging,
                                                    const ShardWriterOptions& options) {
   RETURN_IF_ERROR(ValidateFileName(file_name));
-  if (options.block_size == 0 || options.write_size == 0) {
-    return absl::InvalidArgumentError("block_size and write_size must be positive");
+  if (options.block_size == 0 || options.write_size == 0 || options.writes_in_flight < 1) {
+    return absl::InvalidArgumentError(
+        "block_size, write_size and writes_in_flight must be positive");
   }
   if (layout.header.size() != layout.data_start || layout.data_start % kDataAlignment != 0) {
     return absl::InvalidArgumentError("the layout's header does not match its data_start");

@@ -10,6 +10,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <string>
 #include <vector>
@@ -199,6 +201,32 @@ TEST(ShardWriter, WriteFile_SmallBlocksAndWrites_SequentialChecksumsSameResult) 
   }
 }
 
+TEST(ShardWriter, WriteFile_SeveralWritesInFlight_SameFileAsOneAtATime) {
+  const std::string dir = MakeTempDir();
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);  // counts writes
+  Staged s = Stage(SomeChunks());
+  ShardWriterOptions options;
+  options.write_size = 8192;  // many pieces, so the threads interleave
+  std::string files[2];
+  for (int in_flight : {1, 8}) {
+    const uint64_t writes_before = storage.writes();
+    options.writes_in_flight = in_flight;
+    const std::string name = absl::StrCat("w", in_flight, ".safetensors");
+    absl::StatusOr<WrittenFile> written =
+        ShardWriter::WriteFile(storage, dir, name, s.layout, s.staging.get(), options);
+    ASSERT_TRUE(written.ok()) << written.status();
+    CheckWritten(storage, s, *written, name, kDefaultBlockSize);
+    // Each piece written once, whatever the threads' order.
+    EXPECT_EQ(storage.writes() - writes_before, 1 + (s.layout.data_size + 8191) / 8192)
+        << in_flight;
+    std::ifstream in(written->path, std::ios::binary);
+    files[in_flight == 1 ? 0 : 1].assign(std::istreambuf_iterator<char>(in), {});
+  }
+  EXPECT_EQ(files[0].size(), s.layout.file_size());
+  EXPECT_TRUE(files[0] == files[1]);
+}
+
 TEST(ShardWriter, WriteFile_Tmpfs_Works) {
   struct stat st;
   if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
@@ -338,6 +366,12 @@ TEST(ShardWriter, WriteFile_BadArguments_Rejected) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
+  ShardWriterOptions no_writes;
+  no_writes.writes_in_flight = 0;
+  EXPECT_EQ(ShardWriter::WriteFile(storage, dir, "x", s.layout, s.staging.get(), no_writes)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
   // Padding left dirty would put bytes no checksum covers into the file.
   s.staging.get()[s.layout.padding[0].staging_offset] = 1;
   absl::StatusOr<WrittenFile> dirty =
