@@ -12,6 +12,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <string>
@@ -32,6 +34,7 @@
 #include "agent/peer/grpc_peer_transport.h"
 #include "agent/peer/peer_address_book.h"
 #include "agent/peer_memory.h"
+#include "agent/shm_huge_pages.h"
 #include "agent/save_executor.h"
 #include "agent/staging_pool.h"
 #include "agent/trainer_service.h"
@@ -121,6 +124,13 @@ constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // (BuddyReplicator::GiveWay): it stops within one 1 MiB chunk or 5 ms unless the buddy stopped
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
 constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
+
+// The contents of a small file, or "" if it cannot be read.
+std::string WholeFile(const char* path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
 int Fail(const std::string& message) {
   std::fprintf(stderr, "tessera-agent: %s\n", message.c_str());
   return 2;
@@ -190,6 +200,16 @@ int main(int argc, char** argv) {
   tessera::LogInfo("memory budgets: staging ", budgets->staging_bytes >> 20, " MiB, buddy copies ",
                    budgets->buddy_bytes >> 20, " MiB (", *agents_per_node, " agent(s) on a node of ",
                    physical >> 20, " MiB)");
+  const tessera::ShmHugePages huge_pages = tessera::ShmHugePagesFrom(
+      WholeFile("/proc/mounts"), WholeFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled"));
+  if (huge_pages.on) {
+    tessera::LogInfo("staging gets huge pages: ", huge_pages.why);
+  } else {
+    tessera::LogInfo("staging gets no huge pages (", huge_pages.why,
+                     "): a trainer faults in every 4 KiB page of a region it maps anew, e.g. to "
+                     "restore from memory; mount /dev/shm with huge=within_size to avoid that "
+                     "(docs/OPERATIONS.md \"Sizing\")");
+  }
   tessera::StagingPoolOptions pool_options;
   pool_options.job_id = job;
   pool_options.rank = urank;

@@ -877,6 +877,7 @@ def main():
             ("file system of the bench dir", "%s at %s" % (env.get("fs", "?"),
                                                            env.get("data_dir", "?"))),
             ("kernel", env.get("kernel", "?")),
+            ("/dev/shm huge pages", "huge=" + env.get("shm_huge", "?")),
             ("load average at start", env.get("loadavg", "?")),
             ("taken", "%s, commit %s" % (env.get("date", "?"), env.get("commit", "?"))),
             ("software", "torch %s, %s" % (env.get("torch", "?"), env.get("fio", "?"))),

@@ -195,6 +195,12 @@ PY="$VENV_PYTHON -P"
   echo "fs=$(df --output=fstype "$DATA_DIR" | tail -n 1)"
   echo "data_dir=$DATA_DIR"
   echo "kernel=$(uname -srm)"
+  # Staging's page size: the huge= option of the /dev/shm mount in effect (the last listed),
+  # unless shmem_enabled says deny or force (agent/shm_huge_pages.h).
+  shm_huge=$(awk '$2 == "/dev/shm" { h = "never"; n = split($4, o, ",")
+    for (i = 1; i <= n; i++) if (o[i] ~ /^huge=/) h = substr(o[i], 6) } END { print h }' /proc/mounts)
+  shmem=$(sed -n 's/.*\[\(.*\)\].*/\1/p' /sys/kernel/mm/transparent_hugepage/shmem_enabled 2>/dev/null)
+  echo "shm_huge=${shm_huge:-none} (shmem_enabled: ${shmem:-?})"
   echo "loadavg=$(cut -d' ' -f1-3 /proc/loadavg)"
   echo "date=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo "+changes")"
