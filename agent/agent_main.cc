@@ -9,6 +9,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -91,10 +92,11 @@ ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
           "fault injection for tests: SIGKILL this agent when it receives this command "
-          "(pin, copy, gather, persist, commit)");
+          "(pin, gather, persist, commit), or at copy: as it hands a save's slots to the "
+          "trainer");
 ABSL_FLAG(std::string, freeze_on, "",
           "fault injection for tests: SIGSTOP this agent (the whole process freezes until "
-          "SIGCONT) when it receives this command (pin, copy, gather, persist, commit)");
+          "SIGCONT), once, at the points of --crash_on");
 ABSL_FLAG(std::string, inject_storage_fault, "",
           "fault injection for tests only: make this agent's storage fail. ';'-separated: "
           "ERR:after_bytes=N (writes fail once N bytes were written, as a full disk does), "
@@ -124,6 +126,31 @@ constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // (BuddyReplicator::GiveWay): it stops within one 1 MiB chunk or 5 ms unless the buddy stopped
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
 constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
+
+// --crash_on / --freeze_on: a named point (a command's name, or "copy") kills or stops this
+// process (the freeze once). Safe from any thread.
+class FaultPoints {
+ public:
+  FaultPoints(std::string crash_on, std::string freeze_on)
+      : crash_on_(std::move(crash_on)), freeze_on_(std::move(freeze_on)) {}
+
+  void At(const std::string& point) const {
+    if (!crash_on_.empty() && point == crash_on_) {
+      tessera::LogError("fault injection: crashing on ", point);
+      raise(SIGKILL);
+    }
+    if (!freeze_on_.empty() && point == freeze_on_ && !frozen_.exchange(true)) {
+      tessera::LogError("fault injection: freezing on ", point);
+      raise(SIGSTOP);
+      tessera::LogWarning("fault injection: resumed after freezing on ", point);
+    }
+  }
+
+ private:
+  const std::string crash_on_;
+  const std::string freeze_on_;
+  mutable std::atomic<bool> frozen_{false};
+};
 
 // The contents of a small file, or "" if it cannot be read.
 std::string WholeFile(const char* path) {
@@ -306,6 +333,8 @@ int main(int argc, char** argv) {
   executor_options.before_acquire = [&replicator] {
     if (replicator != nullptr) replicator->GiveWay(kGiveWayWait);
   };
+  const FaultPoints faults{absl::GetFlag(FLAGS_crash_on), absl::GetFlag(FLAGS_freeze_on)};
+  executor_options.on_copy = [&faults] { faults.At("copy"); };
   tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
                                  executor_options);
   const std::string node = absl::GetFlag(FLAGS_node_id);
@@ -414,22 +443,11 @@ int main(int argc, char** argv) {
   commands.set_job_id(job);
   commands.set_rank(urank);
   commands.set_incarnation(incarnation);
-  const std::string crash_on = absl::GetFlag(FLAGS_crash_on);
-  const std::string freeze_on = absl::GetFlag(FLAGS_freeze_on);
-  bool frozen_once = false;  // only the command-stream thread reads and writes it
   tessera::CommandStream stream(
       coordinator.stub(), &lifeline, commands,
-      [&executor, &crash_on, &freeze_on, &frozen_once](const tessera::v1::Command& c) {
-        if (!crash_on.empty() && tessera::CommandName(c) == crash_on) {
-          tessera::LogError("fault injection: crashing on ", crash_on);
-          raise(SIGKILL);
-        }
-        if (!freeze_on.empty() && !frozen_once && tessera::CommandName(c) == freeze_on) {
-          frozen_once = true;
-          tessera::LogError("fault injection: freezing on ", freeze_on);
-          raise(SIGSTOP);
-          tessera::LogWarning("fault injection: resumed after freezing on ", freeze_on);
-        }
+      [&executor, &faults](const tessera::v1::Command& c) {
+        const std::string name = tessera::CommandName(c);
+        if (name != "copy") faults.At(name);  // copy: when the slots go (on_copy above)
         executor.OnCommand(c);
       },
       [&executor] { executor.OnStreamConnected(); });

@@ -612,6 +612,7 @@ void SaveCore::HandlePin(Session& s, const v1::PinCommand& pin, SaveEffects& fx)
     if (pin.plan_fingerprint() != 0) held_plan_ = HeldPlan{local, pin.plan_fingerprint(), s.layout};
   }
   s.plan_cached = pin.plan_cached();
+  s.copy_when_pinned = pin.copy_when_pinned();
   s.phase = SavePhase::kPinning;  // edge 3
   StartWork(s, PinWork{s.layout}, fx);
 }
@@ -621,6 +622,7 @@ void SaveCore::HandleCopy(Session& s, SaveEffects& fx) {
   s.phase = SavePhase::kCopying;              // edge 5
   if (s.begin_waiting) {
     s.begin_waiting = false;
+    Log(fx, Severity::kInfo, absl::StrCat("slots handed to the trainer for ", Describe(s)));
     Reply(fx, s.begin_ticket, BeginSaveReply{SlotsOf(s)});
     return;
   }
@@ -750,6 +752,7 @@ SaveEffects SaveCore::OnStagingReady(absl::Time now, uint64_t work_id,
   s->memory = *std::move(memory);
   s->phase = SavePhase::kPinned;  // edge 4
   AddPhaseReport(*s, v1::AGENT_PHASE_PINNED, nullptr, s->memory.capacity, 0, fx);
+  if (s->copy_when_pinned) HandleCopy(*s, fx);  // edge 5 without waiting for COPY
   return Done(now, std::move(fx));
 }
 

@@ -12,7 +12,8 @@
 //
 //   BeginSave ─1─► SUBMITTING ─2 plan accepted─► PLANNED ─3 PIN─► PINNING ─4 staging ready─►
 //     │ refused, or unreachable past submit_retry_window: the trainer gets the error, no session
-//   PINNED ─5 COPY: slots to the trainer─► COPYING ─6 Staged()─► STAGED ─7 GATHER─► GATHERING
+//   PINNED ─5 COPY (or at once, if the PIN said copy_when_pinned): slots to the trainer─►
+//   COPYING ─6 Staged()─► STAGED ─7 GATHER─► GATHERING
 //   GATHERING ─8 hashed, exchanged─► GATHERED ─9 PERSIST─► PERSISTING ─10 written─► PERSISTED
 //   (a COMMIT for a session this agent does not know) ─11─► COMMIT_ONLY
 //   PERSISTED, COMMIT_ONLY ─12 COMMIT─► (commit sub-state below; the phase stays)
@@ -308,6 +309,7 @@ class SaveCore {
     std::shared_ptr<const StagingLayout> layout;
     StagingMemory memory;
     bool plan_cached = false;
+    bool copy_when_pinned = false;  // the PIN said so: edge 5 follows edge 4 at once
     uint64_t work = 0;            // the work item running for it, 0 if none
     std::string written_dir;      // the checked tmp dir this rank wrote into
     bool removed = false;         // written_dir's removal started (edge 15)

@@ -451,6 +451,40 @@ TEST_F(SaveCoreTest, Edge5_Copy_HandsTheSlotsToTheWaitingTrainer) {
   EXPECT_EQ(slots->slots(0).nbytes(), 4096u);
 }
 
+TEST_F(SaveCoreTest, Edge5_PinSaysCopyWhenPinned_SlotsGoWithTheStagingNoCopyAwaited) {
+  ToPlanned();
+  v1::Command pin = Pin(1);
+  pin.mutable_pin()->set_copy_when_pinned(true);
+  Command(pin);
+  StagingReady(TakeWork().id);
+  EXPECT_EQ(PhaseOf(), SavePhase::kCopying);
+  const TrainerReply* reply = ReplyTo(1);
+  ASSERT_NE(reply, nullptr);
+  const absl::StatusOr<v1::BeginSaveResponse>& slots =
+      std::get<BeginSaveReply>(reply->reply).result;
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  EXPECT_EQ(slots->shm_name(), "/tessera-test");
+  // PINNED goes before STAGED; a COPY that comes anyway (a coordinator restart) is ignored.
+  Staged(/*ticket=*/9);
+  EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED"));
+  Command(Copy(2));
+  EXPECT_EQ(PhaseOf(), SavePhase::kStaged);
+  EXPECT_EQ(RepliesTo(1), 1);
+}
+
+TEST_F(SaveCoreTest, R8_PinSaysCopyWhenPinned_TrainerGoneMeanwhile_AgentLost) {
+  ToPlanned();
+  v1::Command pin = Pin(1);
+  pin.mutable_pin()->set_copy_when_pinned(true);
+  Command(pin);
+  const uint64_t work = TakeWork().id;
+  Apply(core_.TrainerGone(now_, 1));
+  StagingReady(work);
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(RepliesTo(1), 1);
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+}
+
 TEST_F(SaveCoreTest, Edge6_Staged_AnsweredAtOnceThenReported) {
   ToPinned();
   Command(Copy(2));

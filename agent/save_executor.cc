@@ -142,9 +142,12 @@ void SaveExecutor::ApplyLocked(SaveEffects effects, Outbox& out) {
   for (TrainerReply& reply : effects.replies) {
     if (auto* r = std::get_if<BeginSaveReply>(&reply.reply)) {
       if (BeginSaveDone done = TakeCall(begin_calls_, reply.ticket)) {
-        out.replies.push_back([done = std::move(done), r = std::move(*r)]() mutable {
-          done(std::move(r.result));
-        });
+        const bool copy = r->result.ok() && options_.on_copy != nullptr;
+        out.replies.push_back(
+            [this, copy, done = std::move(done), r = std::move(*r)]() mutable {
+              if (copy) options_.on_copy();
+              done(std::move(r.result));
+            });
       }
     } else if (auto* r = std::get_if<StagedReply>(&reply.reply)) {
       if (StatusDone done = TakeCall(staged_calls_, reply.ticket)) {

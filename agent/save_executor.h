@@ -67,6 +67,10 @@ struct SaveExecutorOptions {
   // holds the staging set that save reuses (agent_main: BuddyReplicator::GiveWay). Default:
   // none.
   std::function<void()> before_acquire;
+  // Called off the lock just before a save's slots go to its trainer — the copy begins (on
+  // COPY, or when pinned: PinCommand.copy_when_pinned). For fault injection (agent_main's
+  // --crash_on=copy). Default: none.
+  std::function<void()> on_copy;
 };
 
 class SaveExecutor {

@@ -55,6 +55,9 @@ ABSL_FLAG(int32_t, copying_timeout_s, 600, "deadline for trainers to copy into s
 ABSL_FLAG(int32_t, persisting_timeout_s, 1800, "deadline for gather + writes");
 ABSL_FLAG(int32_t, committing_timeout_s, 120, "deadline for the commit");
 ABSL_FLAG(int32_t, max_concurrent_writers, 64, "most agents writing at once to the storage");
+ABSL_FLAG(bool, copy_when_pinned, true,
+          "let each trainer copy into staging as soon as its own agent pinned it (false: once "
+          "every rank pinned, after one more round trip: a COPY command)");
 ABSL_FLAG(int32_t, keep_last, 0,
           "committed checkpoints kept per job; older ones are deleted after each commit "
           "(0 keeps all)");
@@ -150,6 +153,7 @@ int main(int argc, char** argv) {
   session_options.copying_timeout = absl::Seconds(absl::GetFlag(FLAGS_copying_timeout_s));
   session_options.persisting_timeout = absl::Seconds(absl::GetFlag(FLAGS_persisting_timeout_s));
   session_options.committing_timeout = absl::Seconds(absl::GetFlag(FLAGS_committing_timeout_s));
+  session_options.copy_when_pinned = absl::GetFlag(FLAGS_copy_when_pinned);
   session_options.max_concurrent_writers =
       static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_max_concurrent_writers)));
   session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));

@@ -452,8 +452,10 @@ class FakeAgent {
     const v1::RankAssignment assignment = pin.pin().assignment();
     RETURN_IF_ERROR(Phase(session_id, v1::AGENT_PHASE_PINNED));
 
-    ASSIGN_OR_RETURN(v1::Command copy, Next(session_id, v1::Command::kCopy));
-    if (copy.has_abort()) return copy;
+    if (!pin.pin().copy_when_pinned()) {
+      ASSIGN_OR_RETURN(v1::Command copy, Next(session_id, v1::Command::kCopy));
+      if (copy.has_abort()) return copy;
+    }
     RETURN_IF_ERROR(Phase(session_id, v1::AGENT_PHASE_STAGED));
 
     ASSIGN_OR_RETURN(v1::Command gather, Next(session_id, v1::Command::kGather));
@@ -707,8 +709,8 @@ TEST_F(ProtocolTest, Protocol_FullSave_CommitsOverGrpc) {
         EXPECT_EQ(named, peers) << "rank " << r;
       }
     }
-    EXPECT_THAT(bodies, ElementsAre("PIN", "COPY", "GATHER", "PERSIST", "COMMITTED"))
-        << "rank " << r;
+    // The PIN let the trainer copy once pinned (copy_when_pinned): no COPY.
+    EXPECT_THAT(bodies, ElementsAre("PIN", "GATHER", "PERSIST", "COMMITTED")) << "rank " << r;
   }
 
   // One commit, of a manifest holding every planned chunk with the checksums the writers
@@ -904,11 +906,13 @@ TEST_F(ProtocolTest, Protocol_StreamReconnect_ReplaysCurrentCommand) {
     ASSERT_TRUE(outcomes[r].ok()) << "rank " << r << ": " << outcomes[r].status();
     EXPECT_TRUE(outcomes[r]->has_committed()) << "rank " << r;
   }
-  std::optional<FakeAgent::Received> copy = agent(2).Await([&](const FakeAgent::Received& r) {
-    return r.command.session_id() == id && r.command.has_copy();
+  // The PIN let the trainer copy when pinned: the next command, GATHER, came on the new stream.
+  EXPECT_TRUE(pin->pin().copy_when_pinned());
+  std::optional<FakeAgent::Received> gather = agent(2).Await([&](const FakeAgent::Received& r) {
+    return r.command.session_id() == id && r.command.has_gather();
   });
-  ASSERT_TRUE(copy.has_value());
-  EXPECT_EQ(copy->stream, reconnected);
+  ASSERT_TRUE(gather.has_value());
+  EXPECT_EQ(gather->stream, reconnected);
   EXPECT_THAT(committer_.commits(), SizeIs(1));
 }
 

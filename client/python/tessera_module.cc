@@ -151,7 +151,7 @@ class PyClient {
     return out;
   }
 
-  // Returns (session_id, stall_seconds, plan_cached).
+  // Returns (session_id, stall_seconds, plan_cached, copy_seconds).
   py::tuple Save(int64_t step, const py::sequence& refs, bool memory_only) {
     std::vector<TensorRef> tensors = RefsFromList(refs);
     absl::StatusOr<SaveResult> result;
@@ -162,7 +162,8 @@ class PyClient {
       result = client_->Save(step, tensors, options);
     }
     SaveResult r = ValueOrRaise(std::move(result));
-    return py::make_tuple(r.session_id, absl::ToDoubleSeconds(r.stall), r.plan_cached);
+    return py::make_tuple(r.session_id, absl::ToDoubleSeconds(r.stall), r.plan_cached,
+                          absl::ToDoubleSeconds(r.copy));
   }
 
   void Reserve(const py::sequence& refs) {

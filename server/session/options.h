@@ -26,6 +26,10 @@ struct SessionOptions {
   absl::Duration copying_timeout = absl::Seconds(600);
   absl::Duration persisting_timeout = absl::Seconds(1800);
   absl::Duration committing_timeout = absl::Seconds(120);
+  // PIN tells agents to let their trainers copy once their own staging is pinned
+  // (PinCommand.copy_when_pinned), instead of the coordinator sending COPY once every rank
+  // pinned. Default: true.
+  bool copy_when_pinned = true;
   // Most agents writing at once to the storage target (memory-only saves write nothing and
   // are not bound). Default: 64.
   uint32_t max_concurrent_writers = 64;

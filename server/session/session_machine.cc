@@ -288,7 +288,12 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
   if (phase_state == v1::SESSION_STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError("phase is unspecified");
   }
-  if (phase_state > state()) {
+  // A trainer may copy before every rank pinned (PinCommand.copy_when_pinned): its STAGED
+  // arrives while PINNING, and is counted.
+  const bool early_staged = request.phase() == v1::AGENT_PHASE_STAGED &&
+                            state() == v1::SESSION_STATE_PINNING &&
+                            context_.options->copy_when_pinned;
+  if (phase_state > state() && !early_staged) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " reported ", v1::AgentPhase_Name(request.phase()),
                      " while the session is ", StateName(state())));
@@ -484,10 +489,12 @@ void SessionMachine::Advance(absl::Time now, Effects& out) {
   auto all = [&](auto pred) { return std::all_of(ranks_.begin(), ranks_.end(), pred); };
   switch (state()) {
     case v1::SESSION_STATE_PINNING:
-      if (all([](const RankProgress& p) { return p.reached >= v1::SESSION_STATE_PINNING; })) {
-        BeginCopying(now, out);
+      if (!all([](const RankProgress& p) { return p.reached >= v1::SESSION_STATE_PINNING; })) {
+        break;
       }
-      break;
+      BeginCopying(now, out);
+      // Trainers that copied when pinned may all be done already: on to PERSISTING.
+      [[fallthrough]];
     case v1::SESSION_STATE_COPYING:
       if (all([](const RankProgress& p) { return p.reached >= v1::SESSION_STATE_COPYING; })) {
         BeginPersisting(now, out);
@@ -524,6 +531,7 @@ void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
   v1::Command c;
   v1::PinCommand* pin = c.mutable_pin();
   pin->set_plan_cached(record_.plan_cached());
+  pin->set_copy_when_pinned(context_.options->copy_when_pinned);
   pin->set_plan_fingerprint(plan_->fingerprint);
   if (plan_->fingerprint != 0 && held_[rank] == plan_->fingerprint) {
     pin->set_assignment_omitted(true);  // the agent holds it: 8 bytes instead of the plan
@@ -535,6 +543,7 @@ void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
 
 void SessionMachine::BeginCopying(absl::Time now, Effects& out) {
   EnterState(v1::SESSION_STATE_COPYING, now, out);
+  if (context_.options->copy_when_pinned) return;  // the PIN said so: trainers are copying
   v1::Command c;
   c.mutable_copy();
   Broadcast(c, out);

@@ -14,7 +14,11 @@
 //                       plan's fingerprint only, to an agent that holds its assignment).
 //                       Ranks that sent only a fingerprint, when no cached plan matches, are
 //                       sent SEND_PLAN first, and planning runs again with their shards.
-//   2 (ReportPhase)     every rank reported PINNED. Each gets COPY (its trainer may copy).
+//   2 (ReportPhase)     every rank reported PINNED. Each PIN said copy_when_pinned (the
+//                       default, SessionOptions): its trainer copied once its own agent
+//                       pinned, and STAGED reports that came while PINNING are counted;
+//                       if every rank is STAGED too, 3 follows at once. Otherwise each rank
+//                       gets COPY (its trainer may copy).
 //   3 (ReportPhase)     every rank reported STAGED (every trainer resumed). Each gets GATHER
 //                       with its peers' addresses; once all reported GATHERED, PERSIST is
 //                       handed out, at most `max_concurrent_writers` writers at a time

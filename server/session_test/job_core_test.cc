@@ -635,7 +635,11 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   clock_.Advance(absl::Seconds(2));
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
-  EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
+  // The PINs let each trainer copy once its agent pinned: no COPY round.
+  for (const v1::Command& c : CommandsTo(1, id)) {
+    if (c.has_pin()) EXPECT_TRUE(c.pin().copy_when_pinned());
+  }
+  EXPECT_THAT(RanksSent(v1::Command::kCopy, id), IsEmpty());
 
   clock_.Advance(absl::Seconds(3));
   PhaseAll(id, v1::AGENT_PHASE_STAGED);
@@ -1294,6 +1298,67 @@ TEST_F(SessionManagerTest, Save_AgentReportsIoError_AbortsWithPath) {
   manager().Tick();
   EXPECT_THAT(committer_.commits(), IsEmpty());
   EXPECT_EQ(ReportWrites(0, id).status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+TEST_F(SessionManagerTest, CopyWhenPinned_StagedBeforeEveryRankPinned_Counted) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  // Ranks 0-2 pinned and their trainers copied; rank 3 has not pinned yet.
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok()) << "rank " << r;
+  }
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  // A STAGED re-sent (after a reconnection) is not counted twice.
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_STAGED).ok());
+  ASSERT_TRUE(Phase(3, id, v1::AGENT_PHASE_PINNED).ok());
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
+  EXPECT_THAT(RanksSent(v1::Command::kCopy, id), IsEmpty());
+  ASSERT_TRUE(Phase(3, id, v1::AGENT_PHASE_STAGED).ok());
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  EXPECT_THAT(RanksSent(v1::Command::kGather, id), ElementsAre(0, 1, 2, 3));
+}
+
+TEST_F(SessionManagerTest, CopyWhenPinned_LastRankPinsAndStagesAtOnce_StraightToPersisting) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  for (uint32_t r = 0; r < 3; ++r) {
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok());
+  }
+  // The last rank's reports come together after a coordinator restart in PINNING.
+  RestartCoordinator();
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  for (uint32_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok());
+  }
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  absl::StatusOr<v1::SessionStatus> status = manager().GetSession(kJob, id);
+  ASSERT_TRUE(status.ok()) << status.status();
+  std::vector<v1::SessionState> phases;
+  for (const v1::PhaseTiming& p : status->phases()) phases.push_back(p.state());
+  EXPECT_THAT(phases, ElementsAre(v1::SESSION_STATE_PLANNING, v1::SESSION_STATE_PINNING,
+                                  v1::SESSION_STATE_COPYING, v1::SESSION_STATE_PERSISTING));
+}
+
+TEST_F(SessionManagerTest, CopyWhenPinnedOff_StagedWhilePinning_RefusedAndCopySent) {
+  options_.copy_when_pinned = false;
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
+  EXPECT_EQ(Phase(0, id, v1::AGENT_PHASE_STAGED).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (const v1::Command& c : CommandsTo(0, id)) {
+    if (c.has_pin()) EXPECT_FALSE(c.pin().copy_when_pinned());
+  }
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
+  EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
 }
 
 TEST_F(SessionManagerTest, Save_WriterBound_OnePersistAtATime) {

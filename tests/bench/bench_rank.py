@@ -239,7 +239,8 @@ def do_save(a):
         client.wait(step, timeout=3600)
         t2 = time.perf_counter()
         saves.append({"step": step, "start": wall0, "blocked_s": t1 - t0,
-                      "stall_s": result.stall_seconds, "committed_s": t2 - t0,
+                      "stall_s": result.stall_seconds, "copy_s": result.copy_seconds,
+                      "committed_s": t2 - t0,
                       "committed_at": wall0 + (t2 - t0), "plan_cached": result.plan_cached,
                       "session_id": result.session_id})
     report["saves"] = saves

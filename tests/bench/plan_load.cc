@@ -222,7 +222,12 @@ class FakeAgent {
 
   // Reports PINNED for the PIN received last. Called by the main thread after every agent got
   // its PIN, so that PIN delivery is timed without 1,024 agents' replies competing for the CPU.
-  absl::Status AckPin() { return Phase(pinned_session_, v1::AGENT_PHASE_PINNED); }
+  // A PIN that says copy_when_pinned has the trainer copy at once: STAGED follows.
+  absl::Status AckPin() {
+    absl::Status pinned = Phase(pinned_session_, v1::AGENT_PHASE_PINNED);
+    if (!pinned.ok() || !copy_when_pinned_) return pinned;
+    return Phase(pinned_session_, v1::AGENT_PHASE_STAGED);
+  }
 
   // Prepared SubmitLocalPlan requests (built before the clock starts): the full plan, and the
   // fingerprint-only one a real agent sends once it holds the plan's assignment
@@ -290,6 +295,7 @@ class FakeAgent {
           held_plan_ = pin.plan_fingerprint();
         }
         pinned_session_ = session;
+        copy_when_pinned_ = pin.copy_when_pinned();
         absl::MutexLock lock(&progress_->mu);
         ++progress_->pins[session];
         if (pin.plan_cached()) ++progress_->cached_pins[session];
@@ -438,6 +444,7 @@ class FakeAgent {
   uint64_t last_seq_ = 0;
   v1::RankAssignment assignment_;
   std::string pinned_session_;  // written by the reader before the PIN is counted
+  bool copy_when_pinned_ = false;  // likewise
   std::unique_ptr<grpc::ClientContext> context_;
   std::thread reader_;  // last: joined before the members it uses go away
 };

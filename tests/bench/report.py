@@ -400,6 +400,8 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
         xs = [x for s in saves for x in s["saves"] if x["step"] == step]
         return {"blocked": max(x["blocked_s"] for x in xs),
                 "stall": max(x["stall_s"] for x in xs),
+                # The slowest rank's stall less its copy: plan, staging and acknowledgement.
+                "not_copy": max(x["stall_s"] - x.get("copy_s", 0.0) for x in xs),
                 "span": max(x["committed_at"] for x in xs) - min(x["start"] for x in xs),
                 "cached": all(x["plan_cached"] for x in xs)}
 
@@ -415,8 +417,10 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                      name, saves[0]["tensors"],
                      ", ".join("%d thread%s %s" % (t, "s" if t > 1 else "", fmt_s(sec))
                                for t, sec in sorted(set(baselines.values()))),
-                     "; ".join("step %d blocked %s (client stall %s), save->COMMITTED %s%s" % (
-                         st, fmt_s(v["blocked"]), fmt_s(v["stall"]), fmt_s(v["span"]),
+                     "; ".join("step %d blocked %s (client stall %s, of which not copying "
+                               "%s), save->COMMITTED %s%s" % (
+                         st, fmt_s(v["blocked"]), fmt_s(v["stall"]), fmt_s(v["not_copy"]),
+                         fmt_s(v["span"]),
                          ", plan cached" if v["cached"] else "")
                          for st, v in sorted(by_step.items()))))
     save_rows, blocked, span = saves_rows(

@@ -80,6 +80,8 @@
 #   --no-build             use binaries already built (with --bin=DIR: a bazel-bin directory)
 #   --bazel="bazel --output_base=..."  the Bazel command line to build and locate binaries
 #                                                               [TESSERA_BENCH_BAZEL]
+#   TESSERA_BENCH_COORDINATOR_FLAGS: more tessera-coordinator flags for figures 1-4 (e.g.
+#   --copy_when_pinned=false, to compare one setting against another in the same hour).
 #   GPU figure: TESSERA_BENCH_GPU_SIZE (default 1G of CUDA tensors), TESSERA_BENCH_GPU_PYTHON
 #   (default: the Python environment below; must be the Python 3.11 the module was built for,
 #   with a CUDA PyTorch — 2.x for the DCP async_save side).
@@ -400,7 +402,7 @@ if wants stall || wants load || wants dcp || wants memory; then
     job="bench$r"
     say "== $mib MiB per rank x $r ranks: ${STEPS} Tessera saves (tp=$r), torch.save, load"
     COORD_PORT=""
-    if ! start_coordinator; then
+    if ! start_coordinator ${TESSERA_BENCH_COORDINATOR_FLAGS:-}; then
       say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
     # Figure 4m's buddy restore needs two nodes: even ranks on bench-n0, odd ones on bench-n1.
@@ -503,7 +505,7 @@ if wants llama; then
     place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
     say "== llama $llama_mib MiB (distributed optimizer) as $layout: $STEPS saves, memcpy, $LOAD_RUNS loads onto $load_layout"
     COORD_PORT=""
-    if ! start_coordinator; then
+    if ! start_coordinator ${TESSERA_BENCH_COORDINATOR_FLAGS:-}; then
       say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
     if start_agents "$job" "$layout"; then

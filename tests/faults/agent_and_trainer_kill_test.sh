@@ -125,7 +125,7 @@ wait_trainers_end 2
 grep -q "killed during the copy into staging" "$DIR/logs/trainer-$JOB-2.out" ||
   fail "trainer 2 did not die during its copy: $(cat "$DIR/logs/trainer-$JOB-2.out")"
 grep -q "staged" "$DIR/logs/trainer-$JOB-2.out" && fail "trainer 2's Save returned before it died"
-grep -q "command copy for session" "$DIR/logs/agent-$JOB-2.log" ||
+grep -q "slots handed to the trainer for" "$DIR/logs/agent-$JOB-2.log" ||
   fail "agent 2 never handed out the slots"
 wait_aborts_beyond "$aborts" 30
 wait_trainers_end 0 1 3

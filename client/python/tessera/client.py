@@ -43,6 +43,9 @@ class SaveResult(typing.NamedTuple):
     stall_seconds: float
     # The coordinator reused the job's last validated plan (nothing about the tensors changed).
     plan_cached: bool
+    # The part of stall_seconds spent copying into staging; the rest waited for the plan, the
+    # staging and the agent's acknowledgement.
+    copy_seconds: float = 0.0
 
 
 def _call(fn, *args):
@@ -165,7 +168,7 @@ class Client:
             saves"): it never becomes "latest", and is lost with the agents holding it. Every
             rank must pass the same.
 
-        Returns SaveResult(session_id, stall_seconds, plan_cached).
+        Returns SaveResult(session_id, stall_seconds, plan_cached, copy_seconds).
 
         Raises: InvalidArgumentError — code MALFORMED_SHARD for a tensor that fails the local
         checks (before any RPC), or the plan's rejection (DUPLICATE_FQN, INCOMPLETE_COVERAGE,
@@ -179,9 +182,9 @@ class Client:
         refs, keep = self._save_refs(tensors, objects)
         if not isinstance(memory_only, bool):
             raise errors.malformed("memory_only must be a bool, not %r" % (memory_only,))
-        session_id, stall, cached = _call(self._native.save, step, refs, memory_only)
+        session_id, stall, cached, copy = _call(self._native.save, step, refs, memory_only)
         del keep  # the tensors had to stay alive until here
-        return SaveResult(session_id, stall, cached)
+        return SaveResult(session_id, stall, cached, copy)
 
     def reserve(self, tensors, *, objects=None):
         """Makes the agent create (and this process map) the staging that saves of `tensors`
