@@ -416,6 +416,7 @@ int main(int argc, char** argv) {
   registration.set_storage_root_mounted(absl::GetFlag(FLAGS_storage_root_mounted));
   registration.set_has_gpu(gpu);
   registration.set_memory_tier(memory_on);
+  registration.set_copies_when_pinned(true);  // SaveCore follows PinCommand.copy_when_pinned
 
   tessera::LifelineOptions lifeline_options;
   if (memory_on) {

@@ -193,6 +193,7 @@ class FakeAgent {
   absl::StatusOr<v1::RegisterAgentResponse> Register(
       std::optional<uint64_t> new_incarnation = std::nullopt) {
     v1::RegisterAgentRequest request;
+    request.set_copies_when_pinned(true);  // as tessera-agent does
     request.set_job_id(kJob);
     request.mutable_coord()->set_rank(rank_);
     absl::StatusOr<MeshLayout> mesh = MeshLayout::FromProto(layout_);

@@ -289,10 +289,15 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
     return absl::InvalidArgumentError("phase is unspecified");
   }
   // A trainer may copy before every rank pinned (PinCommand.copy_when_pinned): its STAGED
-  // arrives while PINNING, and is counted.
+  // arrives while PINNING, and is counted — after its PINNED (the agent re-sends its reports
+  // in order, so a STAGED ahead of it is answered Unavailable and comes again).
   const bool early_staged = request.phase() == v1::AGENT_PHASE_STAGED &&
                             state() == v1::SESSION_STATE_PINNING &&
-                            context_.options->copy_when_pinned;
+                            record_.copy_when_pinned();
+  if (early_staged && ranks_[rank].reached < v1::SESSION_STATE_PINNING) {
+    return absl::UnavailableError(
+        absl::StrCat("rank ", rank, " reported STAGED before its PINNED was counted"));
+  }
   if (phase_state > state() && !early_staged) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " reported ", v1::AgentPhase_Name(request.phase()),
@@ -302,7 +307,8 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
   RankProgress& p = ranks_[rank];
   switch (request.phase()) {
     case v1::AGENT_PHASE_PINNED:
-      p.reached = phase_state;
+      // A PINNED re-sent after an early STAGED (copy_when_pinned) does not move the rank back.
+      p.reached = std::max(p.reached, phase_state);
       p.pinned_bytes = request.pinned_bytes();
       break;
     case v1::AGENT_PHASE_STAGED:
@@ -318,7 +324,9 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
       break;
     case v1::AGENT_PHASE_PERSISTED:
       p.gathered = true;
-      if (!p.persisted && p.persist_sent && writers_active_ > 0) --writers_active_;
+      if (!p.persisted && p.persist_sent && CountsAsWriter(rank) && writers_active_ > 0) {
+        --writers_active_;
+      }
       p.persisted = true;
       p.reached = phase_state;
       break;
@@ -521,6 +529,15 @@ void SessionMachine::BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool c
   record_.set_plan_cached(cached);
   record_.set_bytes_total(plan_->total_bytes);
   record_.set_chunks_total(ledger_->chunks_total());
+  // Trainers copy when their own agent pinned if the coordinator allows it and every agent
+  // follows that PIN field (RegisterAgentRequest.copies_when_pinned; an older one waits for
+  // COPY). Decided once, kept in the record: a restart in PINNING sends the same PINs.
+  bool copy_when_pinned = context_.options->copy_when_pinned;
+  for (uint32_t r = 0; r < world() && copy_when_pinned; ++r) {
+    std::optional<v1::RegisterAgentRequest> reg = context_.registry->Get(context_.job_id, r);
+    copy_when_pinned = reg.has_value() && reg->copies_when_pinned();
+  }
+  record_.set_copy_when_pinned(copy_when_pinned);
   EnterState(v1::SESSION_STATE_PINNING, now, out);
   LogInfo("session ", record_.session_id(), ": plan ", cached ? "reused" : "validated", " (",
           ledger_->chunks_total(), " chunks, ", plan_->total_bytes, " bytes); PINNING");
@@ -531,7 +548,7 @@ void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
   v1::Command c;
   v1::PinCommand* pin = c.mutable_pin();
   pin->set_plan_cached(record_.plan_cached());
-  pin->set_copy_when_pinned(context_.options->copy_when_pinned);
+  pin->set_copy_when_pinned(record_.copy_when_pinned());
   pin->set_plan_fingerprint(plan_->fingerprint);
   if (plan_->fingerprint != 0 && held_[rank] == plan_->fingerprint) {
     pin->set_assignment_omitted(true);  // the agent holds it: 8 bytes instead of the plan
@@ -543,7 +560,7 @@ void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
 
 void SessionMachine::BeginCopying(absl::Time now, Effects& out) {
   EnterState(v1::SESSION_STATE_COPYING, now, out);
-  if (context_.options->copy_when_pinned) return;  // the PIN said so: trainers are copying
+  if (record_.copy_when_pinned()) return;  // the PIN said so: trainers are copying
   v1::Command c;
   c.mutable_copy();
   Broadcast(c, out);
@@ -652,6 +669,12 @@ void SessionMachine::End(v1::SessionState state, v1::Command final, absl::Time n
 // ---------------------------------------------------------------------------------------------
 // Helpers
 
+bool SessionMachine::CountsAsWriter(uint32_t rank) const {
+  // A memory-only PERSIST writes nothing to storage, nor does a rank with no chunk to write:
+  // the writer bound does not apply to them.
+  return !record_.memory_only() && plan_->bytes_written_by_rank[rank] > 0;
+}
+
 void SessionMachine::HandOutPersist(Effects& out) {
   if (!std::all_of(ranks_.begin(), ranks_.end(),
                    [](const RankProgress& p) { return p.gathered; })) {
@@ -660,8 +683,7 @@ void SessionMachine::HandOutPersist(Effects& out) {
   for (uint32_t r = 0; r < world(); ++r) {
     RankProgress& p = ranks_[r];
     if (p.persist_sent || p.persisted) continue;
-    // A memory-only PERSIST writes nothing to storage: the writer bound does not apply.
-    const bool writes = !record_.memory_only() && plan_->bytes_written_by_rank[r] > 0;
+    const bool writes = CountsAsWriter(r);
     if (writes && writers_active_ >= context_.options->max_concurrent_writers) continue;
     if (writes) ++writers_active_;
     p.persist_sent = true;

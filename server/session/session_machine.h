@@ -14,11 +14,12 @@
 //                       plan's fingerprint only, to an agent that holds its assignment).
 //                       Ranks that sent only a fingerprint, when no cached plan matches, are
 //                       sent SEND_PLAN first, and planning runs again with their shards.
-//   2 (ReportPhase)     every rank reported PINNED. Each PIN said copy_when_pinned (the
-//                       default, SessionOptions): its trainer copied once its own agent
-//                       pinned, and STAGED reports that came while PINNING are counted;
-//                       if every rank is STAGED too, 3 follows at once. Otherwise each rank
-//                       gets COPY (its trainer may copy).
+//   2 (ReportPhase)     every rank reported PINNED. If the PINs said copy_when_pinned
+//                       (SessionOptions, and every agent registered copies_when_pinned;
+//                       decided at 1 and kept in the record), each trainer copied once its
+//                       own agent pinned, and a rank's STAGED that came after its PINNED
+//                       while PINNING is counted; if every rank is STAGED too, 3 follows at
+//                       once. Otherwise each rank gets COPY (its trainer may copy).
 //   3 (ReportPhase)     every rank reported STAGED (every trainer resumed). Each gets GATHER
 //                       with its peers' addresses; once all reported GATHERED, PERSIST is
 //                       handed out, at most `max_concurrent_writers` writers at a time
@@ -224,6 +225,8 @@ class SessionMachine {
 
   // Takes the next step the progress allows (after any report).
   void Advance(absl::Time now, Effects& out);
+  // Whether rank's PERSIST counts against max_concurrent_writers.
+  bool CountsAsWriter(uint32_t rank) const;
   void HandOutPersist(Effects& out);
   void EnterState(v1::SessionState state, absl::Time now, Effects& out);
   void End(v1::SessionState state, v1::Command final, absl::Time now, Effects& out);

@@ -193,6 +193,7 @@ struct AgentSetup {
   uint64_t node_budget = 0;  // 0: no budget
   bool storage_root_mounted = false;
   bool memory_tier = true;  // RegisterAgentRequest.memory_tier
+  bool copies_when_pinned = true;  // RegisterAgentRequest.copies_when_pinned, as tessera-agent
 };
 
 class SessionManagerTest : public ::testing::Test {
@@ -227,6 +228,7 @@ class SessionManagerTest : public ::testing::Test {
 
   absl::StatusOr<AgentRegistry::Registered> Register(uint32_t rank) {
     v1::RegisterAgentRequest request;
+    request.set_copies_when_pinned(setups_[rank].copies_when_pinned);
     request.set_job_id(kJob);
     request.mutable_coord()->set_rank(rank);
     *request.mutable_layout() = layout_;
@@ -1345,6 +1347,53 @@ TEST_F(SessionManagerTest, CopyWhenPinned_LastRankPinsAndStagesAtOnce_StraightTo
                                   v1::SESSION_STATE_COPYING, v1::SESSION_STATE_PERSISTING));
 }
 
+TEST_F(SessionManagerTest, CopyWhenPinned_PinnedReSentAfterStaged_RankStaysStaged) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_STAGED).ok());
+  // A reconnection re-sends both, in order; the rank does not go back to PINNED.
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
+  for (uint32_t r = 1; r < 4; ++r) {
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok());
+  }
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+}
+
+TEST_F(SessionManagerTest, CopyWhenPinned_StagedAheadOfItsPinned_UnavailableToComeAgain) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  EXPECT_EQ(Phase(2, id, v1::AGENT_PHASE_STAGED).status().code(),
+            absl::StatusCode::kUnavailable);
+  ASSERT_TRUE(Phase(2, id, v1::AGENT_PHASE_PINNED).ok());
+  ASSERT_TRUE(Phase(2, id, v1::AGENT_PHASE_STAGED).ok());
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+}
+
+TEST_F(SessionManagerTest, CopyWhenPinned_AnAgentWithoutIt_EveryRankGetsCopy) {
+  StartJob("tp=2,dp=2", [](uint32_t r) {
+    AgentSetup setup{absl::StrCat("node-", r)};
+    setup.copies_when_pinned = r != 2;  // rank 2's agent is older: it waits for COPY
+    return setup;
+  });
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  for (const v1::Command& c : CommandsTo(0, id)) {
+    if (c.has_pin()) EXPECT_FALSE(c.pin().copy_when_pinned());
+  }
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
+  EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
+  // Kept in the record: after a restart, COPY again, and the session goes on.
+  RestartCoordinator();
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
+  PhaseAll(id, v1::AGENT_PHASE_STAGED);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+}
+
 TEST_F(SessionManagerTest, CopyWhenPinnedOff_StagedWhilePinning_RefusedAndCopySent) {
   options_.copy_when_pinned = false;
   StartJob("tp=2,dp=2");
@@ -1359,6 +1408,35 @@ TEST_F(SessionManagerTest, CopyWhenPinnedOff_StagedWhilePinning_RefusedAndCopySe
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
   EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
+}
+
+TEST_F(SessionManagerTest, Save_WriterBound_ANonWriterFinishingFreesNoWriterSlot) {
+  options_.max_concurrent_writers = 1;
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = DriveToPersisting(9);
+  const std::vector<uint32_t> writers = Writers(id);
+  ASSERT_GE(writers.size(), 2u);
+  std::vector<uint32_t> others;
+  for (uint32_t r = 0; r < 4; ++r) {
+    if (std::find(writers.begin(), writers.end(), r) == writers.end()) others.push_back(r);
+  }
+  ASSERT_FALSE(others.empty()) << "the plan needs a rank that writes nothing";
+  for (uint32_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(ReportHashes(r, id).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_GATHERED).ok());
+  }
+  auto writers_sent = [&] {
+    size_t n = 0;
+    for (uint32_t r : RanksSent(v1::Command::kPersist, id)) {
+      n += std::find(writers.begin(), writers.end(), r) != writers.end();
+    }
+    return n;
+  };
+  ASSERT_EQ(writers_sent(), 1u);
+  // A rank with nothing to write finishes while the one writer writes: still one writer.
+  ASSERT_TRUE(Phase(others[0], id, v1::AGENT_PHASE_PERSISTED).ok());
+  EXPECT_EQ(writers_sent(), 1u);
 }
 
 TEST_F(SessionManagerTest, Save_WriterBound_OnePersistAtATime) {

@@ -78,6 +78,7 @@ class SessionManagerTest : public ::testing::Test {
     const uint32_t world = MeshLayout::FromProto(layout)->world_size();
     for (uint32_t r = 0; r < world; ++r) {
       v1::RegisterAgentRequest request;
+      request.set_copies_when_pinned(true);  // as tessera-agent does
       request.set_job_id(job);
       request.mutable_coord()->set_rank(r);
       *request.mutable_layout() = layout;

@@ -172,6 +172,7 @@ class FakeAgent {
 
   absl::Status Register(uint32_t* heartbeat_ms) {
     v1::RegisterAgentRequest request;
+    request.set_copies_when_pinned(true);  // as tessera-agent does
     request.set_job_id(job_);
     request.mutable_coord()->set_rank(rank_);
     for (uint32_t c : coords_) request.mutable_coord()->add_index(c);

@@ -875,6 +875,7 @@ void World::Register(uint32_t rank) {
   a.registering = true;
   const uint64_t life = a.life;
   v1::RegisterAgentRequest request;
+  request.set_copies_when_pinned(true);  // as tessera-agent does
   request.set_job_id(kJob);
   request.mutable_coord()->set_rank(rank);
   *request.mutable_layout() = *ParseLayoutSpec(job_.layout_spec);
