@@ -224,9 +224,9 @@ int main(int argc, char** argv) {
       physical, *agents_per_node, absl::GetFlag(FLAGS_staging_budget_mb),
       absl::GetFlag(FLAGS_buddy_budget_mb));
   if (!budgets.ok()) return Fail(budgets.status().ToString());
-  tessera::LogInfo("memory budgets: staging ", budgets->staging_bytes >> 20, " MiB, buddy copies ",
-                   budgets->buddy_bytes >> 20, " MiB (", *agents_per_node, " agent(s) on a node of ",
-                   physical >> 20, " MiB)");
+  tessera::LogInfo("memory budgets: staging ", budgets->staging_bytes >> 20,
+                   " MiB, buddy copies ", budgets->buddy_bytes >> 20, " MiB (", *agents_per_node,
+                   " agent(s) on a node of ", physical >> 20, " MiB)");
   const tessera::ShmHugePages huge_pages = tessera::ShmHugePagesFrom(
       WholeFile("/proc/mounts"), WholeFile("/sys/kernel/mm/transparent_hugepage/shmem_enabled"));
   if (huge_pages.on) {
@@ -316,9 +316,11 @@ int main(int argc, char** argv) {
     return lifeline_for_lease->LeaseGeneration();
   };
   executor_options.writer.writes_in_flight = absl::GetFlag(FLAGS_writes_in_flight);
-  if (executor_options.writer.writes_in_flight < 1) {
+  if (executor_options.writer.writes_in_flight < 1 ||
+      executor_options.writer.writes_in_flight > tessera::ShardWriterOptions::kMostWritesInFlight) {
     return Fail(absl::StrCat("--writes_in_flight is ", executor_options.writer.writes_in_flight,
-                             ": it must be at least 1"));
+                             ": it must be 1 to ",
+                             tessera::ShardWriterOptions::kMostWritesInFlight));
   }
   executor_options.core.job_id = job;
   executor_options.core.rank = urank;

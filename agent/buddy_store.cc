@@ -22,7 +22,8 @@ absl::StatusOr<std::shared_ptr<MemoryBuffer>> BuddyStore::Reserve(const v1::Memo
                                     " bytes beside ", others, " held or being received"));
     }
     // The copy being replaced stays readable while its successor arrives if both fit; else it
-    // is let go now, so what this store holds never exceeds its budget.
+    // is let go now, so what this store holds stays within its budget (a read in progress
+    // keeps the bytes until it ends).
     auto held = copies_.find(writer);
     if (held != copies_.end() &&
         held->second.copy.nbytes() > budget_bytes_ - copy.nbytes() - others) {

@@ -5,7 +5,8 @@
 // One copy per writer rank: a newer one replaces it once it arrived whole. Bounded by a byte
 // budget that counts everything held and being received: the copy a sender replaces stays
 // (readable) while its successor arrives only if both fit; otherwise it is let go when the
-// successor's room is reserved.
+// successor's room is reserved (its memory is freed when a read still holding it ends). If
+// the successor then does not arrive whole, the store holds no copy of that sender.
 //
 // Thread-safety: all methods are safe for concurrent use.
 #ifndef TESSERA_AGENT_BUDDY_STORE_H_

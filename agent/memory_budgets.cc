@@ -62,6 +62,12 @@ absl::StatusOr<MemoryBudgets> ResolveMemoryBudgets(uint64_t physical_bytes,
                                                    uint32_t agents_per_node,
                                                    int64_t staging_budget_mb,
                                                    int64_t buddy_budget_mb) {
+  if (physical_bytes == 0 && (staging_budget_mb == 0 || buddy_budget_mb == 0) &&
+      staging_budget_mb >= 0 && buddy_budget_mb >= 0) {
+    return absl::InvalidArgumentError(
+        "the host's physical memory is unknown (sysconf): set --staging_budget_mb and "
+        "--buddy_budget_mb");
+  }
   const uint64_t share = physical_bytes / 2 / (agents_per_node > 0 ? agents_per_node : 1);
   MemoryBudgets budgets;
   ASSIGN_OR_RETURN(budgets.staging_bytes, Budget("staging_budget_mb", staging_budget_mb, share));

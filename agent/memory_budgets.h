@@ -34,7 +34,8 @@ struct MemoryBudgets {
 // of `physical_bytes` shared by `agents_per_node` agents: staging defaults to
 // physical / 2 / agents_per_node, buddy copies to half the staging budget.
 // Errors: InvalidArgument naming the flag if it is negative, or if a budget comes to less
-// than one 4 KiB page.
+// than one 4 KiB page; InvalidArgument if a default is needed and physical_bytes is 0 (the
+// caller could not read it).
 absl::StatusOr<MemoryBudgets> ResolveMemoryBudgets(uint64_t physical_bytes,
                                                    uint32_t agents_per_node,
                                                    int64_t staging_budget_mb,

@@ -63,6 +63,11 @@ TEST(ResolveMemoryBudgets, NegativeOrBelowAPage_RefusedNamingTheFlag) {
   absl::StatusOr<MemoryBudgets> buddy = ResolveMemoryBudgets(64 * kGiB, 1, 0, -1);
   ASSERT_EQ(buddy.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(buddy.status().message().find("--buddy_budget_mb"), absl::string_view::npos);
+  // Physical memory unknown: the flags must say.
+  absl::StatusOr<MemoryBudgets> unknown = ResolveMemoryBudgets(0, 1, 0, 0);
+  ASSERT_EQ(unknown.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(unknown.status().message().find("physical memory is unknown"), absl::string_view::npos);
+  EXPECT_TRUE(ResolveMemoryBudgets(0, 1, 1024, 512).ok());
   // A node too small for its agents' default share.
   absl::StatusOr<MemoryBudgets> tiny = ResolveMemoryBudgets(16 * 4096, 8, 0, 0);
   ASSERT_EQ(tiny.status().code(), absl::StatusCode::kInvalidArgument);

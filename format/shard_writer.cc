@@ -179,9 +179,11 @@ absl::StatusOr<WrittenFile> ShardWriter::WriteFile(Storage& storage, const std::
                                                    const void* staging,
                                                    const ShardWriterOptions& options) {
   RETURN_IF_ERROR(ValidateFileName(file_name));
-  if (options.block_size == 0 || options.write_size == 0 || options.writes_in_flight < 1) {
-    return absl::InvalidArgumentError(
-        "block_size, write_size and writes_in_flight must be positive");
+  if (options.block_size == 0 || options.write_size == 0 || options.writes_in_flight < 1 ||
+      options.writes_in_flight > ShardWriterOptions::kMostWritesInFlight) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "block_size and write_size must be positive and writes_in_flight 1 to ",
+        ShardWriterOptions::kMostWritesInFlight, " (it is ", options.writes_in_flight, ")"));
   }
   if (layout.header.size() != layout.data_start || layout.data_start % kDataAlignment != 0) {
     return absl::InvalidArgumentError("the layout's header does not match its data_start");

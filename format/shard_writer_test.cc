@@ -366,12 +366,15 @@ TEST(ShardWriter, WriteFile_BadArguments_Rejected) {
           .status()
           .code(),
       absl::StatusCode::kInvalidArgument);
-  ShardWriterOptions no_writes;
-  no_writes.writes_in_flight = 0;
-  EXPECT_EQ(ShardWriter::WriteFile(storage, dir, "x", s.layout, s.staging.get(), no_writes)
-                .status()
-                .code(),
-            absl::StatusCode::kInvalidArgument);
+  for (int in_flight : {0, ShardWriterOptions::kMostWritesInFlight + 1}) {
+    ShardWriterOptions bad;
+    bad.writes_in_flight = in_flight;
+    EXPECT_EQ(ShardWriter::WriteFile(storage, dir, "x", s.layout, s.staging.get(), bad)
+                  .status()
+                  .code(),
+              absl::StatusCode::kInvalidArgument)
+        << in_flight;
+  }
   // Padding left dirty would put bytes no checksum covers into the file.
   s.staging.get()[s.layout.padding[0].staging_offset] = 1;
   absl::StatusOr<WrittenFile> dirty =
