@@ -259,6 +259,20 @@ std::optional<v1::RegisterAgentRequest> AgentRegistry::Get(const std::string& jo
   return agent->second.registration;
 }
 
+bool AgentRegistry::EveryAgentCopiesWhenPinned(const std::string& job_id, uint32_t world) const {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return false;
+  for (uint32_t r = 0; r < world; ++r) {
+    auto agent = job->second.agents.find(r);
+    if (agent == job->second.agents.end() ||
+        !agent->second.registration.copies_when_pinned()) {
+      return false;
+    }
+  }
+  return true;
+}
+
 std::vector<std::string> AgentRegistry::Jobs() const {
   absl::MutexLock lock(&mu_);
   std::vector<std::string> jobs;

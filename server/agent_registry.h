@@ -99,6 +99,12 @@ class AgentRegistry {
   // The job's mesh, if any agent of it has registered.
   std::optional<MeshLayout> JobLayout(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
+  // Whether ranks 0 .. world - 1 of the job all registered, each saying it follows
+  // PinCommand.copy_when_pinned (RegisterAgentRequest.copies_when_pinned). One lock, no
+  // copies: the coordinator asks it for every save.
+  bool EveryAgentCopiesWhenPinned(const std::string& job_id, uint32_t world) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
   // The registration of (job, rank), if any.
   std::optional<v1::RegisterAgentRequest> Get(const std::string& job_id, uint32_t rank) const
       ABSL_LOCKS_EXCLUDED(mu_);

@@ -42,6 +42,20 @@ TEST_F(AgentRegistryTest, Register_NewAgent_IsAliveWithCoords) {
   EXPECT_THAT((*agents)[0].coord().index(), ElementsAre(1, 0, 1));
 }
 
+TEST_F(AgentRegistryTest, EveryAgentCopiesWhenPinned_AllRanksRegisteredAndSayingSo) {
+  EXPECT_FALSE(registry_.EveryAgentCopiesWhenPinned("job", 2));  // no such job
+  for (uint32_t r : {0u, 1u}) {
+    v1::RegisterAgentRequest request = Registration(r, 10 + r);
+    request.set_copies_when_pinned(true);
+    ASSERT_TRUE(registry_.Register(request).ok());
+  }
+  EXPECT_TRUE(registry_.EveryAgentCopiesWhenPinned("job", 2));
+  EXPECT_FALSE(registry_.EveryAgentCopiesWhenPinned("job", 3)) << "rank 2 never registered";
+  // Rank 1 comes back as an agent that does not follow the field.
+  ASSERT_TRUE(registry_.Register(Registration(1, 21)).ok());
+  EXPECT_FALSE(registry_.EveryAgentCopiesWhenPinned("job", 2));
+}
+
 TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());

@@ -532,12 +532,9 @@ void SessionMachine::BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool c
   // Trainers copy when their own agent pinned if the coordinator allows it and every agent
   // follows that PIN field (RegisterAgentRequest.copies_when_pinned; an older one waits for
   // COPY). Decided once, kept in the record: a restart in PINNING sends the same PINs.
-  bool copy_when_pinned = context_.options->copy_when_pinned;
-  for (uint32_t r = 0; r < world() && copy_when_pinned; ++r) {
-    std::optional<v1::RegisterAgentRequest> reg = context_.registry->Get(context_.job_id, r);
-    copy_when_pinned = reg.has_value() && reg->copies_when_pinned();
-  }
-  record_.set_copy_when_pinned(copy_when_pinned);
+  record_.set_copy_when_pinned(
+      context_.options->copy_when_pinned &&
+      context_.registry->EveryAgentCopiesWhenPinned(context_.job_id, world()));
   EnterState(v1::SESSION_STATE_PINNING, now, out);
   LogInfo("session ", record_.session_id(), ": plan ", cached ? "reused" : "validated", " (",
           ledger_->chunks_total(), " chunks, ", plan_->total_bytes, " bytes); PINNING");
