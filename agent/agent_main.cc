@@ -152,7 +152,8 @@ class FaultPoints {
   mutable std::atomic<bool> frozen_{false};
 };
 
-// The contents of a small file, or "" if it cannot be read.
+// The contents of a small file, or "" if it cannot be read. (Not storage's ReadFileToString:
+// procfs and sysfs files report size 0.)
 std::string WholeFile(const char* path) {
   std::ifstream in(path);
   return std::string(std::istreambuf_iterator<char>(in), {});

@@ -53,6 +53,13 @@ v1::Command Pin(uint64_t seq, const std::string& session = kSession) {
   return c;
 }
 
+// A PIN that lets the trainer copy once this agent's staging is pinned (no COPY follows).
+v1::Command PinCopyingWhenPinned(uint64_t seq) {
+  v1::Command pin = Pin(seq);
+  pin.mutable_pin()->set_copy_when_pinned(true);
+  return pin;
+}
+
 // A PIN of plan `plan` that leaves the assignment out (R10).
 v1::Command PinWithoutAssignment(uint64_t seq, const std::string& session, uint64_t plan) {
   v1::Command c = Bare(seq, session);
@@ -453,17 +460,10 @@ TEST_F(SaveCoreTest, Edge5_Copy_HandsTheSlotsToTheWaitingTrainer) {
 
 TEST_F(SaveCoreTest, Edge5_PinSaysCopyWhenPinned_SlotsGoWithTheStagingNoCopyAwaited) {
   ToPlanned();
-  v1::Command pin = Pin(1);
-  pin.mutable_pin()->set_copy_when_pinned(true);
-  Command(pin);
+  Command(PinCopyingWhenPinned(1));
   StagingReady(TakeWork().id);
   EXPECT_EQ(PhaseOf(), SavePhase::kCopying);
-  const TrainerReply* reply = ReplyTo(1);
-  ASSERT_NE(reply, nullptr);
-  const absl::StatusOr<v1::BeginSaveResponse>& slots =
-      std::get<BeginSaveReply>(reply->reply).result;
-  ASSERT_TRUE(slots.ok()) << slots.status();
-  EXPECT_EQ(slots->shm_name(), "/tessera-test");
+  EXPECT_TRUE(BeginStatus(1).ok()) << BeginStatus(1);  // the slots, as on COPY (Edge5_Copy)
   // PINNED goes before STAGED; a COPY that comes anyway (a coordinator restart) is ignored.
   Staged(/*ticket=*/9);
   EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED"));
@@ -474,9 +474,7 @@ TEST_F(SaveCoreTest, Edge5_PinSaysCopyWhenPinned_SlotsGoWithTheStagingNoCopyAwai
 
 TEST_F(SaveCoreTest, R8_PinSaysCopyWhenPinned_TrainerGoneMeanwhile_AgentLost) {
   ToPlanned();
-  v1::Command pin = Pin(1);
-  pin.mutable_pin()->set_copy_when_pinned(true);
-  Command(pin);
+  Command(PinCopyingWhenPinned(1));
   const uint64_t work = TakeWork().id;
   Apply(core_.TrainerGone(now_, 1));
   StagingReady(work);

@@ -449,6 +449,21 @@ class SessionManagerTest : public ::testing::Test {
     }
   }
 
+  // Rank's agent pinned and its trainer copied (the two reports, in order).
+  void PinAndStage(uint32_t rank, const std::string& session_id) {
+    ASSERT_TRUE(Phase(rank, session_id, v1::AGENT_PHASE_PINNED).ok()) << "rank " << rank;
+    ASSERT_TRUE(Phase(rank, session_id, v1::AGENT_PHASE_STAGED).ok()) << "rank " << rank;
+  }
+
+  // PinCommand.copy_when_pinned of every PIN sent to `rank` for the session.
+  std::vector<bool> PinsCopyWhenPinned(uint32_t rank, const std::string& session_id) const {
+    std::vector<bool> flags;
+    for (const v1::Command& c : CommandsTo(rank, session_id)) {
+      if (c.has_pin()) flags.push_back(c.pin().copy_when_pinned());
+    }
+    return flags;
+  }
+
   // The tensor key of the replica `item` of `rank` names: its local shard's.
   std::string HashedKey(uint32_t rank, const v1::HashItem& item) const {
     return TensorKeyOf(plans_[rank].at(item.local_shard()), rank);
@@ -638,9 +653,7 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
   // The PINs let each trainer copy once its agent pinned: no COPY round.
-  for (const v1::Command& c : CommandsTo(1, id)) {
-    if (c.has_pin()) EXPECT_TRUE(c.pin().copy_when_pinned());
-  }
+  EXPECT_THAT(PinsCopyWhenPinned(1, id), ElementsAre(true));
   EXPECT_THAT(RanksSent(v1::Command::kCopy, id), IsEmpty());
 
   clock_.Advance(absl::Seconds(3));
@@ -1308,10 +1321,7 @@ TEST_F(SessionManagerTest, CopyWhenPinned_StagedBeforeEveryRankPinned_Counted) {
   const std::string id = SubmitAll(3);
   ASSERT_EQ(State(id), v1::SESSION_STATE_PINNING);
   // Ranks 0-2 pinned and their trainers copied; rank 3 has not pinned yet.
-  for (uint32_t r = 0; r < 3; ++r) {
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok()) << "rank " << r;
-  }
+  for (uint32_t r = 0; r < 3; ++r) PinAndStage(r, id);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
   // A STAGED re-sent (after a reconnection) is not counted twice.
   ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_STAGED).ok());
@@ -1327,17 +1337,11 @@ TEST_F(SessionManagerTest, CopyWhenPinned_LastRankPinsAndStagesAtOnce_StraightTo
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
   const std::string id = SubmitAll(3);
-  for (uint32_t r = 0; r < 3; ++r) {
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok());
-  }
+  for (uint32_t r = 0; r < 3; ++r) PinAndStage(r, id);
   // The last rank's reports come together after a coordinator restart in PINNING.
   RestartCoordinator();
   EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
-  for (uint32_t r = 0; r < 4; ++r) {
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok());
-  }
+  for (uint32_t r = 0; r < 4; ++r) PinAndStage(r, id);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
   absl::StatusOr<v1::SessionStatus> status = manager().GetSession(kJob, id);
   ASSERT_TRUE(status.ok()) << status.status();
@@ -1351,14 +1355,10 @@ TEST_F(SessionManagerTest, CopyWhenPinned_PinnedReSentAfterStaged_RankStaysStage
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
   const std::string id = SubmitAll(3);
-  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
-  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_STAGED).ok());
+  PinAndStage(0, id);
   // A reconnection re-sends both, in order; the rank does not go back to PINNED.
   ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
-  for (uint32_t r = 1; r < 4; ++r) {
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PINNED).ok());
-    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_STAGED).ok());
-  }
+  for (uint32_t r = 1; r < 4; ++r) PinAndStage(r, id);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
 }
 
@@ -1368,9 +1368,23 @@ TEST_F(SessionManagerTest, CopyWhenPinned_StagedAheadOfItsPinned_UnavailableToCo
   const std::string id = SubmitAll(3);
   EXPECT_EQ(Phase(2, id, v1::AGENT_PHASE_STAGED).status().code(),
             absl::StatusCode::kUnavailable);
-  ASSERT_TRUE(Phase(2, id, v1::AGENT_PHASE_PINNED).ok());
-  ASSERT_TRUE(Phase(2, id, v1::AGENT_PHASE_STAGED).ok());
+  PinAndStage(2, id);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+}
+
+TEST_F(SessionManagerTest, CopyWhenPinned_KeptInTheRecord_ARestartWithTheOptionOffKeepsIt) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  PinAndStage(0, id);
+  // The coordinator comes back with the option off: this session's PINs said otherwise.
+  options_.copy_when_pinned = false;
+  RestartCoordinator();
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  EXPECT_THAT(PinsCopyWhenPinned(1, id), ElementsAre(true));  // the PIN sent again
+  for (uint32_t r = 0; r < 4; ++r) PinAndStage(r, id);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  EXPECT_THAT(RanksSent(v1::Command::kCopy, id), IsEmpty());
 }
 
 TEST_F(SessionManagerTest, CopyWhenPinned_AnAgentWithoutIt_EveryRankGetsCopy) {
@@ -1381,9 +1395,7 @@ TEST_F(SessionManagerTest, CopyWhenPinned_AnAgentWithoutIt_EveryRankGetsCopy) {
   });
   UseTpDpPlans();
   const std::string id = SubmitAll(3);
-  for (const v1::Command& c : CommandsTo(0, id)) {
-    if (c.has_pin()) EXPECT_FALSE(c.pin().copy_when_pinned());
-  }
+  EXPECT_THAT(PinsCopyWhenPinned(0, id), ElementsAre(false));
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
   EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
@@ -1402,9 +1414,7 @@ TEST_F(SessionManagerTest, CopyWhenPinnedOff_StagedWhilePinning_RefusedAndCopySe
   ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
   EXPECT_EQ(Phase(0, id, v1::AGENT_PHASE_STAGED).status().code(),
             absl::StatusCode::kInvalidArgument);
-  for (const v1::Command& c : CommandsTo(0, id)) {
-    if (c.has_pin()) EXPECT_FALSE(c.pin().copy_when_pinned());
-  }
+  EXPECT_THAT(PinsCopyWhenPinned(0, id), ElementsAre(false));
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
   EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
