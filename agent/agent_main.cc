@@ -91,9 +91,9 @@ ABSL_FLAG(int32_t, writes_in_flight, 1,
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
-          "fault injection for tests: SIGKILL this agent when it receives this command "
-          "(pin, gather, persist, commit), or at copy: as it hands a save's slots to the "
-          "trainer");
+          "fault injection for tests: SIGKILL this agent when it receives this command (pin, "
+          "commit) or as this step of a save starts (copy: its slots go to the trainer; "
+          "gather; persist: its write)");
 ABSL_FLAG(std::string, freeze_on, "",
           "fault injection for tests: SIGSTOP this agent (the whole process freezes until "
           "SIGCONT), once, at the points of --crash_on");
@@ -127,8 +127,9 @@ constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
 constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
 
-// --crash_on / --freeze_on: a named point (a command's name, or "copy") kills or stops this
-// process (the freeze once). Safe from any thread.
+// --crash_on / --freeze_on: a named point (pin, commit: as the command arrives; copy, gather,
+// persist: as that step of a save starts) kills or stops this process (the freeze once).
+// Safe from any thread.
 class FaultPoints {
  public:
   FaultPoints(std::string crash_on, std::string freeze_on)
@@ -337,7 +338,7 @@ int main(int argc, char** argv) {
     if (replicator != nullptr) replicator->GiveWay(kGiveWayWait);
   };
   const FaultPoints faults{absl::GetFlag(FLAGS_crash_on), absl::GetFlag(FLAGS_freeze_on)};
-  executor_options.on_copy = [&faults] { faults.At("copy"); };
+  executor_options.at_fault_point = [&faults](const std::string& point) { faults.At(point); };
   tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
                                  executor_options);
   const std::string node = absl::GetFlag(FLAGS_node_id);
@@ -420,6 +421,7 @@ int main(int argc, char** argv) {
   registration.set_has_gpu(gpu);
   registration.set_memory_tier(memory_on);
   registration.set_copies_when_pinned(true);  // SaveCore follows PinCommand.copy_when_pinned
+  registration.set_writes_when_staged(true);  // and PinCommand.write_when_staged (R13)
 
   tessera::LifelineOptions lifeline_options;
   if (memory_on) {
@@ -451,7 +453,8 @@ int main(int argc, char** argv) {
       coordinator.stub(), &lifeline, commands,
       [&executor, &faults](const tessera::v1::Command& c) {
         const std::string name = tessera::CommandName(c);
-        if (name != "copy") faults.At(name);  // copy: when the slots go (on_copy above)
+        // copy, gather, persist: as that step starts (at_fault_point above).
+        if (name == "pin" || name == "commit") faults.At(name);
         executor.OnCommand(c);
       },
       [&executor] { executor.OnStreamConnected(); });

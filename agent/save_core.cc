@@ -39,6 +39,13 @@ bool SubmissionRetriable(absl::StatusCode code) {
 }
 
 // R4: a session id becomes a directory name component.
+// A report of `phase`, for AddPhaseReport to fill in.
+v1::ReportPhaseRequest PhaseReport(v1::AgentPhase phase) {
+  v1::ReportPhaseRequest report;
+  report.set_phase(phase);
+  return report;
+}
+
 absl::Status CheckSessionId(const std::string& session_id) {
   // The job id's rule is exactly "one safe path component" (common/ids.h).
   if (IsValidJobId(session_id)) return absl::OkStatus();
@@ -475,7 +482,11 @@ SaveEffects SaveCore::Staged(absl::Time now, uint64_t ticket, const std::string&
     answer = absl::NotFoundError(absl::StrCat("no session ", session_id, " on this agent"));
   } else if (s->phase == SavePhase::kCopying) {
     s->phase = SavePhase::kStaged;  // edge 6
-    AddPhaseReport(*s, v1::AGENT_PHASE_STAGED, nullptr, 0, stall_ns, fx);
+    v1::ReportPhaseRequest staged = PhaseReport(v1::AGENT_PHASE_STAGED);
+    staged.set_trainer_stall_ns(stall_ns);
+    AddPhaseReport(*s, std::move(staged), fx);
+    // The PIN said this rank exchanges no slices and may write: edge 7 without GATHER.
+    if (s->write_when_staged) StartGather(now, *s, {}, fx);
   } else if (!s->outcome.ok()) {
     answer = s->outcome;
   } else {
@@ -561,7 +572,7 @@ void SaveCore::Dispatch(absl::Time now, Session& s, const v1::Command& command,
       HandleGather(now, s, command.gather(), fx);
       break;
     case v1::Command::kPersist:
-      HandlePersist(s, command.persist(), fx);
+      HandlePersist(now, s, command.persist(), fx);
       break;
     case v1::Command::kCommit:
       HandleCommit(s, command, fx);
@@ -613,6 +624,7 @@ void SaveCore::HandlePin(Session& s, const v1::PinCommand& pin, SaveEffects& fx)
   }
   s.plan_cached = pin.plan_cached();
   s.copy_when_pinned = pin.copy_when_pinned();
+  s.write_when_staged = pin.write_when_staged();
   s.phase = SavePhase::kPinning;  // edge 3
   StartWork(s, PinWork{s.layout}, fx);
 }
@@ -635,16 +647,22 @@ void SaveCore::HandleCopy(Session& s, SaveEffects& fx) {
 void SaveCore::HandleGather(absl::Time now, Session& s, const v1::GatherCommand& gather,
                             SaveEffects& fx) {
   if (s.phase != SavePhase::kStaged) return;  // R1
-  s.phase = SavePhase::kGathering;            // edge 7
+  StartGather(now, s, {gather.peer_addresses().begin(), gather.peer_addresses().end()}, fx);
+}
+
+void SaveCore::StartGather(absl::Time now, Session& s,
+                           std::map<uint32_t, std::string> peer_addresses, SaveEffects& fx) {
+  s.phase = SavePhase::kGathering;  // edge 7
   GatherWork work;
-  work.peer_addresses = {gather.peer_addresses().begin(), gather.peer_addresses().end()};
+  work.peer_addresses = std::move(peer_addresses);
   work.layout = s.layout;
   work.staging = s.memory.data;
   work.deadline = now + options_.gather_timeout;
   StartWork(s, std::move(work), fx);
 }
 
-void SaveCore::HandlePersist(Session& s, const v1::PersistCommand& persist, SaveEffects& fx) {
+void SaveCore::HandlePersist(absl::Time now, Session& s, const v1::PersistCommand& persist,
+                             SaveEffects& fx) {
   if (s.phase != SavePhase::kGathered) return;  // R1
   // R12: a memory-only save names no directory and writes nothing.
   const std::string dir = persist.memory_only()
@@ -654,13 +672,19 @@ void SaveCore::HandlePersist(Session& s, const v1::PersistCommand& persist, Save
     Fail(s, v1::ERROR_CODE_IO_ERROR, bad, fx);
     return;
   }
+  StartPersist(now, s, dir, persist.memory_only(), fx);
+}
+
+void SaveCore::StartPersist(absl::Time now, Session& s, std::string dir, bool memory_only,
+                            SaveEffects& fx) {
   if (!LeaseAllows(s)) {
     Fail(s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("write its shards"), fx);
     return;
   }
   s.phase = SavePhase::kPersisting;  // edge 9
+  s.write_started = now;
   if (s.layout->file.has_value()) s.written_dir = dir;
-  StartWork(s, PersistWork{dir, s.layout, s.memory.data, persist.memory_only()}, fx);
+  StartWork(s, PersistWork{std::move(dir), s.layout, s.memory.data, memory_only}, fx);
 }
 
 void SaveCore::HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx) {
@@ -751,7 +775,9 @@ SaveEffects SaveCore::OnStagingReady(absl::Time now, uint64_t work_id,
   }
   s->memory = *std::move(memory);
   s->phase = SavePhase::kPinned;  // edge 4
-  AddPhaseReport(*s, v1::AGENT_PHASE_PINNED, nullptr, s->memory.capacity, 0, fx);
+  v1::ReportPhaseRequest pinned = PhaseReport(v1::AGENT_PHASE_PINNED);
+  pinned.set_pinned_bytes(s->memory.capacity);
+  AddPhaseReport(*s, std::move(pinned), fx);
   if (s->copy_when_pinned) HandleCopy(*s, fx);  // edge 5 without waiting for COPY
   return Done(now, std::move(fx));
 }
@@ -783,7 +809,16 @@ SaveEffects SaveCore::OnGathered(absl::Time now, uint64_t work_id,
     AddChunkReport(*s, std::move(report), fx);
   }
   s->phase = SavePhase::kGathered;  // edge 8
-  AddPhaseReport(*s, v1::AGENT_PHASE_GATHERED, nullptr, 0, 0, fx);
+  AddPhaseReport(*s, PhaseReport(v1::AGENT_PHASE_GATHERED), fx);
+  if (s->write_when_staged) {  // edge 9 without PERSIST: the PIN was the permit
+    std::string dir = TmpDirPath(storage_root_, options_.job_id, s->step, s->id);
+    // R4: the session's own directory under the root the coordinator gave (none: fail).
+    if (absl::Status bad = CheckPath("the tmp_dir to write when staged", dir, dir); !bad.ok()) {
+      Fail(*s, v1::ERROR_CODE_IO_ERROR, bad, fx);
+    } else {
+      StartPersist(now, *s, std::move(dir), /*memory_only=*/false, fx);
+    }
+  }
   return Done(now, std::move(fx));
 }
 
@@ -805,7 +840,10 @@ SaveEffects SaveCore::OnPersisted(absl::Time now, uint64_t work_id,
     AddChunkReport(*s, std::move(report), fx);
   }
   s->phase = SavePhase::kPersisted;  // edge 10
-  AddPhaseReport(*s, v1::AGENT_PHASE_PERSISTED, nullptr, 0, 0, fx);
+  v1::ReportPhaseRequest persisted = PhaseReport(v1::AGENT_PHASE_PERSISTED);
+  persisted.set_write_started_unix_ms(absl::ToUnixMillis(s->write_started));
+  persisted.set_write_ns(absl::ToInt64Nanoseconds(now - s->write_started));
+  AddPhaseReport(*s, std::move(persisted), fx);
   return Done(now, std::move(fx));
 }
 
@@ -838,8 +876,9 @@ SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
       if (!c.reported) {
         c.reported = true;
         Log(fx, Severity::kInfo, absl::StrCat(Describe(*s), " committed at ", c.final_dir));
-        AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_WRITTEN, nullptr, 0, 0, fx,
-                       retention_complete);
+        v1::ReportPhaseRequest written = PhaseReport(v1::AGENT_PHASE_COMMIT_WRITTEN);
+        written.set_retention_complete(retention_complete);
+        AddPhaseReport(*s, std::move(written), fx);
       } else {
         // Asked again: the coordinator did not hear (or lost) the report. Say it all again.
         s->reports.ResendAll();
@@ -852,7 +891,9 @@ SaveEffects SaveCore::OnCommitResolved(absl::Time now, uint64_t work_id,
         const v1::ErrorDetail why = DetailFor(v1::ERROR_CODE_IO_ERROR, result.resolution.status);
         Log(fx, Severity::kWarning,
             absl::StrCat("the commit of ", Describe(*s), " was rolled back: ", why.message()));
-        AddPhaseReport(*s, v1::AGENT_PHASE_COMMIT_ROLLED_BACK, &why, 0, 0, fx);
+        v1::ReportPhaseRequest rolled_back = PhaseReport(v1::AGENT_PHASE_COMMIT_ROLLED_BACK);
+        *rolled_back.mutable_error() = why;
+        AddPhaseReport(*s, std::move(rolled_back), fx);
       }
       break;
     case CommitOutcome::kUnresolved:  // C4
@@ -946,20 +987,12 @@ void SaveCore::Pump(Session& s, SaveEffects& fx) {
   }
 }
 
-void SaveCore::AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorDetail* error,
-                              uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx,
-                              bool retention_complete) {
-  auto report = std::make_shared<v1::ReportPhaseRequest>();
-  report->set_job_id(options_.job_id);
-  report->set_rank(options_.rank);
-  report->set_incarnation(options_.incarnation);
-  report->set_session_id(s.id);
-  report->set_phase(phase);
-  if (error != nullptr) *report->mutable_error() = *error;
-  report->set_pinned_bytes(pinned_bytes);
-  report->set_trainer_stall_ns(stall_ns);
-  report->set_retention_complete(retention_complete);
-  s.reports.Add({nullptr, std::move(report)});
+void SaveCore::AddPhaseReport(Session& s, v1::ReportPhaseRequest report, SaveEffects& fx) {
+  report.set_job_id(options_.job_id);
+  report.set_rank(options_.rank);
+  report.set_incarnation(options_.incarnation);
+  report.set_session_id(s.id);
+  s.reports.Add({nullptr, std::make_shared<const v1::ReportPhaseRequest>(std::move(report))});
   Pump(s, fx);
 }
 
@@ -1076,7 +1109,9 @@ void SaveCore::Fail(Session& s, v1::ErrorCode code, const absl::Status& cause,
   s.phase = SavePhase::kFailed;  // edge 13
   s.outcome = ErrorFromDetail(detail);
   if (s.commit.has_value()) s.commit->retry_at = absl::InfiniteFuture();
-  AddPhaseReport(s, v1::AGENT_PHASE_UNSPECIFIED, &detail, 0, 0, fx);
+  v1::ReportPhaseRequest failed = PhaseReport(v1::AGENT_PHASE_UNSPECIFIED);
+  *failed.mutable_error() = detail;
+  AddPhaseReport(s, std::move(failed), fx);
 }
 
 void SaveCore::BeginEnding(Session& s, absl::Status verdict, SaveEffects& fx) {

@@ -13,8 +13,9 @@
 //   BeginSave ─1─► SUBMITTING ─2 plan accepted─► PLANNED ─3 PIN─► PINNING ─4 staging ready─►
 //     │ refused, or unreachable past submit_retry_window: the trainer gets the error, no session
 //   PINNED ─5 COPY (or at once, if the PIN said copy_when_pinned): slots to the trainer─►
-//   COPYING ─6 Staged()─► STAGED ─7 GATHER─► GATHERING
-//   GATHERING ─8 hashed, exchanged─► GATHERED ─9 PERSIST─► PERSISTING ─10 written─► PERSISTED
+//   COPYING ─6 Staged()─► STAGED ─7 GATHER (or at once, if the PIN said write_when_staged)─►
+//   GATHERING ─8 hashed, exchanged─► GATHERED ─9 PERSIST (or at once, if write_when_staged)─►
+//   PERSISTING ─10 written─► PERSISTED
 //   (a COMMIT for a session this agent does not know) ─11─► COMMIT_ONLY
 //   PERSISTED, COMMIT_ONLY ─12 COMMIT─► (commit sub-state below; the phase stays)
 //   any phase above ─13 local failure─► FAILED    (reported; waits for the verdict)
@@ -106,6 +107,11 @@
 //    directory (R4 expects the empty path) and its work writes nothing: it checksums the data
 //    file's chunks in staging and reports them (PersistWork::memory_only). Its COMMITTED names
 //    no directory either; R11 keeps its staging as for any save — that is where it lives.
+// R13 Writing when staged (PinCommand.write_when_staged). The coordinator told this rank it
+//    exchanges no DP slices and is admitted as a writer from its PIN on: Staged() starts the
+//    gather at once (hashing only, no peers), and its end starts the write at once, into
+//    TmpDirPath of the registered storage root (R4's check; no root: IO_ERROR), under R5. A
+//    GATHER or PERSIST that comes later is for a phase under way or done (R1).
 //
 // Thread-safety: none. One caller at a time (the shell holds its mutex around every call).
 #ifndef TESSERA_AGENT_SAVE_CORE_H_
@@ -310,6 +316,8 @@ class SaveCore {
     StagingMemory memory;
     bool plan_cached = false;
     bool copy_when_pinned = false;  // the PIN said so: edge 5 follows edge 4 at once
+    bool write_when_staged = false;  // the PIN said so: edges 7 and 9 follow 6 and 8 at once
+    absl::Time write_started;  // edge 9, for the PERSISTED report
     uint64_t work = 0;            // the work item running for it, 0 if none
     std::string written_dir;      // the checked tmp dir this rank wrote into
     bool removed = false;         // written_dir's removal started (edge 15)
@@ -383,9 +391,16 @@ class SaveCore {
   void Dispatch(absl::Time now, Session& s, const v1::Command& command, SaveEffects& fx);
   void HandlePin(Session& s, const v1::PinCommand& pin, SaveEffects& fx);
   void HandleCopy(Session& s, SaveEffects& fx);
+  // Edge 7: hash, exchange with `peer_addresses`.
+  void StartGather(absl::Time now, Session& s, std::map<uint32_t, std::string> peer_addresses,
+                   SaveEffects& fx);
+  // Edge 9 into `dir`, if the lease allows (R5).
+  void StartPersist(absl::Time now, Session& s, std::string dir, bool memory_only,
+                    SaveEffects& fx);
   void HandleGather(absl::Time now, Session& s, const v1::GatherCommand& gather,
                     SaveEffects& fx);
-  void HandlePersist(Session& s, const v1::PersistCommand& persist, SaveEffects& fx);
+  void HandlePersist(absl::Time now, Session& s, const v1::PersistCommand& persist,
+                     SaveEffects& fx);
   void HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx);
   void StartCommit(Session& s, SaveEffects& fx);
   void StartWork(Session& s, WorkItem item, SaveEffects& fx);
@@ -394,10 +409,8 @@ class SaveCore {
   Session* TakeWork(uint64_t work_id, std::optional<SavePhase> expected, SaveEffects& fx);
 
   // Reports (R3).
-  // `retention_complete`: COMMIT_WRITTEN only (ReportPhaseRequest.retention_complete).
-  void AddPhaseReport(Session& s, v1::AgentPhase phase, const v1::ErrorDetail* error,
-                      uint64_t pinned_bytes, uint64_t stall_ns, SaveEffects& fx,
-                      bool retention_complete = false);
+  // `report`: its phase and that phase's fields (PhaseReport); the rest is filled in here.
+  void AddPhaseReport(Session& s, v1::ReportPhaseRequest report, SaveEffects& fx);
   void AddChunkReport(Session& s, v1::ReportChunksRequest request, SaveEffects& fx);
   void Pump(Session& s, SaveEffects& fx);
   // Logs `why` unless it is empty.

@@ -60,6 +60,13 @@ v1::Command PinCopyingWhenPinned(uint64_t seq) {
   return pin;
 }
 
+// A PIN that lets the trainer copy once pinned and this agent write once staged (R13).
+v1::Command PinWritingWhenStaged(uint64_t seq) {
+  v1::Command pin = PinCopyingWhenPinned(seq);
+  pin.mutable_pin()->set_write_when_staged(true);
+  return pin;
+}
+
 // A PIN of plan `plan` that leaves the assignment out (R10).
 v1::Command PinWithoutAssignment(uint64_t seq, const std::string& session, uint64_t plan) {
   v1::Command c = Bare(seq, session);
@@ -492,6 +499,68 @@ TEST_F(SaveCoreTest, Edge6_Staged_AnsweredAtOnceThenReported) {
   EXPECT_EQ(PhaseOf(), SavePhase::kStaged);
   EXPECT_THAT(Deliver(), ElementsAre("STAGED"));
   EXPECT_EQ(LastPhaseSent().trainer_stall_ns(), 55u);
+}
+
+TEST_F(SaveCoreTest, R13_PinSaysWriteWhenStaged_HashesThenWritesWithoutGatherOrPersist) {
+  ToPlanned();
+  Command(PinWritingWhenStaged(1));
+  StagingReady(TakeWork().id);
+  ASSERT_TRUE(BeginStatus(1).ok());
+  Staged();
+  // Edge 7 at once: hashing only, no peers.
+  EXPECT_EQ(PhaseOf(), SavePhase::kGathering);
+  const SaveWork gather_work = TakeWork();
+  const GatherWork& gather = std::get<GatherWork>(gather_work.item);
+  EXPECT_TRUE(gather.peer_addresses.empty());
+  EXPECT_EQ(gather.staging, staging_buffer);
+  // Edge 9 at once, into the session's own tmp dir under the registered root.
+  const absl::Time began = now_;
+  Gathered(gather_work.id, 1);
+  EXPECT_EQ(PhaseOf(), SavePhase::kPersisting);
+  const SaveWork write = TakeWork();
+  const PersistWork& persist = std::get<PersistWork>(write.item);
+  EXPECT_EQ(persist.dir, "/ckpt/job/step-000000007.tmp-s7-00000000000000a1");
+  EXPECT_FALSE(persist.memory_only);
+  EXPECT_EQ(core_.View(kSession)->written_dir, persist.dir);
+  // GATHER and PERSIST that come anyway (a coordinator restart) start nothing more.
+  Command(Gather(3));
+  Command(Persist(4));
+  EXPECT_TRUE(work_.empty());
+  AdvanceTo(now_ + absl::Milliseconds(30));
+  Persisted(write.id, 1);
+  EXPECT_THAT(Deliver(),
+              ElementsAre("PINNED", "STAGED", "HASHES(1)", "GATHERED", "CHUNKS(1)", "PERSISTED"));
+  EXPECT_EQ(PhaseOf(), SavePhase::kPersisted);
+  // PERSISTED says when the write began and how long it took.
+  EXPECT_EQ(LastPhaseSent().write_started_unix_ms(), absl::ToUnixMillis(began));
+  EXPECT_EQ(LastPhaseSent().write_ns(), 30'000'000u);
+}
+
+TEST_F(SaveCoreTest, R13_WriteWhenStaged_LeaseChangedMeanwhile_AgentLostNothingWritten) {
+  Apply(core_.OnLease(now_, 1));
+  ToPlanned();
+  Command(PinWritingWhenStaged(1));
+  StagingReady(TakeWork().id);
+  Staged();
+  const uint64_t gather = TakeWork().id;
+  Apply(core_.OnLease(now_, std::nullopt));  // frozen past the lease
+  Apply(core_.OnLease(now_, 2));             // registered again under a new lease
+  Gathered(gather);
+  EXPECT_TRUE(work_.empty());
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED", "GATHERED", "ERROR(AGENT_LOST)"));
+}
+
+TEST_F(SaveCoreTest, R13_WriteWhenStaged_StorageRootUnknown_IoErrorNothingWritten) {
+  Begin();  // never registered
+  Deliver();
+  Command(PinWritingWhenStaged(1));
+  StagingReady(TakeWork().id);
+  Staged();
+  Gathered(TakeWork().id);
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("PINNED", "STAGED", "GATHERED", "ERROR(IO_ERROR)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("no storage root"));
 }
 
 TEST_F(SaveCoreTest, Edge6_StagedBeforeTheSlots_FailedPrecondition) {

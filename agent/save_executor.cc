@@ -142,10 +142,10 @@ void SaveExecutor::ApplyLocked(SaveEffects effects, Outbox& out) {
   for (TrainerReply& reply : effects.replies) {
     if (auto* r = std::get_if<BeginSaveReply>(&reply.reply)) {
       if (BeginSaveDone done = TakeCall(begin_calls_, reply.ticket)) {
-        const bool copy = r->result.ok() && options_.on_copy != nullptr;
+        const bool copy = r->result.ok() && options_.at_fault_point != nullptr;
         out.replies.push_back(
             [this, copy, done = std::move(done), r = std::move(*r)]() mutable {
-              if (copy) options_.on_copy();
+              if (copy) options_.at_fault_point("copy");
               done(std::move(r.result));
             });
       }
@@ -342,6 +342,7 @@ void SaveExecutor::Run(const SaveWork& work) {
             });
           },
           [&](const GatherWork& gather) {
+            if (options_.at_fault_point) options_.at_fault_point("gather");
             if (options_.on_peer_addresses) {
               options_.on_peer_addresses(work.session_id, gather.peer_addresses);
             }
@@ -352,6 +353,7 @@ void SaveExecutor::Run(const SaveWork& work) {
             });
           },
           [&](const PersistWork& persist) {
+            if (options_.at_fault_point) options_.at_fault_point("persist");
             ShardWriterOptions writer = options_.writer;
             writer.writer_rank = options_.core.rank;
             // The coordinator admits memory-only saves only of agents that registered with

@@ -67,10 +67,11 @@ struct SaveExecutorOptions {
   // holds the staging set that save reuses (agent_main: BuddyReplicator::GiveWay). Default:
   // none.
   std::function<void()> before_acquire;
-  // Called off the lock just before a save's slots go to its trainer — the copy begins (on
-  // COPY, or when pinned: PinCommand.copy_when_pinned). For fault injection (agent_main's
-  // --crash_on=copy). Default: none.
-  std::function<void()> on_copy;
+  // Called off the lock at the points of a save that fault injection names (agent_main's
+  // --crash_on): "copy" just before its slots go to the trainer (on COPY, or when pinned:
+  // PinCommand.copy_when_pinned); "gather" and "persist" on the worker as that work starts,
+  // whether a command or the PIN's write_when_staged started it. Default: none.
+  std::function<void(const std::string& point)> at_fault_point;
 };
 
 class SaveExecutor {

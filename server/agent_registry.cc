@@ -259,14 +259,15 @@ std::optional<v1::RegisterAgentRequest> AgentRegistry::Get(const std::string& jo
   return agent->second.registration;
 }
 
-bool AgentRegistry::EveryAgentCopiesWhenPinned(const std::string& job_id, uint32_t world) const {
+bool AgentRegistry::EveryAgentSays(const std::string& job_id, uint32_t world,
+                                   Capability capability) const {
   absl::MutexLock lock(&mu_);
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return false;
   for (uint32_t r = 0; r < world; ++r) {
     auto agent = job->second.agents.find(r);
     if (agent == job->second.agents.end() ||
-        !agent->second.registration.copies_when_pinned()) {
+        !(agent->second.registration.*capability)()) {
       return false;
     }
   }

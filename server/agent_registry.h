@@ -99,10 +99,12 @@ class AgentRegistry {
   // The job's mesh, if any agent of it has registered.
   std::optional<MeshLayout> JobLayout(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Whether ranks 0 .. world - 1 of the job all registered, each saying it follows
-  // PinCommand.copy_when_pinned (RegisterAgentRequest.copies_when_pinned). One lock, no
-  // copies: the coordinator asks it for every save.
-  bool EveryAgentCopiesWhenPinned(const std::string& job_id, uint32_t world) const
+  // A field of RegisterAgentRequest by which an agent says it follows a PIN field an older
+  // agent does not: &v1::RegisterAgentRequest::copies_when_pinned, ::writes_when_staged.
+  using Capability = bool (v1::RegisterAgentRequest::*)() const;
+  // Whether ranks 0 .. world - 1 of the job all registered, each saying `capability`. One
+  // lock, no copies: the coordinator asks it for every save.
+  bool EveryAgentSays(const std::string& job_id, uint32_t world, Capability capability) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The registration of (job, rank), if any.

@@ -42,18 +42,23 @@ TEST_F(AgentRegistryTest, Register_NewAgent_IsAliveWithCoords) {
   EXPECT_THAT((*agents)[0].coord().index(), ElementsAre(1, 0, 1));
 }
 
-TEST_F(AgentRegistryTest, EveryAgentCopiesWhenPinned_AllRanksRegisteredAndSayingSo) {
-  EXPECT_FALSE(registry_.EveryAgentCopiesWhenPinned("job", 2));  // no such job
+TEST_F(AgentRegistryTest, EveryAgentSays_AllRanksRegisteredAndSayingSo) {
+  constexpr auto kCopies = &v1::RegisterAgentRequest::copies_when_pinned;
+  constexpr auto kWrites = &v1::RegisterAgentRequest::writes_when_staged;
+  EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kCopies));  // no such job
   for (uint32_t r : {0u, 1u}) {
     v1::RegisterAgentRequest request = Registration(r, 10 + r);
     request.set_copies_when_pinned(true);
+    request.set_writes_when_staged(r == 0);
     ASSERT_TRUE(registry_.Register(request).ok());
   }
-  EXPECT_TRUE(registry_.EveryAgentCopiesWhenPinned("job", 2));
-  EXPECT_FALSE(registry_.EveryAgentCopiesWhenPinned("job", 3)) << "rank 2 never registered";
+  EXPECT_TRUE(registry_.EveryAgentSays("job", 2, kCopies));
+  EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kWrites)) << "rank 1 does not say it";
+  EXPECT_TRUE(registry_.EveryAgentSays("job", 1, kWrites));
+  EXPECT_FALSE(registry_.EveryAgentSays("job", 3, kCopies)) << "rank 2 never registered";
   // Rank 1 comes back as an agent that does not follow the field.
   ASSERT_TRUE(registry_.Register(Registration(1, 21)).ok());
-  EXPECT_FALSE(registry_.EveryAgentCopiesWhenPinned("job", 2));
+  EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kCopies));
 }
 
 TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {

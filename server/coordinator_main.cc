@@ -58,6 +58,10 @@ ABSL_FLAG(int32_t, max_concurrent_writers, 64, "most agents writing at once to t
 ABSL_FLAG(bool, copy_when_pinned, true,
           "let each trainer copy into staging as soon as its own agent pinned it (false: once "
           "every rank pinned, after one more round trip: a COPY command)");
+ABSL_FLAG(bool, write_when_staged, true,
+          "let the agent of a rank that exchanges no DP slices write as soon as its trainer's "
+          "copy is staged, within --max_concurrent_writers (false: once every rank staged and "
+          "gathered, after two more round trips: GATHER and PERSIST commands)");
 ABSL_FLAG(int32_t, keep_last, 0,
           "committed checkpoints kept per job; older ones are deleted after each commit "
           "(0 keeps all)");
@@ -154,6 +158,7 @@ int main(int argc, char** argv) {
   session_options.persisting_timeout = absl::Seconds(absl::GetFlag(FLAGS_persisting_timeout_s));
   session_options.committing_timeout = absl::Seconds(absl::GetFlag(FLAGS_committing_timeout_s));
   session_options.copy_when_pinned = absl::GetFlag(FLAGS_copy_when_pinned);
+  session_options.write_when_staged = absl::GetFlag(FLAGS_write_when_staged);
   session_options.max_concurrent_writers =
       static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_max_concurrent_writers)));
   session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));

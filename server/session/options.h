@@ -30,6 +30,11 @@ struct SessionOptions {
   // (PinCommand.copy_when_pinned), instead of the coordinator sending COPY once every rank
   // pinned. Default: true.
   bool copy_when_pinned = true;
+  // PIN tells the agents of ranks that exchange no DP slices to hash and write as soon as
+  // their trainer's copy is staged (PinCommand.write_when_staged), without waiting for GATHER
+  // and PERSIST: as many writers as max_concurrent_writers admits, the first in rank order.
+  // Default: true.
+  bool write_when_staged = true;
   // Most agents writing at once to the storage target (memory-only saves write nothing and
   // are not bound). Default: 64.
   uint32_t max_concurrent_writers = 64;

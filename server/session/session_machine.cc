@@ -116,6 +116,7 @@ absl::StatusOr<std::unique_ptr<SessionMachine>> SessionMachine::Recover(
     for (RankProgress& p : s->ranks_) {
       p.reached = static_cast<v1::SessionState>(static_cast<int>(state) - 1);
     }
+    if (state != v1::SESSION_STATE_COMMITTING) s->MarkWritesWhenStaged();
   }
   if (state == v1::SESSION_STATE_COMMITTING) {
     if (manifest == nullptr || manifest->session_id() != id) {
@@ -143,7 +144,7 @@ void SessionMachine::EmitCurrentPhaseCommands(Effects& out) {
       break;
     }
     case v1::SESSION_STATE_PERSISTING:
-      for (uint32_t r = 0; r < world(); ++r) Emit(r, GatherCommand(r), out);
+      EmitGathers(out);
       break;
     case v1::SESSION_STATE_COMMITTING:
       RequestCommit(phase_started_, out);
@@ -288,26 +289,26 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
   if (phase_state == v1::SESSION_STATE_UNSPECIFIED) {
     return absl::InvalidArgumentError("phase is unspecified");
   }
-  // A trainer may copy before every rank pinned (PinCommand.copy_when_pinned): its STAGED
-  // arrives while PINNING, and is counted — after its PINNED (the agent re-sends its reports
-  // in order, so a STAGED ahead of it is answered Unavailable and comes again).
-  const bool early_staged = request.phase() == v1::AGENT_PHASE_STAGED &&
-                            state() == v1::SESSION_STATE_PINNING &&
-                            record_.copy_when_pinned();
-  if (early_staged && ranks_[rank].reached < v1::SESSION_STATE_PINNING) {
-    return absl::UnavailableError(
-        absl::StrCat("rank ", rank, " reported STAGED before its PINNED was counted"));
-  }
-  if (phase_state > state() && !early_staged) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("rank ", rank, " reported ", v1::AgentPhase_Name(request.phase()),
-                     " while the session is ", StateName(state())));
+  if (phase_state > state()) {
+    const v1::SessionState after = AheadAfter(rank, request.phase());
+    if (after == v1::SESSION_STATE_UNSPECIFIED) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", rank, " reported ", v1::AgentPhase_Name(request.phase()),
+                       " while the session is ", StateName(state())));
+    }
+    // The agent re-sends its reports in order: one ahead of its predecessor comes again.
+    if (ranks_[rank].reached < after) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", rank, " reported ", v1::AgentPhase_Name(request.phase()),
+                       " before its ", StateName(after), " report was counted"));
+    }
   }
   if (phase_state < state()) return state();  // an earlier phase re-reported: counted already
   RankProgress& p = ranks_[rank];
   switch (request.phase()) {
     case v1::AGENT_PHASE_PINNED:
-      // A PINNED re-sent after an early STAGED (copy_when_pinned) does not move the rank back.
+      // A report re-sent after a later one that came ahead of the session does not move the
+      // rank back.
       p.reached = std::max(p.reached, phase_state);
       p.pinned_bytes = request.pinned_bytes();
       break;
@@ -316,7 +317,7 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
         ++out.stats.trainer_stall.count;
         out.stats.trainer_stall.seconds += request.trainer_stall_ns() / 1e9;
       }
-      p.reached = phase_state;
+      p.reached = std::max(p.reached, phase_state);
       p.stall_ns = request.trainer_stall_ns();
       break;
     case v1::AGENT_PHASE_GATHERED:
@@ -329,6 +330,12 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
       }
       p.persisted = true;
       p.reached = phase_state;
+      p.write_ns = request.write_ns();
+      if (request.write_started_unix_ms() > 0 &&
+          (record_.writes_began_unix_ms() == 0 ||
+           request.write_started_unix_ms() < record_.writes_began_unix_ms())) {
+        record_.set_writes_began_unix_ms(request.write_started_unix_ms());
+      }
       break;
     default:
       break;
@@ -343,7 +350,10 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportChunks(
   const uint32_t rank = request.rank();
   if (rank >= world()) return absl::InvalidArgumentError("rank outside the mesh");
   if (state() == v1::SESSION_STATE_COMMITTING) return state();  // a re-send: all are in
-  if (state() != v1::SESSION_STATE_PERSISTING) {
+  const bool ahead = (state() == v1::SESSION_STATE_PINNING ||
+                      state() == v1::SESSION_STATE_COPYING) &&
+                     ranks_[rank].writes_when_staged;
+  if (state() != v1::SESSION_STATE_PERSISTING && !ahead) {
     return absl::FailedPreconditionError(
         absl::StrCat("chunks reported while the session is ", StateName(state())));
   }
@@ -534,7 +544,18 @@ void SessionMachine::BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool c
   // COPY). Decided once, kept in the record: a restart in PINNING sends the same PINs.
   record_.set_copy_when_pinned(
       context_.options->copy_when_pinned &&
-      context_.registry->EveryAgentCopiesWhenPinned(context_.job_id, world()));
+      context_.registry->EveryAgentSays(context_.job_id, world(),
+                                        &v1::RegisterAgentRequest::copies_when_pinned));
+  // Ranks that exchange no DP slices write once their trainer's copy is staged, if the
+  // coordinator allows it, the save goes to disk and every agent follows that PIN field: as
+  // many writers as the writer bound admits at once. Decided once, kept in the record.
+  const bool write_when_staged =
+      context_.options->write_when_staged && !record_.memory_only() &&
+      context_.registry->EveryAgentSays(context_.job_id, world(),
+                                        &v1::RegisterAgentRequest::writes_when_staged);
+  record_.set_write_when_staged_writers(
+      write_when_staged ? context_.options->max_concurrent_writers : 0);
+  MarkWritesWhenStaged();
   EnterState(v1::SESSION_STATE_PINNING, now, out);
   LogInfo("session ", record_.session_id(), ": plan ", cached ? "reused" : "validated", " (",
           ledger_->chunks_total(), " chunks, ", plan_->total_bytes, " bytes); PINNING");
@@ -546,6 +567,7 @@ void SessionMachine::EmitPin(uint32_t rank, Effects& out) {
   v1::PinCommand* pin = c.mutable_pin();
   pin->set_plan_cached(record_.plan_cached());
   pin->set_copy_when_pinned(record_.copy_when_pinned());
+  pin->set_write_when_staged(ranks_[rank].writes_when_staged);
   pin->set_plan_fingerprint(plan_->fingerprint);
   if (plan_->fingerprint != 0 && held_[rank] == plan_->fingerprint) {
     pin->set_assignment_omitted(true);  // the agent holds it: 8 bytes instead of the plan
@@ -570,9 +592,7 @@ void SessionMachine::BeginPersisting(absl::Time now, Effects& out) {
     }
   }
   EnterState(v1::SESSION_STATE_PERSISTING, now, out);
-  // Each rank gets the addresses of the ranks it exchanges slices with, not all of them:
-  // all of them to every rank is ranks^2 entries (a million at 1,024 ranks).
-  for (uint32_t r = 0; r < world(); ++r) Emit(r, GatherCommand(r), out);
+  EmitGathers(out);
 }
 
 void SessionMachine::BeginCommitting(absl::Time now, Effects& out) {
@@ -670,6 +690,47 @@ bool SessionMachine::CountsAsWriter(uint32_t rank) const {
   // A memory-only PERSIST writes nothing to storage, nor does a rank with no chunk to write:
   // the writer bound does not apply to them.
   return !record_.memory_only() && plan_->bytes_written_by_rank[rank] > 0;
+}
+
+void SessionMachine::MarkWritesWhenStaged() {
+  const uint32_t writers_allowed = record_.write_when_staged_writers();
+  if (writers_allowed == 0) return;
+  uint32_t writers = 0;
+  for (uint32_t r = 0; r < world(); ++r) {
+    if (!plan_->peers[r].empty()) continue;  // it waits for its peers' slices: GATHER
+    const bool writes = CountsAsWriter(r);
+    if (writes && writers == writers_allowed) continue;
+    RankProgress& p = ranks_[r];
+    p.writes_when_staged = true;
+    p.persist_sent = true;  // its PIN is its write permit
+    if (writes) {
+      ++writers;
+      ++writers_active_;
+    }
+  }
+}
+
+v1::SessionState SessionMachine::AheadAfter(uint32_t rank, v1::AgentPhase phase) const {
+  const v1::SessionState s = state();
+  if (phase == v1::AGENT_PHASE_STAGED && s == v1::SESSION_STATE_PINNING &&
+      record_.copy_when_pinned()) {
+    return v1::SESSION_STATE_PINNING;
+  }
+  if ((phase == v1::AGENT_PHASE_GATHERED || phase == v1::AGENT_PHASE_PERSISTED) &&
+      (s == v1::SESSION_STATE_PINNING || s == v1::SESSION_STATE_COPYING) &&
+      ranks_[rank].writes_when_staged) {
+    return v1::SESSION_STATE_COPYING;
+  }
+  return v1::SESSION_STATE_UNSPECIFIED;
+}
+
+void SessionMachine::EmitGathers(Effects& out) {
+  // Each rank gets the addresses of the ranks it exchanges slices with, not all of them:
+  // all of them to every rank is ranks^2 entries (a million at 1,024 ranks). A rank told
+  // write_when_staged gathered on its own.
+  for (uint32_t r = 0; r < world(); ++r) {
+    if (!ranks_[r].writes_when_staged) Emit(r, GatherCommand(r), out);
+  }
 }
 
 void SessionMachine::HandOutPersist(Effects& out) {
@@ -832,6 +893,7 @@ v1::SessionStatus SessionMachine::Status() const {
     rp->set_bytes_written(p.bytes_written);
     rp->set_chunks_reported(p.chunks_reported);
     rp->set_trainer_stall_ns(p.stall_ns);
+    rp->set_write_ns(p.write_ns);
     const bool in_flight =
         s >= v1::SESSION_STATE_PINNING && s <= v1::SESSION_STATE_PERSISTING;
     rp->set_straggler(in_flight && (s == v1::SESSION_STATE_PERSISTING ? !p.persisted

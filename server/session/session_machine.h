@@ -24,6 +24,13 @@
 //                       with its peers' addresses; once all reported GATHERED, PERSIST is
 //                       handed out, at most `max_concurrent_writers` writers at a time
 //                       (a memory-only save's PERSIST writes nothing: all at once).
+//                       A rank whose PIN said write_when_staged (SessionOptions, every
+//                       agent registered writes_when_staged, not memory-only; the ranks that
+//                       exchange no DP slices, the first max_concurrent_writers writers
+//                       among them; decided at 1 and kept in the record) gets neither: it
+//                       hashes and writes once its own trainer's copy is staged, its PIN
+//                       being its write permit, and its GATHERED, chunks and PERSISTED count
+//                       while PINNING or COPYING, after its STAGED.
 //   4 (Report*)         every rank reported PERSISTED, every planned chunk was reported, and
 //                       every replica's hash matches its writer's (else 6, REPLICA_DIVERGED).
 //                       The manifest is built and persisted with the state; the coordinator
@@ -155,7 +162,8 @@ class SessionMachine {
   absl::StatusOr<v1::SessionState> ReportPhase(const v1::ReportPhaseRequest& request,
                                                absl::Time now, Effects& out);
   // Errors: InvalidArgument as ChunkLedger::RecordChunk, or a rank outside the mesh;
-  // FailedPrecondition if the session is not PERSISTING or COMMITTING.
+  // FailedPrecondition if the session is not PERSISTING or COMMITTING (or PINNING or COPYING
+  // for a rank told write_when_staged).
   absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request,
                                                 absl::Time now, Effects& out);
   // The agent of `rank` registered with a new incarnation: before COMMITTING its staging is
@@ -199,8 +207,11 @@ class SessionMachine {
     bool gathered = false;
     bool persist_sent = false;
     bool persisted = false;
+    // Its PIN said write_when_staged: it gathers and writes once staged, unasked.
+    bool writes_when_staged = false;
     uint64_t pinned_bytes = 0;
     uint64_t stall_ns = 0;
+    uint64_t write_ns = 0;
     uint64_t bytes_written = 0;
     uint32_t chunks_reported = 0;
   };
@@ -227,6 +238,16 @@ class SessionMachine {
   void Advance(absl::Time now, Effects& out);
   // Whether rank's PERSIST counts against max_concurrent_writers.
   bool CountsAsWriter(uint32_t rank) const;
+  // Marks the ranks told write_when_staged (record_.write_when_staged_writers, the plan's
+  // peers) and counts their writers as admitted: their PIN is their write permit.
+  void MarkWritesWhenStaged();
+  // The state `rank` must have reached for its report of `phase` to count while the session
+  // is still behind that phase (copy_when_pinned: STAGED in PINNING after PINNED;
+  // write_when_staged: GATHERED and PERSISTED in PINNING or COPYING after STAGED), or
+  // UNSPECIFIED if it may not come ahead.
+  v1::SessionState AheadAfter(uint32_t rank, v1::AgentPhase phase) const;
+  // GATHER to every rank not told write_when_staged.
+  void EmitGathers(Effects& out);
   void HandOutPersist(Effects& out);
   void EnterState(v1::SessionState state, absl::Time now, Effects& out);
   void End(v1::SessionState state, v1::Command final, absl::Time now, Effects& out);

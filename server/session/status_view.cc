@@ -23,6 +23,7 @@ v1::SessionStatus StatusFromRecord(const v1::SessionRecord& record) {
   status.set_chunks_total(record.chunks_total());
   status.set_plan_cached(record.plan_cached());
   status.set_memory_only(record.memory_only());
+  status.set_writes_began_unix_ms(record.writes_began_unix_ms());
   if (record.state() == v1::SESSION_STATE_COMMITTED) {
     status.set_checkpoint_dir(record.checkpoint_dir());
   }

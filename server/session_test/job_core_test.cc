@@ -61,6 +61,8 @@ constexpr char kJob[] = "job-a";
 constexpr char kRoot[] = "/ckpt";
 // Small blocks, so that even tiny chunks have several block checksums.
 constexpr uint32_t kBlockSize = 16;
+// When the agents say their writes began (ReportPhaseRequest.write_started_unix_ms).
+constexpr int64_t kWritesBeganMs = 1'800'000'000'000;
 
 // ---------------------------------------------------------------------------------------------
 // Fakes
@@ -194,7 +196,17 @@ struct AgentSetup {
   bool storage_root_mounted = false;
   bool memory_tier = true;  // RegisterAgentRequest.memory_tier
   bool copies_when_pinned = true;  // RegisterAgentRequest.copies_when_pinned, as tessera-agent
+  // RegisterAgentRequest.writes_when_staged. tessera-agent says it; off unless a test asks, so
+  // that the other tests drive GATHER and PERSIST.
+  bool writes_when_staged = false;
 };
+
+// Every rank's agent follows PinCommand.write_when_staged, each on its own node.
+AgentSetup WritesWhenStaged(uint32_t rank) {
+  AgentSetup setup{absl::StrCat("node-", rank)};
+  setup.writes_when_staged = true;
+  return setup;
+}
 
 class SessionManagerTest : public ::testing::Test {
  protected:
@@ -229,6 +241,7 @@ class SessionManagerTest : public ::testing::Test {
   absl::StatusOr<AgentRegistry::Registered> Register(uint32_t rank) {
     v1::RegisterAgentRequest request;
     request.set_copies_when_pinned(setups_[rank].copies_when_pinned);
+    request.set_writes_when_staged(setups_[rank].writes_when_staged);
     request.set_job_id(kJob);
     request.mutable_coord()->set_rank(rank);
     *request.mutable_layout() = layout_;
@@ -295,6 +308,21 @@ class SessionManagerTest : public ::testing::Test {
       const int64_t tp = mesh_->Coords(r)[0];
       plans_[r] = {Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {"dp"}),
                    Whole("norm.weight", {4}, {"tp", "dp"})};
+    }
+  }
+
+  // tp=2,dp=2: the TP-sharded weight, and its optimizer state flattened and sliced over dp
+  // (a distributed optimizer): each rank exchanges slices with its DP partner.
+  void UseDpSlicedPlans() {
+    for (uint32_t r = 0; r < world(); ++r) {
+      const int64_t tp = mesh_->Coords(r)[0], dp = mesh_->Coords(r)[1];
+      v1::ShardDesc state = Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {});
+      state.set_kind(v1::SHARD_KIND_OPTIMIZER);
+      state.set_state_key("exp_avg");
+      state.mutable_flat_range()->set_begin(8 * dp);
+      state.mutable_flat_range()->set_end(8 * dp + 8);
+      state.set_nbytes(8 * 4);
+      plans_[r] = {Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {"dp"}), state};
     }
   }
 
@@ -439,6 +467,10 @@ class SessionManagerTest : public ::testing::Test {
     request.set_phase(phase);
     if (phase == v1::AGENT_PHASE_PINNED) request.set_pinned_bytes(4096 * (rank + 1));
     if (phase == v1::AGENT_PHASE_STAGED) request.set_trainer_stall_ns(1000 * (rank + 1));
+    if (phase == v1::AGENT_PHASE_PERSISTED) {  // the higher ranks began writing first
+      request.set_write_started_unix_ms(kWritesBeganMs - 100 * rank);
+      request.set_write_ns(2'000'000 * (rank + 1));
+    }
     return manager().ReportPhase(request);
   }
 
@@ -462,6 +494,22 @@ class SessionManagerTest : public ::testing::Test {
       if (c.has_pin()) flags.push_back(c.pin().copy_when_pinned());
     }
     return flags;
+  }
+
+  // PinCommand.write_when_staged of the PIN `rank` got in the session (fails if none).
+  bool PinWritesWhenStaged(uint32_t rank, const std::string& session_id) const {
+    std::optional<v1::PinCommand> pin = PinOf(rank, session_id);
+    EXPECT_TRUE(pin.has_value()) << "rank " << rank << " got no PIN";
+    return pin.has_value() && pin->write_when_staged();
+  }
+
+  // What an agent told write_when_staged reports after its PINNED and STAGED, unasked: its
+  // replica hashes, GATHERED, its chunks, PERSISTED (agent/save_core.h R13).
+  void GatherAndPersist(uint32_t rank, const std::string& session_id) {
+    ASSERT_TRUE(ReportHashes(rank, session_id).ok()) << "rank " << rank;
+    ASSERT_TRUE(Phase(rank, session_id, v1::AGENT_PHASE_GATHERED).ok()) << "rank " << rank;
+    ASSERT_TRUE(ReportWrites(rank, session_id).ok()) << "rank " << rank;
+    ASSERT_TRUE(Phase(rank, session_id, v1::AGENT_PHASE_PERSISTED).ok()) << "rank " << rank;
   }
 
   // The tensor key of the replica `item` of `rank` names: its local shard's.
@@ -1038,16 +1086,7 @@ TEST_F(SessionManagerTest, Save_SecondSaveSamePlan_PlanCached) {
 // slices with (its leader, or its senders) — also when replayed after a coordinator restart.
 TEST_F(SessionManagerTest, Save_DpSlicedOptimizerState_GatherNamesOnlyPeers) {
   StartJob("tp=2,dp=2");
-  for (uint32_t r = 0; r < world(); ++r) {
-    const int64_t tp = mesh_->Coords(r)[0], dp = mesh_->Coords(r)[1];
-    v1::ShardDesc state = Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {});
-    state.set_kind(v1::SHARD_KIND_OPTIMIZER);
-    state.set_state_key("exp_avg");
-    state.mutable_flat_range()->set_begin(8 * dp);
-    state.mutable_flat_range()->set_end(8 * dp + 8);
-    state.set_nbytes(8 * 4);
-    plans_[r] = {Param("layers.0.wq", {8, 4}, {4 * tp, 0}, {4, 4}, {"dp"}), state};
-  }
+  UseDpSlicedPlans();
   const std::string id = SubmitAll(100);
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   PhaseAll(id, v1::AGENT_PHASE_STAGED);
@@ -1418,6 +1457,189 @@ TEST_F(SessionManagerTest, CopyWhenPinnedOff_StagedWhilePinning_RefusedAndCopySe
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
   EXPECT_THAT(RanksSent(v1::Command::kCopy, id), ElementsAre(0, 1, 2, 3));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing when staged (PinCommand.write_when_staged)
+
+TEST_F(SessionManagerTest, WriteWhenStaged_RanksWriteWhileOthersCopy_NoGatherNoPersist) {
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();  // no DP-sliced state: no rank exchanges slices
+  const std::string id = SubmitAll(3);
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_TRUE(PinWritesWhenStaged(r, id)) << "rank " << r;
+  // Ranks 0-2 pinned, copied, hashed and wrote while rank 3 has not even pinned.
+  for (uint32_t r = 0; r < 3; ++r) {
+    PinAndStage(r, id);
+    GatherAndPersist(r, id);
+  }
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  PinAndStage(3, id);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  GatherAndPersist(3, id);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+  ASSERT_THAT(Status(id).ranks(), SizeIs(4));
+  EXPECT_EQ(Status(id).ranks(2).write_ns(), 6'000'000u);
+  AdvanceAndTick(absl::Seconds(1));
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
+  // The first write began before PERSISTING: the earliest of the ranks' reports is kept.
+  EXPECT_EQ(Status(id).writes_began_unix_ms(), kWritesBeganMs - 300);
+  EXPECT_THAT(RanksSent(v1::Command::kGather, id), IsEmpty());
+  EXPECT_THAT(RanksSent(v1::Command::kPersist, id), IsEmpty());
+  EXPECT_THAT(RanksSent(v1::Command::kCommitted, id), ElementsAre(0, 1, 2, 3));
+}
+
+TEST_F(SessionManagerTest, WriteWhenStaged_EveryRankDoneBeforeTheLastStaged_StraightToCommitting) {
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  for (uint32_t r = 0; r < 3; ++r) {
+    PinAndStage(r, id);
+    GatherAndPersist(r, id);
+  }
+  // Rank 3's reports come all at once (re-sent after a reconnection): chunks first, then its
+  // phases in order.
+  ASSERT_TRUE(ReportHashes(3, id).ok());
+  ASSERT_TRUE(ReportWrites(3, id).ok());
+  PinAndStage(3, id);
+  ASSERT_TRUE(Phase(3, id, v1::AGENT_PHASE_GATHERED).ok());
+  ASSERT_TRUE(Phase(3, id, v1::AGENT_PHASE_PERSISTED).ok());
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+}
+
+TEST_F(SessionManagerTest, WriteWhenStaged_PhaseAheadOfItsStaged_UnavailableToComeAgain) {
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_PINNED).ok());
+  for (v1::AgentPhase phase : {v1::AGENT_PHASE_GATHERED, v1::AGENT_PHASE_PERSISTED}) {
+    absl::StatusOr<v1::SessionState> early = Phase(0, id, phase);
+    EXPECT_EQ(early.status().code(), absl::StatusCode::kUnavailable)
+        << v1::AgentPhase_Name(phase) << ": " << early.status();
+  }
+  ASSERT_TRUE(Phase(0, id, v1::AGENT_PHASE_STAGED).ok());
+  GatherAndPersist(0, id);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+}
+
+TEST_F(SessionManagerTest, WriteWhenStaged_WriterBound_FirstWritersAndNonWritersOnly) {
+  options_.max_concurrent_writers = 1;
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  const std::vector<uint32_t> writers = Writers(id);
+  ASSERT_GE(writers.size(), 2u);
+  std::vector<uint32_t> told, waiting;
+  for (uint32_t r = 0; r < 4; ++r) {
+    (PinWritesWhenStaged(r, id) ? told : waiting).push_back(r);
+  }
+  // The first writer and every rank that writes nothing; the other writers wait for PERSIST.
+  std::vector<uint32_t> later_writers(writers.begin() + 1, writers.end());
+  EXPECT_THAT(waiting, ::testing::ElementsAreArray(later_writers));
+  EXPECT_THAT(told, ::testing::Contains(writers[0]));
+
+  for (uint32_t r : told) {
+    PinAndStage(r, id);
+    GatherAndPersist(r, id);
+  }
+  // A rank not told may not report ahead of the session.
+  ASSERT_TRUE(Phase(waiting[0], id, v1::AGENT_PHASE_PINNED).ok());
+  ASSERT_TRUE(Phase(waiting[0], id, v1::AGENT_PHASE_STAGED).ok());
+  EXPECT_EQ(Phase(waiting[0], id, v1::AGENT_PHASE_GATHERED).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReportWrites(waiting[0], id).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  for (size_t i = 1; i < waiting.size(); ++i) PinAndStage(waiting[i], id);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  EXPECT_THAT(RanksSent(v1::Command::kGather, id), ::testing::ElementsAreArray(waiting));
+  for (uint32_t r : waiting) {
+    ASSERT_TRUE(ReportHashes(r, id).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_GATHERED).ok());
+  }
+  // The first writer is done, so its slot is free: PERSIST to the next writer alone.
+  EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ElementsAre(waiting[0]));
+  for (uint32_t r : waiting) {
+    ASSERT_TRUE(ReportWrites(r, id).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_PERSISTED).ok());
+  }
+  EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ::testing::ElementsAreArray(waiting));
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+}
+
+TEST_F(SessionManagerTest, WriteWhenStaged_RanksExchangingSlices_GatherAndPersistAsBefore) {
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseDpSlicedPlans();  // every rank has a DP partner (leader or sender)
+  const std::string id = SubmitAll(3);
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_FALSE(PinWritesWhenStaged(r, id)) << "rank " << r;
+  PinAndStage(0, id);
+  EXPECT_EQ(Phase(0, id, v1::AGENT_PHASE_GATHERED).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  for (uint32_t r = 1; r < 4; ++r) PinAndStage(r, id);
+  EXPECT_THAT(RanksSent(v1::Command::kGather, id), ElementsAre(0, 1, 2, 3));
+}
+
+TEST_F(SessionManagerTest, WriteWhenStaged_AnAgentWithoutIt_NoRankIsTold) {
+  StartJob("tp=2,dp=2", [](uint32_t r) {
+    AgentSetup setup = WritesWhenStaged(r);
+    setup.writes_when_staged = r != 1;  // rank 1's agent is older: it waits for PERSIST
+    return setup;
+  });
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_FALSE(PinWritesWhenStaged(r, id)) << "rank " << r;
+  FinishSave(id);
+}
+
+TEST_F(SessionManagerTest, WriteWhenStagedOff_NoRankIsTold) {
+  options_.write_when_staged = false;
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_FALSE(PinWritesWhenStaged(r, id)) << "rank " << r;
+  FinishSave(id);
+}
+
+TEST_F(SessionManagerTest, WriteWhenStaged_KeptInTheRecord_ARestartWithTheOptionOffKeepsIt) {
+  options_.max_concurrent_writers = 1;
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();
+  const std::string id = SubmitAll(3);
+  std::vector<uint32_t> told;
+  for (uint32_t r = 0; r < 4; ++r) {
+    if (PinWritesWhenStaged(r, id)) told.push_back(r);
+  }
+  ASSERT_THAT(told, SizeIs(::testing::Lt(4u)));
+  PinAndStage(told[0], id);
+  GatherAndPersist(told[0], id);
+  // The coordinator comes back with the option off and another writer bound: this session's
+  // PINs said otherwise, and the same ranks count ahead and write without PERSIST.
+  options_.write_when_staged = false;
+  options_.max_concurrent_writers = 64;
+  RestartCoordinator();
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  for (uint32_t r = 0; r < 4; ++r) {
+    bool replayed_flag = false;
+    for (const v1::Command& c : CommandsTo(r, id)) {
+      if (c.has_pin()) replayed_flag = c.pin().write_when_staged();
+    }
+    EXPECT_EQ(replayed_flag, std::find(told.begin(), told.end(), r) != told.end())
+        << "rank " << r;
+  }
+  for (uint32_t r : told) {  // every report re-sent after the restart
+    PinAndStage(r, id);
+    GatherAndPersist(r, id);
+  }
+  for (uint32_t r = 0; r < 4; ++r) {
+    if (std::find(told.begin(), told.end(), r) == told.end()) PinAndStage(r, id);
+  }
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  for (uint32_t r = 0; r < 4; ++r) {
+    if (std::find(told.begin(), told.end(), r) != told.end()) continue;
+    ASSERT_TRUE(ReportHashes(r, id).ok());
+    ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_GATHERED).ok());
+  }
+  for (uint32_t r : RanksSent(v1::Command::kPersist, id)) {
+    EXPECT_EQ(std::find(told.begin(), told.end(), r), told.end()) << "rank " << r;
+  }
 }
 
 TEST_F(SessionManagerTest, Save_WriterBound_ANonWriterFinishingFreesNoWriterSlot) {
@@ -2511,6 +2733,15 @@ TEST_F(MemoryOnlyTest, MemoryOnly_WriterBound_EveryPersistAtOnce) {
     if (std::find(writers.begin(), writers.end(), r) != writers.end()) writers_sent.push_back(r);
   }
   EXPECT_THAT(writers_sent, SizeIs(1));
+}
+
+// A memory-only save writes nothing and reports from staging when asked: no early write.
+TEST_F(MemoryOnlyTest, MemoryOnly_AgentsThatWriteWhenStaged_NotTold) {
+  StartJob("tp=2,dp=2", WritesWhenStaged);
+  UseTpDpPlans();
+  const std::string id = SaveInMemory(2);
+  for (uint32_t r = 0; r < 4; ++r) EXPECT_FALSE(PinWritesWhenStaged(r, id)) << "rank " << r;
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
 }
 
 TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestart_StillRecordedAsMemoryOnly) {

@@ -27,10 +27,14 @@ bench_rank.py / tessera-plan-load / tessera-llama-trainer:
            returned COMMITTED) per steady-state save. Baseline: the fio write limit. Ratio =
            Tessera / fio, target >= 0.80. This is issue 7's definition: it includes the
            trainer's copy, which runs before any write.
-  persist phase (2b): all ranks' bytes / the PERSISTING + COMMITTING time the coordinator
-           recorded for the session (tessera status --session: data files written, fsynced
-           and reported, manifest committed) per steady-state save — DESIGN.md's "persist"
-           target, >= 0.90 of the fio write limit.
+  persist phase (2b): all ranks' bytes / (the first rank's write began -> the session
+           COMMITTED) per steady-state save (tessera status --session: writes_began_unix_ms,
+           on the agents' clocks, and the COMMITTED phase's entry, on the coordinator's; one
+           host here): data files written, fsynced and reported, manifest committed —
+           DESIGN.md's "persist" target, >= 0.90 of the fio write limit. Ranks told
+           write_when_staged begin writing before the session is PERSISTING, so its
+           PERSISTING + COMMITTING time would leave part of the writes out; a status without
+           writes_began_unix_ms (an older coordinator) falls back to it.
   peer     torch.save per rank of the same tensors (a dict fqn -> tensor) + flush + fsync,
            run by run. blocked: the slowest rank's torch.save() call vs Tessera's stall
            (above); durable: first start -> last fsync returned vs Tessera's save() ->
@@ -189,8 +193,9 @@ def read_text(path, default="?"):
 
 def session_steps(directory):
     """{step: {"bytes", "span_s", "persist_s"}} of the committed checkpoints run.sh's
-    save_sessions listed: span = the session opened -> it entered COMMITTED and persist =
-    its PERSISTING + COMMITTING durations, both on the coordinator's clock (ms)."""
+    save_sessions listed: span = the session opened -> it entered COMMITTED (the
+    coordinator's clock) and persist = the first write began (the agents' clock) -> it
+    entered COMMITTED, or without that its PERSISTING + COMMITTING durations (ms)."""
     listed = load_json(os.path.join(directory, "checkpoints.json")) or {}
     out = {}
     for c in listed.get("checkpoints", []):
@@ -202,11 +207,13 @@ def session_steps(directory):
         def ms(state, field):
             return int(phases.get("SESSION_STATE_" + state, {}).get(field, 0))
         committed = ms("COMMITTED", "entered_unix_ms")
+        writes_began = int(status.get("writes_began_unix_ms", 0))
+        persist_ms = (committed - writes_began if committed and writes_began else
+                      ms("PERSISTING", "duration_ms") + ms("COMMITTING", "duration_ms"))
         out[int(c["step"])] = {
             "bytes": int(c["bytes"]),
             "span_s": (committed - int(status["started_unix_ms"])) / 1000 if committed else None,
-            "persist_s": (ms("PERSISTING", "duration_ms") + ms("COMMITTING", "duration_ms"))
-            / 1000 or None}
+            "persist_s": persist_ms / 1000 or None}
     return out
 
 
@@ -343,7 +350,7 @@ def saves_rows(figures, name, per_rank_bytes, stalls, baselines, unjudged_stall,
         bw, text = bw_spread(total, persist)
         rows.append(judged_row("%s, %s" % (f_phase, name), "phase",
                                "persist phase %s" % name,
-                               "%s; PERSISTING + COMMITTING" % text, fio_text("write", fio_w),
+                               "%s; first write began -> COMMITTED" % text, fio_text("write", fio_w),
                                fio_ratio(bw, fio_w)))
     else:
         rows.append(Row("%s, %s" % (f_phase, name),

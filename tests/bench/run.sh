@@ -23,7 +23,7 @@
 #              (memcpy with every core beside it)
 #   1f first   the first save's stall / the steady stall (target <= 3x)
 #   2 persist  bytes / (first save() call -> last rank sees COMMITTED) vs the fio write max
-#   2b phase   bytes / the coordinator's PERSISTING + COMMITTING time per save, same baseline
+#   2b phase   bytes / (the first rank's write began -> COMMITTED) per save, same baseline
 #   3 peer     torch.save per rank + fsync vs Tessera: blocked time and time to durable
 #   3c dcp     PyTorch DCP on the same state and ranks (dcp_peer.py): save, async_save, and
 #              async_save with its pinned staging options, vs Tessera: stall and time to durable

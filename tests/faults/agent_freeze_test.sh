@@ -2,12 +2,12 @@
 # Fault matrix (issue 6): an agent frozen (SIGSTOP) past its lease, then resumed (SIGCONT).
 # Real processes on loopback, tp=2,dp=2, lease 1.5 s.
 # - rank 1's agent runs with --freeze_on=persist (test-only): it stops itself, whole process,
-#   the moment PERSIST arrives, with its snapshot staged and nothing written;
+#   the moment its write begins (on PERSIST, or once staged when its PIN said
+#   write_when_staged), with its snapshot staged and nothing written;
 # - the coordinator expires its lease: the save ABORTED with AGENT_LOST naming rank 1 (shown by
 #   `tessera status`), nothing of the step committed or left behind;
-# - SIGCONT: the agent finds its lease lapsed, says it is stale and registers again; it does
-#   not write the PERSIST it was frozen on (or removes what it wrote), and its trainer hears
-#   the abort;
+# - SIGCONT: the agent finds its lease lapsed, says it is stale and registers again; whatever
+#   it writes of the save it was frozen in, it removes, and its trainer hears the abort;
 # - a later save commits with that same agent, `tessera verify` passes, and a reload is byte
 #   for byte identical; every process ends within a bound.
 source tests/faults/lib.sh
@@ -23,7 +23,7 @@ aborts=$(count_lines "$DIR/logs/coordinator.log" "ABORTED")
 run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=11 "${MODEL[@]}" &
 trainers=$!
 wait_for_line "$DIR/logs/agent-$JOB-1.log" "fault injection: freezing on persist" 30 ||
-  fail "the agent did not freeze on PERSIST"
+  fail "the agent did not freeze as its write began"
 waited=0
 until [ "$(awk '{print $3}' "/proc/$victim/stat" 2>/dev/null)" = "T" ]; do
   [ $waited -lt 100 ] || fail "agent 1 is not stopped"
@@ -49,7 +49,7 @@ wait_pid_bounded "$trainers" "$TRAINER_TIMEOUT" "the trainers of step 11"
 grep -q "AGENT_LOST\|lost the agent of rank 1" "$DIR/logs/trainer-$JOB-1.out" ||
   fail "trainer 1 was not told why: $(cat "$DIR/logs/trainer-$JOB-1.out")"
 kill -0 "$victim" 2>/dev/null || fail "the resumed agent exited"
-# Whatever the resumed agent did with its stale PERSIST, nothing of step 11 is left (trainer 1
+# Whatever the resumed agent wrote of its stale save, nothing of step 11 is left (trainer 1
 # hears the abort only after its agent cleaned up).
 expect_not_committed 11
 ls "$DIR/ckpt/$JOB" | grep -q "step-000000011" && fail "the stale agent left files of step 11: $(ls "$DIR/ckpt/$JOB")"
@@ -65,4 +65,4 @@ expect_committed_status later_save 12
 expect_latest_intact 12
 ls "$DIR/ckpt/$JOB" | grep -q '\.tmp-' && fail "temporary directories left: $(ls "$DIR/ckpt/$JOB")"
 finish
-echo "PASS: an agent frozen past its lease aborts the save (AGENT_LOST), resumes stale without writing, and a later save commits and reloads exactly"
+echo "PASS: an agent frozen past its lease aborts the save (AGENT_LOST), resumes stale and leaves nothing of that save behind, and a later save commits and reloads exactly"

@@ -876,6 +876,7 @@ void World::Register(uint32_t rank) {
   const uint64_t life = a.life;
   v1::RegisterAgentRequest request;
   request.set_copies_when_pinned(true);  // as tessera-agent does
+  request.set_writes_when_staged(true);
   request.set_job_id(kJob);
   request.mutable_coord()->set_rank(rank);
   *request.mutable_layout() = *ParseLayoutSpec(job_.layout_spec);
