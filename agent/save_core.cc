@@ -840,6 +840,10 @@ SaveEffects SaveCore::OnPersisted(absl::Time now, uint64_t work_id,
     AddChunkReport(*s, std::move(report), fx);
   }
   s->phase = SavePhase::kPersisted;  // edge 10
+  Log(fx, Severity::kInfo,
+      absl::StrCat(Describe(*s), ": ", chunks->size(), " chunks written",
+                   s->write_when_staged ? " (when staged)" : "", " in ",
+                   absl::FormatDuration(now - s->write_started)));
   v1::ReportPhaseRequest persisted = PhaseReport(v1::AGENT_PHASE_PERSISTED);
   persisted.set_write_started_unix_ms(absl::ToUnixMillis(s->write_started));
   persisted.set_write_ns(absl::ToInt64Nanoseconds(now - s->write_started));

@@ -58,7 +58,7 @@ ABSL_FLAG(int32_t, max_concurrent_writers, 64, "most agents writing at once to t
 ABSL_FLAG(bool, copy_when_pinned, true,
           "let each trainer copy into staging as soon as its own agent pinned it (false: once "
           "every rank pinned, after one more round trip: a COPY command)");
-ABSL_FLAG(bool, write_when_staged, true,
+ABSL_FLAG(bool, write_when_staged, false,
           "let the agent of a rank that exchanges no DP slices write as soon as its trainer's "
           "copy is staged, within --max_concurrent_writers (false: once every rank staged and "
           "gathered, after two more round trips: GATHER and PERSIST commands)");

@@ -33,8 +33,9 @@ struct SessionOptions {
   // PIN tells the agents of ranks that exchange no DP slices to hash and write as soon as
   // their trainer's copy is staged (PinCommand.write_when_staged), without waiting for GATHER
   // and PERSIST: as many writers as max_concurrent_writers admits, the first in rank order.
-  // Default: true.
-  bool write_when_staged = true;
+  // Default: false — measured on the 2-core VM, the early writers' checksums slowed the
+  // other ranks' CPU copies (DESIGN.md "Save protocol", 4).
+  bool write_when_staged = false;
   // Most agents writing at once to the storage target (memory-only saves write nothing and
   // are not bound). Default: 64.
   uint32_t max_concurrent_writers = 64;

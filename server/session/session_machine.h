@@ -24,10 +24,11 @@
 //                       with its peers' addresses; once all reported GATHERED, PERSIST is
 //                       handed out, at most `max_concurrent_writers` writers at a time
 //                       (a memory-only save's PERSIST writes nothing: all at once).
-//                       A rank whose PIN said write_when_staged (SessionOptions, every
-//                       agent registered writes_when_staged, not memory-only; the ranks that
-//                       exchange no DP slices, the first max_concurrent_writers writers
-//                       among them; decided at 1 and kept in the record) gets neither: it
+//                       A rank whose PIN said write_when_staged (SessionOptions, off by
+//                       default; every agent registered writes_when_staged, not
+//                       memory-only; the ranks that exchange no DP slices, the first
+//                       max_concurrent_writers writers among them; decided at 1 and kept
+//                       in the record) gets neither: it
 //                       hashes and writes once its own trainer's copy is staged, its PIN
 //                       being its write permit, and its GATHERED, chunks and PERSISTED count
 //                       while PINNING or COPYING, after its STAGED.

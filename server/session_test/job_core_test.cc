@@ -1463,6 +1463,7 @@ TEST_F(SessionManagerTest, CopyWhenPinnedOff_StagedWhilePinning_RefusedAndCopySe
 // Writing when staged (PinCommand.write_when_staged)
 
 TEST_F(SessionManagerTest, WriteWhenStaged_RanksWriteWhileOthersCopy_NoGatherNoPersist) {
+  options_.write_when_staged = true;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();  // no DP-sliced state: no rank exchanges slices
   const std::string id = SubmitAll(3);
@@ -1489,6 +1490,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_RanksWriteWhileOthersCopy_NoGatherNoP
 }
 
 TEST_F(SessionManagerTest, WriteWhenStaged_EveryRankDoneBeforeTheLastStaged_StraightToCommitting) {
+  options_.write_when_staged = true;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();
   const std::string id = SubmitAll(3);
@@ -1507,6 +1509,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_EveryRankDoneBeforeTheLastStaged_Stra
 }
 
 TEST_F(SessionManagerTest, WriteWhenStaged_PhaseAheadOfItsStaged_UnavailableToComeAgain) {
+  options_.write_when_staged = true;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();
   const std::string id = SubmitAll(3);
@@ -1522,6 +1525,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_PhaseAheadOfItsStaged_UnavailableToCo
 }
 
 TEST_F(SessionManagerTest, WriteWhenStaged_WriterBound_FirstWritersAndNonWritersOnly) {
+  options_.write_when_staged = true;
   options_.max_concurrent_writers = 1;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();
@@ -1566,6 +1570,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_WriterBound_FirstWritersAndNonWriters
 }
 
 TEST_F(SessionManagerTest, WriteWhenStaged_RanksExchangingSlices_GatherAndPersistAsBefore) {
+  options_.write_when_staged = true;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseDpSlicedPlans();  // every rank has a DP partner (leader or sender)
   const std::string id = SubmitAll(3);
@@ -1578,6 +1583,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_RanksExchangingSlices_GatherAndPersis
 }
 
 TEST_F(SessionManagerTest, WriteWhenStaged_AnAgentWithoutIt_NoRankIsTold) {
+  options_.write_when_staged = true;
   StartJob("tp=2,dp=2", [](uint32_t r) {
     AgentSetup setup = WritesWhenStaged(r);
     setup.writes_when_staged = r != 1;  // rank 1's agent is older: it waits for PERSIST
@@ -1589,8 +1595,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_AnAgentWithoutIt_NoRankIsTold) {
   FinishSave(id);
 }
 
-TEST_F(SessionManagerTest, WriteWhenStagedOff_NoRankIsTold) {
-  options_.write_when_staged = false;
+TEST_F(SessionManagerTest, WriteWhenStagedOffByDefault_NoRankIsTold) {
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();
   const std::string id = SubmitAll(3);
@@ -1599,6 +1604,7 @@ TEST_F(SessionManagerTest, WriteWhenStagedOff_NoRankIsTold) {
 }
 
 TEST_F(SessionManagerTest, WriteWhenStaged_KeptInTheRecord_ARestartWithTheOptionOffKeepsIt) {
+  options_.write_when_staged = true;
   options_.max_concurrent_writers = 1;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();
@@ -2737,6 +2743,7 @@ TEST_F(MemoryOnlyTest, MemoryOnly_WriterBound_EveryPersistAtOnce) {
 
 // A memory-only save writes nothing and reports from staging when asked: no early write.
 TEST_F(MemoryOnlyTest, MemoryOnly_AgentsThatWriteWhenStaged_NotTold) {
+  options_.write_when_staged = true;
   StartJob("tp=2,dp=2", WritesWhenStaged);
   UseTpDpPlans();
   const std::string id = SaveInMemory(2);

@@ -12,7 +12,9 @@
 #   for byte identical; every process ends within a bound.
 source tests/faults/lib.sh
 
-start_coordinator || fail "coordinator"
+# Agents write once staged (PinCommand.write_when_staged): the freeze hits that path, and the
+# later save below commits, verifies and reloads through it.
+start_coordinator --write_when_staged=true || fail "coordinator"
 start_agents "$JOB" "$LAYOUT" || fail "agents"
 run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=10 "${MODEL[@]}" || fail "first save"
 [ "$(latest_step)" = "step-000000010" ] || fail "step 10 not committed"

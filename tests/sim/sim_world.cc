@@ -333,6 +333,8 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   options_.commit_retry_initial = absl::Milliseconds(500);
   options_.commit_retry_max = absl::Seconds(5);
   options_.keep_last = static_cast<int>(rng_() % 3);  // 0 keeps all
+  // Both save paths, by seed, without a draw (each seed's other choices stay as they were).
+  options_.write_when_staged = (config_.seed >> 3) % 2 == 1;
   if (Is(Scenario::kRetentionWhileNextSaveWrites)) options_.keep_last = 1;
   const double f = config_.faults;
   p_drop_ = 0.02 * f;
