@@ -841,7 +841,7 @@ SaveEffects SaveCore::OnPersisted(absl::Time now, uint64_t work_id,
   }
   s->phase = SavePhase::kPersisted;  // edge 10
   Log(fx, Severity::kInfo,
-      absl::StrCat(Describe(*s), ": ", chunks->size(), " chunks written",
+      absl::StrCat(Describe(*s), ": ", chunks->size(), " chunks persisted",
                    s->write_when_staged ? " (when staged)" : "", " in ",
                    absl::FormatDuration(now - s->write_started)));
   v1::ReportPhaseRequest persisted = PhaseReport(v1::AGENT_PHASE_PERSISTED);
