@@ -81,7 +81,8 @@
 #   --bazel="bazel --output_base=..."  the Bazel command line to build and locate binaries
 #                                                               [TESSERA_BENCH_BAZEL]
 #   TESSERA_BENCH_COORDINATOR_FLAGS: more tessera-coordinator flags for figures 1-4 (e.g.
-#   --copy_when_pinned=false, to compare one setting against another in the same hour).
+#   --copy_when_pinned=false, to compare one setting against another in the same hour);
+#   TESSERA_BENCH_AGENT_FLAGS: the same for every tessera-agent (e.g. --memory_tier=false).
 #   GPU figure: TESSERA_BENCH_GPU_SIZE (default 1G of CUDA tensors), TESSERA_BENCH_GPU_PYTHON
 #   (default: the Python environment below; must be the Python 3.11 the module was built for,
 #   with a CUDA PyTorch — 2.x for the DCP async_save side).
@@ -407,7 +408,7 @@ if wants stall || wants load || wants dcp || wants memory; then
     fi
     # Figure 4m's buddy restore needs two nodes: even ranks on bench-n0, odd ones on bench-n1.
     place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=bench-n$(($1 % 2)); }
-    if ! start_agents "$job" "tp=$r"; then
+    if ! start_agents "$job" "tp=$r" ${TESSERA_BENCH_AGENT_FLAGS:-}; then
       say "$tag: agents did not register"; stop_all; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
     if ! run_ranks save "$job" "$r" "$OUT/raw/save-$tag" --mib="$mib" --steps="$STEPS" \
@@ -508,7 +509,7 @@ if wants llama; then
     if ! start_coordinator ${TESSERA_BENCH_COORDINATOR_FLAGS:-}; then
       say "$tag: the coordinator did not start"; cp -r "$DIR/logs" "$OUT/logs/$tag"; continue
     fi
-    if start_agents "$job" "$layout"; then
+    if start_agents "$job" "$layout" ${TESSERA_BENCH_AGENT_FLAGS:-}; then
       TRAINER_TIMEOUT=3600 run_trainers "$job" "$layout" --mode=save --steps="$steps_list" \
         "${trainer[@]}" || say "$tag: a trainer failed (logs in $OUT/logs/$tag)"
       for r in $(seq 0 $((world - 1))); do
