@@ -91,9 +91,9 @@ ABSL_FLAG(int32_t, writes_in_flight, 1,
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
-          "fault injection for tests: SIGKILL this agent when it receives this command (pin, "
-          "commit) or as this step of a save starts (copy: its slots go to the trainer; "
-          "gather; persist: its write)");
+          "fault injection for tests: SIGKILL this agent as this step of a save starts (pin: "
+          "its staging; copy: its slots go to the trainer; gather; persist: its write; "
+          "commit)");
 ABSL_FLAG(std::string, freeze_on, "",
           "fault injection for tests: SIGSTOP this agent (the whole process freezes until "
           "SIGCONT), once, at the points of --crash_on");
@@ -127,9 +127,9 @@ constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
 constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
 
-// --crash_on / --freeze_on: a named point (pin, commit: as the command arrives; copy, gather,
-// persist: as that step of a save starts) kills or stops this process (the freeze once).
-// Safe from any thread.
+// --crash_on / --freeze_on: a named step of a save (pin, copy, gather, persist, commit:
+// SaveExecutorOptions::at_fault_point) kills or stops this process as it starts (the freeze
+// once). Safe from any thread.
 class FaultPoints {
  public:
   FaultPoints(std::string crash_on, std::string freeze_on)
@@ -318,11 +318,8 @@ int main(int argc, char** argv) {
     return lifeline_for_lease->LeaseGeneration();
   };
   executor_options.writer.writes_in_flight = absl::GetFlag(FLAGS_writes_in_flight);
-  if (executor_options.writer.writes_in_flight < 1 ||
-      executor_options.writer.writes_in_flight > tessera::ShardWriterOptions::kMostWritesInFlight) {
-    return Fail(absl::StrCat("--writes_in_flight is ", executor_options.writer.writes_in_flight,
-                             ": it must be 1 to ",
-                             tessera::ShardWriterOptions::kMostWritesInFlight));
+  if (absl::Status bad = executor_options.writer.Check(); !bad.ok()) {
+    return Fail(absl::StrCat("--", bad.message()));
   }
   executor_options.core.job_id = job;
   executor_options.core.rank = urank;
@@ -451,12 +448,7 @@ int main(int argc, char** argv) {
   commands.set_incarnation(incarnation);
   tessera::CommandStream stream(
       coordinator.stub(), &lifeline, commands,
-      [&executor, &faults](const tessera::v1::Command& c) {
-        const std::string name = tessera::CommandName(c);
-        // copy, gather, persist: as that step starts (at_fault_point above).
-        if (name == "pin" || name == "commit") faults.At(name);
-        executor.OnCommand(c);
-      },
+      [&executor](const tessera::v1::Command& c) { executor.OnCommand(c); },
       [&executor] { executor.OnStreamConnected(); });
 
   // The trainer's endpoint.

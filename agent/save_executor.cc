@@ -319,6 +319,7 @@ void SaveExecutor::Run(const SaveWork& work) {
   std::visit(
       Overloaded{
           [&](const PinWork& pin) {
+            if (options_.at_fault_point) options_.at_fault_point("pin");
             absl::StatusOr<StagingMemory> memory;
             if (options_.before_acquire) options_.before_acquire();
             const uint64_t evictions = staging_->resident_evictions();
@@ -368,6 +369,7 @@ void SaveExecutor::Run(const SaveWork& work) {
             });
           },
           [&](const CommitWork& commit) {
+            if (options_.at_fault_point) options_.at_fault_point("commit");
             const CommitWorkResult result = ResolveAndRetain(*storage_, commit);
             Drive([&](SaveCore& core, absl::Time now) {
               return core.OnCommitResolved(now, id, result);

@@ -69,8 +69,9 @@ struct SaveExecutorOptions {
   std::function<void()> before_acquire;
   // Called off the lock at the points of a save that fault injection names (agent_main's
   // --crash_on): "copy" just before its slots go to the trainer (on COPY, or when pinned:
-  // PinCommand.copy_when_pinned); "gather" and "persist" on the worker as that work starts,
-  // whether a command or the PIN's write_when_staged started it. Default: none.
+  // PinCommand.copy_when_pinned); "pin", "gather", "persist" and "commit" on the worker as
+  // that work starts, whether a command or the PIN's write_when_staged started it.
+  // Default: none.
   std::function<void(const std::string& point)> at_fault_point;
 };
 

@@ -173,18 +173,24 @@ absl::Status WriteBytes(Storage& storage, const std::string& dir, const std::str
 
 }  // namespace
 
+absl::Status ShardWriterOptions::Check() const {
+  if (block_size == 0 || write_size == 0) {
+    return absl::InvalidArgumentError("block_size and write_size must be positive");
+  }
+  if (writes_in_flight < 1 || writes_in_flight > kMostWritesInFlight) {
+    return absl::InvalidArgumentError(absl::StrCat("writes_in_flight is ", writes_in_flight,
+                                                   ": it must be 1 to ", kMostWritesInFlight));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<WrittenFile> ShardWriter::WriteFile(Storage& storage, const std::string& dir,
                                                    const std::string& file_name,
                                                    const FileLayout& layout,
                                                    const void* staging,
                                                    const ShardWriterOptions& options) {
   RETURN_IF_ERROR(ValidateFileName(file_name));
-  if (options.block_size == 0 || options.write_size == 0 || options.writes_in_flight < 1 ||
-      options.writes_in_flight > ShardWriterOptions::kMostWritesInFlight) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "block_size and write_size must be positive and writes_in_flight 1 to ",
-        ShardWriterOptions::kMostWritesInFlight, " (it is ", options.writes_in_flight, ")"));
-  }
+  RETURN_IF_ERROR(options.Check());
   if (layout.header.size() != layout.data_start || layout.data_start % kDataAlignment != 0) {
     return absl::InvalidArgumentError("the layout's header does not match its data_start");
   }

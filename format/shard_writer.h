@@ -38,7 +38,8 @@ struct ShardWriterOptions {
   size_t write_size = 8u << 20;
 
   // Data-section writes in flight at once (1 to kMostWritesInFlight), each on its own thread,
-  // started for the file, taking the next write_size piece in file order (O_DIRECT has no page cache to queue in: the device sees this depth).
+  // started for the file, taking the next write_size piece in file order (O_DIRECT has no
+  // page cache to queue in: the device sees this depth).
   // Default: 1 — on the reference VM's disk more in flight was slower (0.96 of plain
   // O_DIRECT writes at 1; 0.92, 0.88, 0.88 at 2, 4, 8: format/shard_writer_benchmark.cc).
   int writes_in_flight = 1;
@@ -56,6 +57,11 @@ struct ShardWriterOptions {
 
   // Recorded as ChunkEntry.writer_rank. Default: 0.
   uint32_t writer_rank = 0;
+
+  // Errors: InvalidArgument naming what is out of range (a zero block_size or write_size,
+  // writes_in_flight outside 1 .. kMostWritesInFlight). WriteFile checks it; so does the
+  // agent at start, for its flags.
+  absl::Status Check() const;
 };
 
 // What WriteFile wrote.

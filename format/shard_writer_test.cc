@@ -374,7 +374,9 @@ TEST(ShardWriter, WriteFile_BadArguments_Rejected) {
                   .code(),
               absl::StatusCode::kInvalidArgument)
         << in_flight;
+    EXPECT_THAT(std::string(bad.Check().message()), HasSubstr("writes_in_flight is"));
   }
+  EXPECT_TRUE(ShardWriterOptions().Check().ok());
   // Padding left dirty would put bytes no checksum covers into the file.
   s.staging.get()[s.layout.padding[0].staging_offset] = 1;
   absl::StatusOr<WrittenFile> dirty =

@@ -350,10 +350,7 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportChunks(
   const uint32_t rank = request.rank();
   if (rank >= world()) return absl::InvalidArgumentError("rank outside the mesh");
   if (state() == v1::SESSION_STATE_COMMITTING) return state();  // a re-send: all are in
-  const bool ahead = (state() == v1::SESSION_STATE_PINNING ||
-                      state() == v1::SESSION_STATE_COPYING) &&
-                     ranks_[rank].writes_when_staged;
-  if (state() != v1::SESSION_STATE_PERSISTING && !ahead) {
+  if (state() != v1::SESSION_STATE_PERSISTING && !WritingAhead(rank)) {
     return absl::FailedPreconditionError(
         absl::StrCat("chunks reported while the session is ", StateName(state())));
   }
@@ -717,11 +714,15 @@ v1::SessionState SessionMachine::AheadAfter(uint32_t rank, v1::AgentPhase phase)
     return v1::SESSION_STATE_PINNING;
   }
   if ((phase == v1::AGENT_PHASE_GATHERED || phase == v1::AGENT_PHASE_PERSISTED) &&
-      (s == v1::SESSION_STATE_PINNING || s == v1::SESSION_STATE_COPYING) &&
-      ranks_[rank].writes_when_staged) {
+      WritingAhead(rank)) {
     return v1::SESSION_STATE_COPYING;
   }
   return v1::SESSION_STATE_UNSPECIFIED;
+}
+
+bool SessionMachine::WritingAhead(uint32_t rank) const {
+  return (state() == v1::SESSION_STATE_PINNING || state() == v1::SESSION_STATE_COPYING) &&
+         ranks_[rank].writes_when_staged;
 }
 
 void SessionMachine::EmitGathers(Effects& out) {

@@ -247,6 +247,9 @@ class SessionMachine {
   // write_when_staged: GATHERED and PERSISTED in PINNING or COPYING after STAGED), or
   // UNSPECIFIED if it may not come ahead.
   v1::SessionState AheadAfter(uint32_t rank, v1::AgentPhase phase) const;
+  // Whether `rank` was told write_when_staged and the session is still before PERSISTING:
+  // its GATHERED, chunks and PERSISTED may come ahead of the session.
+  bool WritingAhead(uint32_t rank) const;
   // GATHER to every rank not told write_when_staged.
   void EmitGathers(Effects& out);
   void HandOutPersist(Effects& out);

@@ -201,6 +201,10 @@ struct AgentSetup {
   bool writes_when_staged = false;
 };
 
+bool Has(const std::vector<uint32_t>& ranks, uint32_t rank) {
+  return std::find(ranks.begin(), ranks.end(), rank) != ranks.end();
+}
+
 // Every rank's agent follows PinCommand.write_when_staged, each on its own node.
 AgentSetup WritesWhenStaged(uint32_t rank) {
   AgentSetup setup{absl::StrCat("node-", rank)};
@@ -396,6 +400,16 @@ class SessionManagerTest : public ::testing::Test {
     }
     std::sort(ranks.begin(), ranks.end());
     return ranks;
+  }
+
+  // The ranks of `among` that were sent PERSIST in `session_id`, ascending, with repeats.
+  std::vector<uint32_t> PersistSentTo(const std::vector<uint32_t>& among,
+                                      const std::string& session_id) const {
+    std::vector<uint32_t> sent;
+    for (uint32_t r : RanksSent(v1::Command::kPersist, session_id)) {
+      if (Has(among, r)) sent.push_back(r);
+    }
+    return sent;
   }
 
   std::vector<uint32_t> AllRanks() const {
@@ -1627,7 +1641,7 @@ TEST_F(SessionManagerTest, WriteWhenStaged_KeptInTheRecord_ARestartWithTheOption
     for (const v1::Command& c : CommandsTo(r, id)) {
       if (c.has_pin()) replayed_flag = c.pin().write_when_staged();
     }
-    EXPECT_EQ(replayed_flag, std::find(told.begin(), told.end(), r) != told.end())
+    EXPECT_EQ(replayed_flag, Has(told, r))
         << "rank " << r;
   }
   for (uint32_t r : told) {  // every report re-sent after the restart
@@ -1635,17 +1649,15 @@ TEST_F(SessionManagerTest, WriteWhenStaged_KeptInTheRecord_ARestartWithTheOption
     GatherAndPersist(r, id);
   }
   for (uint32_t r = 0; r < 4; ++r) {
-    if (std::find(told.begin(), told.end(), r) == told.end()) PinAndStage(r, id);
+    if (!Has(told, r)) PinAndStage(r, id);
   }
   ASSERT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
   for (uint32_t r = 0; r < 4; ++r) {
-    if (std::find(told.begin(), told.end(), r) != told.end()) continue;
+    if (Has(told, r)) continue;
     ASSERT_TRUE(ReportHashes(r, id).ok());
     ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_GATHERED).ok());
   }
-  for (uint32_t r : RanksSent(v1::Command::kPersist, id)) {
-    EXPECT_EQ(std::find(told.begin(), told.end(), r), told.end()) << "rank " << r;
-  }
+  EXPECT_THAT(PersistSentTo(told, id), IsEmpty());
 }
 
 TEST_F(SessionManagerTest, Save_WriterBound_ANonWriterFinishingFreesNoWriterSlot) {
@@ -1657,24 +1669,17 @@ TEST_F(SessionManagerTest, Save_WriterBound_ANonWriterFinishingFreesNoWriterSlot
   ASSERT_GE(writers.size(), 2u);
   std::vector<uint32_t> others;
   for (uint32_t r = 0; r < 4; ++r) {
-    if (std::find(writers.begin(), writers.end(), r) == writers.end()) others.push_back(r);
+    if (!Has(writers, r)) others.push_back(r);
   }
   ASSERT_FALSE(others.empty()) << "the plan needs a rank that writes nothing";
   for (uint32_t r = 0; r < 4; ++r) {
     ASSERT_TRUE(ReportHashes(r, id).ok());
     ASSERT_TRUE(Phase(r, id, v1::AGENT_PHASE_GATHERED).ok());
   }
-  auto writers_sent = [&] {
-    size_t n = 0;
-    for (uint32_t r : RanksSent(v1::Command::kPersist, id)) {
-      n += std::find(writers.begin(), writers.end(), r) != writers.end();
-    }
-    return n;
-  };
-  ASSERT_EQ(writers_sent(), 1u);
+  ASSERT_THAT(PersistSentTo(writers, id), SizeIs(1));
   // A rank with nothing to write finishes while the one writer writes: still one writer.
   ASSERT_TRUE(Phase(others[0], id, v1::AGENT_PHASE_PERSISTED).ok());
-  EXPECT_EQ(writers_sent(), 1u);
+  EXPECT_THAT(PersistSentTo(writers, id), SizeIs(1));
 }
 
 TEST_F(SessionManagerTest, Save_WriterBound_OnePersistAtATime) {
@@ -1684,16 +1689,8 @@ TEST_F(SessionManagerTest, Save_WriterBound_OnePersistAtATime) {
   const std::string id = DriveToPersisting(8);
   const std::vector<uint32_t> writers = Writers(id);
   ASSERT_GE(writers.size(), 2u);
-  auto is_writer = [&](uint32_t r) {
-    return std::find(writers.begin(), writers.end(), r) != writers.end();
-  };
-  auto writers_sent = [&] {
-    std::vector<uint32_t> sent;
-    for (uint32_t r : RanksSent(v1::Command::kPersist, id)) {
-      if (is_writer(r)) sent.push_back(r);
-    }
-    return sent;
-  };
+  auto is_writer = [&](uint32_t r) { return Has(writers, r); };
+  auto writers_sent = [&] { return PersistSentTo(writers, id); };
 
   // No PERSIST before every rank gathered.
   for (uint32_t r = 0; r + 1 < 4; ++r) {
@@ -2733,12 +2730,7 @@ TEST_F(MemoryOnlyTest, MemoryOnly_WriterBound_EveryPersistAtOnce) {
   AskMemoryOnly(false);
   const std::string disk = DriveToPersisting(3);
   GatherAll(disk);
-  std::vector<uint32_t> writers_sent;
-  for (uint32_t r : RanksSent(v1::Command::kPersist, disk)) {
-    const std::vector<uint32_t> writers = Writers(disk);
-    if (std::find(writers.begin(), writers.end(), r) != writers.end()) writers_sent.push_back(r);
-  }
-  EXPECT_THAT(writers_sent, SizeIs(1));
+  EXPECT_THAT(PersistSentTo(Writers(disk), disk), SizeIs(1));
 }
 
 // A memory-only save writes nothing and reports from staging when asked: no early write.

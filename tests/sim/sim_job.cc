@@ -48,7 +48,7 @@ v1::ShardDesc Extra(const std::string& fqn, int64_t bytes) {
 
 }  // namespace
 
-SimJob MakeSimJob(uint32_t world) {
+SimJob MakeSimJob(uint32_t world, bool dp_sliced_state) {
   SimJob job;
   job.world = world;
   job.shards.resize(world);
@@ -57,7 +57,7 @@ SimJob MakeSimJob(uint32_t world) {
     auto& s = job.shards[0];
     s.push_back(Piece("w", 96, 0, 96, {"dp"}));
     s.push_back(Piece("b", 24, 0, 24, {"dp"}));
-    s.push_back(Slice(Piece("w", 96, 0, 96, {"dp"}), "exp_avg", 0, 96));
+    if (dp_sliced_state) s.push_back(Slice(Piece("w", 96, 0, 96, {"dp"}), "exp_avg", 0, 96));
     s.push_back(Extra("rng", 16));
   } else if (world == 2) {
     job.layout_spec = "dp=2";
@@ -67,7 +67,9 @@ SimJob MakeSimJob(uint32_t world) {
       // FSDP-like uneven shards of the bias: 13 and 11 elements.
       s.push_back(r == 0 ? Piece("b", 24, 0, 13, {}) : Piece("b", 24, 13, 11, {}));
       // The weight's AdamW state, sliced over dp: gathered by a DP leader.
-      s.push_back(Slice(Piece("w", 96, 0, 96, {"dp"}), "exp_avg", r * 40, r == 0 ? 40 : 96));
+      if (dp_sliced_state) {
+        s.push_back(Slice(Piece("w", 96, 0, 96, {"dp"}), "exp_avg", r * 40, r == 0 ? 40 : 96));
+      }
       s.push_back(Extra("rng", 16));
     }
   } else {
@@ -78,7 +80,7 @@ SimJob MakeSimJob(uint32_t world) {
       const v1::ShardDesc wq = Piece("wq", 64, tp * 32, 32, {"dp"});
       s.push_back(wq);
       s.push_back(Piece("norm", 8, 0, 8, {"tp", "dp"}));
-      s.push_back(Slice(wq, "exp_avg", dp * 16, dp * 16 + 16));
+      if (dp_sliced_state) s.push_back(Slice(wq, "exp_avg", dp * 16, dp * 16 + 16));
       s.push_back(Extra("rng", 8));
     }
   }

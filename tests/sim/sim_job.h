@@ -27,8 +27,11 @@ struct SimJob {
   std::vector<std::vector<v1::ShardDesc>> shards;
 };
 
-// The job for `world` ranks (1, 2 or 4).
-SimJob MakeSimJob(uint32_t world);
+// The job for `world` ranks (1, 2 or 4). `dp_sliced_state`: the optimizer state is flattened
+// and sliced over dp (a distributed optimizer: ranks exchange slices at GATHER); without it
+// the job holds no optimizer state, so no rank exchanges anything (PinCommand
+// .write_when_staged applies to every rank).
+SimJob MakeSimJob(uint32_t world, bool dp_sliced_state = true);
 
 // The byte at `offset` of tensor `key` at `step`.
 uint8_t ExpectedByte(const std::string& key, int64_t step, uint64_t offset);

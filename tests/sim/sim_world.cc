@@ -320,7 +320,10 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   window_end_ = start_ + config_.fault_window;
   const uint32_t worlds[] = {1, 2, 4};
   const uint32_t world = config_.world != 0 ? config_.world : worlds[rng_() % 3];
-  job_ = MakeSimJob(world);
+  // Both save paths, by seed, without a draw (each seed's other choices stay as they were):
+  // ranks that write once staged need a job whose ranks exchange no slices.
+  options_.write_when_staged = (config_.seed >> 3) % 2 == 1;
+  job_ = MakeSimJob(world, /*dp_sliced_state=*/!options_.write_when_staged);
   coordinator_commits_ =
       config_.coordinator_commits >= 0 ? config_.coordinator_commits == 1 : (rng_() % 2 == 0);
   options_.storage_root = kRoot;
@@ -333,8 +336,6 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   options_.commit_retry_initial = absl::Milliseconds(500);
   options_.commit_retry_max = absl::Seconds(5);
   options_.keep_last = static_cast<int>(rng_() % 3);  // 0 keeps all
-  // Both save paths, by seed, without a draw (each seed's other choices stay as they were).
-  options_.write_when_staged = (config_.seed >> 3) % 2 == 1;
   if (Is(Scenario::kRetentionWhileNextSaveWrites)) options_.keep_last = 1;
   const double f = config_.faults;
   p_drop_ = 0.02 * f;
@@ -601,6 +602,9 @@ class World::CoordPort : public EffectsPort {
       if (o.command.has_committed()) w_->acknowledged_.insert(o.command.session_id());
       if (o.command.has_pin() && o.command.pin().assignment_omitted()) {
         ++w_->result_.pins_without_assignment;
+      }
+      if (o.command.has_pin() && o.command.pin().write_when_staged()) {
+        ++w_->result_.pins_writing_when_staged;
       }
       if (o.pin_plan != nullptr) {
         o.command.mutable_pin()->mutable_assignment()->ParseFromString(

@@ -94,6 +94,8 @@ struct SimResult {
   // submissions answered send_full_plan (a restarted coordinator knows no plan).
   int pins_without_assignment = 0;
   int full_plans_asked = 0;
+  // PINs that said write_when_staged (the rank wrote once staged, unasked).
+  int pins_writing_when_staged = 0;
   absl::Duration simulated;         // simulated time the schedule took
   // What the scenario set out to do, as it happened (e.g. "renamed, then the parent's fsync
   // failed"): a regression seed checks its scenario still reaches its bug.
