@@ -6,10 +6,10 @@
 // three optimizer states as flat DP slices, every tenth parameter a norm replicated over dp and
 // tp). The fake agents speak the coordinator protocol as a real agent does
 // (proto/tessera/v1/coordinator.proto; modelled on server/protocol_test.cc's FakeAgent):
-// RegisterAgent, heartbeats, a Commands stream each, PINNED, STAGED, replica hashes +
-// GATHERED, chunk reports + PERSISTED — with made-up but consistent block checksums and no
-// data files (the coordinator writes the manifest into the session's directory, which the
-// fake writers create).
+// RegisterAgent, heartbeats, a Commands stream each (read by a callback reactor, no thread per
+// agent), PINNED, STAGED, replica hashes + GATHERED, chunk reports + PERSISTED — with made-up
+// but consistent block checksums and no data files (the coordinator writes the manifest into
+// the session's directory, which the fake writers create).
 //
 // Save 1 (step 1) is planned from scratch and carried to COMMITTED. Save 2 (step 2) is what
 // every later save of an unchanged model does: each agent holds its assignment from save 1's
@@ -60,11 +60,16 @@
 #include "common/layout.h"
 #include "common/plan_fingerprint.h"
 #include "common/program.h"
+#include "common/strand.h"
 #include "common/status.h"
 #include "common/tensor_key.h"
 #include "format/manifest_io.h"
 #include "server/testing/llama_plans.h"
 #include "storage/posix_storage.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "google/protobuf/wire_format_lite.h"
+#include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
 
@@ -75,7 +80,9 @@ ABSL_FLAG(int32_t, pp, 4, "pipeline degree");
 ABSL_FLAG(int32_t, tp, 8, "tensor-parallel degree (divides 1024)");
 ABSL_FLAG(int32_t, dp, 32, "data-parallel degree (divides 4096 / tp)");
 ABSL_FLAG(int32_t, shards_per_rank, 1000, "pieces per rank (rounded up to a multiple of 4)");
-ABSL_FLAG(int32_t, threads, 16, "threads per worker process that register and submit");
+ABSL_FLAG(int32_t, threads, 16,
+          "threads per worker process that register and submit, and that handle the commands "
+          "needing RPCs (PINs are handled on gRPC's callback threads)");
 ABSL_FLAG(int32_t, processes, 4, "worker processes the fake agents are spread over");
 ABSL_FLAG(bool, fingerprints, true,
           "agents submit an unchanged plan as its fingerprint (false: always the whole plan, "
@@ -107,6 +114,60 @@ std::vector<uint64_t> FakeBlocks(const std::string& key, const v1::Box& box, uin
     blocks.push_back(Xxh3(id.data(), id.size()));
   }
   return blocks;
+}
+
+// --- The Commands stream as the fake agents read it
+//
+// A PIN's assignment is kept as the bytes it arrived as and parsed only when GATHER or
+// PERSIST needs it (after the clock has stopped). A real agent parses its own assignment on
+// its own machine. Parsed here, the 140 MB of assignments of 16,384 x 300 are the load
+// generator's cost, not the coordinator's: while the PINs went out, the fake agents' processes
+// took three quarters of the two cores' CPU, most of it faulting in memory for the parsed
+// messages (perf, system-wide).
+
+// `wire`, a serialized v1::Command, without its PinCommand.assignment: the rest parsed into
+// *command, the assignment's bytes into *assignment (empty if it has none). Every field but the
+// assignment is parsed by v1::Command itself, so this follows the protocol as it changes.
+// Errors: DataLoss if `wire` is not a well-formed Command.
+absl::Status ParseCommandKeepingAssignment(absl::string_view wire, v1::Command* command,
+                                           std::string* assignment) {
+  using google::protobuf::internal::WireFormatLite;
+  // Copies the fields of `in` to *out, but the length-delimited field `take`, whose bytes go
+  // to *taken (*found says whether it was there). False if `in` does not parse.
+  const auto split = [](absl::string_view in, int take, std::string* out, std::string* taken,
+                        bool* found) {
+    google::protobuf::io::CodedInputStream input(reinterpret_cast<const uint8_t*>(in.data()),
+                                                 static_cast<int>(in.size()));
+    google::protobuf::io::StringOutputStream sink(out);
+    google::protobuf::io::CodedOutputStream output(&sink);
+    *found = false;
+    while (const uint32_t tag = input.ReadTag()) {
+      if (WireFormatLite::GetTagFieldNumber(tag) == take &&
+          WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
+        uint32_t length = 0;
+        if (!input.ReadVarint32(&length) || !input.ReadString(taken, length)) return false;
+        *found = true;
+        continue;
+      }
+      if (!WireFormatLite::SkipField(&input, tag, &output)) return false;
+    }
+    return input.ConsumedEntireMessage() && !output.HadError();
+  };
+  const absl::Status corrupt = absl::DataLossError("a Command that does not parse");
+  std::string rest, pin, pin_rest;
+  bool is_pin = false, has_assignment = false;  // the latter is not needed: empty if absent
+  assignment->clear();
+  if (!split(wire, v1::Command::kPinFieldNumber, &rest, &pin, &is_pin) ||
+      !command->ParseFromString(rest)) {
+    return corrupt;
+  }
+  if (!is_pin) return absl::OkStatus();
+  if (!split(pin, v1::PinCommand::kAssignmentFieldNumber, &pin_rest, assignment,
+             &has_assignment) ||
+      !command->mutable_pin()->ParseFromString(pin_rest)) {
+    return corrupt;
+  }
+  return absl::OkStatus();
 }
 
 // --- /proc
@@ -165,6 +226,7 @@ class FakeAgent {
         layout_(std::move(layout)),
         coords_(mesh.Coords(rank)),
         stub_(v1::Coordinator::NewStub(channel)),
+        commands_stub_(channel),
         progress_(progress),
         incarnation_(0x7e55e7a000000000ull + rank) {}
 
@@ -201,24 +263,28 @@ class FakeAgent {
     stub_->Heartbeat(&context, request, &response);  // a missed beat is covered by the lease
   }
 
-  void OpenStream() {
+  // Opens the Commands stream. It is read by a gRPC callback reactor, not a thread per agent:
+  // a real agent is a process of its own on its own machine, and 16,384 blocked reader
+  // threads on the coordinator's cores would measure the load generator's context switches
+  // rather than the coordinator. `pool` runs the commands that need RPCs of their own.
+  void OpenStream(ThreadPool* pool) {
+    pool_ = pool;
     context_ = std::make_unique<grpc::ClientContext>();
-    reader_ = std::thread([this] {
-      v1::CommandsRequest request;
-      request.set_job_id(job_);
-      request.set_rank(rank_);
-      request.set_incarnation(incarnation_);
-      std::unique_ptr<grpc::ClientReader<v1::Command>> reader =
-          stub_->Commands(context_.get(), request);
-      v1::Command command;
-      while (reader->Read(&command)) Handle(command);
-      reader->Finish();
-    });
+    commands_request_.set_job_id(job_);
+    commands_request_.set_rank(rank_);
+    commands_request_.set_incarnation(incarnation_);
+    reader_.agent = this;
+    commands_stub_.PrepareBidiStreamingCall(context_.get(), kCommandsMethod, grpc::StubOptions(),
+                                            &reader_);
+    reader_.StartWriteLast(&commands_request_, grpc::WriteOptions());
+    reader_.StartRead(&reader_.buffer);
+    reader_.StartCall();
   }
 
   void CloseStream() {
-    if (context_ != nullptr) context_->TryCancel();
-    if (reader_.joinable()) reader_.join();
+    if (context_ == nullptr) return;
+    context_->TryCancel();
+    reader_.done.WaitForNotification();
   }
 
   // Reports PINNED for the PIN received last. Called by the main thread after every agent got
@@ -292,7 +358,8 @@ class FakeAgent {
             break;
           }
         } else {
-          assignment_ = pin.assignment();
+          assignment_bytes_ = std::move(reader_.assignment);
+          assignment_parsed_ = false;
           held_plan_ = pin.plan_fingerprint();
         }
         pinned_session_ = session;
@@ -379,9 +446,22 @@ class FakeAgent {
     return request;
   }
 
+  // The assignment of the PIN received last, parsed on first use.
+  absl::StatusOr<const v1::RankAssignment*> Assignment() {
+    if (!assignment_parsed_) {
+      if (!assignment_.ParseFromString(assignment_bytes_)) {
+        return absl::DataLossError(absl::StrCat("rank ", rank_, ": the PIN's assignment does "
+                                                "not parse"));
+      }
+      assignment_parsed_ = true;
+    }
+    return &assignment_;
+  }
+
   absl::Status ReportHashes(const std::string& session) {
+    ASSIGN_OR_RETURN(const v1::RankAssignment* assignment, Assignment());
     v1::ReportChunksRequest request = ChunksRequest(session);
-    for (const v1::HashItem& item : assignment_.hashes()) {
+    for (const v1::HashItem& item : assignment->hashes()) {
       v1::ReplicaHash* hash = request.add_hashes();
       hash->set_chunk(item.chunk());
       // The replica's key and box are its local shard's, as a real agent takes them.
@@ -402,22 +482,23 @@ class FakeAgent {
   // Reports every WriteItem as written, and creates the data file as a sparse file of the
   // right size (the committer checks that the chunks lie inside it; nothing reads them).
   absl::Status ReportWrites(const std::string& session, const std::string& tmp_dir) {
+    ASSIGN_OR_RETURN(const v1::RankAssignment* assignment, Assignment());
     v1::ReportChunksRequest request = ChunksRequest(session);
     uint64_t offset = 4096;
-    for (const v1::WriteItem& w : assignment_.writes()) {
+    for (const v1::WriteItem& w : assignment->writes()) {
       v1::ChunkReport* report = request.add_chunks();
       report->set_key(w.key());
       v1::ChunkEntry* entry = report->mutable_chunk();
       *entry->mutable_box() = w.box();
-      entry->set_file(assignment_.file());
+      entry->set_file(assignment->file());
       entry->set_offset(offset);
       entry->set_nbytes(w.nbytes());
       entry->set_block_size(kDefaultBlockSize);
       for (uint64_t b : FakeBlocks(w.key(), w.box(), w.nbytes())) entry->add_block_xxh3(b);
       offset += (w.nbytes() + 4095) / 4096 * 4096;
     }
-    if (!assignment_.file().empty()) {
-      const std::string path = absl::StrCat(tmp_dir, "/", assignment_.file());
+    if (!assignment->file().empty()) {
+      const std::string path = absl::StrCat(tmp_dir, "/", assignment->file());
       const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
       if (fd < 0 || ftruncate(fd, offset) != 0) {
         const int err = errno;
@@ -434,6 +515,7 @@ class FakeAgent {
   const v1::Layout layout_;
   const std::vector<uint32_t> coords_;
   std::unique_ptr<v1::Coordinator::Stub> stub_;
+  grpc::TemplatedGenericStub<v1::CommandsRequest, grpc::ByteBuffer> commands_stub_;
   Progress* const progress_;
   const uint64_t incarnation_;
   std::vector<v1::ShardDesc> shards_;
@@ -443,11 +525,62 @@ class FakeAgent {
   // Used by the reader thread only.
   std::string last_session_;
   uint64_t last_seq_ = 0;
-  v1::RankAssignment assignment_;
+  std::string assignment_bytes_;  // of the PIN received last, as it arrived
+  bool assignment_parsed_ = false;
+  v1::RankAssignment assignment_;  // assignment_bytes_, parsed (Assignment())
   std::string pinned_session_;  // written by the reader before the PIN is counted
   bool copy_when_pinned_ = false;  // likewise
+  // The Commands stream: one read in flight at a time, so an agent's commands are handled in
+  // order. A PIN (and every command that needs no RPC) is handled on gRPC's callback thread;
+  // the others on the worker's pool, which starts the next read once it is done.
+  // The stream is opened as a generic call (the request written once, then half-closed, as
+  // a server-streaming call is on the wire) so that each message arrives as bytes for
+  // ParseCommandKeepingAssignment.
+  struct Reader : grpc::ClientBidiReactor<v1::CommandsRequest, grpc::ByteBuffer> {
+    FakeAgent* agent = nullptr;
+    grpc::ByteBuffer buffer;
+    v1::Command command;     // the message read last, without a PIN's assignment
+    std::string assignment;  // the PIN's assignment, as bytes
+
+    absl::Notification done;
+
+    void OnReadDone(bool ok) override {
+      if (!ok) return;  // the stream ended: OnDone follows
+      grpc::Slice slice;
+      absl::Status parsed =
+          buffer.DumpToSingleSlice(&slice).ok()
+              ? ParseCommandKeepingAssignment(
+                    absl::string_view(reinterpret_cast<const char*>(slice.begin()),
+                                      slice.size()),
+                    &command, &assignment)
+              : absl::DataLossError("a Command that cannot be read");
+      if (!parsed.ok()) {
+        agent->progress_->Fail(absl::StrCat("rank ", agent->rank_, ": ", parsed.ToString()));
+        return;  // reads no more; the main thread sees the failure
+      }
+      if (!NeedsRpc(command)) {
+        agent->Handle(command);
+        StartRead(&buffer);
+        return;
+      }
+      agent->pool_->Post([this] {
+        agent->Handle(command);
+        StartRead(&buffer);
+      });
+    }
+    void OnDone(const grpc::Status&) override { done.Notify(); }
+
+    static bool NeedsRpc(const v1::Command& c) {
+      return c.has_copy() || c.has_gather() || c.has_persist() || c.has_send_plan();
+    }
+  };
+
+  static constexpr char kCommandsMethod[] = "/tessera.v1.Coordinator/Commands";
+
+  ThreadPool* pool_ = nullptr;
+  v1::CommandsRequest commands_request_;
   std::unique_ptr<grpc::ClientContext> context_;
-  std::thread reader_;  // last: joined before the members it uses go away
+  Reader reader_;  // last: its callbacks use the members above
 };
 
 // "1795269435.961616": wall-clock seconds, to compare with the coordinator's log times.
@@ -554,7 +687,9 @@ struct Config {
     if (!s.ok()) progress.Fail(absl::StrCat("rank ", begin + i, ": RegisterAgent: ", s.ToString()));
     if (ms > 0) heartbeat_ms = ms;
   });
-  for (auto& a : agents) a->OpenStream();
+  // Commands that need RPCs (COPY, GATHER, PERSIST, SEND_PLAN) run here; PINs do not.
+  ThreadPool command_pool(std::max(1, config.threads));
+  for (auto& a : agents) a->OpenStream(&command_pool);
   // Heartbeats keep the leases alive for the whole run (the worker ends with _Exit). Their
   // period is the protocol's heartbeat interval, not a wait for an event: this is the one
   // place a timed sleep is what a real agent does too.
