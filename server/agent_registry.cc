@@ -259,6 +259,26 @@ std::optional<v1::RegisterAgentRequest> AgentRegistry::Get(const std::string& jo
   return agent->second.registration;
 }
 
+std::vector<NodeBudget> AgentRegistry::NodeBudgets(const std::string& job_id,
+                                                   uint32_t world) const {
+  std::vector<NodeBudget> nodes(world);
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  for (uint32_t r = 0; r < world; ++r) {
+    const Agent* agent = nullptr;
+    if (job != jobs_.end()) {
+      auto it = job->second.agents.find(r);
+      if (it != job->second.agents.end()) agent = &it->second;
+    }
+    if (agent == nullptr) {
+      nodes[r].node_id = absl::StrCat("(rank ", r, ", not registered)");
+      continue;
+    }
+    nodes[r] = {agent->registration.node_id(), agent->registration.node_host_ram_budget()};
+  }
+  return nodes;
+}
+
 bool AgentRegistry::EveryAgentSays(const std::string& job_id, uint32_t world,
                                    Capability capability) const {
   absl::MutexLock lock(&mu_);

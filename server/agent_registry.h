@@ -36,6 +36,12 @@
 
 namespace tessera {
 
+// Where a rank stages: its node and the node's host-RAM budget (0: none declared).
+struct NodeBudget {
+  std::string node_id;
+  uint64_t budget = 0;
+};
+
 struct AgentRegistryOptions {
   // An agent is expired when its last heartbeat is older than this. Default: 10 s.
   absl::Duration lease = absl::Seconds(10);
@@ -105,6 +111,13 @@ class AgentRegistry {
   // Whether ranks 0 .. world - 1 of the job all registered, each saying `capability`. One
   // lock, no copies: the coordinator asks it for every save.
   bool EveryAgentSays(const std::string& job_id, uint32_t world, Capability capability) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Where each of ranks 0 .. world - 1 of the job stages (host-RAM admission,
+  // plan_work.h): its registration's node_id and node_host_ram_budget; a rank that has not
+  // registered gets the node "(rank R, not registered)" and no budget. One lock, no copies
+  // of the registrations: the coordinator asks it for every save.
+  std::vector<NodeBudget> NodeBudgets(const std::string& job_id, uint32_t world) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The registration of (job, rank), if any.

@@ -61,6 +61,25 @@ TEST_F(AgentRegistryTest, EveryAgentSays_AllRanksRegisteredAndSayingSo) {
   EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kCopies));
 }
 
+TEST_F(AgentRegistryTest, NodeBudgets_EveryRankInOrder_UnregisteredNamed) {
+  EXPECT_EQ(registry_.NodeBudgets("job", 1)[0].node_id, "(rank 0, not registered)");
+  v1::RegisterAgentRequest first = Registration(0, 10);
+  first.set_node_host_ram_budget(1000);
+  ASSERT_TRUE(registry_.Register(first).ok());
+  v1::RegisterAgentRequest third = Registration(2, 12);
+  third.set_node_id("node1");
+  ASSERT_TRUE(registry_.Register(third).ok());
+
+  const std::vector<NodeBudget> nodes = registry_.NodeBudgets("job", 3);
+  ASSERT_EQ(nodes.size(), 3u);
+  EXPECT_EQ(nodes[0].node_id, "node0");
+  EXPECT_EQ(nodes[0].budget, 1000u);
+  EXPECT_EQ(nodes[1].node_id, "(rank 1, not registered)");
+  EXPECT_EQ(nodes[1].budget, 0u);
+  EXPECT_EQ(nodes[2].node_id, "node1");
+  EXPECT_EQ(nodes[2].budget, 0u);
+}
+
 TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());

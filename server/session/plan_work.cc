@@ -72,14 +72,8 @@ PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& re
     plan = std::make_shared<const GlobalPlan>(*std::move(built));
     cache.Insert(work.job_id, plan);
   }
-  std::vector<NodeBudget> nodes(work.layout.world_size());
-  for (uint32_t r = 0; r < nodes.size(); ++r) {
-    if (std::optional<v1::RegisterAgentRequest> reg = registry.Get(work.job_id, r)) {
-      nodes[r] = {reg->node_id(), reg->node_host_ram_budget()};
-    } else {
-      nodes[r] = {absl::StrCat("(rank ", r, ", not registered)"), 0};
-    }
-  }
+  const std::vector<NodeBudget> nodes = registry.NodeBudgets(work.job_id,
+                                                             work.layout.world_size());
   if (absl::Status admitted = CheckAdmission(*plan, nodes); !admitted.ok()) {
     verdict.plan = admitted;
     return verdict;

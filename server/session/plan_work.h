@@ -18,15 +18,9 @@
 
 namespace tessera {
 
-// Where a rank stages: its node and the node's host-RAM budget (0: none declared).
-struct NodeBudget {
-  std::string node_id;
-  uint64_t budget = 0;
-};
-
 // Host-RAM admission: the staging every rank of a node pins (its shards,
 // plan.staged_bytes_by_rank, plus the chunks it gathers and writes as a DP leader) must fit
-// the node's budget. `nodes[rank]` says where each rank stages.
+// the node's budget. `nodes[rank]` says where each rank stages (AgentRegistry::NodeBudgets).
 // Errors: ResourceExhausted + ADMISSION_DENIED naming the node, its need and its budget.
 absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<NodeBudget>& nodes);
 
