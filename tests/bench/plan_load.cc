@@ -66,9 +66,7 @@
 #include "format/manifest_io.h"
 #include "server/testing/llama_plans.h"
 #include "storage/posix_storage.h"
-#include "google/protobuf/io/coded_stream.h"
-#include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "google/protobuf/wire_format_lite.h"
+#include "tests/bench/command_wire.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
@@ -114,60 +112,6 @@ std::vector<uint64_t> FakeBlocks(const std::string& key, const v1::Box& box, uin
     blocks.push_back(Xxh3(id.data(), id.size()));
   }
   return blocks;
-}
-
-// --- The Commands stream as the fake agents read it
-//
-// A PIN's assignment is kept as the bytes it arrived as and parsed only when GATHER or
-// PERSIST needs it (after the clock has stopped). A real agent parses its own assignment on
-// its own machine. Parsed here, the 140 MB of assignments of 16,384 x 300 are the load
-// generator's cost, not the coordinator's: while the PINs went out, the fake agents' processes
-// took three quarters of the two cores' CPU, most of it faulting in memory for the parsed
-// messages (perf, system-wide).
-
-// `wire`, a serialized v1::Command, without its PinCommand.assignment: the rest parsed into
-// *command, the assignment's bytes into *assignment (empty if it has none). Every field but the
-// assignment is parsed by v1::Command itself, so this follows the protocol as it changes.
-// Errors: DataLoss if `wire` is not a well-formed Command.
-absl::Status ParseCommandKeepingAssignment(absl::string_view wire, v1::Command* command,
-                                           std::string* assignment) {
-  using google::protobuf::internal::WireFormatLite;
-  // Copies the fields of `in` to *out, but the length-delimited field `take`, whose bytes go
-  // to *taken (*found says whether it was there). False if `in` does not parse.
-  const auto split = [](absl::string_view in, int take, std::string* out, std::string* taken,
-                        bool* found) {
-    google::protobuf::io::CodedInputStream input(reinterpret_cast<const uint8_t*>(in.data()),
-                                                 static_cast<int>(in.size()));
-    google::protobuf::io::StringOutputStream sink(out);
-    google::protobuf::io::CodedOutputStream output(&sink);
-    *found = false;
-    while (const uint32_t tag = input.ReadTag()) {
-      if (WireFormatLite::GetTagFieldNumber(tag) == take &&
-          WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
-        uint32_t length = 0;
-        if (!input.ReadVarint32(&length) || !input.ReadString(taken, length)) return false;
-        *found = true;
-        continue;
-      }
-      if (!WireFormatLite::SkipField(&input, tag, &output)) return false;
-    }
-    return input.ConsumedEntireMessage() && !output.HadError();
-  };
-  const absl::Status corrupt = absl::DataLossError("a Command that does not parse");
-  std::string rest, pin, pin_rest;
-  bool is_pin = false, has_assignment = false;  // the latter is not needed: empty if absent
-  assignment->clear();
-  if (!split(wire, v1::Command::kPinFieldNumber, &rest, &pin, &is_pin) ||
-      !command->ParseFromString(rest)) {
-    return corrupt;
-  }
-  if (!is_pin) return absl::OkStatus();
-  if (!split(pin, v1::PinCommand::kAssignmentFieldNumber, &pin_rest, assignment,
-             &has_assignment) ||
-      !command->mutable_pin()->ParseFromString(pin_rest)) {
-    return corrupt;
-  }
-  return absl::OkStatus();
 }
 
 // --- /proc
