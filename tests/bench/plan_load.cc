@@ -507,9 +507,11 @@ class FakeAgent {
         StartRead(&buffer);
         return;
       }
+      AddHold();  // the next read starts outside this reaction: OnDone must wait for it
       agent->pool_->Post([this] {
         agent->Handle(command);
         StartRead(&buffer);
+        RemoveHold();
       });
     }
     void OnDone(const grpc::Status&) override { done.Notify(); }
