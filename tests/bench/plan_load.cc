@@ -24,7 +24,8 @@
 //            timed against 1,024 replies competing for the CPU;
 //   span_s:  from the first SubmitLocalPlan call to the last PIN (includes sending 1,024
 //            plans over gRPC and the coordinator parsing and fingerprinting them);
-// and the coordinator's VmHWM / VmRSS (/proc/<pid>/status) after registration, after the first
+// the committed manifest's read and write times (MeasureManifest), and the coordinator's
+// VmHWM / VmRSS (/proc/<pid>/status) after registration, after the first
 // save and after the cached plan, and the wall-clock times of the last submission and the last
 // PIN (run.sh sets them against the coordinator's "plan validated" log line). Prints one JSON
 // object on stdout; progress on stderr.
@@ -45,6 +46,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -759,32 +761,45 @@ absl::StatusOr<SaveTiming> RunSave(std::vector<Worker>& workers, int64_t step, b
   return t;
 }
 
-// ReadManifest (parse and validate) of the committed checkpoint, `runs` times: the median and
-// the manifest's size.
-struct ManifestLoad {
-  double median_s = 0;
-  double p90_s = 0;
+// The committed checkpoint's manifest, `runs` times each: read (ReadManifest: parse and
+// validate) and written (WriteManifest, what a commit does: manifest.pb and manifest.json,
+// each to a temporary name, fsynced and renamed, then the directory fsynced) into a scratch
+// directory beside the checkpoint, on the same file system. Medians and p90s, the manifest's
+// size and chunk count.
+struct ManifestTimes {
+  double load_median_s = 0, load_p90_s = 0;
+  double write_median_s = 0, write_p90_s = 0;
   uint64_t bytes = 0;
   uint64_t chunks = 0;
 };
 
-absl::StatusOr<ManifestLoad> MeasureManifestLoad(const std::string& dir, int runs) {
+std::pair<double, double> MedianP90(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times[std::min(times.size() - 1, times.size() * 9 / 10)]};
+}
+
+absl::StatusOr<ManifestTimes> MeasureManifest(const std::string& dir, int runs) {
   PosixStorage storage;
-  std::vector<double> times;
-  ManifestLoad m;
+  std::vector<double> loads, writes;
+  ManifestTimes m;
+  v1::Manifest manifest;
   for (int i = 0; i < runs; ++i) {
     const absl::Time start = absl::Now();
-    ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifest(storage, dir));
-    times.push_back(absl::ToDoubleSeconds(absl::Now() - start));
-    if (i == 0) {
-      for (const v1::TensorEntry& t : manifest.tensors()) m.chunks += t.chunks_size();
-    }
+    ASSIGN_OR_RETURN(manifest, ReadManifest(storage, dir));
+    loads.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+  }
+  for (const v1::TensorEntry& t : manifest.tensors()) m.chunks += t.chunks_size();
+  const std::string scratch = absl::StrCat(dir, ".manifest-write");
+  MkdirP(scratch);
+  for (int i = 0; i < runs; ++i) {
+    const absl::Time start = absl::Now();
+    RETURN_IF_ERROR(WriteManifest(storage, scratch, manifest));
+    writes.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
   struct stat st;
   if (stat(absl::StrCat(dir, "/manifest.pb").c_str(), &st) == 0) m.bytes = st.st_size;
-  std::sort(times.begin(), times.end());
-  m.median_s = times[times.size() / 2];
-  m.p90_s = times[std::min(times.size() - 1, times.size() * 9 / 10)];
+  std::tie(m.load_median_s, m.load_p90_s) = MedianP90(loads);
+  std::tie(m.write_median_s, m.write_p90_s) = MedianP90(writes);
   return m;
 }
 
@@ -873,9 +888,9 @@ int Main() {
       first = *t;
     }
   }
-  ManifestLoad manifest;
+  ManifestTimes manifest;
   if (rc == 0) {
-    absl::StatusOr<ManifestLoad> m = MeasureManifestLoad(first.checkpoint_dir, 5);
+    absl::StatusOr<ManifestTimes> m = MeasureManifest(first.checkpoint_dir, 5);
     if (!m.ok()) {
       error = m.status().ToString();
       rc = 1;
@@ -913,7 +928,9 @@ int Main() {
       ", \"pins_without_assignment\": ", cached.omitted,
       ", \"full_plans_asked_cached\": ", cached.full_asked, ", \"manifest_bytes\": ",
       manifest.bytes, ", \"manifest_chunks\": ", manifest.chunks, ", \"manifest_load_s\": ",
-      manifest.median_s, ", \"manifest_load_p90_s\": ", manifest.p90_s,
+      manifest.load_median_s, ", \"manifest_load_p90_s\": ", manifest.load_p90_s,
+      ", \"manifest_write_s\": ", manifest.write_median_s, ", \"manifest_write_p90_s\": ",
+      manifest.write_p90_s,
       ", \"rss_kib_registered\": ",
       registered.rss_kib, ", \"hwm_kib_after_first\": ", after_first.hwm_kib,
       ", \"hwm_kib_after_cached\": ", after_cached.hwm_kib, ", \"rss_kib_after_cached\": ",

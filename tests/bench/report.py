@@ -71,7 +71,9 @@ bench_rank.py / tessera-plan-load / tessera-llama-trainer:
            of the last SubmitLocalPlan -> last PIN received (validated, persisted to RocksDB,
            delivered); cached = the same for the next save with identical plans, which the
            agents submit as fingerprints and whose PINs leave the assignments out; RSS = the
-           coordinator's VmHWM; manifest load = ReadManifest of the committed checkpoint.
+           coordinator's VmHWM; manifest load = ReadManifest of the committed checkpoint;
+           manifest write = WriteManifest of it as a commit writes it (manifest.pb and
+           manifest.json, fsync, rename, directory fsync), into a directory beside it.
            Each configuration's figures are the median (and p90) of its runs. No baseline:
            the targets are absolute (issue 15); the sweep's rank counts are not judged.
 """
@@ -693,6 +695,12 @@ def plan_rows(raw):
                 ("< %s" % fmt_s(t[3]) if judged and t[3] else "-") + suffix,
                 load < t[3] if judged and t[3] else None),
         ]
+        if all("manifest_write_s" in x for x in xs):  # runs of a load tool that measures it
+            _, write_text = stat("manifest_write_s")
+            rows.append(Row("5 manifest write, %s" % scale, write_text,
+                            "(WriteManifest as a commit does: manifest.pb and manifest.json, "
+                            "each fsynced and renamed, then the directory; median of 5 per run)",
+                            None, "-" + suffix, None))
     return rows
 
 

@@ -34,8 +34,9 @@
 #              the odd ranks' "node" is then lost and they restore on a new one from their
 #              buddies' copies, vs loopback TCP bandwidth (link_bw.py)
 #   5 plan     fake agents (in worker processes) through a real coordinator over gRPC: first
-#              and cached plan time, coordinator peak RSS (VmHWM), manifest size and load time;
-#              1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at 300 shards
+#              and cached plan time, coordinator peak RSS (VmHWM), manifest size, load and
+#              write time; 1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at
+#              300 shards
 #   6 gpu      only where nvidia-smi sees a GPU (else a "skipped: no GPU" row)
 #   7 llama    the quickstart's llama-like model (examples/llama_trainer_main.cc, the C++
 #              client) with the distributed optimizer (DP slices, replicated params hashed):
