@@ -249,32 +249,37 @@ std::optional<MeshLayout> AgentRegistry::JobLayout(const std::string& job_id) co
   return job->second.layout;
 }
 
+const AgentRegistry::Job* AgentRegistry::JobLocked(const std::string& job_id) const {
+  auto job = jobs_.find(job_id);
+  return job == jobs_.end() ? nullptr : &job->second;
+}
+
+const v1::RegisterAgentRequest* AgentRegistry::RegistrationOf(const Job* job, uint32_t rank) {
+  if (job == nullptr) return nullptr;
+  auto agent = job->agents.find(rank);
+  return agent == job->agents.end() ? nullptr : &agent->second.registration;
+}
+
 std::optional<v1::RegisterAgentRequest> AgentRegistry::Get(const std::string& job_id,
                                                            uint32_t rank) const {
   absl::MutexLock lock(&mu_);
-  auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return std::nullopt;
-  auto agent = job->second.agents.find(rank);
-  if (agent == job->second.agents.end()) return std::nullopt;
-  return agent->second.registration;
+  const v1::RegisterAgentRequest* registration = RegistrationOf(JobLocked(job_id), rank);
+  if (registration == nullptr) return std::nullopt;
+  return *registration;
 }
 
 std::vector<NodeBudget> AgentRegistry::NodeBudgets(const std::string& job_id,
                                                    uint32_t world) const {
   std::vector<NodeBudget> nodes(world);
   absl::MutexLock lock(&mu_);
-  auto job = jobs_.find(job_id);
+  const Job* job = JobLocked(job_id);
   for (uint32_t r = 0; r < world; ++r) {
-    const Agent* agent = nullptr;
-    if (job != jobs_.end()) {
-      auto it = job->second.agents.find(r);
-      if (it != job->second.agents.end()) agent = &it->second;
-    }
-    if (agent == nullptr) {
+    const v1::RegisterAgentRequest* registration = RegistrationOf(job, r);
+    if (registration == nullptr) {
       nodes[r].node_id = absl::StrCat("(rank ", r, ", not registered)");
-      continue;
+    } else {
+      nodes[r] = {registration->node_id(), registration->node_host_ram_budget()};
     }
-    nodes[r] = {agent->registration.node_id(), agent->registration.node_host_ram_budget()};
   }
   return nodes;
 }
@@ -282,16 +287,12 @@ std::vector<NodeBudget> AgentRegistry::NodeBudgets(const std::string& job_id,
 bool AgentRegistry::EveryAgentSays(const std::string& job_id, uint32_t world,
                                    Capability capability) const {
   absl::MutexLock lock(&mu_);
-  auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return false;
+  const Job* job = JobLocked(job_id);
   for (uint32_t r = 0; r < world; ++r) {
-    auto agent = job->second.agents.find(r);
-    if (agent == job->second.agents.end() ||
-        !(agent->second.registration.*capability)()) {
-      return false;
-    }
+    const v1::RegisterAgentRequest* registration = RegistrationOf(job, r);
+    if (registration == nullptr || !(registration->*capability)()) return false;
   }
-  return true;
+  return job != nullptr;
 }
 
 std::vector<std::string> AgentRegistry::Jobs() const {

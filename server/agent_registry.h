@@ -159,6 +159,10 @@ class AgentRegistry {
   absl::StatusOr<Agent*> FindLocked(const std::string& job_id, uint32_t rank,
                                     uint64_t incarnation) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The registration of (job, rank), whatever its incarnation; null if there is none. `job`
+  // may be null (an unknown job): JobLocked's answer.
+  static const v1::RegisterAgentRequest* RegistrationOf(const Job* job, uint32_t rank);
+  const Job* JobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Clock* const clock_;
   const AgentRegistryOptions options_;

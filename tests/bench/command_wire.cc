@@ -4,6 +4,7 @@
 
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/wire_format_lite.h"
 
 namespace tessera {
@@ -11,8 +12,10 @@ namespace {
 
 using google::protobuf::internal::WireFormatLite;
 
-// Copies the fields of `in` to *out, but the length-delimited field `take`, whose bytes go to
-// *taken (*found says whether it was there). False if `in` does not parse.
+// Copies the fields of `in` to *out, but the length-delimited field `take`, whose bytes are
+// appended to *taken: a message field that occurs more than once on the wire is merged, and
+// the concatenation of its occurrences parses as that merge. Returns whether `in` parses;
+// *found says whether `take` occurred.
 bool SplitField(absl::string_view in, int take, std::string* out, std::string* taken,
                 bool* found) {
   google::protobuf::io::CodedInputStream input(reinterpret_cast<const uint8_t*>(in.data()),
@@ -20,11 +23,13 @@ bool SplitField(absl::string_view in, int take, std::string* out, std::string* t
   google::protobuf::io::StringOutputStream sink(out);
   google::protobuf::io::CodedOutputStream output(&sink);
   *found = false;
+  std::string occurrence;
   while (const uint32_t tag = input.ReadTag()) {
     if (WireFormatLite::GetTagFieldNumber(tag) == take &&
         WireFormatLite::GetTagWireType(tag) == WireFormatLite::WIRETYPE_LENGTH_DELIMITED) {
       uint32_t length = 0;
-      if (!input.ReadVarint32(&length) || !input.ReadString(taken, length)) return false;
+      if (!input.ReadVarint32(&length) || !input.ReadString(&occurrence, length)) return false;
+      taken->append(occurrence);
       *found = true;
       continue;
     }
@@ -33,25 +38,33 @@ bool SplitField(absl::string_view in, int take, std::string* out, std::string* t
   return input.ConsumedEntireMessage() && !output.HadError();
 }
 
+absl::Status Corrupt(absl::string_view why) {
+  return absl::DataLossError(absl::StrCat("a Command that does not parse: ", why));
+}
+
 }  // namespace
 
 absl::Status ParseCommandKeepingAssignment(absl::string_view wire, v1::Command* command,
                                            std::string* assignment) {
-  const absl::Status corrupt = absl::DataLossError("a Command that does not parse");
   std::string rest, pin, pin_rest;
   bool is_pin = false;
   assignment->clear();
   // `rest` is complete once SplitField returns (its output stream is flushed and gone).
   if (!SplitField(wire, v1::Command::kPinFieldNumber, &rest, &pin, &is_pin) ||
       !command->ParseFromString(rest)) {
-    return corrupt;
+    return Corrupt("malformed");
   }
   if (!is_pin) return absl::OkStatus();
+  // Which member of the oneof came last on the wire is lost once the PIN is taken out; the
+  // coordinator never sends two.
+  if (command->body_case() != v1::Command::BODY_NOT_SET) {
+    return Corrupt("a PIN beside another command of the oneof");
+  }
   bool has_assignment = false;  // *assignment stays empty without one
   if (!SplitField(pin, v1::PinCommand::kAssignmentFieldNumber, &pin_rest, assignment,
                   &has_assignment) ||
       !command->mutable_pin()->ParseFromString(pin_rest)) {
-    return corrupt;
+    return Corrupt("malformed PIN");
   }
   return absl::OkStatus();
 }

@@ -24,8 +24,10 @@ namespace tessera {
 // whose bytes go to *assignment (empty if it has none, or if the command is not a PIN).
 // Every other field is parsed by v1::Command itself, so this follows the protocol as it
 // changes. Parsing *assignment as a v1::RankAssignment gives the assignment v1::Command would
-// have parsed.
-// Errors: DataLoss if `wire` is not a well-formed Command.
+// have parsed (occurrences of a repeated PIN or assignment field are merged, as protobuf
+// merges them).
+// Errors: DataLoss if `wire` is not a well-formed Command, or holds a PIN beside another
+// member of Command.body (which of them came last is not kept; the coordinator sends one).
 absl::Status ParseCommandKeepingAssignment(absl::string_view wire, v1::Command* command,
                                            std::string* assignment);
 

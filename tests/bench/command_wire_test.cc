@@ -85,6 +85,36 @@ TEST(CommandWireTest, OtherCommands_ParsedWhole) {
   EXPECT_TRUE(assignment.empty());
 }
 
+TEST(CommandWireTest, PinTwiceOnTheWire_AssignmentsMerged) {
+  v1::Command first = Pin(/*with_assignment=*/true);
+  v1::Command second;
+  second.mutable_pin()->mutable_assignment()->add_writes()->set_key("model/b");
+  const std::string wire = first.SerializeAsString() + second.SerializeAsString();
+  v1::Command expected;
+  ASSERT_TRUE(expected.ParseFromString(wire));  // what protobuf makes of it: a merge
+
+  v1::Command got;
+  std::string assignment;
+  ASSERT_TRUE(ParseCommandKeepingAssignment(wire, &got, &assignment).ok());
+  v1::RankAssignment parsed;
+  ASSERT_TRUE(parsed.ParseFromString(assignment));
+  EXPECT_EQ(parsed.SerializeAsString(), expected.pin().assignment().SerializeAsString());
+  EXPECT_EQ(parsed.writes_size(), 2);
+  expected.mutable_pin()->clear_assignment();
+  EXPECT_EQ(got.SerializeAsString(), expected.SerializeAsString());
+}
+
+TEST(CommandWireTest, PinBesideAnotherCommand_DataLoss) {
+  v1::Command persist;
+  persist.mutable_persist()->set_tmp_dir("/ckpt/t");
+  const std::string wire =
+      Pin(/*with_assignment=*/false).SerializeAsString() + persist.SerializeAsString();
+  v1::Command got;
+  std::string assignment;
+  EXPECT_EQ(ParseCommandKeepingAssignment(wire, &got, &assignment).code(),
+            absl::StatusCode::kDataLoss);
+}
+
 TEST(CommandWireTest, Truncated_DataLoss) {
   const std::string wire = Pin(/*with_assignment=*/true).SerializeAsString();
   v1::Command got;

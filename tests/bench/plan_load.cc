@@ -41,6 +41,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -62,8 +63,8 @@
 #include "common/layout.h"
 #include "common/plan_fingerprint.h"
 #include "common/program.h"
-#include "common/strand.h"
 #include "common/status.h"
+#include "common/strand.h"
 #include "common/tensor_key.h"
 #include "format/manifest_io.h"
 #include "server/testing/llama_plans.h"
@@ -224,6 +225,9 @@ class FakeAgent {
                                             &reader_);
     reader_.StartWriteLast(&commands_request_, grpc::WriteOptions());
     reader_.StartRead(&reader_.buffer);
+    // Reads are also started on the pool, outside the reactions: a hold until no read will
+    // follow (Reader::StopReading), as gRPC requires it to be taken before StartCall.
+    reader_.AddHold();
     reader_.StartCall();
   }
 
@@ -245,7 +249,8 @@ class FakeAgent {
   // Prepared SubmitLocalPlan requests (built before the clock starts): the full plan, and the
   // fingerprint-only one a real agent sends once it holds the plan's assignment
   // (agent/save_core.h R10).
-  void SetPlan(std::vector<v1::ShardDesc> shards) {
+  void SetPlan(std::vector<v1::ShardDesc> shards) ABSL_LOCKS_EXCLUDED(submit_mu_) {
+    absl::MutexLock lock(&submit_mu_);
     shards_ = std::move(shards);
     submit_.set_job_id(job_);
     submit_.set_rank(rank_);
@@ -256,7 +261,8 @@ class FakeAgent {
     for (const v1::ShardDesc& s : shards_) *submit_.add_shards() = s;
   }
 
-  absl::StatusOr<std::string> Submit(int64_t step) {
+  absl::StatusOr<std::string> Submit(int64_t step) ABSL_LOCKS_EXCLUDED(submit_mu_) {
+    absl::MutexLock lock(&submit_mu_);  // a SEND_PLAN handled meanwhile waits
     const uint64_t held = absl::GetFlag(FLAGS_fingerprints) ? held_plan_.load() : 0;
     const bool slim = held != 0;
     v1::SubmitLocalPlanRequest& request = slim ? slim_ : submit_;
@@ -288,7 +294,8 @@ class FakeAgent {
     return response;
   }
 
-  void Handle(const v1::Command& command) {
+  // Handles a command. `assignment`: a PIN's assignment as it arrived (taken if it is kept).
+  void Handle(const v1::Command& command, std::string* assignment) {
     if (command.session_id() == last_session_ && command.seq() <= last_seq_) return;  // replay
     last_session_ = command.session_id();
     last_seq_ = command.seq();
@@ -304,7 +311,7 @@ class FakeAgent {
             break;
           }
         } else {
-          assignment_bytes_ = std::move(reader_.assignment);
+          assignment_bytes_ = std::move(*assignment);
           assignment_parsed_ = false;
           held_plan_ = pin.plan_fingerprint();
         }
@@ -337,6 +344,7 @@ class FakeAgent {
       }
       case v1::Command::kSendPlan: {
         ++progress_->full_plans_asked;
+        absl::MutexLock lock(&submit_mu_);
         submit_.set_step(command.step());
         submit_.set_held_plan_fingerprint(held_plan_.load());
         absl::StatusOr<v1::SubmitLocalPlanResponse> r = SubmitRequest(submit_);
@@ -465,33 +473,34 @@ class FakeAgent {
   Progress* const progress_;
   const uint64_t incarnation_;
   std::vector<v1::ShardDesc> shards_;
-  v1::SubmitLocalPlanRequest submit_;  // the submitting thread's, or the reader's on SEND_PLAN
-  v1::SubmitLocalPlanRequest slim_;
+  // Submissions: the submitting thread's (Submit), or the command handler's on SEND_PLAN.
+  absl::Mutex submit_mu_;
+  v1::SubmitLocalPlanRequest submit_ ABSL_GUARDED_BY(submit_mu_);
+  v1::SubmitLocalPlanRequest slim_ ABSL_GUARDED_BY(submit_mu_);
   std::atomic<uint64_t> held_plan_{0};  // PinCommand.plan_fingerprint of the assignment held
-  // Used by the reader thread only.
+  // Used by Handle only, which runs for one command at a time (one read in flight), on gRPC's
+  // callback thread or the pool; the main thread reads the last two in AckPin once every PIN
+  // has been counted under progress_->mu.
   std::string last_session_;
   uint64_t last_seq_ = 0;
   std::string assignment_bytes_;  // of the PIN received last, as it arrived
   bool assignment_parsed_ = false;
   v1::RankAssignment assignment_;  // assignment_bytes_, parsed (Assignment())
-  std::string pinned_session_;  // written by the reader before the PIN is counted
+  std::string pinned_session_;  // written before the PIN is counted
   bool copy_when_pinned_ = false;  // likewise
-  // The Commands stream: one read in flight at a time, so an agent's commands are handled in
-  // order. A PIN (and every command that needs no RPC) is handled on gRPC's callback thread;
-  // the others on the worker's pool, which starts the next read once it is done.
   // The stream is opened as a generic call (the request written once, then half-closed, as
   // a server-streaming call is on the wire) so that each message arrives as bytes for
-  // ParseCommandKeepingAssignment.
+  // ParseCommandKeepingAssignment. One read is in flight at a time, so an agent's commands are
+  // handled in order, each after the one before, whichever thread runs it.
   struct Reader : grpc::ClientBidiReactor<v1::CommandsRequest, grpc::ByteBuffer> {
     FakeAgent* agent = nullptr;
     grpc::ByteBuffer buffer;
     v1::Command command;     // the message read last, without a PIN's assignment
     std::string assignment;  // the PIN's assignment, as bytes
-
     absl::Notification done;
 
     void OnReadDone(bool ok) override {
-      if (!ok) return;  // the stream ended: OnDone follows
+      if (!ok) return StopReading();  // the stream ended: OnDone follows
       grpc::Slice slice;
       absl::Status parsed =
           buffer.DumpToSingleSlice(&slice).ok()
@@ -502,24 +511,31 @@ class FakeAgent {
               : absl::DataLossError("a Command that cannot be read");
       if (!parsed.ok()) {
         agent->progress_->Fail(absl::StrCat("rank ", agent->rank_, ": ", parsed.ToString()));
-        return;  // reads no more; the main thread sees the failure
+        return StopReading();  // the main thread sees the failure
       }
-      if (!NeedsRpc(command)) {
-        agent->Handle(command);
+      if (HandledInline(command)) {
+        agent->Handle(command, &assignment);
         StartRead(&buffer);
         return;
       }
-      AddHold();  // the next read starts outside this reaction: OnDone must wait for it
       agent->pool_->Post([this] {
-        agent->Handle(command);
+        agent->Handle(command, &assignment);
         StartRead(&buffer);
-        RemoveHold();
       });
     }
-    void OnDone(const grpc::Status&) override { done.Notify(); }
+    void OnDone(const grpc::Status& status) override {
+      if (!status.ok() && status.error_code() != grpc::StatusCode::CANCELLED) {
+        agent->progress_->Fail(absl::StrCat("rank ", agent->rank_, ": Commands stream: ",
+                                            status.error_message()));
+      }
+      done.Notify();
+    }
+    void StopReading() { RemoveHold(); }
 
-    static bool NeedsRpc(const v1::Command& c) {
-      return c.has_copy() || c.has_gather() || c.has_persist() || c.has_send_plan();
+    // Commands handled on gRPC's callback thread: those whose handling makes no RPC (a
+    // reaction must not block). Every other one goes to the pool.
+    static bool HandledInline(const v1::Command& c) {
+      return c.has_pin() || c.has_committed() || c.has_abort();
     }
   };
 
@@ -622,6 +638,9 @@ struct Config {
     channels.push_back(
         grpc::CreateCustomChannel(config.target, grpc::InsecureChannelCredentials(), args));
   }
+  // The commands that make RPCs (all but PIN, COMMITTED and ABORT: Reader::HandledInline) run
+  // here. Declared before the agents, so it outlives their streams.
+  ThreadPool command_pool(std::max(1, config.threads));
   std::vector<std::unique_ptr<FakeAgent>> agents;
   for (uint32_t r = begin; r < end; ++r) {
     agents.push_back(std::make_unique<FakeAgent>(config.job, r, config.layout, config.mesh,
@@ -635,8 +654,6 @@ struct Config {
     if (!s.ok()) progress.Fail(absl::StrCat("rank ", begin + i, ": RegisterAgent: ", s.ToString()));
     if (ms > 0) heartbeat_ms = ms;
   });
-  // Commands that need RPCs (COPY, GATHER, PERSIST, SEND_PLAN) run here; PINs do not.
-  ThreadPool command_pool(std::max(1, config.threads));
   for (auto& a : agents) a->OpenStream(&command_pool);
   // Heartbeats keep the leases alive for the whole run (the worker ends with _Exit). Their
   // period is the protocol's heartbeat interval, not a wait for an event: this is the one
@@ -789,12 +806,15 @@ absl::StatusOr<ManifestTimes> MeasureManifest(const std::string& dir, int runs) 
     loads.push_back(absl::ToDoubleSeconds(absl::Now() - start));
   }
   for (const v1::TensorEntry& t : manifest.tensors()) m.chunks += t.chunks_size();
-  const std::string scratch = absl::StrCat(dir, ".manifest-write");
-  MkdirP(scratch);
-  for (int i = 0; i < runs; ++i) {
+  for (int i = 0; i < runs; ++i) {  // each into a new directory, as a commit writes it
+    const std::string scratch = absl::StrCat(dir, ".manifest-write-", i);
+    MkdirP(scratch);
     const absl::Time start = absl::Now();
-    RETURN_IF_ERROR(WriteManifest(storage, scratch, manifest));
+    absl::Status written = WriteManifest(storage, scratch, manifest);
     writes.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    std::error_code ignored;  // a scratch directory left behind changes no figure
+    std::filesystem::remove_all(scratch, ignored);
+    RETURN_IF_ERROR(written);
   }
   struct stat st;
   if (stat(absl::StrCat(dir, "/manifest.pb").c_str(), &st) == 0) m.bytes = st.st_size;

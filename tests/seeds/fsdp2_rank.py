@@ -446,7 +446,8 @@ def exit_after_checks():
     process ("terminate called without an active exception", "<no Python frame>", exit 134)
     after every check has printed its verdict. It did in 2 of 7 runs of this test on the 2-core
     VM, on either rank, in train and in load mode, with a barrier before the destroy. The
-    tessera client is closed before this (main() drops it), so its own teardown still runs."""
+    tessera client (a local of main(); it has no close()) is freed when main() returns, and
+    gc.collect() frees it if a cycle held it, so its own teardown still runs before this."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
