@@ -2,9 +2,9 @@
 
 #include <cstdint>
 
+#include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
-#include "absl/strings/str_cat.h"
 #include "google/protobuf/wire_format_lite.h"
 
 namespace tessera {
@@ -15,14 +15,14 @@ using google::protobuf::internal::WireFormatLite;
 // Copies the fields of `in` to *out, but the length-delimited field `take`, whose bytes are
 // appended to *taken: a message field that occurs more than once on the wire is merged, and
 // the concatenation of its occurrences parses as that merge. Returns whether `in` parses;
-// *found says whether `take` occurred.
+// *found (if not null) says whether `take` occurred.
 bool SplitField(absl::string_view in, int take, std::string* out, std::string* taken,
-                bool* found) {
+                bool* found = nullptr) {
   google::protobuf::io::CodedInputStream input(reinterpret_cast<const uint8_t*>(in.data()),
                                                static_cast<int>(in.size()));
   google::protobuf::io::StringOutputStream sink(out);
   google::protobuf::io::CodedOutputStream output(&sink);
-  *found = false;
+  if (found != nullptr) *found = false;
   std::string occurrence;
   while (const uint32_t tag = input.ReadTag()) {
     if (WireFormatLite::GetTagFieldNumber(tag) == take &&
@@ -30,7 +30,7 @@ bool SplitField(absl::string_view in, int take, std::string* out, std::string* t
       uint32_t length = 0;
       if (!input.ReadVarint32(&length) || !input.ReadString(&occurrence, length)) return false;
       taken->append(occurrence);
-      *found = true;
+      if (found != nullptr) *found = true;
       continue;
     }
     if (!WireFormatLite::SkipField(&input, tag, &output)) return false;
@@ -60,9 +60,8 @@ absl::Status ParseCommandKeepingAssignment(absl::string_view wire, v1::Command* 
   if (command->body_case() != v1::Command::BODY_NOT_SET) {
     return Corrupt("a PIN beside another command of the oneof");
   }
-  bool has_assignment = false;  // *assignment stays empty without one
-  if (!SplitField(pin, v1::PinCommand::kAssignmentFieldNumber, &pin_rest, assignment,
-                  &has_assignment) ||
+  // *assignment stays empty if the PIN has none.
+  if (!SplitField(pin, v1::PinCommand::kAssignmentFieldNumber, &pin_rest, assignment) ||
       !command->mutable_pin()->ParseFromString(pin_rest)) {
     return Corrupt("malformed PIN");
   }
