@@ -343,6 +343,7 @@ int main(int argc, char** argv) {
   loader_options.memory = memory;
   if (memory_on) loader_options.buddies = &buddy_store;
   loader_options.node_id = node.empty() ? Hostname() : node;
+  loader_options.job_id = job;
   if (memory != nullptr) {
     // The caller's identity and `step`, as every memory-tier query to the coordinator names it.
     auto query = [&job, urank, incarnation](auto& request, int64_t step) {

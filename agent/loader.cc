@@ -100,7 +100,7 @@ uint64_t Loader::MaxFetchBytes() const {
 absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& reader,
                                                     const std::vector<ReadRequest>& reads,
                                                     const MemoryCopies& copies,
-                                                    bool client_verifies) {
+                                                    bool client_verifies, bool client_fetches) {
   ASSIGN_OR_RETURN(const std::string file, reader.ContiguousFile(reads));
   RETURN_IF_ERROR(copies.status());
   // A copy on this node (a peer's region, or one this agent holds as a buddy) is read where it
@@ -115,6 +115,21 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
   }
   const uint64_t file_size = FileSizes(reader, {file})[file];
   const absl::Time start = absl::Now();
+  if (client_fetches && client_verifies) {
+    // The trainer reads the copy from its holder: only located here, nothing read.
+    for (const v1::MemoryCopy* copy : remote) {
+      if (copy->bulk_address().empty() || !CheckRemoteCopySize(*copy, file_size).ok()) continue;
+      absl::StatusOr<Staged> staged =
+          Locate(reader, reads, file, ResidentBytes{copy->file_offset(), nullptr, copy->nbytes()},
+                 /*client_verifies=*/true);
+      if (!staged.ok()) return staged.status();
+      staged->staging_time = absl::Now() - start;
+      staged->shm_size = copy->nbytes();
+      staged->fetched_from_peers = staged->stats.bytes_from_memory;  // the blocks it will read
+      staged->client_fetch = *copy;
+      return staged;
+    }
+  }
   for (const v1::MemoryCopy* copy : remote) {
     absl::StatusOr<std::vector<StagingSlot>> region = absl::UnknownError("not acquired");
     absl::Time fetch_start = absl::InfiniteFuture();
@@ -155,13 +170,13 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
 absl::StatusOr<Loader::Staged> Loader::Locate(const CheckpointReader& reader,
                                               const std::vector<ReadRequest>& reads,
                                               const std::string& file,
-                                              const ResidentBytes& resident,
-                                              bool client_verifies, char* writable) {
+                                              const ResidentBytes& resident, bool client_verifies,
+                                              char* writable) {
   Staged staged;
   if (writable != nullptr) {
-    ASSIGN_OR_RETURN(staged.results, reader.RepairInMemory(reads, file, writable,
-                                                           resident.file_offset, resident.size,
-                                                           &staged.stats));
+    ASSIGN_OR_RETURN(staged.results,
+                     reader.RepairInMemory(reads, file, writable, resident.file_offset,
+                                           resident.size, &staged.stats));
   } else {
     ASSIGN_OR_RETURN(staged.results,
                      reader.LocateInMemory(reads, file, resident, &staged.stats,
@@ -176,11 +191,10 @@ absl::StatusOr<Loader::Staged> Loader::StageInPlace(const CheckpointReader& read
                                                     const std::vector<ReadRequest>& reads,
                                                     HeldCheckpoint& held, bool client_verifies) {
   const ResidentCheckpoint& resident = held.checkpoint;
-  ASSIGN_OR_RETURN(
-      Staged staged,
-      Locate(reader, reads, resident.file,
-             ResidentBytes{resident.file_offset, resident.region.data, resident.nbytes},
-             client_verifies));
+  ASSIGN_OR_RETURN(Staged staged, Locate(reader, reads, resident.file,
+                                         ResidentBytes{resident.file_offset, resident.region.data,
+                                                       resident.nbytes},
+                                         client_verifies));
   staged.shm_name = resident.region.name;
   staged.shm_size = resident.region.capacity;
   staged.hold = std::move(held.hold);
@@ -330,7 +344,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   if (held.has_value()) {
     staged = StageInPlace(**reader, reads, *held, request.client_verifies());
   } else if (options_.fetch_copy) {
-    staged = StageFetched(**reader, reads, find_copies(), request.client_verifies());
+    staged = StageFetched(**reader, reads, find_copies(), request.client_verifies(),
+                          request.client_fetches());
   }
   if (!staged.ok() && held.has_value()) {
     LogInfo("load ", response.load_id(), " step=", step, ": copying, not served in place (",
@@ -367,6 +382,10 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
     check->set_length(block.length);
     check->set_xxh3(block.xxh3);
   }
+  if (staged->client_fetch.has_value()) {
+    response.mutable_fetch()->set_job_id(options_.job_id);
+    *response.mutable_fetch()->mutable_copy() = *staged->client_fetch;
+  }
   current_load_ = response.load_id();
   // One line per load, split where the time goes: opening (manifest), staging (making the load
   // region, finding and fetching copies; none in place), then the reads (bandwidth over the
@@ -378,6 +397,9 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   LogInfo("load ", response.load_id(), " step=", step,
           response.memory_only() ? " memory_only=1" : "", " shards=", request.shards_size(),
           " in_place=", in_place ? 1 : 0,
+          staged->client_fetch.has_value()
+              ? absl::StrCat(" client_fetches_from=", staged->client_fetch->bulk_address())
+              : "",
           " unverified_blocks=", staged->unverified.size(), " bytes=", stats.bytes_copied,
           " read_bytes=", stats.bytes_read, " memory_bytes=", stats.bytes_from_memory,
           " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,

@@ -18,8 +18,10 @@
 // load holds the region until ReleaseLoad (no save writes a held region). Likewise on a node
 // that replaced a lost one: when that file is held by an agent on another node only (a
 // buddy), it is read whole into a new load region and served there, verified where it lies
-// (or listed, as above). Otherwise — another layout, other files, a block that does not
-// match — the load takes the copying path above.
+// (or listed, as above) — or, for a trainer that reads it itself (LoadRequest.client_fetches),
+// not read here at all: the response names the copy and its holder (LoadResponse.fetch) and
+// lists its blocks for the trainer to check as it receives them. Otherwise — another layout, other
+// files, a block that does not match — the load takes the copying path above.
 //
 // Memory-only checkpoints (DESIGN.md "Memory-only saves"): the manifest comes from the
 // coordinator (LoaderOptions::memory_manifest), and every byte from memory copies — in place or
@@ -76,6 +78,9 @@ struct LoaderOptions {
   // Most bytes one load reads from other nodes' copies (they sit in this agent's heap until
   // the load's reads are done). Default: 0, meaning the load staging pool's budget.
   uint64_t max_fetch_bytes = 0;
+  // The job whose checkpoints this agent loads, as a holder's bulk port is asked for its
+  // copies by a trainer that fetches them itself (LoadResponse.fetch). Default: "".
+  std::string job_id;
 };
 
 class Loader {
@@ -131,6 +136,9 @@ class Loader {
     absl::Duration staging_time;
     // Of staging_time, a fetch in place's transfer alone (after its load region was made).
     absl::Duration fetch_time;
+    // Fetched by the trainer (LoadRequest.client_fetches): the copy on another node it reads
+    // the load's bytes from; no region, offsets and `unverified` from the copy's first byte.
+    std::optional<v1::MemoryCopy> client_fetch;
   };
 
   // The job's memory copies of a load's checkpoint (LoaderOptions::find_copies), or why not.
@@ -171,9 +179,13 @@ class Loader {
   // FailedPrecondition if it does not apply or no holder could send it; LocateInMemory's
   // (the region is then released and the copying path serves the load, fetching again);
   // Acquire's.
+  // With `client_fetches` (the trainer reads it itself; implies `client_verifies`), a holder
+  // with a bulk port is not read here: the copy is located (LocateInMemory, listing its
+  // blocks, reading nothing) and named (Staged::client_fetch), no region made.
   absl::StatusOr<Staged> StageFetched(const CheckpointReader& reader,
                                       const std::vector<ReadRequest>& reads,
-                                      const MemoryCopies& copies, bool client_verifies);
+                                      const MemoryCopies& copies, bool client_verifies,
+                                      bool client_fetches);
 
   // Reads into `view` the copies held on other nodes of the files `reads` need and `view`
   // lacks (options_.fetch_copy). Returns the bytes read.

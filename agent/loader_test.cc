@@ -409,22 +409,19 @@ TEST_F(LoaderMemoryTierTest, Load_PeerOnAnotherNodeOrCoordinatorDown_EveryByteFr
   LoaderOptions options;
   options.node_id = "node-a";
   options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-    return PeerCopy("node-b");
-  };
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-b"); };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
-  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies =
+      [&](int64_t, const std::string&,
+          const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     return absl::UnavailableError("coordinator down");
   };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
   // The peer's region is gone (its agent died): disk too.
   options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-    return PeerCopy("node-a");
-  };
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-a"); };
   save_pool_->ReleaseAll();
   region_ = ResidentRegion();
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
@@ -437,11 +434,8 @@ class LoaderFetchTest : public LoaderMemoryTierTest {
   LoaderOptions FetchOptions() {
     LoaderOptions options;
     options.node_id = "node-a";
-    options.find_copies =
-        [this](int64_t, const std::string&,
-               const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-      return RemoteCopy();
-    };
+    options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&)
+        -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return RemoteCopy(); };
     options.fetch_copy = [this](const v1::MemoryCopy& copy, char* dest) {
       ++fetches_;
       EXPECT_EQ(copy.nbytes(), file_size_);
@@ -519,6 +513,65 @@ TEST_F(LoaderFetchTest, Load_ClientVerifies_FetchedOnceBlocksListed) {
   loader.Release(response->load_id());
 }
 
+TEST_F(LoaderFetchTest, Load_ClientFetches_TheCopyNamedNothingReadNoRegion) {
+  LoaderOptions options = FetchOptions();
+  options.job_id = "job-7";
+  options.find_copies =
+      [this](int64_t, const std::string&,
+             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    std::vector<v1::MemoryCopy> copies = RemoteCopy();
+    copies[0].set_bulk_address("node-b:7002");
+    return copies;
+  };
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+  loader.SetJobDir(job_dir_);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  request.set_client_fetches(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 0);
+  EXPECT_EQ(pool_->regions_created(), 0u);
+  EXPECT_EQ(response->shm_name(), "");
+  EXPECT_EQ(response->fetch().job_id(), "job-7");
+  EXPECT_EQ(response->fetch().copy().bulk_address(), "node-b:7002");
+  EXPECT_EQ(response->fetch().copy().file(), RemoteCopy()[0].file());
+  EXPECT_EQ(response->shm_size(), file_size_);
+  // Offsets from the copy's first byte, every block of the slot listed for the trainer.
+  ASSERT_EQ(response->slots_size(), 1);
+  EXPECT_EQ(response->slots(0).offset(), first_chunk_offset_);
+  ASSERT_EQ(response->unverified_blocks_size(), static_cast<int>(kTensorBytes / 4096));
+  EXPECT_EQ(response->unverified_blocks(0).offset(), first_chunk_offset_);
+  // The trainer reads the blocks it checks, not the whole copy.
+  EXPECT_EQ(response->bytes_fetched_from_peers(), kTensorBytes);
+  EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
+  EXPECT_EQ(response->bytes_from_disk(), 0u);
+  loader.Release(response->load_id());
+
+  // The trainer's retry when its fetch or check fails (Client::Load): the agent fetches.
+  request.set_client_fetches(false);
+  response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_FALSE(response->has_fetch());
+  EXPECT_EQ(pool_->regions_created(), 1u);
+  loader.Release(response->load_id());
+}
+
+TEST_F(LoaderFetchTest, Load_ClientFetchesButTheHolderHasNoBulkPort_FetchedHere) {
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, FetchOptions());
+  loader.SetJobDir(job_dir_);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  request.set_client_fetches(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_FALSE(response->has_fetch());
+  EXPECT_NE(response->shm_name(), "");
+  loader.Release(response->load_id());
+}
+
 TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {
   // Not one run of the file: the copying path alone fetches it (into this agent's heap).
   const v1::LoadResponse response = LoadAll(FetchOptions(), Box{{0, 512}, {256, 512}});
@@ -530,8 +583,9 @@ TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {
 
 TEST_F(LoaderFetchTest, Load_AlsoHeldOnThisNode_ReadFromThereNotFetched) {
   LoaderOptions options = FetchOptions();
-  options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies =
+      [this](int64_t, const std::string&,
+             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     std::vector<v1::MemoryCopy> copies = RemoteCopy();
     copies.push_back(PeerCopy("node-a")[0]);
     return copies;

@@ -6,95 +6,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/bulk_wire.h"
 #include "common/log.h"
-#include "google/protobuf/message_lite.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera {
-namespace {
-
-// The largest message a side accepts (peer.proto "Bulk transfers").
-constexpr uint32_t kMaxFrameBytes = 64 << 10;
-
-// A message as u32 length (little-endian) and its bytes.
-absl::Status SendFrame(const TcpSocket& socket, const google::protobuf::MessageLite& message,
-                       absl::Time deadline) {
-  const std::string body = message.SerializeAsString();
-  const uint32_t n = static_cast<uint32_t>(body.size());
-  std::string frame = {static_cast<char>(n), static_cast<char>(n >> 8), static_cast<char>(n >> 16),
-                       static_cast<char>(n >> 24)};
-  frame += body;
-  return socket.SendAll(frame.data(), frame.size(), deadline);
-}
-
-absl::Status RecvFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
-                       absl::Time deadline) {
-  unsigned char length[4];
-  if (absl::Status got = socket.RecvAll(reinterpret_cast<char*>(length), 4, deadline); !got.ok()) {
-    return got;
-  }
-  const uint32_t n = length[0] | length[1] << 8 | length[2] << 16 | uint32_t{length[3]} << 24;
-  if (n > kMaxFrameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a ", message->GetTypeName(), " of ", n,
-                                                   " bytes from ", socket.peer(), " (at most ",
-                                                   kMaxFrameBytes, ")"));
-  }
-  std::string body(n, '\0');
-  if (absl::Status got = socket.RecvAll(body.data(), n, deadline); !got.ok()) return got;
-  if (!message->ParseFromString(body)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed ", message->GetTypeName(), " from ", socket.peer()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status SendStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,
-                        absl::Time deadline) {
-  v1::BulkStatus message;
-  message.set_code(static_cast<int>(status.code()));
-  message.set_message(std::string(status.message()));
-  message.set_nbytes(nbytes);
-  return SendFrame(socket, message, deadline);
-}
-
-// The peer's BulkStatus: its nbytes, or its error (naming `address`).
-absl::StatusOr<uint64_t> RecvStatus(const TcpSocket& socket, const std::string& address,
-                                    absl::Time deadline) {
-  v1::BulkStatus status;
-  if (absl::Status got = RecvFrame(socket, &status, deadline); !got.ok()) return got;
-  if (status.code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(status.code()),
-                        absl::StrCat(status.message(), " (bulk port ", address, ")"));
-  }
-  return status.nbytes();
-}
-
-absl::StatusOr<TcpSocket> Open(const std::string& address, const v1::BulkRequest& request,
-                               absl::Time deadline) {
-  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
-  if (!socket.ok()) return socket.status();
-  if (absl::Status sent = SendFrame(*socket, request, deadline); !sent.ok()) return sent;
-  return socket;
-}
-
-// Bytes [begin, end) of the copy, read from `address` into `dest` (the copy's first byte).
-absl::Status ReadPart(const std::string& address, v1::ReadMemoryCopyRequest request, char* dest,
-                      uint64_t begin, uint64_t end, absl::Time deadline) {
-  v1::BulkRequest wrapped;
-  *wrapped.mutable_read() = std::move(request);
-  absl::StatusOr<TcpSocket> socket = Open(address, wrapped, deadline);
-  if (!socket.ok()) return socket.status();
-  absl::StatusOr<uint64_t> offered = RecvStatus(*socket, address, deadline);
-  if (!offered.ok()) return offered.status();
-  if (*offered != end - begin) {
-    return absl::DataLossError(absl::StrCat(
-        address, " offers ", *offered, " bytes of the memory copy of ", wrapped.read().file(),
-        " where bytes [", begin, ", ", end, ") were asked for"));
-  }
-  return socket->RecvAll(dest + begin, end - begin, deadline);
-}
-
-}  // namespace
 
 absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
                                                     const std::string& peer_listen) {
@@ -183,12 +99,12 @@ void MemoryBulkServer::AcceptLoop() {
 void MemoryBulkServer::Serve(Connection* connection) {
   const TcpSocket& socket = connection->socket;
   v1::BulkRequest request;
-  absl::Status got = RecvFrame(socket, &request, absl::Now() + options_.request_timeout);
+  absl::Status got = RecvBulkFrame(socket, &request, absl::Now() + options_.request_timeout);
   if (got.ok() && request.kind_case() == v1::BulkRequest::KIND_NOT_SET) {
     got = absl::InvalidArgumentError("a BulkRequest with neither a read nor a put");
   }
   if (!got.ok()) {
-    SendStatus(socket, got, 0, absl::Now() + options_.send_timeout).IgnoreError();
+    SendBulkStatus(socket, got, 0, absl::Now() + options_.send_timeout).IgnoreError();
   } else if (request.has_read()) {
     ServeRead(socket, request.read());
   } else {
@@ -205,7 +121,7 @@ void MemoryBulkServer::ServeRead(const TcpSocket& socket,
   const absl::Time deadline = absl::Now() + options_.send_timeout;
   absl::StatusOr<RequestedBytes> found = FindRequestedBytes(job_id_, *tier_, *store_, request);
   absl::Status sent =
-      SendStatus(socket, found.status(), found.ok() ? found->end - found->begin : 0, deadline);
+      SendBulkStatus(socket, found.status(), found.ok() ? found->end - found->begin : 0, deadline);
   if (sent.ok() && found.ok()) {
     sent = socket.SendAll(found->data + found->begin, found->end - found->begin, deadline);
   }
@@ -217,7 +133,7 @@ void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put)
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> room =
       ReserveBuddyCopy(job_id_, *store_, put.job_id(), put.copy());
   absl::Status status =
-      SendStatus(socket, room.status(), room.ok() ? (*room)->size() : 0, deadline);
+      SendBulkStatus(socket, room.status(), room.ok() ? (*room)->size() : 0, deadline);
   if (!room.ok()) return;
   if (status.ok()) status = socket.RecvAll((*room)->data(), (*room)->size(), deadline);
   if (status.ok()) {
@@ -226,7 +142,7 @@ void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put)
             " from rank ", put.copy().writer_rank(), " (", put.copy().nbytes(),
             " bytes over the bulk port)");
     store_->Keep(put.copy(), *std::move(room));
-    status = SendStatus(socket, absl::OkStatus(), put.copy().nbytes(), deadline);
+    status = SendBulkStatus(socket, absl::OkStatus(), put.copy().nbytes(), deadline);
     if (!status.ok()) LogWarning("memory bulk put from ", socket.peer(), ": ", status.ToString());
     return;
   }
@@ -244,7 +160,9 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
   std::vector<absl::Status> results(parts.size());
   auto read = [&](size_t i) {
     const auto [begin, end] = parts[i];
-    results[i] = ReadPart(address, ReadRequest(job, copy, begin, end), dest, begin, end, deadline);
+    absl::StatusOr<TcpSocket> socket = OpenBulkRead(address, job, copy, begin, end, deadline);
+    results[i] = socket.ok() ? socket->RecvAll(dest + begin, end - begin, deadline)
+                             : socket.status();
   };
   std::vector<std::thread> threads;
   for (size_t i = 1; i < parts.size(); ++i) threads.emplace_back(read, i);
@@ -264,9 +182,10 @@ absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& j
   v1::BulkRequest request;
   request.mutable_put()->set_job_id(job);
   *request.mutable_put()->mutable_copy() = copy;
-  absl::StatusOr<TcpSocket> socket = Open(address, request, deadline);
+  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
   if (!socket.ok()) return socket.status();
-  if (absl::StatusOr<uint64_t> room = RecvStatus(*socket, address, deadline); !room.ok()) {
+  if (absl::Status sent = SendBulkFrame(*socket, request, deadline); !sent.ok()) return sent;
+  if (absl::StatusOr<uint64_t> room = RecvBulkStatus(*socket, address, deadline); !room.ok()) {
     return room.status();
   }
   for (uint64_t offset = 0; offset < copy.nbytes();) {
@@ -279,7 +198,7 @@ absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& j
     if (absl::Status sent = socket->SendAll(data + offset, n, deadline); !sent.ok()) return sent;
     offset += n;
   }
-  return RecvStatus(*socket, address, deadline).status();
+  return RecvBulkStatus(*socket, address, deadline).status();
 }
 
 absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,

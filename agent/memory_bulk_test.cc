@@ -11,6 +11,7 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
+#include "common/bulk_wire.h"
 #include "common/tcp_socket.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -99,7 +100,8 @@ class MemoryBulkTest : public ::testing::Test {
     absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
     EXPECT_TRUE(socket.ok()) << socket.status();
     v1::BulkRequest request;
-    *request.mutable_read() = ReadRequest(kJob, Copy("data-00003", held_.size()), 0, held_.size());
+    *request.mutable_read() =
+        MemoryCopyReadRequest(kJob, Copy("data-00003", held_.size()), 0, held_.size());
     const std::string frame = Frame(request.SerializeAsString());
     EXPECT_TRUE(socket->SendAll(frame.data(), frame.size(), Soon()).ok());
     EXPECT_EQ(RecvStatus(*socket).nbytes(), held_.size());

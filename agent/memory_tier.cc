@@ -89,19 +89,23 @@ int AddHeldCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t self_rank,
   return added;
 }
 
-absl::Status ReadRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes,
-                            const CopyDestination& destination, const FetchMemoryCopy& fetch) {
-  absl::Status status;
+absl::Status CheckRemoteCopySize(const v1::MemoryCopy& copy, uint64_t file_size,
+                                 uint64_t max_bytes) {
   if (copy.nbytes() > file_size || copy.file_offset() > file_size - copy.nbytes() ||
       copy.nbytes() > max_bytes) {
-    status = absl::InvalidArgumentError(absl::StrCat(copy.nbytes(), " bytes at ",
-                                                     copy.file_offset(), " (the file has ",
-                                                     file_size, "; ", max_bytes,
-                                                     " may still be read)"));
-  } else if (absl::StatusOr<char*> dest = destination(copy.nbytes()); !dest.ok()) {
-    status = dest.status();
-  } else {
-    status = fetch(copy, *dest);
+    return absl::InvalidArgumentError(absl::StrCat(copy.nbytes(), " bytes at ", copy.file_offset(),
+                                                   " (the file has ", file_size, "; ", max_bytes,
+                                                   " may still be read)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadRemoteCopy(const v1::MemoryCopy& copy, uint64_t file_size, uint64_t max_bytes,
+                            const CopyDestination& destination, const FetchMemoryCopy& fetch) {
+  absl::Status status = CheckRemoteCopySize(copy, file_size, max_bytes);
+  if (status.ok()) {
+    absl::StatusOr<char*> dest = destination(copy.nbytes());
+    status = dest.ok() ? fetch(copy, *dest) : dest.status();
   }
   if (!status.ok()) {
     LogWarning("memory copy of ", copy.file(), " held by rank ", copy.rank(), " on ",

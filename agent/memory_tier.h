@@ -119,6 +119,12 @@ using FetchMemoryCopy = std::function<absl::Status(const v1::MemoryCopy& copy, c
 // Where a copy read from another agent goes: room for `nbytes` bytes, or why not.
 using CopyDestination = std::function<absl::StatusOr<char*>(uint64_t nbytes)>;
 
+// Whether the sizes `copy` claims (not trusted) fit a data file of `file_size` bytes as the
+// manifest implies it, and `max_bytes` a load may still read from other agents.
+// Errors: InvalidArgument naming the sizes.
+absl::Status CheckRemoteCopySize(const v1::MemoryCopy& copy, uint64_t file_size,
+                                 uint64_t max_bytes = UINT64_MAX);
+
 // Reads `copy`, held by another agent, with `fetch` into the memory `destination` gives — once
 // its sizes (not trusted) fit a data file of `file_size` bytes as the manifest implies it and
 // the `max_bytes` a load may still read from other agents, so nothing is allocated for a size

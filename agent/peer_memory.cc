@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "agent/peer/chunk_codec.h"
+#include "common/bulk_wire.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -314,18 +315,6 @@ std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int stream
   return parts;
 }
 
-v1::ReadMemoryCopyRequest ReadRequest(const std::string& job, const v1::MemoryCopy& copy,
-                                      uint64_t begin, uint64_t end) {
-  v1::ReadMemoryCopyRequest request;
-  request.set_job_id(job);
-  request.set_step(copy.step());
-  request.set_session_id(copy.session_id());
-  request.set_file(copy.file());
-  request.set_offset(begin);
-  request.set_length(end - begin);
-  return request;
-}
-
 absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
                             const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
                             const std::atomic<bool>* cancel,
@@ -386,7 +375,7 @@ absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& c
     const auto [begin, end] = parts[i];
     stubs.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
     reads.push_back(std::make_unique<ReadStream>(dest, begin, end, &done));
-    reads.back()->Start(stubs.back().get(), ReadRequest(job, copy, begin, end), deadline);
+    reads.back()->Start(stubs.back().get(), MemoryCopyReadRequest(job, copy, begin, end), deadline);
   }
   done.Wait();
   for (const std::unique_ptr<ReadStream>& read : reads) RETURN_IF_ERROR(read->result());

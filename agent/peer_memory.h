@@ -111,10 +111,6 @@ absl::StatusOr<std::shared_ptr<MemoryBuffer>> ReserveBuddyCopy(const std::string
 // copy is (then one part), covering [0, nbytes) in order.
 std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int streams);
 
-// The ReadMemoryCopyRequest for bytes [begin, end) of `copy` of job `job`.
-v1::ReadMemoryCopyRequest ReadRequest(const std::string& job, const v1::MemoryCopy& copy,
-                                      uint64_t begin, uint64_t end);
-
 // Reads the whole copy `copy` of checkpoint `job` into `dest` (copy.nbytes() bytes, which the
 // caller bounds), from the agent at the other end of `channels`: one stream per channel, each
 // over its own consecutive part of the copy (whole chunks; a copy of fewer chunks uses fewer

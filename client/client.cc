@@ -1,6 +1,5 @@
 #include "client/client.h"
 
-
 #include <sys/un.h>
 
 #include <algorithm>
@@ -13,6 +12,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/parallel_copy.h"
+#include "client/peer_fetch.h"
 #include "client/verified_copy.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
@@ -140,11 +140,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& agent
         "ClientOptions: copy_threads (", options.copy_threads, ") and max_receive_message_bytes (",
         options.max_receive_message_bytes, ") must be positive"));
   }
-  if (options.max_plan_request_bytes < 1 ||
-      options.max_plan_request_bytes > kMaxPlanRequestBytes) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("ClientOptions: max_plan_request_bytes (", options.max_plan_request_bytes,
-                     ") must be 1..", kMaxPlanRequestBytes));
+  if (options.max_plan_request_bytes < 1 || options.max_plan_request_bytes > kMaxPlanRequestBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("ClientOptions: max_plan_request_bytes (",
+                                                   options.max_plan_request_bytes, ") must be 1..",
+                                                   kMaxPlanRequestBytes));
   }
   const std::string target = "unix:" + path;
   grpc::ChannelArguments args;
@@ -188,20 +187,20 @@ void Client::JoinReleaserLocked() {
 void Client::ReleaseInBackgroundLocked(std::string load_id,
                                        std::unique_ptr<MappedStaging> mapping) {
   JoinReleaserLocked();
-  releaser_ = std::thread([this, load_id = std::move(load_id),
-                           mapping = std::move(mapping)]() mutable {
-    // Unmap before the release: after it our mapping may be the region's last reference.
-    mapping.reset();
-    v1::ReleaseLoadRequest request;
-    request.set_load_id(load_id);
-    v1::ReleaseLoadResponse response;
-    grpc::ClientContext context;
-    SetTimeout(&context, options_.release_load_timeout);
-    if (!stub_->ReleaseLoad(&context, request, &response).ok()) {
-      absl::MutexLock lock(&stats_mu_);
-      ++stats_.failed_releases;
-    }
-  });
+  releaser_ =
+      std::thread([this, load_id = std::move(load_id), mapping = std::move(mapping)]() mutable {
+        // Unmap before the release: after it our mapping may be the region's last reference.
+        mapping.reset();
+        v1::ReleaseLoadRequest request;
+        request.set_load_id(load_id);
+        v1::ReleaseLoadResponse response;
+        grpc::ClientContext context;
+        SetTimeout(&context, options_.release_load_timeout);
+        if (!stub_->ReleaseLoad(&context, request, &response).ok()) {
+          absl::MutexLock lock(&stats_mu_);
+          ++stats_.failed_releases;
+        }
+      });
 }
 
 ClientStats Client::stats() const {
@@ -422,38 +421,45 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
   shards.clear();
-  // Device copies read the region on the GPU's time: only host destinations are checked here.
+  // Device copies read the region on the GPU's time: only host destinations are checked (and
+  // fetched from other nodes) here.
   request.set_client_verifies(!AnyCuda(into));
+  request.set_client_fetches(!AnyCuda(into));
   RETURN_IF_ERROR(CheckRequestSize("load", request.ByteSizeLong(), request.shards_size(),
                                    options_.max_plan_request_bytes));
 
   absl::MutexLock lock(&mu_);
-  uint64_t mismatched = 0;
-  absl::StatusOr<LoadResult> result = LoadOnceLocked(request, into, &mismatched);
-  if (result.ok() && mismatched > 0) {
-    // A block of the agent's memory copy did not match: load again, the agent verifying (it
-    // reads that block from the file, or fails the load if there is none) — the same step,
-    // even if -1 or -2 would resolve to a newer one by now.
-    request.set_client_verifies(false);
-    request.set_step(result->step);
-    uint64_t again = 0;
-    result = LoadOnceLocked(request, into, &again);
-    if (result.ok() && result->step != request.step()) {
+  uint64_t rejected = 0;
+  for (;;) {
+    LoadRetry retry;
+    absl::StatusOr<LoadResult> result = LoadOnceLocked(request, into, &retry);
+    if (!result.ok()) return result;
+    if (request.step() >= 0 && result->step != request.step()) {
       return absl::InternalError(absl::StrCat("the agent loaded step ", result->step,
                                               " when asked for step ", request.step()));
     }
-    if (result.ok()) {
-      result->memory_blocks_rejected = std::max(result->memory_blocks_rejected, mismatched);
+    if (retry.mismatched == 0 && retry.fetch_error.ok()) {
+      result->memory_blocks_rejected = std::max(result->memory_blocks_rejected, rejected);
+      return result;
+    }
+    // Again, the same step even if -1 or -2 would resolve to a newer one by now; each time
+    // with one thing less done here, so at most twice. A copy that could not be read from its
+    // holder: the agent reads it. A block that did not match: the agent verifies (it reads
+    // that block from the file, or fails the load if there is none).
+    request.set_step(result->step);
+    request.set_client_fetches(false);
+    if (retry.mismatched > 0) {
+      request.set_client_verifies(false);
+      rejected = std::max(rejected, retry.mismatched);
     }
   }
-  return result;
 }
 
 absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request,
                                                   absl::Span<const TensorRef> into,
-                                                  uint64_t* mismatched) {
+                                                  LoadRetry* retry) {
   JoinReleaserLocked();  // the last load's release, before the agent stages this one
-  *mismatched = 0;
+  *retry = LoadRetry();
   v1::LoadResponse response;
   {
     grpc::ClientContext context;
@@ -477,10 +483,10 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   for (uint32_t index : response.absent()) {
     if (index >= into.size() || absent[index] ||
         request.shards(static_cast<int>(index)).kind() == v1::SHARD_KIND_PARAM) {
-      return absl::InternalError(absl::StrCat(
-          "the agent's Load reply marks shard ", index,
-          " absent, which is not a distinct optimizer or extra shard of the ", into.size(),
-          " requested"));
+      return absl::InternalError(
+          absl::StrCat("the agent's Load reply marks shard ", index,
+                       " absent, which is not a distinct optimizer or extra shard of the ",
+                       into.size(), " requested"));
     }
     absent[index] = true;
   }
@@ -489,6 +495,42 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   }
   ASSIGN_OR_RETURN(const uint64_t total, CheckSlots("Load", response.slots(), request.shards(),
                                                     absent, response.shm_size()));
+
+  if (response.has_fetch()) {
+    if (!request.client_fetches() || response.unverified_blocks_size() == 0 ||
+        !response.shm_name().empty()) {
+      return absl::InternalError(absl::StrCat(
+          "the agent's Load reply names a memory copy of ", response.fetch().copy().file(),
+          " to read from ", response.fetch().copy().bulk_address(),
+          request.client_fetches() ? " but no blocks to check, or a region too"
+                                   : ", which this client did not offer to (CUDA destinations)"));
+    }
+    std::vector<SlotCopy> slots;
+    std::vector<BlockCheck> blocks;
+    for (size_t i = 0; i < into.size(); ++i) {
+      if (absent[i] || into[i].nbytes == 0) continue;
+      slots.push_back(
+          SlotCopy{into[i].data, response.slots(static_cast<int>(i)).offset(), into[i].nbytes});
+    }
+    for (const v1::BlockCheck& block : response.unverified_blocks()) {
+      blocks.push_back(BlockCheck{block.offset(), block.length(), block.xxh3()});
+    }
+    absl::StatusOr<VerifiedCopyResult> fetched =
+        FetchVerified(response.fetch().job_id(), response.fetch().copy(), slots, blocks,
+                      kFetchStreams, absl::Now() + std::min(options_.load_timeout, kFetchTimeout));
+    if (absl::IsInvalidArgument(fetched.status())) {
+      return absl::InternalError(
+          absl::StrCat("the agent's Load reply: ", fetched.status().message()));
+    }
+    if (!fetched.ok()) {
+      retry->fetch_error = fetched.status();
+      return result;
+    }
+    retry->mismatched = fetched->mismatched.size();
+    for (const BlockCheck& block : blocks) result.bytes_verified_by_client += block.length;
+    result.bytes_fetched_by_client = result.bytes_verified_by_client;  // the blocks it read
+    return result;  // the release runs in the background (release_on_exit)
+  }
 
   std::vector<char*> slot_data(into.size(), nullptr);
   // A load region other than a cached save region is mapped only for this load: loads are
@@ -538,8 +580,8 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     slots.reserve(into.size());
     for (size_t i = 0; i < into.size(); ++i) {
       if (slot_data[i] == nullptr || into[i].nbytes == 0) continue;
-      slots.push_back(SlotCopy{into[i].data, response.slots(static_cast<int>(i)).offset(),
-                               into[i].nbytes});
+      slots.push_back(
+          SlotCopy{into[i].data, response.slots(static_cast<int>(i)).offset(), into[i].nbytes});
     }
     blocks.reserve(response.unverified_blocks_size());
     for (const v1::BlockCheck& block : response.unverified_blocks()) {
@@ -553,7 +595,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
       return absl::InternalError(
           absl::StrCat("the agent's Load reply: ", copied.status().message()));
     }
-    *mismatched = copied->mismatched.size();
+    retry->mismatched = copied->mismatched.size();
   } else {
     RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false));
   }

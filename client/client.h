@@ -164,6 +164,10 @@ struct LoadResult {
   uint64_t bytes_verified_by_client = 0;
   // Of bytes_from_memory: read over the network from other nodes' agents (buddy copies).
   uint64_t bytes_fetched_from_peers = 0;
+  // Of bytes_verified_by_client: read by this client itself from another node's agent,
+  // straight into `into` (LoadRequest.client_fetches; the checksum blocks its tensors touch),
+  // not through the agent's load region.
+  uint64_t bytes_fetched_by_client = 0;
   // The step loaded is a memory-only commit (every byte came from memory).
   bool memory_only = false;
 };
@@ -247,7 +251,10 @@ class Client {
   // left untouched. Every byte is verified against the manifest: when all of `into` is host
   // memory, a load the agent serves in place is checked here as it is copied
   // (client/verified_copy.h), and loaded again — the same step, verified by the agent, which
-  // reads a mismatching block from the file — if a block does not match. On an error, the
+  // reads a mismatching block from the file — if a block does not match. A copy on another
+  // node (a lost node's buddy) is then read from its holder here, straight into `into`, and
+  // checked as it arrives (client/peer_fetch.h); if that read fails, the load is served
+  // again by the agent. On an error, the
   // contents of `into` are unspecified (they may hold bytes that failed the check).
   // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
   // state_absent set, or if `step` < -2; InvalidArgument + PLAN_TOO_LARGE over
@@ -280,11 +287,19 @@ class Client {
   // Waits for the last load's background release.
   void JoinReleaserLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // What Load must do again after LoadOnceLocked succeeded: the result must then not be used
+  // (`into` holds unverified bytes).
+  struct LoadRetry {
+    uint64_t mismatched = 0;   // blocks this client checked that did not match
+    absl::Status fetch_error;  // reading the copy from its holder (LoadResponse.fetch) failed
+  };
+
   // One Load request and its copy into `into`; with request.client_verifies, blocks left to
-  // check are checked while copying, and `*mismatched` counts those that did not match (the
-  // result must then not be used: `into` holds unverified bytes). Errors: as Load.
+  // check are checked while copying, and with request.client_fetches, a copy on another node
+  // the agent names is read from its holder here (client/peer_fetch.h), checked the same way;
+  // `*retry` says what went wrong there. Errors: as Load.
   absl::StatusOr<LoadResult> LoadOnceLocked(const v1::LoadRequest& request,
-                                            absl::Span<const TensorRef> into, uint64_t* mismatched)
+                                            absl::Span<const TensorRef> into, LoadRetry* retry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces

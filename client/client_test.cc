@@ -23,7 +23,10 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "agent/buddy_store.h"
 #include "agent/cuda_host.h"
+#include "agent/memory_bulk.h"
+#include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "client/describe.h"
 #include "client/parallel_copy.h"
@@ -128,6 +131,14 @@ class FakeAgent final : public v1::Agent::Service {
   // differs from what its listed XXH3 was taken over (a memory copy that no longer matches).
   bool list_blocks ABSL_GUARDED_BY(mu) = false;
   int corrupt_loads ABSL_GUARDED_BY(mu) = 0;
+  // As an agent on a node that replaced a lost one: to a request with client_fetches, the
+  // load's bytes are a memory copy held by `holder` (a buddy's bulk port at `holder_address`;
+  // the fake keeps the copy there, laid out as its load region would be), each slot one block
+  // to check; in the first `corrupt_fetches` such loads a byte of slot 0 differs from its
+  // block's XXH3.
+  BuddyStore* holder ABSL_GUARDED_BY(mu) = nullptr;
+  std::string holder_address ABSL_GUARDED_BY(mu);
+  int corrupt_fetches ABSL_GUARDED_BY(mu) = 0;
   int failing_releases ABSL_GUARDED_BY(mu) = 0;  // the next n ReleaseLoad calls fail
   bool hold_releases_open ABSL_GUARDED_BY(mu) = true;  // ReleaseLoad waits while false
   std::vector<v1::ReserveStagingRequest> reserve_requests ABSL_GUARDED_BY(mu);
@@ -218,6 +229,9 @@ class FakeAgent final : public v1::Agent::Service {
     }
     std::vector<v1::StagingSlot> slots;
     const uint64_t total = Layout(shards, &slots);
+    if (holder != nullptr && request->client_fetches()) {
+      return LoadFetchedLocked(*request, absent, slots, total, response);
+    }
     grpc::Status status = AcquireLocked(total);
     if (!status.ok()) return status;
     for (int i = 0; i < shards.size(); ++i) {
@@ -242,6 +256,43 @@ class FakeAgent final : public v1::Agent::Service {
       }
       if (corrupt_loads > 0) --corrupt_loads;
     }
+    return grpc::Status::OK;
+  }
+
+  // The answer naming the copy on `holder` (see `holder`), which it puts there first.
+  grpc::Status LoadFetchedLocked(const v1::LoadRequest& request, const std::vector<bool>& absent,
+                                 const std::vector<v1::StagingSlot>& slots, uint64_t total,
+                                 v1::LoadResponse* response) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    v1::MemoryCopy copy;
+    copy.set_step(request.step() < 0 ? 42 : request.step());
+    copy.set_session_id("session-of-the-copy");
+    copy.set_file("data-00000.safetensors");
+    copy.set_nbytes(total);
+    copy.set_writer_rank(0);
+    absl::StatusOr<std::shared_ptr<MemoryBuffer>> room = holder->Reserve(copy);
+    if (!room.ok()) return ToGrpcStatus(room.status());
+    response->set_load_id(absl::StrCat("load-", load_requests.size()));
+    response->set_step(copy.step());
+    response->set_shm_size(total);
+    for (size_t i = 0; i < slots.size(); ++i) {
+      char* bytes = (*room)->data() + slots[i].offset();
+      FillPattern(bytes, slots[i].nbytes(), 1000 + static_cast<int>(i));
+      *response->add_slots() = slots[i];
+      if (absent[i]) response->add_absent(static_cast<uint32_t>(i));
+      if (slots[i].nbytes() == 0) continue;
+      v1::BlockCheck* block = response->add_unverified_blocks();
+      block->set_offset(slots[i].offset());
+      block->set_length(slots[i].nbytes());
+      block->set_xxh3(Xxh3(bytes, slots[i].nbytes()));
+      if (i == 0 && corrupt_fetches > 0) bytes[slots[i].nbytes() / 2] ^= 0x5a;
+    }
+    if (corrupt_fetches > 0) --corrupt_fetches;
+    holder->Keep(copy, *std::move(room));
+    response->mutable_fetch()->set_job_id("job");
+    copy.set_bulk_address(holder_address);
+    *response->mutable_fetch()->mutable_copy() = copy;
+    response->set_bytes_from_memory(total);
+    response->set_bytes_fetched_from_peers(total);
     return grpc::Status::OK;
   }
 
@@ -1123,6 +1174,88 @@ TEST_F(ClientTest, Load_BlockMismatchInPlace_LoadsAgainAgentVerifying) {
   EXPECT_TRUE(fake_->load_requests[0].client_verifies());
   EXPECT_FALSE(fake_->load_requests[1].client_verifies());
   EXPECT_EQ(fake_->load_requests[1].step(), 2) << "the step the first load resolved";
+  EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
+}
+
+// A buddy's bulk port on "another node" (agent/memory_bulk.h), which the fake agent names.
+class ClientFetchTest : public ClientTest {
+ protected:
+  void SetUp() override {
+    ClientTest::SetUp();
+    MemoryBulkServerOptions options;
+    options.listen_address = "127.0.0.1:0";
+    absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
+        MemoryBulkServer::Start("job", &tier_, &store_, options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    bulk_ = *std::move(server);
+    absl::MutexLock lock(&fake_->mu);
+    fake_->holder = &store_;
+    fake_->holder_address = absl::StrCat("127.0.0.1:", bulk_->port());
+    fake_->list_blocks = true;  // the agent's own answers, after a fetch fails, list blocks too
+  }
+
+  MemoryTier tier_;
+  BuddyStore store_{64 * kMiB};
+  std::unique_ptr<MemoryBulkServer> bulk_;
+};
+
+TEST_F(ClientFetchTest, Load_CopyOnAnotherNode_ReadFromItsHolderStraightIntoTheTensors) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a(5 * kMiB + 3, 0), b(1000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a), HostRef("b", &b)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  EXPECT_EQ(b, Pattern(b.size(), 1001));
+  EXPECT_EQ(result->bytes_verified_by_client, a.size() + b.size());
+  EXPECT_EQ(result->bytes_fetched_by_client, a.size() + b.size());  // the blocks, no gaps
+  EXPECT_EQ(result->memory_blocks_rejected, 0u);
+  AwaitReleases(1);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 1u);
+  EXPECT_TRUE(fake_->load_requests[0].client_fetches()) << "host destinations only";
+  EXPECT_THAT(fake_->released, ElementsAre("load-1"));
+}
+
+TEST_F(ClientFetchTest, Load_FetchedBlockDoesNotMatch_LoadsAgainTheAgentVerifying) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->corrupt_fetches = 1;
+  }
+  std::vector<uint8_t> a(3000, 0), b(1000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(-1, {HostRef("a", &a), HostRef("b", &b)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(a, Pattern(a.size(), 1000)) << "the corrupt bytes fetched first were replaced";
+  EXPECT_EQ(b, Pattern(b.size(), 1001));
+  EXPECT_EQ(result->memory_blocks_rejected, 1u);
+  EXPECT_EQ(result->bytes_fetched_by_client, 0u);
+  EXPECT_EQ(result->bytes_verified_by_client, 0u) << "the second load was verified by the agent";
+  AwaitReleases(2);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 2u);
+  EXPECT_FALSE(fake_->load_requests[1].client_fetches());
+  EXPECT_FALSE(fake_->load_requests[1].client_verifies());
+  EXPECT_EQ(fake_->load_requests[1].step(), 42) << "the step the first load resolved";
+  EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
+}
+
+TEST_F(ClientFetchTest, Load_HolderGone_LoadsAgainTheAgentFetchingTheClientChecking) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  bulk_.reset();  // the holder's node is gone too: its port refuses
+  std::vector<uint8_t> a(3000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  EXPECT_EQ(result->bytes_fetched_by_client, 0u);
+  EXPECT_EQ(result->bytes_verified_by_client, a.size()) << "checked while copied from the region";
+  AwaitReleases(2);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 2u);
+  EXPECT_FALSE(fake_->load_requests[1].client_fetches());
+  EXPECT_TRUE(fake_->load_requests[1].client_verifies());
   EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
 }
 

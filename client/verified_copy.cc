@@ -13,16 +13,17 @@ namespace {
 
 uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
 
-// Checks `blocks` against the region and that they cover every slot byte; lists, for each
-// block, the slots that have bytes in it.
-absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
-    uint64_t region_size, absl::Span<const SlotCopy> slots, absl::Span<const BlockCheck> blocks) {
+}  // namespace
+
+absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(uint64_t region_size,
+                                                              absl::Span<const SlotCopy> slots,
+                                                              absl::Span<const BlockCheck> blocks) {
   for (size_t b = 0; b < blocks.size(); ++b) {
     const BlockCheck& block = blocks[b];
     if (block.offset > region_size || block.length > region_size - block.offset) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "block ", b, " [", block.offset, ", +", block.length, ") is outside the ",
-          region_size, "-byte region"));
+      return absl::InvalidArgumentError(absl::StrCat("block ", b, " [", block.offset, ", +",
+                                                     block.length, ") is outside the ", region_size,
+                                                     "-byte region"));
     }
     if (b > 0 && block.offset < End(blocks[b - 1])) {
       return absl::InvalidArgumentError(absl::StrCat("block ", b, " at ", block.offset,
@@ -41,9 +42,9 @@ absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
     }
     // The first block ending after the slot's start; then blocks must follow one another
     // without a gap until the slot's end.
-    auto it = std::upper_bound(
-        blocks.begin(), blocks.end(), slot.offset,
-        [](uint64_t at, const BlockCheck& block) { return at < End(block); });
+    auto it =
+        std::upper_bound(blocks.begin(), blocks.end(), slot.offset,
+                         [](uint64_t at, const BlockCheck& block) { return at < End(block); });
     uint64_t covered = slot.offset;
     const uint64_t slot_end = slot.offset + slot.size;
     for (; it != blocks.end() && covered < slot_end && it->offset <= covered; ++it) {
@@ -51,13 +52,15 @@ absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(
       covered = End(*it);
     }
     if (covered < slot_end) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "slot ", s, " [", slot.offset, ", +", slot.size, "): bytes from ", covered,
-          " lie in no block, so they could not be checked"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("slot ", s, " [", slot.offset, ", +", slot.size, "): bytes from ", covered,
+                       " lie in no block, so they could not be checked"));
     }
   }
   return by_block;
 }
+
+namespace {
 
 // memcpy, in runs the C library copies with vector registers when `dst` and `src` are not
 // equally aligned: for a 64 KiB piece glibc uses `rep movsb`, which on AMD Zen runs at less
@@ -75,27 +78,29 @@ void CopyPiece(char* dst, const char* src, uint64_t n) {
   }
 }
 
-// Copies block `b`'s bytes into the slots that have some, a piece at a time, hashing each piece
-// right after; true if the block matches its XXH3.
-bool CopyBlock(const char* region, absl::Span<const SlotCopy> slots, const BlockCheck& block,
-               const std::vector<size_t>& block_slots, StreamingHasher& hasher) {
+}  // namespace
+
+absl::StatusOr<bool> CopyAndCheckBlock(PieceSource source, absl::Span<const SlotCopy> slots,
+                                       const BlockCheck& block,
+                                       const std::vector<size_t>& block_slots,
+                                       StreamingHasher& hasher) {
   hasher.Reset();
   for (uint64_t begin = block.offset; begin < End(block); begin += kVerifiedCopyPiece) {
     const uint64_t end = std::min(End(block), begin + kVerifiedCopyPiece);
+    ASSIGN_OR_RETURN(const char* piece, source(begin, end));
     for (size_t s : block_slots) {
       const SlotCopy& slot = slots[s];
       const uint64_t from = std::max(begin, slot.offset);
       const uint64_t to = std::min(end, slot.offset + slot.size);
-      if (from < to) {
-        CopyPiece(static_cast<char*>(slot.dst) + (from - slot.offset), region + from, to - from);
-      }
+      char* dst = static_cast<char*>(slot.dst) + (from - slot.offset);
+      const char* src = piece + (from - begin);
+      // A source may have put the piece in its destination already (client/peer_fetch.h).
+      if (from < to && dst != src) CopyPiece(dst, src, to - from);
     }
-    hasher.Update(region + begin, end - begin);
+    hasher.Update(piece, end - begin);
   }
   return hasher.Digest() == block.xxh3;
 }
-
-}  // namespace
 
 absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t region_size,
                                                 absl::Span<const SlotCopy> slots,
@@ -107,17 +112,20 @@ absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t reg
   if (blocks.empty()) return result;
   uint64_t total = 0;
   for (const BlockCheck& block : blocks) total += block.length;
-  const int threads =
-      (max_threads <= 1 || total <= parallel_min_bytes)
-          ? 1
-          : static_cast<int>(std::min<uint64_t>(max_threads, blocks.size()));
+  const int threads = (max_threads <= 1 || total <= parallel_min_bytes)
+                          ? 1
+                          : static_cast<int>(std::min<uint64_t>(max_threads, blocks.size()));
   // Each thread takes the next block not yet taken.
   std::atomic<size_t> next{0};
   std::vector<char> bad(blocks.size(), 0);
+  auto in_region = [region](uint64_t begin, uint64_t) -> absl::StatusOr<const char*> {
+    return region + begin;
+  };
   auto worker = [&] {
     StreamingHasher hasher;
     for (size_t b = next.fetch_add(1); b < blocks.size(); b = next.fetch_add(1)) {
-      if (!CopyBlock(region, slots, blocks[b], by_block[b], hasher)) bad[b] = 1;
+      // The region is at hand: the source cannot fail.
+      if (!*CopyAndCheckBlock(in_region, slots, blocks[b], by_block[b], hasher)) bad[b] = 1;
     }
   };
   std::vector<std::thread> workers;

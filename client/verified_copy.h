@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/checksum.h"
@@ -45,6 +46,29 @@ struct VerifiedCopyResult {
   std::vector<size_t> mismatched;
   int threads = 0;  // threads that copied (0: no blocks)
 };
+
+// Where a block's bytes come from, one piece at a time and in order: the bytes [begin, end)
+// of the region (offsets from its first byte), valid until the next call — where they lie in
+// a mapped region (VerifiedCopy), or received into a buffer or straight into the one slot
+// that holds the whole piece (client/peer_fetch.h; nothing is copied then) — or why they
+// cannot be had.
+using PieceSource = absl::FunctionRef<absl::StatusOr<const char*>(uint64_t begin, uint64_t end)>;
+
+// VerifiedCopy's rule for its arguments, checked against a region of `region_size` bytes;
+// returns, for each block, the slots that have bytes in it (indices into `slots`).
+// Errors: InvalidArgument naming the block or slot that breaks it.
+absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(uint64_t region_size,
+                                                              absl::Span<const SlotCopy> slots,
+                                                              absl::Span<const BlockCheck> blocks);
+
+// One block of VerifiedCopy: takes its bytes from `source`, kVerifiedCopyPiece at a time,
+// copies each piece into the slots `block_slots` that have bytes in it, then hashes it while
+// it is still in this core's cache; true if the block matches its XXH3. Errors: `source`'s
+// (the slots then hold some of the block's bytes, unchecked).
+absl::StatusOr<bool> CopyAndCheckBlock(PieceSource source, absl::Span<const SlotCopy> slots,
+                                       const BlockCheck& block,
+                                       const std::vector<size_t>& block_slots,
+                                       StreamingHasher& hasher);
 
 // Copies every slot and checks every block of `region`, on up to `max_threads` threads (each
 // takes the next whole block; one thread when the blocks total at most `parallel_min_bytes`).

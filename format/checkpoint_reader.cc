@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -87,17 +88,25 @@ struct WorkItem {
   std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
 };
 
+// Where chunk body bytes [begin, end) lie in `resident` (may be null), from its first byte, or
+// nullopt if it does not hold all of them. Reads no byte: ResidentBytes::data may be null.
+std::optional<uint64_t> ResidentOffset(const ResidentBytes* resident, const v1::ChunkEntry& chunk,
+                                       uint64_t begin, uint64_t end) {
+  if (resident == nullptr) return std::nullopt;
+  const uint64_t from = chunk.offset() + begin;
+  if (from < resident->file_offset ||
+      from + (end - begin) > resident->file_offset + resident->size) {
+    return std::nullopt;
+  }
+  return from - resident->file_offset;
+}
+
 // The resident copy of chunk body bytes [begin, end), or nullptr if `resident` (may be null)
 // does not hold all of them.
 const char* ResidentAt(const ResidentBytes* resident, const v1::ChunkEntry& chunk, uint64_t begin,
                        uint64_t end) {
-  if (resident == nullptr) return nullptr;
-  const uint64_t from = chunk.offset() + begin;
-  if (from < resident->file_offset ||
-      from + (end - begin) > resident->file_offset + resident->size) {
-    return nullptr;
-  }
-  return resident->data + (from - resident->file_offset);
+  const std::optional<uint64_t> at = ResidentOffset(resident, chunk, begin, end);
+  return at.has_value() ? resident->data + *at : nullptr;
 }
 
 // Where one work item's bytes come from: its chunk's data file, and the file's resident copy
@@ -294,25 +303,25 @@ absl::Status VerifyWorkItemInPlace(const WorkItem& item, const ResidentBytes& re
       item.runs, [&](size_t, uint64_t, uint64_t first_block, uint64_t last_block) -> absl::Status {
         const uint64_t begin = BlockBegin(chunk, first_block);
         const uint64_t end = BlockEnd(chunk, last_block);
-        const char* memory = ResidentAt(&resident, chunk, begin, end);
-        if (memory == nullptr) {
+        const std::optional<uint64_t> offset = ResidentOffset(&resident, chunk, begin, end);
+        if (!offset.has_value()) {
           return absl::FailedPreconditionError(
               absl::StrCat(format_internal::DescribeChunk(tensor, chunk), ": body bytes [", begin,
                            ", ", end, ") are not all resident"));
         }
         if (unverified != nullptr) {
+          // Listing only: `resident.data` is not read (it may be null).
           for (uint64_t b = first_block; b <= last_block; ++b) {
-            const uint64_t at = static_cast<uint64_t>(memory - resident.data) +
-                                (BlockBegin(chunk, b) - begin);
+            const uint64_t at = *offset + (BlockBegin(chunk, b) - begin);
             unverified->push_back(BlockCheck{at, BlockEnd(chunk, b) - BlockBegin(chunk, b),
                                              chunk.block_xxh3(static_cast<int>(b))});
           }
         } else {
+          const char* memory = resident.data + *offset;
           stats.bytes_from_memory.fetch_add(end - begin, std::memory_order_relaxed);
           RETURN_IF_ERROR(VerifySpan(chunk, first_block, last_block, memory, [&](uint64_t bad) {
             if (repair != nullptr) {
-              char* block =
-                  repair->data + (memory - resident.data) + (BlockBegin(chunk, bad) - begin);
+              char* block = repair->data + *offset + (BlockBegin(chunk, bad) - begin);
               return ReplaceResidentBlock(*repair->file, *repair->path, tensor, chunk, bad, block,
                                           stats);
             }

@@ -204,8 +204,10 @@ class CheckpointReader {
   // unwritten for as long as it hands it out.
   // With `unverified`, nothing is hashed: it receives every block those runs touch, once, by
   // increasing offset from ResidentBytes::data, with the manifest's XXH3 — for a reader that
-  // checks them as it copies them out (client/verified_copy.h); bytes_from_memory counts
-  // each listed block once, blocks_verified none.
+  // checks them as it copies them out (client/verified_copy.h) or as it receives them from
+  // the copy's holder (client/peer_fetch.h); bytes_from_memory counts each listed block once,
+  // blocks_verified none. No byte of `resident` is read then: ResidentBytes::data may be null
+  // (a copy not at hand, located by its file offset and size alone).
   // Errors: as Plan (bar the null destination); FailedPrecondition, naming the tensor or
   // chunk, if a request is not one contiguous run of `file`, a block it touches is not
   // resident, or (verifying here) a block does not match (counted in

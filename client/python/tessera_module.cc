@@ -190,7 +190,7 @@ class PyClient {
 
   // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
   // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
-  // "bytes_verified_by_client"}).
+  // "bytes_verified_by_client", "bytes_fetched_by_client"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;
@@ -207,6 +207,7 @@ class PyClient {
     sources["memory_blocks_rejected"] = r.memory_blocks_rejected;
     sources["bytes_fetched_from_peers"] = r.bytes_fetched_from_peers;
     sources["bytes_verified_by_client"] = r.bytes_verified_by_client;
+    sources["bytes_fetched_by_client"] = r.bytes_fetched_by_client;
     return py::make_tuple(r.step, absent, sources);
   }
 

@@ -23,7 +23,8 @@ INDEX_FQN = "tessera.objects.index"        # JSON {"format": INDEX_FORMAT, "obje
 INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
 _NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0,
-               "bytes_fetched_from_peers": 0, "bytes_verified_by_client": 0}
+               "bytes_fetched_from_peers": 0, "bytes_verified_by_client": 0,
+               "bytes_fetched_by_client": 0}
 
 
 def padded(data):
@@ -125,8 +126,10 @@ class Client:
         self.last_absent = []
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
         # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
-        # "bytes_verified_by_client"}, whole checksum blocks counted; the last: bytes this
-        # process checked as it copied them (a load served in place into host memory).
+        # "bytes_verified_by_client", "bytes_fetched_by_client"}, whole checksum blocks
+        # counted; bytes_verified_by_client: bytes this process checked as it copied them (a
+        # load served in place into host memory); bytes_fetched_by_client: of those, bytes it
+        # read from another node's agent itself (a lost node's buddy copy).
         self.last_load = dict(_NO_SOURCES)
 
     @property

@@ -1,0 +1,60 @@
+// The wire of an agent's bulk port (proto/tessera/v1/peer.proto "Bulk transfers"): framed
+// messages over a TcpSocket, and the reader's side of a read. Shared by the agent, which serves
+// the port and reads from other agents' ports (agent/memory_bulk.h), and by the trainer's
+// client, which reads a lost node's copy from its holder itself (client/peer_fetch.h).
+//
+// Every call is bounded by `deadline`. Thread-safety: pure functions over the caller's socket.
+#ifndef TESSERA_COMMON_BULK_WIRE_H_
+#define TESSERA_COMMON_BULK_WIRE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "common/tcp_socket.h"
+#include "google/protobuf/message_lite.h"
+#include "tessera/v1/peer.pb.h"
+#include "tessera/v1/types.pb.h"
+
+namespace tessera {
+
+// The largest message either side accepts.
+inline constexpr uint32_t kMaxBulkFrameBytes = 64 << 10;
+
+// Sends `message` as u32 length (little-endian), then its bytes.
+absl::Status SendBulkFrame(const TcpSocket& socket, const google::protobuf::MessageLite& message,
+                           absl::Time deadline);
+
+// Receives one framed message into `message`.
+// Errors: InvalidArgument for a frame above kMaxBulkFrameBytes or one that does not parse;
+// the socket's (DataLoss if the peer closed, Unavailable, DeadlineExceeded).
+absl::Status RecvBulkFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
+                           absl::Time deadline);
+
+// Sends a BulkStatus: `status` (its code and message) and `nbytes`.
+absl::Status SendBulkStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,
+                            absl::Time deadline);
+
+// Receives the peer's BulkStatus: its nbytes, or its error, naming `address`.
+absl::StatusOr<uint64_t> RecvBulkStatus(const TcpSocket& socket, const std::string& address,
+                                        absl::Time deadline);
+
+// The ReadMemoryCopyRequest for bytes [begin, end) of `copy` of job `job` (over the bulk port
+// or PeerMemory.ReadMemoryCopy).
+v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1::MemoryCopy& copy,
+                                                uint64_t begin, uint64_t end);
+
+// Asks the bulk port at `address` for bytes [begin, end) of `copy` of job `job`: on success
+// the returned socket delivers exactly end - begin bytes of the copy, in order (RecvAll).
+// Errors: the holder's (as PeerMemory.ReadMemoryCopy's: NotFound, FailedPrecondition,
+// OutOfRange); DataLoss if it offers another byte count; InvalidArgument for an address that
+// does not parse; Unavailable if it cannot be reached; DeadlineExceeded.
+absl::StatusOr<TcpSocket> OpenBulkRead(const std::string& address, const std::string& job,
+                                       const v1::MemoryCopy& copy, uint64_t begin, uint64_t end,
+                                       absl::Time deadline);
+
+}  // namespace tessera
+
+#endif  // TESSERA_COMMON_BULK_WIRE_H_
