@@ -14,7 +14,8 @@
 # `tessera verify` in the coordinator's namespace, reloads on tp=1,dp=4 over hosts c, a, b and
 # checks every byte; then saves again on a and b, loses host b (its agents SIGKILLed) and
 # restores its ranks on host c from the memory copies their buddies on a hold (DESIGN.md
-# "Memory tier"), none from disk. Asserts: every TCP listener of every namespace is bound to that host's
+# "Memory tier"), none from disk; then once more on pp=2, where the restored rank's trainer
+# reads its buddy's copy on host a itself. Asserts: every TCP listener of every namespace is bound to that host's
 # private address (none on 127.0.0.1, 0.0.0.0 or [::]); every agent's advertised peer address
 # is its host's address and is listening there; agents on different hosts report different
 # node ids (their hostnames); the gather's bytes crossed the links between hosts a and b.
@@ -321,7 +322,43 @@ for r in 1 3; do
   echo "$sources" | grep -Eq "fetched_from_peers=[1-9]" || fail "rank $r fetched nothing from host a: $sources"
 done
 stop_agents || fail "agents (step 30) did not stop cleanly"
+
+# ---- a node lost, pp=2: its trainer reads the buddy's copy itself ---------------------------
+# Step 40 saved with pp=2 on hosts a (rank 0) and b (rank 1): every tensor of a stage is its
+# own and written by it, so a stage restoring in that layout reads one data file. Host b is
+# lost; rank 1 starts again on host c, and its trainer reads that file from its buddy on host
+# a over a's bulk port itself (DESIGN.md "Memory tier": fetched by the trainer), across the
+# hosts' link: byte for byte, none from disk, none through its agent.
+PP_LAYOUT=pp=2
+RANK_HOSTS=(a b)
+start_agents "$JOB" "$PP_LAYOUT" || fail "agents ($PP_LAYOUT, for step 40)"
+run_trainers "$JOB" "$PP_LAYOUT" --mode=save --steps=40 "${MODEL[@]}" ||
+  fail "saving step 40 on $PP_LAYOUT across hosts a and b"
+wait_for_line "$DIR/logs/agent-$JOB-1.log" "memory copy of step 40 .*sent to buddy" 30 ||
+  fail "rank 1's copy of step 40 did not reach its buddy on host a"
+kill -KILL "${AGENT_PIDS[1]}" 2>/dev/null
+wait "${AGENT_PIDS[1]}" 2>/dev/null
+echo "host b lost again: rank 1's agent SIGKILLed; starting it on host c"
+RANK_HOSTS=(a c)
+mark_agent_log "$JOB" 1
+start_agent "$JOB" "$PP_LAYOUT" 1
+wait_registered "$JOB" 1 || fail "rank 1's replacement on host c did not register (step 40)"
+run_trainers "$JOB" "$PP_LAYOUT" --mode=load --load_step=-1 "${MODEL[@]}" ||
+  fail "loading step 40 with rank 1 on host c"
+for r in 0 1; do
+  grep -q "loaded step 40 on $PP_LAYOUT" "$DIR/logs/trainer-$JOB-$r.out" ||
+    fail "rank $r did not load step 40 byte for byte: $(cat "$DIR/logs/trainer-$JOB-$r.out")"
+done
+sources=$(grep "load sources:" "$DIR/logs/trainer-$JOB-1.out" | tail -n 1)
+echo "rank 1 on host c: $sources"
+echo "$sources" | grep -q " disk_bytes=0 " || fail "rank 1 read from disk: $sources"
+echo "$sources" | grep -Eq "fetched_by_client=[1-9]" ||
+  fail "rank 1's trainer did not read its buddy's copy itself: $sources"
+grep -q "client_fetches_from=${ADDR[a]}:" "$DIR/logs/agent-$JOB-1.log" ||
+  fail "rank 1's agent did not name the copy on host a for its trainer"
+stop_agents || fail "agents (step 40) did not stop cleanly"
 stop_coordinator || fail "coordinator did not stop cleanly"
 echo "PASS: coordinator and agents on separate hosts ($TAG-*); saved $SAVE_LAYOUT on a+b" \
   "(distributed optimizer, gather across hosts), verified, reloaded byte-identical on" \
-  "$LOAD_LAYOUT on c+a+b; host b lost, its ranks restored on c from memory (buddy copies on a)"
+  "$LOAD_LAYOUT on c+a+b; host b lost, its ranks restored on c from memory (buddy copies on a;" \
+  "on $PP_LAYOUT read by the trainer itself)"
