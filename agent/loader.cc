@@ -124,6 +124,7 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
                  /*client_verifies=*/true);
       if (!staged.ok()) return staged.status();
       staged->staging_time = absl::Now() - start;
+      staged->in_place = false;  // not served from a region: the trainer reads the copy
       staged->shm_size = copy->nbytes();
       staged->fetched_from_peers = staged->stats.bytes_from_memory;  // the blocks it will read
       staged->client_fetch = *copy;

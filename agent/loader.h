@@ -20,8 +20,8 @@
 // buddy), it is read whole into a new load region and served there, verified where it lies
 // (or listed, as above) — or, for a trainer that reads it itself (LoadRequest.client_fetches),
 // not read here at all: the response names the copy and its holder (LoadResponse.fetch) and
-// lists its blocks for the trainer to check as it receives them. Otherwise — another layout, other
-// files, a block that does not match — the load takes the copying path above.
+// lists its blocks for the trainer to check as it receives them. Otherwise — another layout,
+// other files, a block that does not match — the load takes the copying path above.
 //
 // Memory-only checkpoints (DESIGN.md "Memory-only saves"): the manifest comes from the
 // coordinator (LoaderOptions::memory_manifest), and every byte from memory copies — in place or

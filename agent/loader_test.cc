@@ -558,6 +558,39 @@ TEST_F(LoaderFetchTest, Load_ClientFetches_TheCopyNamedNothingReadNoRegion) {
   loader.Release(response->load_id());
 }
 
+TEST_F(LoaderFetchTest, Load_ClientFetchesACopyFromAFileOffset_OffsetsFromTheCopysFirstByte) {
+  // The holder's copy starts at the first chunk, not at the file's first byte: the slot and
+  // the blocks are where those bytes lie in the copy, each block's XXH3 that of those bytes.
+  LoaderOptions options = FetchOptions();
+  options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&)
+      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    std::vector<v1::MemoryCopy> copies = RemoteCopy();
+    copies[0].set_bulk_address("node-b:7002");
+    copies[0].set_file_offset(first_chunk_offset_);
+    copies[0].set_nbytes(file_size_ - first_chunk_offset_);
+    return copies;
+  };
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+  loader.SetJobDir(job_dir_);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  request.set_client_fetches(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_TRUE(response->has_fetch());
+  EXPECT_EQ(response->shm_size(), file_size_ - first_chunk_offset_);
+  ASSERT_EQ(response->slots_size(), 1);
+  EXPECT_EQ(response->slots(0).offset(), 0u);
+  ASSERT_EQ(response->unverified_blocks_size(), static_cast<int>(kTensorBytes / 4096));
+  const char* copy = static_cast<const char*>(region_.data) + first_chunk_offset_;
+  for (const v1::BlockCheck& block : response->unverified_blocks()) {
+    ASSERT_LE(block.offset() + block.length(), response->shm_size());
+    EXPECT_EQ(block.xxh3(), Xxh3(copy + block.offset(), block.length())) << block.offset();
+  }
+  EXPECT_EQ(response->unverified_blocks(0).offset(), 0u);
+  loader.Release(response->load_id());
+}
+
 TEST_F(LoaderFetchTest, Load_ClientFetchesButTheHolderHasNoBulkPort_FetchedHere) {
   Loader loader(&storage_, pool_.get(), /*rank=*/0, FetchOptions());
   loader.SetJobDir(job_dir_);

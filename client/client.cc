@@ -428,11 +428,13 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
   RETURN_IF_ERROR(CheckRequestSize("load", request.ByteSizeLong(), request.shards_size(),
                                    options_.max_plan_request_bytes));
 
+  // One deadline for the load, its retries and its fetch included.
+  const absl::Time deadline = absl::Now() + options_.load_timeout;
   absl::MutexLock lock(&mu_);
   uint64_t rejected = 0;
   for (;;) {
     LoadRetry retry;
-    absl::StatusOr<LoadResult> result = LoadOnceLocked(request, into, &retry);
+    absl::StatusOr<LoadResult> result = LoadOnceLocked(request, into, deadline, &retry);
     if (!result.ok()) return result;
     if (request.step() >= 0 && result->step != request.step()) {
       return absl::InternalError(absl::StrCat("the agent loaded step ", result->step,
@@ -457,13 +459,13 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
 
 absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request,
                                                   absl::Span<const TensorRef> into,
-                                                  LoadRetry* retry) {
+                                                  absl::Time deadline, LoadRetry* retry) {
   JoinReleaserLocked();  // the last load's release, before the agent stages this one
   *retry = LoadRetry();
   v1::LoadResponse response;
   {
     grpc::ClientContext context;
-    SetTimeout(&context, options_.load_timeout);
+    if (deadline != absl::InfiniteFuture()) context.set_deadline(absl::ToChronoTime(deadline));
     grpc::Status status = stub_->Load(&context, request, &response);
     if (!status.ok()) return FromGrpcStatus(status);
   }
@@ -515,13 +517,19 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     for (const v1::BlockCheck& block : response.unverified_blocks()) {
       blocks.push_back(BlockCheck{block.offset(), block.length(), block.xxh3()});
     }
+    // The agent's reply is checked here, so that every error of the fetch below is the
+    // holder's or the network's, which the agent may not meet (it loads again).
+    if (absl::Status bad = SlotsByBlock(response.shm_size(), slots, blocks).status(); !bad.ok()) {
+      return absl::InternalError(absl::StrCat("the agent's Load reply: ", bad.message()));
+    }
+    if (response.fetch().copy().nbytes() != response.shm_size()) {
+      return absl::InternalError(absl::StrCat(
+          "the agent's Load reply names a copy of ", response.fetch().copy().nbytes(),
+          " bytes but places its slots in ", response.shm_size()));
+    }
     absl::StatusOr<VerifiedCopyResult> fetched =
         FetchVerified(response.fetch().job_id(), response.fetch().copy(), slots, blocks,
-                      kFetchStreams, absl::Now() + std::min(options_.load_timeout, kFetchTimeout));
-    if (absl::IsInvalidArgument(fetched.status())) {
-      return absl::InternalError(
-          absl::StrCat("the agent's Load reply: ", fetched.status().message()));
-    }
+                      kFetchStreams, std::min(deadline, absl::Now() + kFetchTimeout));
     if (!fetched.ok()) {
       retry->fetch_error = fetched.status();
       return result;

@@ -251,11 +251,13 @@ class Client {
   // left untouched. Every byte is verified against the manifest: when all of `into` is host
   // memory, a load the agent serves in place is checked here as it is copied
   // (client/verified_copy.h), and loaded again — the same step, verified by the agent, which
-  // reads a mismatching block from the file — if a block does not match. A copy on another
-  // node (a lost node's buddy) is then read from its holder here, straight into `into`, and
-  // checked as it arrives (client/peer_fetch.h); if that read fails, the load is served
-  // again by the agent. On an error, the
-  // contents of `into` are unspecified (they may hold bytes that failed the check).
+  // reads a mismatching block from the file — if a block does not match. Likewise a copy on
+  // another node (a lost node's buddy's) is read from its holder here, straight into `into`,
+  // and checked as it arrives (client/peer_fetch.h): a block that does not match sends the
+  // load to the agent, verifying, as above; a holder that cannot be read from sends it to the
+  // agent, which reads the copy itself (or the file). Everything, retries and reads from
+  // holders included, within options.load_timeout. On an error, the contents of `into` are
+  // unspecified (they may hold bytes that failed the check).
   // Errors: InvalidArgument + MALFORMED_SHARD for a piece that fails the local checks or has
   // state_absent set, or if `step` < -2; InvalidArgument + PLAN_TOO_LARGE over
   // options.max_plan_request_bytes; FailedPrecondition / InvalidArgument for CUDA
@@ -299,7 +301,8 @@ class Client {
   // the agent names is read from its holder here (client/peer_fetch.h), checked the same way;
   // `*retry` says what went wrong there. Errors: as Load.
   absl::StatusOr<LoadResult> LoadOnceLocked(const v1::LoadRequest& request,
-                                            absl::Span<const TensorRef> into, LoadRetry* retry)
+                                            absl::Span<const TensorRef> into, absl::Time deadline,
+                                            LoadRetry* retry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces

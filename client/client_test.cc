@@ -1259,6 +1259,23 @@ TEST_F(ClientFetchTest, Load_HolderGone_LoadsAgainTheAgentFetchingTheClientCheck
   EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
 }
 
+TEST_F(ClientFetchTest, Load_HolderAddressUnusable_LoadsAgainTheAgentFetching) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->holder_address = "no port";  // InvalidArgument from the connection, not the reply
+  }
+  std::vector<uint8_t> a(3000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  EXPECT_EQ(result->bytes_fetched_by_client, 0u);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->load_requests.size(), 2u);
+  EXPECT_FALSE(fake_->load_requests[1].client_fetches());
+}
+
 TEST_F(ClientTest, Load_ReturnsWhileItsReleaseIsHeldUp) {
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);

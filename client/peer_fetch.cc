@@ -3,11 +3,14 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
+#include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
+#include "absl/synchronization/mutex.h"
 #include "common/bulk_wire.h"
 #include "common/status.h"
 
@@ -40,6 +43,50 @@ std::vector<Share> Shares(absl::Span<const BlockCheck> blocks, int streams) {
   return shares;
 }
 
+// Blocks at most this far apart are read over one connection, the bytes between them received
+// and dropped: chunk bodies start 4 KiB-aligned, so a file's blocks are contiguous only where
+// chunk sizes happen to be whole pages, and a connection per gap would cost a connect and a
+// request round trip each (hundreds for a model of many odd-sized tensors).
+constexpr uint64_t kMaxSkippedGap = kVerifiedCopyPiece;
+
+uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
+
+// The connections of one fetch. The first error wins and shuts the others down, so that no
+// stream waits out its deadline on a holder that another stream already found dead.
+class Streams {
+ public:
+  // Registers `socket` while its stream reads it; false if the fetch has already failed.
+  bool Open(const TcpSocket* socket) {
+    absl::MutexLock lock(&mu_);
+    if (!first_error_.ok()) return false;
+    open_.push_back(socket);
+    return true;
+  }
+  void Close(const TcpSocket* socket) {
+    absl::MutexLock lock(&mu_);
+    open_.erase(std::find(open_.begin(), open_.end(), socket));
+  }
+  void Fail(absl::Status error) {
+    absl::MutexLock lock(&mu_);
+    if (!first_error_.ok()) return;
+    first_error_ = std::move(error);
+    for (const TcpSocket* socket : open_) socket->Shutdown();
+  }
+  bool failed() {
+    absl::MutexLock lock(&mu_);
+    return !first_error_.ok();
+  }
+  absl::Status first_error() {
+    absl::MutexLock lock(&mu_);
+    return first_error_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  std::vector<const TcpSocket*> open_ ABSL_GUARDED_BY(mu_);
+};
+
 }  // namespace
 
 absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
@@ -51,30 +98,33 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
   VerifiedCopyResult result;
   if (blocks.empty()) return result;
   const std::vector<Share> shares = Shares(blocks, max_streams);
-  std::vector<absl::Status> errors(shares.size());
-  std::vector<char> bad(blocks.size(), 0);
-  std::atomic<bool> failed{false};  // the first error stops the other streams between blocks
+  std::vector<char> bad(blocks.size(), 0);  // each written by one stream, read after the joins
+  Streams streams;
   auto fetch = [&](size_t i) {
     const Share& share = shares[i];
     auto piece = std::make_unique<char[]>(kVerifiedCopyPiece);
     StreamingHasher hasher;
     size_t b = share.first;
-    while (b < share.last && !failed.load()) {
-      // One connection per run of contiguous blocks.
+    while (b < share.last && !streams.failed()) {
+      // One connection per run of blocks no more than kMaxSkippedGap apart.
       size_t end = b + 1;
-      while (end < share.last &&
-             blocks[end].offset == blocks[end - 1].offset + blocks[end - 1].length) {
+      while (end < share.last && blocks[end].offset - End(blocks[end - 1]) <= kMaxSkippedGap) {
         ++end;
       }
       const uint64_t run_begin = blocks[b].offset;
-      const uint64_t run_end = blocks[end - 1].offset + blocks[end - 1].length;
-      absl::StatusOr<TcpSocket> socket =
-          OpenBulkRead(copy.bulk_address(), job, copy, run_begin, run_end, deadline);
-      if (!socket.ok()) {
-        errors[i] = socket.status();
-        failed.store(true);
-        return;
+      const uint64_t run_end = End(blocks[end - 1]);
+      std::optional<TcpSocket> socket;
+      if (run_end > run_begin) {  // blocks of no bytes need no connection
+        absl::StatusOr<TcpSocket> opened =
+            OpenBulkRead(copy.bulk_address(), job, copy, run_begin, run_end, deadline);
+        if (!opened.ok()) return streams.Fail(opened.status());
+        socket.emplace(*std::move(opened));
+        if (!streams.Open(&*socket)) return;
       }
+      absl::Cleanup unregister = [&] {
+        if (socket.has_value()) streams.Close(&*socket);
+      };
+      uint64_t at = run_begin;  // the next byte the connection delivers
       // A piece one slot holds whole is received straight into it (the kernel's copy is the
       // only one; it is hashed from there); any other, into `piece`, then copied.
       auto received = [&](uint64_t begin, uint64_t piece_end) -> absl::StatusOr<const char*> {
@@ -86,17 +136,22 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
           }
         }
         RETURN_IF_ERROR(socket->RecvAll(into, piece_end - begin, deadline));
+        at = piece_end;
         return into;
       };
-      for (; b < end && !failed.load(); ++b) {
-        absl::StatusOr<bool> matched =
-            CopyAndCheckBlock(received, slots, blocks[b], by_block[b], hasher);
-        if (!matched.ok()) {
-          errors[i] = matched.status();
-          failed.store(true);
-          return;
+      for (; b < end; ++b) {
+        absl::Status skipped;
+        while (skipped.ok() && at < blocks[b].offset) {  // the gap before this block: dropped
+          const uint64_t n = std::min(kVerifiedCopyPiece, blocks[b].offset - at);
+          skipped = socket->RecvAll(piece.get(), n, deadline);
+          at += n;
         }
+        absl::StatusOr<bool> matched =
+            skipped.ok() ? CopyAndCheckBlock(received, slots, blocks[b], by_block[b], hasher)
+                         : skipped;
+        if (!matched.ok()) return streams.Fail(matched.status());
         if (!*matched) bad[b] = 1;
+        if (streams.failed()) return;
       }
     }
   };
@@ -104,9 +159,7 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
   for (size_t i = 1; i < shares.size(); ++i) threads.emplace_back(fetch, i);
   fetch(0);
   for (std::thread& t : threads) t.join();
-  for (const absl::Status& error : errors) {
-    if (!error.ok()) return error;
-  }
+  RETURN_IF_ERROR(streams.first_error());
   for (size_t b = 0; b < blocks.size(); ++b) {
     if (bad[b]) result.mismatched.push_back(b);
   }

@@ -7,11 +7,13 @@
 // region (shared memory made and faulted in for the load: on the 2-core VM ~270 ms per
 // 256 MiB before a byte arrives), then out of it into the tensors — and the region costs its
 // page faults twice, in the agent and in the trainer. Read here, they cross once: the kernel
-// copies each piece into a small buffer that stays in this core's cache, the piece is copied
-// into the tensors that want it and hashed right after (client/verified_copy.h
+// copies each 64 KiB piece straight into the tensor that holds it whole (a piece across a
+// tensor boundary or padding goes into a small buffer that stays in this core's cache and is
+// copied from there), and the piece is hashed right after (client/verified_copy.h
 // CopyAndCheckBlock). The agent only locates the blocks (LoadResponse.fetch).
 //
-// Thread-safety: a pure function over caller memory; the destinations must not overlap.
+// Thread-safety: FetchVerified may run concurrently with itself; it starts and joins its own
+// threads, one per connection. The destinations must not overlap.
 #ifndef TESSERA_CLIENT_PEER_FETCH_H_
 #define TESSERA_CLIENT_PEER_FETCH_H_
 
@@ -31,9 +33,8 @@ namespace tessera {
 // new connections near the loopback limit on the 2-core VM).
 inline constexpr int kFetchStreams = 4;
 
-// How long a fetch may take at most, as an agent's reads of a copy (agent_main.cc
-// kMemoryCopyTimeout), whatever the load's own timeout: a holder that stops sending must not
-// hold the trainer longer than the agent would.
+// The longest a fetch may take, as an agent's reads of a copy (agent_main.cc
+// kMemoryCopyTimeout); a load with less time left gives it less (Client::Load).
 inline constexpr absl::Duration kFetchTimeout = absl::Minutes(2);
 
 // Reads the bytes of memory copy `copy` (of job `job`) that `blocks` cover from its holder's
@@ -41,13 +42,14 @@ inline constexpr absl::Duration kFetchTimeout = absl::Minutes(2);
 // every slot its bytes (slot offsets and block offsets are from the copy's first byte) and
 // checking every block against its XXH3. `blocks` and `slots` follow VerifiedCopy's rule,
 // against a region of copy.nbytes() bytes. The blocks are split into up to `max_streams`
-// consecutive runs of about equal bytes, each read over its own connection (one per run of
-// contiguous blocks) on its own thread. A block that does not match is listed in
-// `mismatched` and the destinations it overlaps hold unverified bytes.
+// consecutive shares of about equal bytes, each read on its own thread over one connection
+// per run of blocks at most 64 KiB apart (the bytes between them are received and dropped).
+// A block that does not match is listed in `mismatched` and the destinations it overlaps
+// hold unverified bytes.
 // Errors: InvalidArgument naming the block or slot that breaks the rule, before anything is
-// read; else the first connection's (common/bulk_wire.h OpenBulkRead, and DataLoss if the
-// holder closes early; DeadlineExceeded past `deadline`) — the destinations then hold
-// unspecified bytes.
+// read; else the first error any connection met, which ends the others at once
+// (common/bulk_wire.h OpenBulkRead's; DataLoss if the holder closes early; DeadlineExceeded
+// past `deadline`) — the destinations then hold unspecified bytes.
 absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
                                                  absl::Span<const SlotCopy> slots,
                                                  absl::Span<const BlockCheck> blocks,
