@@ -6,7 +6,9 @@
 // as many connections (the kernel's two copies, nothing else). Server and client share this
 // process, as two agents share a node's cores. The destination is faulted in once, so page
 // faults are not measured. BM_PutMemoryCopy compares the two ways of replicating a copy to a
-// buddy (gRPC against the bulk port).
+// buddy (gRPC against the bulk port). BM_FetchVerified is a lost node's trainer reading the
+// same copy itself (client/peer_fetch.h): each 64 KiB piece received straight into the
+// destination and hashed there, every 4 MiB block checked.
 //
 //   bazel run -c opt //agent:peer_memory_benchmark
 #include <arpa/inet.h>
@@ -14,6 +16,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -25,6 +28,8 @@
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
 #include "benchmark/benchmark.h"
+#include "client/peer_fetch.h"
+#include "common/checksum.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera {
@@ -128,6 +133,37 @@ BENCHMARK(BM_ReadMemoryCopyBulk)
     ->Arg(4)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
+
+// A lost node's trainer (client/peer_fetch.h): the same read over new connections to the bulk
+// port, checked block by block as it lands, straight into the destination.
+void BM_FetchVerified(benchmark::State& state) {
+  MemoryTier tier;
+  BuddyStore store(0);
+  PublishPayload(tier);
+  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server = BulkOnLoopback(tier, store);
+  if (!server.ok()) {
+    state.SkipWithError(server.status().ToString().c_str());
+    return;
+  }
+  v1::MemoryCopy copy = PayloadCopy();
+  copy.set_bulk_address("127.0.0.1:" + std::to_string((*server)->port()));
+  std::vector<BlockCheck> blocks;
+  const std::vector<uint64_t> sums = BlockChecksums(Payload()->data(), kBytes, kDefaultBlockSize);
+  for (size_t b = 0; b < sums.size(); ++b) {
+    const uint64_t at = b * kDefaultBlockSize;
+    blocks.push_back(BlockCheck{at, std::min<uint64_t>(kDefaultBlockSize, kBytes - at), sums[b]});
+  }
+  const SlotCopy slot{Dest(), 0, kBytes};
+  for (auto _ : state) {
+    absl::StatusOr<VerifiedCopyResult> fetched =
+        FetchVerified("job", copy, {slot}, blocks, static_cast<int>(state.range(0)),
+                      absl::Now() + absl::Minutes(1));
+    if (!fetched.ok()) state.SkipWithError(fetched.status().ToString().c_str());
+    if (fetched.ok() && !fetched->mismatched.empty()) state.SkipWithError("a block differs");
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
+}
+BENCHMARK(BM_FetchVerified)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // Replicating to a buddy: the same 256 MiB put into a receiver's BuddyStore (a fresh buffer
 // each time, as a buddy keeps each new copy), over PeerMemory.PutMemoryCopy (argument 0) and
