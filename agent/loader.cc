@@ -77,6 +77,26 @@ absl::Status MemoryCopyLost(const CheckpointReader& reader,
                                 "disk instead (step -1: the latest)"));
 }
 
+// Drops from `copies` those held behind a bulk port the trainer could not read from
+// (LoadRequest.unreadable_holders), logging each.
+void SkipUnreadableHolders(const google::protobuf::RepeatedPtrField<std::string>& unreadable,
+                           std::vector<v1::MemoryCopy>& copies) {
+  if (unreadable.empty()) return;
+  const absl::flat_hash_set<std::string> skip(unreadable.begin(), unreadable.end());
+  copies.erase(
+      std::remove_if(copies.begin(), copies.end(),
+                     [&](const v1::MemoryCopy& copy) {
+                       if (copy.bulk_address().empty() || !skip.contains(copy.bulk_address())) {
+                         return false;
+                       }
+                       LogInfo("not reading the memory copy of ", copy.file(), " held by rank ",
+                               copy.rank(), " at ", copy.bulk_address(),
+                               ": the trainer could not read from it");
+                       return true;
+                     }),
+      copies.end());
+}
+
 }  // namespace
 
 uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<ReadRequest>& reads,
@@ -337,6 +357,9 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
     if (!copies_asked && options_.find_copies) {
       copies = options_.find_copies(step, (*reader)->manifest().session_id(),
                                     FilesRead(**reader, reads));
+      if (copies.ok() && (*reader)->on_disk()) {
+        SkipUnreadableHolders(request.unreadable_holders(), *copies);
+      }
     }
     copies_asked = true;
     return copies;

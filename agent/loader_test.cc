@@ -153,6 +153,7 @@ class LoaderMemoryTierTest : public LoaderTest {
     file_ = manifest->tensors(0).chunks(0).file();
     for (const v1::ChunkEntry& c : manifest->tensors(0).chunks()) ASSERT_EQ(c.file(), file_);
     session_id_ = manifest->session_id();
+    manifest_ = *manifest;
     first_chunk_offset_ = manifest->tensors(0).chunks(0).offset();
     std::ifstream in(JoinPath(dir, file_), std::ios::binary);
     const std::string bytes((std::istreambuf_iterator<char>(in)), {});
@@ -234,6 +235,7 @@ class LoaderMemoryTierTest : public LoaderTest {
   ResidentRegion region_;
   std::string file_;
   std::string session_id_;
+  v1::Manifest manifest_;  // of step 7
   uint64_t file_size_ = 0;
   uint64_t first_chunk_offset_ = 0;
 };
@@ -562,8 +564,9 @@ TEST_F(LoaderFetchTest, Load_ClientFetchesACopyFromAFileOffset_OffsetsFromTheCop
   // The holder's copy starts at the first chunk, not at the file's first byte: the slot and
   // the blocks are where those bytes lie in the copy, each block's XXH3 that of those bytes.
   LoaderOptions options = FetchOptions();
-  options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies =
+      [this](int64_t, const std::string&,
+             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     std::vector<v1::MemoryCopy> copies = RemoteCopy();
     copies[0].set_bulk_address("node-b:7002");
     copies[0].set_file_offset(first_chunk_offset_);
@@ -588,6 +591,64 @@ TEST_F(LoaderFetchTest, Load_ClientFetchesACopyFromAFileOffset_OffsetsFromTheCop
     EXPECT_EQ(block.xxh3(), Xxh3(copy + block.offset(), block.length())) << block.offset();
   }
   EXPECT_EQ(response->unverified_blocks(0).offset(), 0u);
+  loader.Release(response->load_id());
+}
+
+TEST_F(LoaderFetchTest, Load_AHolderTheTrainerCouldNotRead_NotTriedAgainTheFileReadInstead) {
+  LoaderOptions options = FetchOptions();
+  options.find_copies =
+      [this](int64_t, const std::string&,
+             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    std::vector<v1::MemoryCopy> copies = RemoteCopy();
+    copies[0].set_bulk_address("node-b:7002");
+    return copies;
+  };
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+  loader.SetJobDir(job_dir_);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  request.add_unreadable_holders("node-b:7002");
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 0);
+  EXPECT_EQ(response->bytes_from_disk(), kTensorBytes);
+  EXPECT_EQ(response->bytes_fetched_from_peers(), 0u);
+  loader.Release(response->load_id());
+
+  // Another holder's copy is still read.
+  request.clear_unreadable_holders();
+  request.add_unreadable_holders("node-c:7002");
+  response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(response->bytes_from_disk(), 0u);
+  loader.Release(response->load_id());
+}
+
+TEST_F(LoaderFetchTest, Load_MemoryOnlyAndAHolderTheTrainerCouldNotRead_TriedAgain) {
+  // Step 7 as a memory-only commit (no step directory in this job's dir): the holder may have
+  // its only copy, so it is asked again.
+  LoaderOptions options = FetchOptions();
+  options.find_copies =
+      [this](int64_t, const std::string&,
+             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    std::vector<v1::MemoryCopy> copies = RemoteCopy();
+    copies[0].set_bulk_address("node-b:7002");
+    return copies;
+  };
+  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
+  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
+  loader.SetJobDir(memory_only_dir);
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  request.add_unreadable_holders("node-b:7002");
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_TRUE(response->memory_only());
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
   loader.Release(response->load_id());
 }
 

@@ -446,10 +446,12 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
     }
     // Again, the same step even if -1 or -2 would resolve to a newer one by now; each time
     // with one thing less done here, so at most twice. A copy that could not be read from its
-    // holder: the agent reads it. A block that did not match: the agent verifies (it reads
+    // holder: the agent reads it, from another holder or the file (from that holder again
+    // only for a memory-only step). A block that did not match: the agent verifies (it reads
     // that block from the file, or fails the load if there is none).
     request.set_step(result->step);
     request.set_client_fetches(false);
+    if (!retry.fetch_error.ok()) *request.add_unreadable_holders() = retry.fetch_holder;
     if (retry.mismatched > 0) {
       request.set_client_verifies(false);
       rejected = std::max(rejected, retry.mismatched);
@@ -532,6 +534,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
                       kFetchStreams, std::min(deadline, absl::Now() + kFetchTimeout));
     if (!fetched.ok()) {
       retry->fetch_error = fetched.status();
+      retry->fetch_holder = response.fetch().copy().bulk_address();
       return result;
     }
     retry->mismatched = fetched->mismatched.size();

@@ -294,6 +294,7 @@ class Client {
   struct LoadRetry {
     uint64_t mismatched = 0;   // blocks this client checked that did not match
     absl::Status fetch_error;  // reading the copy from its holder (LoadResponse.fetch) failed
+    std::string fetch_holder;  // that holder's bulk port
   };
 
   // One Load request and its copy into `into`; with request.client_verifies, blocks left to

@@ -1256,6 +1256,8 @@ TEST_F(ClientFetchTest, Load_HolderGone_LoadsAgainTheAgentFetchingTheClientCheck
   ASSERT_EQ(fake_->load_requests.size(), 2u);
   EXPECT_FALSE(fake_->load_requests[1].client_fetches());
   EXPECT_TRUE(fake_->load_requests[1].client_verifies());
+  EXPECT_THAT(fake_->load_requests[1].unreadable_holders(), ElementsAre(fake_->holder_address));
+  EXPECT_TRUE(fake_->load_requests[0].unreadable_holders().empty());
   EXPECT_THAT(fake_->released, ElementsAre("load-1", "load-2"));
 }
 
