@@ -54,8 +54,10 @@ bench_rank.py / tessera-plan-load / tessera-llama-trainer:
            (the trainer also maps the region, page by page: a cost the baseline has not).
            Buddy restore (2+ ranks): the odd ranks' agents are SIGKILLed once their buddies
            hold the last step, restart on a new node id and load it: bytes they read from
-           their buddies' memory / (first of their load() calls -> last returned). Baseline:
-           loopback TCP with as many parallel streams (link_bw.py, best of 3).
+           their buddies' memory / (first of their load() calls -> last returned); the row
+           says how much of it the trainers read from the buddies themselves (their load's
+           bytes_fetched_by_client; the rest their agents read). Baseline: loopback TCP with
+           as many parallel streams (link_bw.py, best of 3).
   llama    (7) the quickstart's model through tessera-llama-trainer (C++ client), distributed
            optimizer. stall: the slowest rank's printed stall per steady save vs the slowest
            rank's memcpy of its printed bytes (bench_rank.py memcpy, every rank at once, the
@@ -528,15 +530,17 @@ def buddy_rows(raw, tag, name):
     if not moved or any(x["mismatched"] for x in loads):
         return [Row("4m buddy restore, %s" % name, "failed (see logs/%s)" % tag)]
     fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
+    by_trainers = sum(x["sources"].get("bytes_fetched_by_client", 0) for x in moved)
     disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
     span = max(x["end"] for x in moved) - min(x["start"] for x in moved)
     bw = fetched / span if span > 0 else None
     link_bw = link["bytes_per_s"] if link else None
     ratio = bw / link_bw if bw and link_bw else None
     return [Row("4m buddy restore, %s" % name,
-                "%s (%d ranks on a new node: %s from buddies in %s, %s from disk)" % (
+                "%s (%d ranks on a new node: %s from buddies in %s, %s of it read by the "
+                "trainers themselves; %s from disk)" % (
                     fmt_bw(bw), len(moved), fmt_size(int(mib(fetched))), fmt_s(span),
-                    fmt_size(int(mib(disk)))),
+                    fmt_size(int(mib(by_trainers))), fmt_size(int(mib(disk)))),
                 "loopback TCP %s (%d streams)" % (fmt_bw(link_bw), link["streams"]) if link else "-",
                 ratio, ">= 0.80", (ratio >= 0.8) if ratio is not None and disk == 0 else None,
                 chart=("buddy restore %s" % name, ratio, 0.8, True))]
