@@ -448,14 +448,37 @@ class LoaderFetchTest : public LoaderMemoryTierTest {
     return options;
   }
 
+  // Rank 1's copy on node-b: the whole file, or from file offset `copy_from_`; with a bulk
+  // port if `holder_bulk_` names one.
   std::vector<v1::MemoryCopy> RemoteCopy() const {
     std::vector<v1::MemoryCopy> copies = PeerCopy("node-b");
     copies[0].set_peer_address("node-b:7001");
+    copies[0].set_bulk_address(holder_bulk_);
+    copies[0].set_file_offset(copy_from_);
+    copies[0].set_nbytes(file_size_ - copy_from_);
     return copies;
+  }
+
+  // A loader of rank 0 over the job directory `dir`.
+  std::unique_ptr<Loader> NewLoader(const LoaderOptions& options, const std::string& dir) {
+    auto loader = std::make_unique<Loader>(&storage_, pool_.get(), /*rank=*/0, options);
+    loader->SetJobDir(dir);
+    return loader;
+  }
+
+  // The whole tensor, for a trainer that checks what it copies and, with `fetches`, reads a
+  // copy on another node itself.
+  v1::LoadRequest TrainerRequest(bool fetches) const {
+    v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+    request.set_client_verifies(true);
+    request.set_client_fetches(fetches);
+    return request;
   }
 
   int fetches_ = 0;
   bool flip_ = false;
+  std::string holder_bulk_;
+  uint64_t copy_from_ = 0;
 };
 
 TEST_F(LoaderFetchTest, Load_HeldOnAnotherNodeOnly_FetchedIntoTheLoadRegionAndServedThere) {
@@ -489,48 +512,37 @@ TEST_F(LoaderFetchTest, Load_FetchedCopyWithAFlippedByte_ThatBlockReadFromDiskIn
 
 TEST_F(LoaderFetchTest, Load_ClientVerifies_FetchedOnceBlocksListed) {
   flip_ = true;
-  Loader loader(&storage_, pool_.get(), /*rank=*/0, FetchOptions());
-  loader.SetJobDir(job_dir_);
-  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
-  request.set_client_verifies(true);
-  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  std::unique_ptr<Loader> loader = NewLoader(FetchOptions(), job_dir_);
+  v1::LoadRequest request = TrainerRequest(/*fetches=*/false);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   // Served from the fetched region unread: the flipped byte is the client's to find.
   EXPECT_EQ(fetches_, 1);
   EXPECT_EQ(response->slots(0).offset(), first_chunk_offset_);
   EXPECT_EQ(response->unverified_blocks_size(), static_cast<int>(kTensorBytes / 4096));
   EXPECT_EQ(response->memory_blocks_rejected(), 0u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 
   // The client's retry once its check fails (Client::Load): fetched again, verified here, the
   // bad block read from the file over it; two fetches in all (it used to take three).
   request.set_client_verifies(false);
-  response = loader.Load(request);
+  response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 2);
   EXPECT_EQ(response->slots(0).offset(), first_chunk_offset_);
   EXPECT_EQ(response->unverified_blocks_size(), 0);
   EXPECT_EQ(response->memory_blocks_rejected(), 1u);
   EXPECT_EQ(response->bytes_from_disk(), 4096u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_ClientFetches_TheCopyNamedNothingReadNoRegion) {
+  holder_bulk_ = "node-b:7002";
   LoaderOptions options = FetchOptions();
   options.job_id = "job-7";
-  options.find_copies =
-      [this](int64_t, const std::string&,
-             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-    std::vector<v1::MemoryCopy> copies = RemoteCopy();
-    copies[0].set_bulk_address("node-b:7002");
-    return copies;
-  };
-  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
-  loader.SetJobDir(job_dir_);
-  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
-  request.set_client_verifies(true);
-  request.set_client_fetches(true);
-  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  std::unique_ptr<Loader> loader = NewLoader(options, job_dir_);
+  v1::LoadRequest request = TrainerRequest(/*fetches=*/true);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 0);
   EXPECT_EQ(pool_->regions_created(), 0u);
@@ -548,37 +560,25 @@ TEST_F(LoaderFetchTest, Load_ClientFetches_TheCopyNamedNothingReadNoRegion) {
   EXPECT_EQ(response->bytes_fetched_from_peers(), kTensorBytes);
   EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
   EXPECT_EQ(response->bytes_from_disk(), 0u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 
   // The trainer's retry when its fetch or check fails (Client::Load): the agent fetches.
   request.set_client_fetches(false);
-  response = loader.Load(request);
+  response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 1);
   EXPECT_FALSE(response->has_fetch());
   EXPECT_EQ(pool_->regions_created(), 1u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_ClientFetchesACopyFromAFileOffset_OffsetsFromTheCopysFirstByte) {
   // The holder's copy starts at the first chunk, not at the file's first byte: the slot and
   // the blocks are where those bytes lie in the copy, each block's XXH3 that of those bytes.
-  LoaderOptions options = FetchOptions();
-  options.find_copies =
-      [this](int64_t, const std::string&,
-             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-    std::vector<v1::MemoryCopy> copies = RemoteCopy();
-    copies[0].set_bulk_address("node-b:7002");
-    copies[0].set_file_offset(first_chunk_offset_);
-    copies[0].set_nbytes(file_size_ - first_chunk_offset_);
-    return copies;
-  };
-  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
-  loader.SetJobDir(job_dir_);
-  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
-  request.set_client_verifies(true);
-  request.set_client_fetches(true);
-  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  holder_bulk_ = "node-b:7002";
+  copy_from_ = first_chunk_offset_;
+  std::unique_ptr<Loader> loader = NewLoader(FetchOptions(), job_dir_);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/true));
   ASSERT_TRUE(response.ok()) << response.status();
   ASSERT_TRUE(response->has_fetch());
   EXPECT_EQ(response->shm_size(), file_size_ - first_chunk_offset_);
@@ -591,79 +591,58 @@ TEST_F(LoaderFetchTest, Load_ClientFetchesACopyFromAFileOffset_OffsetsFromTheCop
     EXPECT_EQ(block.xxh3(), Xxh3(copy + block.offset(), block.length())) << block.offset();
   }
   EXPECT_EQ(response->unverified_blocks(0).offset(), 0u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_AHolderTheTrainerCouldNotRead_NotTriedAgainTheFileReadInstead) {
-  LoaderOptions options = FetchOptions();
-  options.find_copies =
-      [this](int64_t, const std::string&,
-             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-    std::vector<v1::MemoryCopy> copies = RemoteCopy();
-    copies[0].set_bulk_address("node-b:7002");
-    return copies;
-  };
-  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
-  loader.SetJobDir(job_dir_);
-  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
-  request.set_client_verifies(true);
+  holder_bulk_ = "node-b:7002";
+  std::unique_ptr<Loader> loader = NewLoader(FetchOptions(), job_dir_);
+  v1::LoadRequest request = TrainerRequest(/*fetches=*/false);
   request.add_unreadable_holders("node-b:7002");
-  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 0);
   EXPECT_EQ(response->bytes_from_disk(), kTensorBytes);
   EXPECT_EQ(response->bytes_fetched_from_peers(), 0u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 
   // Another holder's copy is still read.
   request.clear_unreadable_holders();
   request.add_unreadable_holders("node-c:7002");
-  response = loader.Load(request);
+  response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 1);
   EXPECT_EQ(response->bytes_from_disk(), 0u);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_MemoryOnlyAndAHolderTheTrainerCouldNotRead_TriedAgain) {
   // Step 7 as a memory-only commit (no step directory in this job's dir): the holder may have
   // its only copy, so it is asked again.
+  holder_bulk_ = "node-b:7002";
   LoaderOptions options = FetchOptions();
-  options.find_copies =
-      [this](int64_t, const std::string&,
-             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
-    std::vector<v1::MemoryCopy> copies = RemoteCopy();
-    copies[0].set_bulk_address("node-b:7002");
-    return copies;
-  };
   options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
-  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
   const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
   ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
-  loader.SetJobDir(memory_only_dir);
-  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
-  request.set_client_verifies(true);
+  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  v1::LoadRequest request = TrainerRequest(/*fetches=*/false);
   request.add_unreadable_holders("node-b:7002");
-  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(request);
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_TRUE(response->memory_only());
   EXPECT_EQ(fetches_, 1);
   EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_ClientFetchesButTheHolderHasNoBulkPort_FetchedHere) {
-  Loader loader(&storage_, pool_.get(), /*rank=*/0, FetchOptions());
-  loader.SetJobDir(job_dir_);
-  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
-  request.set_client_verifies(true);
-  request.set_client_fetches(true);
-  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  std::unique_ptr<Loader> loader = NewLoader(FetchOptions(), job_dir_);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/true));
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 1);
   EXPECT_FALSE(response->has_fetch());
   EXPECT_NE(response->shm_name(), "");
-  loader.Release(response->load_id());
+  loader->Release(response->load_id());
 }
 
 TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {

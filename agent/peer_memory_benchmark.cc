@@ -109,20 +109,34 @@ BENCHMARK(BM_ReadMemoryCopy)
 
 // The bulk port (agent/memory_bulk.h): the same read over plain TCP connections, new ones for
 // every read (as a load makes them), each received straight into its part of the destination.
-void BM_ReadMemoryCopyBulk(benchmark::State& state) {
+// The holder of the payload, serving it on a bulk port: the reader's side of each bulk read.
+struct PayloadHolder {
   MemoryTier tier;
-  BuddyStore store(0);
-  PublishPayload(tier);
-  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server = BulkOnLoopback(tier, store);
-  if (!server.ok()) {
-    state.SkipWithError(server.status().ToString().c_str());
-    return;
+  BuddyStore store{0};
+  std::unique_ptr<MemoryBulkServer> server;
+  v1::MemoryCopy copy;  // the payload, as a reader names it (bulk_address set)
+
+  // Starts the port; false (the benchmark skipped, saying why) if it cannot listen.
+  bool Start(benchmark::State& state) {
+    PublishPayload(tier);
+    absl::StatusOr<std::unique_ptr<MemoryBulkServer>> started = BulkOnLoopback(tier, store);
+    if (!started.ok()) {
+      state.SkipWithError(started.status().ToString().c_str());
+      return false;
+    }
+    server = *std::move(started);
+    copy = PayloadCopy();
+    copy.set_bulk_address("127.0.0.1:" + std::to_string(server->port()));
+    return true;
   }
-  const std::string address = "127.0.0.1:" + std::to_string((*server)->port());
-  const v1::MemoryCopy copy = PayloadCopy();
+};
+
+void BM_ReadMemoryCopyBulk(benchmark::State& state) {
+  PayloadHolder holder;
+  if (!holder.Start(state)) return;
   for (auto _ : state) {
-    absl::Status status = ReadMemoryCopyBulk(address, "job", copy, Dest(), absl::Minutes(1),
-                                             static_cast<int>(state.range(0)));
+    absl::Status status = ReadMemoryCopyBulk(holder.copy.bulk_address(), "job", holder.copy, Dest(),
+                                             absl::Minutes(1), static_cast<int>(state.range(0)));
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
@@ -137,16 +151,8 @@ BENCHMARK(BM_ReadMemoryCopyBulk)
 // A lost node's trainer (client/peer_fetch.h): the same read over new connections to the bulk
 // port, checked block by block as it lands, straight into the destination.
 void BM_FetchVerified(benchmark::State& state) {
-  MemoryTier tier;
-  BuddyStore store(0);
-  PublishPayload(tier);
-  absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server = BulkOnLoopback(tier, store);
-  if (!server.ok()) {
-    state.SkipWithError(server.status().ToString().c_str());
-    return;
-  }
-  v1::MemoryCopy copy = PayloadCopy();
-  copy.set_bulk_address("127.0.0.1:" + std::to_string((*server)->port()));
+  PayloadHolder holder;
+  if (!holder.Start(state)) return;
   std::vector<BlockCheck> blocks;
   const std::vector<uint64_t> sums = BlockChecksums(Payload()->data(), kBytes, kDefaultBlockSize);
   for (size_t b = 0; b < sums.size(); ++b) {
@@ -156,7 +162,7 @@ void BM_FetchVerified(benchmark::State& state) {
   const SlotCopy slot{Dest(), 0, kBytes};
   for (auto _ : state) {
     absl::StatusOr<VerifiedCopyResult> fetched =
-        FetchVerified("job", copy, {slot}, blocks, static_cast<int>(state.range(0)),
+        FetchVerified("job", holder.copy, {slot}, blocks, static_cast<int>(state.range(0)),
                       absl::Now() + absl::Minutes(1));
     if (!fetched.ok()) state.SkipWithError(fetched.status().ToString().c_str());
     if (fetched.ok() && !fetched->mismatched.empty()) state.SkipWithError("a block differs");

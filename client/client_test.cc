@@ -29,6 +29,7 @@
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "client/describe.h"
+#include "client/fake_bulk_holder.h"
 #include "client/parallel_copy.h"
 #include "common/checksum.h"
 #include "common/dtype.h"
@@ -1276,6 +1277,24 @@ TEST_F(ClientFetchTest, Load_HolderAddressUnusable_LoadsAgainTheAgentFetching) {
   absl::MutexLock lock(&fake_->mu);
   ASSERT_EQ(fake_->load_requests.size(), 2u);
   EXPECT_FALSE(fake_->load_requests[1].client_fetches());
+}
+
+TEST_F(ClientFetchTest, Load_HolderStalls_TheLoadEndsAtItsTimeoutItsRetryIncluded) {
+  // The holder sends its status and then nothing: the fetch waits out the load's timeout, and
+  // the agent's retry has no time left (each attempt used to get a whole timeout).
+  FakeBulkHolder stalling("", /*cut_after=*/UINT64_MAX, /*stall_from=*/0);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->holder_address = stalling.address();
+  }
+  ClientOptions options;
+  options.load_timeout = absl::Milliseconds(300);
+  std::unique_ptr<Client> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> a(3000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kDeadlineExceeded) << result.status();
+  EXPECT_EQ(stalling.connections(), 1);
 }
 
 TEST_F(ClientTest, Load_ReturnsWhileItsReleaseIsHeldUp) {

@@ -1,9 +1,7 @@
 #include "client/peer_fetch.h"
 
-#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -11,9 +9,8 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
-#include "common/bulk_wire.h"
+#include "client/fake_bulk_holder.h"
 #include "common/checksum.h"
-#include "common/tcp_socket.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -88,42 +85,6 @@ struct Destinations {
   std::vector<SlotCopy> slots;
 };
 
-// A holder's bulk port played by the test: serves reads of `bytes`, counting connections,
-// and sends at most `cut_after` bytes of each read before it closes.
-class FakeHolder {
- public:
-  explicit FakeHolder(std::string bytes, uint64_t cut_after = UINT64_MAX)
-      : bytes_(std::move(bytes)), cut_after_(cut_after) {
-    absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 16);
-    EXPECT_TRUE(listener.ok()) << listener.status();
-    listener_ = *std::move(listener);
-    thread_ = std::thread([this] {
-      for (absl::StatusOr<TcpSocket> c = listener_.Accept(); c.ok(); c = listener_.Accept()) {
-        ++connections_;
-        v1::BulkRequest request;
-        if (!RecvBulkFrame(*c, &request, Soon()).ok()) continue;
-        const v1::ReadMemoryCopyRequest& read = request.read();
-        if (!SendBulkStatus(*c, absl::OkStatus(), read.length(), Soon()).ok()) continue;
-        c->SendAll(bytes_.data() + read.offset(), std::min(read.length(), cut_after_), Soon())
-            .IgnoreError();
-      }
-    });
-  }
-  ~FakeHolder() {
-    listener_.Shutdown();
-    thread_.join();
-  }
-  std::string address() const { return "127.0.0.1:" + std::to_string(listener_.port()); }
-  int connections() const { return connections_.load(); }
-
- private:
-  const std::string bytes_;
-  const uint64_t cut_after_;
-  TcpSocket listener_;
-  std::atomic<int> connections_{0};
-  std::thread thread_;
-};
-
 TEST_F(PeerFetchTest, EverySlotFilledFromTheHolder_EveryBlockChecked) {
   // Slots across block boundaries, with gaps between them, the last one to the copy's end.
   Destinations d({{0, 3}, {100, kMiB}, {2 * kMiB + 17, 3 * kMiB}, {9 * kMiB - 5, 128}});
@@ -170,7 +131,7 @@ TEST_F(PeerFetchTest, MoreStreamsThanBlocks_OneStreamPerBlock) {
 TEST_F(PeerFetchTest, BlocksAPaddingApart_OneConnection_TheGapDropped) {
   // Block 1 shortened by 4000 bytes, as a chunk's last block before the next chunk's
   // 4 KiB-aligned start: blocks 0-2 are read over one connection, the gap received and dropped.
-  FakeHolder holder(held_);
+  FakeBulkHolder holder(held_);
   copy_.set_bulk_address(holder.address());
   std::vector<BlockCheck> blocks = {blocks_[0], blocks_[1], blocks_[2]};
   blocks[1].length -= 4000;
@@ -185,7 +146,7 @@ TEST_F(PeerFetchTest, BlocksAPaddingApart_OneConnection_TheGapDropped) {
 }
 
 TEST_F(PeerFetchTest, BlocksFarApart_AConnectionEach) {
-  FakeHolder holder(held_);
+  FakeBulkHolder holder(held_);
   copy_.set_bulk_address(holder.address());
   const std::vector<BlockCheck> blocks = {blocks_[0], blocks_[4]};
   Destinations d({{0, kMiB}, {4 * kMiB, kMiB}});
@@ -206,12 +167,25 @@ TEST_F(PeerFetchTest, TwoSlotsOverTheSameBytes_BothFilled) {
 }
 
 TEST_F(PeerFetchTest, TheHolderClosesPartway_DataLoss) {
-  FakeHolder holder(held_, /*cut_after=*/kMiB + 10);
+  FakeBulkHolder holder(held_, /*cut_after=*/kMiB + 10);
   copy_.set_bulk_address(holder.address());
   Destinations d({{0, held_.size()}});
   absl::StatusOr<VerifiedCopyResult> fetched =
       FetchVerified(kJob, copy_, d.slots, blocks_, 3, Soon());
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
+}
+
+TEST_F(PeerFetchTest, OneStreamFails_TheOthersEndAtOnce) {
+  // The first share's read closes after 4 MiB, long after the second's has been waiting for
+  // bytes its holder never sends; the fetch has no deadline: it returns only because the
+  // failed stream shuts the other one down.
+  FakeBulkHolder holder(held_, /*cut_after=*/4 * kMiB, /*stall_from=*/1);
+  copy_.set_bulk_address(holder.address());
+  Destinations d({{0, held_.size()}});
+  absl::StatusOr<VerifiedCopyResult> fetched =
+      FetchVerified(kJob, copy_, d.slots, blocks_, 2, absl::InfiniteFuture());
+  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
+  EXPECT_EQ(holder.connections(), 2);
 }
 
 TEST_F(PeerFetchTest, ASlotNoBlockCovers_InvalidArgumentBeforeAnyConnection) {

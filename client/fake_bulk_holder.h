@@ -1,0 +1,73 @@
+// FakeBulkHolder: a holder's bulk port played by a test (proto/tessera/v1/peer.proto "Bulk
+// transfers", reads only). It serves reads of a byte string, counts connections, and can
+// misbehave as a failing holder does: close a read after `cut_after` bytes, or — for reads
+// from `stall_from` on — send the status and then nothing, holding the connection open until
+// it is destroyed.
+//
+// Thread-safety: serves on its own thread; address() and connections() may be called from any.
+#ifndef TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
+#define TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "common/bulk_wire.h"
+#include "common/tcp_socket.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+
+class FakeBulkHolder {
+ public:
+  explicit FakeBulkHolder(std::string bytes, uint64_t cut_after = UINT64_MAX,
+                          uint64_t stall_from = UINT64_MAX)
+      : bytes_(std::move(bytes)), cut_after_(cut_after), stall_from_(stall_from) {
+    absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 16);
+    EXPECT_TRUE(listener.ok()) << listener.status();
+    listener_ = *std::move(listener);
+    thread_ = std::thread([this] {
+      for (absl::StatusOr<TcpSocket> c = listener_.Accept(); c.ok(); c = listener_.Accept()) {
+        ++connections_;
+        const absl::Time soon = absl::Now() + absl::Seconds(30);
+        v1::BulkRequest request;
+        if (!RecvBulkFrame(*c, &request, soon).ok()) continue;
+        const v1::ReadMemoryCopyRequest& read = request.read();
+        if (!SendBulkStatus(*c, absl::OkStatus(), read.length(), soon).ok()) continue;
+        if (read.offset() >= stall_from_) {
+          stalled_.push_back(*std::move(c));  // open, silent, until the holder goes
+          continue;
+        }
+        c->SendAll(bytes_.data() + read.offset(), std::min(read.length(), cut_after_), soon)
+            .IgnoreError();
+      }
+    });
+  }
+  ~FakeBulkHolder() {
+    listener_.Shutdown();
+    thread_.join();
+  }
+  FakeBulkHolder(const FakeBulkHolder&) = delete;
+  FakeBulkHolder& operator=(const FakeBulkHolder&) = delete;
+
+  std::string address() const { return "127.0.0.1:" + std::to_string(listener_.port()); }
+  int connections() const { return connections_.load(); }
+
+ private:
+  const std::string bytes_;
+  const uint64_t cut_after_;
+  const uint64_t stall_from_;
+  TcpSocket listener_;
+  std::atomic<int> connections_{0};
+  std::vector<TcpSocket> stalled_;  // the serving thread's
+  std::thread thread_;
+};
+
+}  // namespace tessera
+
+#endif  // TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
