@@ -12,10 +12,13 @@ the timing); the first run is reported apart from the steady state:
   default               dcp.async_save(state, checkpoint_id=...): blocked = the call (it stages
                         the tensors to host memory before returning); durable = its future's
                         result() (FileSystemWriter fsyncs).
-  pinned_async_staging  where this PyTorch has DefaultStager: pinned, reused staging memory
-                        with asynchronous staging. The trainer may not change its tensors until
+  pinned_async_staging  where this PyTorch has DefaultStager: pinned staging memory with
+                        asynchronous staging. The trainer may not change its tensors until
                         staging completes, so blocked = the call + staging_completion; durable
-                        = upload_completion.
+                        = upload_completion. A new DefaultStager per save: PyTorch 2.11's cannot
+                        be reused across async_save calls (KeyError: <class 'type'> from its
+                        second save, pytorch/pytorch#183413), so its pinned memory is allocated
+                        again each time, as 2.11's users get it.
 A variant this PyTorch lacks is reported with the error, not run. Writes one JSON object.
 """
 
@@ -49,9 +52,10 @@ def wait_done(x):
     return x.result() if hasattr(x, "result") else x
 
 
-def run_variant(torch, dcp, state, root, steps, stager):
+def run_variant(torch, dcp, state, root, steps, make_stager):
     runs = []
     for k in range(steps):
+        stager = make_stager()
         path = os.path.join(root, "run-%d" % k)
         if torch.cuda.is_available():
             torch.cuda.synchronize()
@@ -69,6 +73,8 @@ def run_variant(torch, dcp, state, root, steps, stager):
             wait_done(response)
         t2 = time.perf_counter()
         runs.append({"blocked_s": t1 - t0, "durable_s": t2 - t0})
+        if stager is not None and hasattr(stager, "close"):
+            stager.close()
         shutil.rmtree(path, ignore_errors=True)
     return runs
 
@@ -111,12 +117,9 @@ def main():
         variants.append(("pinned_async_staging", pinned_stager))
         for name, make_stager in variants:
             try:
-                stager = make_stager()
                 report["variants"][name] = {
                     "runs": run_variant(torch, dcp, state, os.path.join(a.dir, name), a.steps,
-                                        stager)}
-                if stager is not None and hasattr(stager, "close"):
-                    stager.close()
+                                        make_stager)}
             except Exception as e:  # a variant this PyTorch lacks: reported, not fatal
                 report["variants"][name] = {"error": "%s: %s" % (type(e).__name__, e)}
                 traceback.print_exc()

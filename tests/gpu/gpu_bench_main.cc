@@ -8,8 +8,10 @@
 //        1. fills its pieces (tests/gpu/bench_tensors.h) in --memory;
 //        2. the copy limit of the same bytes: pinned cudaMemcpy device->host and host->device
 //           (memcpy for host tensors), --repeats times, every rank at once;
-//        3. K saves (step 1 plans, sizes and pins staging: reported apart; later steps reuse
-//           both). Per save: stall = wall time Save() blocks, the client's own stall and copy
+//        3. with --reserve (default), Client::ReserveStaging of the tensors first, timed, as
+//           a trainer does before its first save (DESIGN.md "The first save");
+//        4. K saves (step 1 plans, and sizes and pins staging unless reserved: reported apart;
+//           later steps reuse both). Per save: stall = wall time Save() blocks, the client's own stall and copy
 //           time, and Save() call -> WaitCommitted() returned. Between saves the stamped row
 //           of every piece changes on the device, outside the timed region.
 //   load --agent=SOCK --rank=R --world=N --saved_world=M --mib=S --step=K --out=F.json
@@ -47,6 +49,7 @@ ABSL_FLAG(int64_t, tensor_mib, 64, "MiB per tensor per saved rank");
 ABSL_FLAG(int32_t, steps, 6, "save: saves, steps 1..K");
 ABSL_FLAG(int64_t, step, -1, "load: the step the latest checkpoint must be");
 ABSL_FLAG(int32_t, repeats, 5, "save: repetitions of the copy-limit measurement");
+ABSL_FLAG(bool, reserve, true, "save: Client::ReserveStaging before the first save");
 ABSL_FLAG(std::string, memory, "auto",
           "where the tensors live: auto (CUDA if a GPU is usable, else host), cuda, host");
 ABSL_FLAG(std::string, barrier, "", "process barrier (/NAME) shared by the ranks");
@@ -185,6 +188,14 @@ int Save() {
   absl::StatusOr<std::unique_ptr<Client>> client = ConnectToAgent(absl::GetFlag(FLAGS_agent));
   if (!client.ok()) return Fail("connecting to the agent", client.status());
   const std::vector<TensorRef> refs = rank.Refs();
+  std::string reserved = "null";
+  if (absl::GetFlag(FLAGS_reserve)) {
+    rank.Meet();
+    const Clock::time_point start = Clock::now();
+    absl::Status s = (*client)->ReserveStaging(refs);
+    if (!s.ok()) return Fail("ReserveStaging", s);
+    reserved = Num(Since(start));
+  }
   std::vector<std::string> saves;
   std::vector<int32_t> row(kCols);
   for (int64_t step = 1; step <= absl::GetFlag(FLAGS_steps); ++step) {
@@ -213,7 +224,8 @@ int Save() {
   }
   const std::string json = absl::StrCat(
       "{", Header("save", rank), ", \"to_host_s\": ", JsonList(limit->to_host_s),
-      ", \"to_device_s\": ", JsonList(limit->to_device_s), ", \"saves\": [",
+      ", \"to_device_s\": ", JsonList(limit->to_device_s), ", \"reserve_s\": ", reserved,
+      ", \"saves\": [",
       absl::StrJoin(saves, ", "), "]}");
   absl::Status written = WriteFile(absl::GetFlag(FLAGS_out), json);
   if (!written.ok()) return Fail("writing the report", written);

@@ -36,6 +36,13 @@
 #                     (cudaGetDeviceCount fails); GPU-only sections are reported as skipped.
 #                     The pack test (tests/gpu/pack_test.sh) runs this way.
 #   --no-drop-caches  leave the page cache alone (default: drop it before reads, as root)
+#   --planning=LIST   also run the planning benchmark (issue 15) on this machine's cores, after
+#                     the other sections: PPxTPxDP:SHARDS, comma-separated (e.g.
+#                     16x8x128:300), each --planning-repeats times, tessera-plan-load's fake
+#                     agents against a fresh coordinator as tests/bench/run.sh --only=plan runs
+#                     them. Its raw files land in logs.tar.gz (raw/planning/); render them with
+#                     tests/bench/report.py where Bazel is. Default: none.
+#   --planning-repeats=N  runs of each planning configuration (default 3)
 #   --plan            print what would run and exit
 # Exit status: 0 if every section that ran succeeded (benchmark targets are reported, not
 # enforced), 1 otherwise, 2 for bad options.
@@ -53,6 +60,8 @@ BUDGET=540
 CPU=0
 DROP=1
 PLAN=0
+PLANNING=""
+PLANNING_REPEATS=3
 for arg in "$@"; do
   case "$arg" in
     --pack=*) PACK=${arg#*=} ;;
@@ -66,6 +75,8 @@ for arg in "$@"; do
     --budget=*) BUDGET=${arg#*=} ;;
     --cpu-fallback) CPU=1 ;;
     --no-drop-caches) DROP=0 ;;
+    --planning=*) PLANNING=${arg#*=} ;;
+    --planning-repeats=*) PLANNING_REPEATS=${arg#*=} ;;
     --plan) PLAN=1 ;;
     -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
     *) echo "on_device.sh: unknown option $arg (see --help)" >&2; exit 2 ;;
@@ -119,6 +130,8 @@ if [ "$PLAN" = 1 ]; then
       echo "    + python3 scripts/dcp_peer.py: $DCP_STEPS x torch.distributed.checkpoint.async_save of $mib MiB of CUDA tensors"
     fi
   done <<<"$CONFIG_LINES"
+  [ -z "$PLANNING" ] ||
+    echo "  planning: $PLANNING, $PLANNING_REPEATS run(s) each: coordinator + tessera-plan-load (raw/planning/ in logs.tar.gz)"
   echo "  report: results.md results.json tests.txt memcheck.txt logs.tar.gz run.log"
   echo "  budget: start nothing after ${BUDGET} s"
   exit 0
@@ -477,6 +490,44 @@ if wants configs; then
     fi
     report
   done <<<"$CONFIG_LINES"
+fi
+
+# --- planning (issue 15): fake agents against a real coordinator, as tests/bench/run.sh's
+# figure 5 runs them; rendered where Bazel is (tests/bench/report.py), not in results.md.
+if [ -n "$PLANNING" ]; then
+  mkdir -p "$RAW/planning/raw" "$RAW/planning/logs"
+  { cat "$RAW/machine.env"; echo "args=--only=plan --plan=$PLANNING --plan-repeats=$PLANNING_REPEATS (tests/gpu/on_device.sh)"; } \
+    >"$RAW/planning/raw/machine.env"
+  : >"$RAW/planning/raw/configs.txt"
+  IFS=',' read -ra plan_configs <<<"$PLANNING"
+  for config in "${plan_configs[@]}"; do
+    IFS=':' read -r mesh shards <<<"$config"
+    IFS='x' read -r ppd tpd dpd <<<"$mesh"
+    for i in $(seq 1 "$PLANNING_REPEATS"); do
+      tag="$mesh-$shards-$i"
+      if [ "$(left)" -lt 60 ]; then skip "planning $tag: time budget ($(left) s left)"; continue; fi
+      say "== planning $tag: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards"
+      DIR=$DATA/planning
+      rm -rf "$DIR"; mkdir -p "$DIR/logs"
+      COORD_PORT=""
+      LEASE_MS=600000  # thousands of fake agents: this measures planning, not leases
+      if start_coordinator --heartbeat_interval_ms=5000; then
+        timeout "$(bound)" env LD_LIBRARY_PATH="$LIBPATH" "$BIN/tests/bench/tessera-plan-load" \
+          --coordinator="127.0.0.1:$COORD_PORT" --coordinator_pid="$COORD_PID" --pp="$ppd" \
+          --tp="$tpd" --dp="$dpd" --shards_per_rank="$shards" --fingerprints=true \
+          >"$RAW/planning/raw/plan-$tag.json" 2>"$RAW/planning/logs/plan-load-$tag.log" ||
+          note_failure "planning $tag (raw/planning/logs/plan-load-$tag.log)"
+        grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams|written to the state store" \
+          "$DIR/logs/coordinator.log" >"$RAW/planning/raw/plan-events-$tag.txt"
+        stop_coordinator >/dev/null 2>&1
+      else
+        note_failure "planning $tag: the coordinator did not start"
+      fi
+      LEASE_MS=5000
+      cp "$DIR/logs/coordinator.log" "$RAW/planning/logs/plan-coordinator-$tag.log" 2>/dev/null
+      rm -rf "$DIR"
+    done
+  done
 fi
 
 report
