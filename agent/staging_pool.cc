@@ -255,9 +255,14 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
     if (prepare) return std::vector<StagingSlot>();
     spare_.clear();
   }
+  // The dropped set's regions that no load reads are this save's where they fit (below): the
+  // trainer has them mapped and pinned already, and no region is made on its time. With a
+  // budget of one set, saves then stage in the same region, and the memory tier holds the last
+  // commit until the next save starts.
+  std::vector<std::shared_ptr<Region>> dropped;
   if (!resident_.empty() && total + ResidentBytesLocked() > budget_bytes_) {
     if (prepare) return std::vector<StagingSlot>();  // only a save may drop the resident set
-    resident_.clear();
+    dropped.swap(resident_);
     ++evictions_;
   }
   regions_.resize(sizes.size());  // releases regions beyond the request
@@ -267,6 +272,18 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
     if (regions_[i] == nullptr || regions_[i]->capacity() < sizes[i]) {
       // Free the old region before creating its replacement so the two never both count.
       regions_[i].reset();
+      for (std::shared_ptr<Region>& d : dropped) {
+        if (d == nullptr || d.use_count() > 1 || d->capacity() < sizes[i] ||
+            total - capacities[i] + d->capacity() > budget_bytes_) {
+          continue;
+        }
+        total = total - capacities[i] + d->capacity();
+        capacities[i] = d->capacity();
+        regions_[i] = std::move(d);
+        break;
+      }
+    }
+    if (regions_[i] == nullptr) {
       ASSIGN_OR_RETURN(regions_[i], CreateRegionLocked(capacities[i]));
     }
     const Region& region = *regions_[i];

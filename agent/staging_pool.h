@@ -22,7 +22,9 @@
 // as the resident set, readable by loads, and the next save stages into the other set — the
 // one retained before, kept mapped for reuse — so saves alternate between two sets of regions
 // and the trainer maps each once. Both sets count against the budget; an Acquire that does not
-// fit with the resident set kept drops it first (resident bytes are a cache, a save is not).
+// fit with the resident set kept drops it first (resident bytes are a cache, a save is not) and
+// stages in the dropped regions that no load holds, so with a budget of one set every save
+// reuses the one region the trainer has mapped rather than making a new one on its time.
 // Loads hold a resident set through ResidentRegion::hold: a dropped set stays mapped until the
 // last load holding it ends (its memory then outlives the budget while it is read; the last
 // holder's thread unpins, unmaps and unlinks it), and Acquire never hands out a region that

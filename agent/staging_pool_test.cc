@@ -370,6 +370,39 @@ TEST(StagingPool, Acquire_NoRoomBesideTheResidentSet_DropsIt) {
   EXPECT_EQ(GetErrorCode(pool->Acquire({2 * kMiB}).status()), v1::ERROR_CODE_ADMISSION_DENIED);
 }
 
+// A budget of one set: each save drops the resident set, and stages in its region (the
+// trainer mapped and pinned it already) rather than in a new one, unless a load reads it.
+TEST(StagingPool, Acquire_OneSetFits_DroppedResidentRegionReusedUnlessALoadReadsIt) {
+  auto pool = MakePool(TestJob("oneset"), 11, /*budget=*/1 * kMiB);
+  absl::StatusOr<std::vector<StagingSlot>> first = pool->Acquire({768 * kKiB});
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string name = (*first)[0].name;
+  ASSERT_EQ(pool->Retain((*first)[0].acquisition).size(), 1u);
+
+  for (int save = 1; save <= 3; ++save) {
+    absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({768 * kKiB});
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    EXPECT_EQ((*slots)[0].name, name) << "save " << save;
+    EXPECT_EQ(pool->resident_evictions(), static_cast<uint64_t>(save));
+    EXPECT_EQ(pool->mapped_bytes(), 768 * kKiB);
+    ASSERT_EQ(pool->Retain((*slots)[0].acquisition).size(), 1u);
+  }
+  EXPECT_EQ(pool->regions_created(), 1u);
+
+  // A load reads the resident region: the save stages in a new region, never under it.
+  std::vector<ResidentRegion> resident = pool->Retain(0);  // nothing: acquisition 0 is no save's
+  EXPECT_TRUE(resident.empty());
+  absl::StatusOr<std::vector<StagingSlot>> held = pool->Acquire({768 * kKiB});
+  ASSERT_TRUE(held.ok());
+  resident = pool->Retain((*held)[0].acquisition);
+  ASSERT_EQ(resident.size(), 1u);
+  std::shared_ptr<const void> reading = resident[0].hold.lock();
+  absl::StatusOr<std::vector<StagingSlot>> next = pool->Acquire({768 * kKiB});
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_NE((*next)[0].name, resident[0].name);
+  EXPECT_EQ(pool->regions_created(), 2u);
+}
+
 TEST(StagingPool, Create_BudgetBelowOnePage_Rejected) {
   StagingPoolOptions options;
   options.budget_bytes = 100;

@@ -423,13 +423,13 @@ if wants configs; then
       # Not a reason to skip: a VM's MemAvailable can start low and grow with use.
       say "  note: MemAvailable is $((mem_kib / 1024)) MiB; $tag may need $((total * 2 + 1024)) MiB"
     fi
-    if [ $((total * 1024 + (512 << 10))) -gt "$shm_kib" ]; then
+    if [ $((total * 2 * 1024 + (512 << 10))) -gt "$shm_kib" ]; then
       # The agents' staging lives in /dev/shm; on a fresh VM its size is half the RAM seen at boot.
       want_mib=$(( (total + 1024) * 2 ))
       if mount -o remount,size="${want_mib}m" /dev/shm 2>/dev/null; then
         say "  /dev/shm had $((shm_kib / 1024)) MiB free; remounted with size=${want_mib}m"
       else
-        skip "$tag: /dev/shm has $((shm_kib / 1024)) MiB free, staging needs $((total + 512)) MiB"; continue
+        skip "$tag: /dev/shm has $((shm_kib / 1024)) MiB free, staging needs $((total * 2 + 512)) MiB"; continue
       fi
     fi
     if [ $((total * 3 * 1024 + (1 << 20))) -gt "$disk_kib" ]; then
@@ -437,8 +437,11 @@ if wants configs; then
     fi
     # Each phase's ranks get three times the estimate, within the budget.
     RANK_LIMIT=$(( need_s * 3 < $(bound) ? need_s * 3 : $(bound) ))
-    # The staging budget (default: half the RAM the agent sees at start) set to what the run needs.
-    AGENT_FLAGS=(--staging_budget_mb=$((total + 1024)))
+    # Each agent's staging budget (default: half the RAM the agent sees at start, shared by the
+    # node's agents) set to what the run needs: two sets of its rank's bytes, as the memory tier
+    # alternates saves between them (a budget of one set makes each save drop the last commit's
+    # copy and stage in its region), and room for the reservation's headers.
+    AGENT_FLAGS=(--staging_budget_mb=$((mib * 2 + 1024)))
     say "== $tag: $mib MiB x $r rank(s), $STEPS saves, load on tp=$(load_world "$r")"
     DIR=$DATA/run-$tag JOB=gpu$r
     rm -rf "$DIR"; mkdir -p "$DIR/logs"
