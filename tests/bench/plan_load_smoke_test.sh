@@ -8,32 +8,27 @@
 # manifest's load and write were timed.
 set -uo pipefail
 source deploy/lib/procs.sh
+source deploy/lib/cluster.sh
+source tests/bench/plan_run.sh
 
-coordinator=server/tessera-coordinator
-load=tests/bench/tessera-plan-load
-dir=${TEST_TMPDIR:-$(mktemp -d)}
-fail() { echo "FAIL: $*"; echo "--- coordinator log"; cat "$dir"/coord-*.log; exit 1; }
+BIN=.
+work=${TEST_TMPDIR:-$(mktemp -d)}
+fail() { echo "FAIL: $*"; echo "--- coordinator log"; cat "$work"/logs/plan-coordinator-*.log; exit 1; }
 
-# run_tool NAME FINGERPRINTS: a fresh coordinator, then the tool; its JSON in $dir/NAME.json.
+# run_tool NAME FINGERPRINTS: one planning run as the benchmark makes it (plan_run: a fresh
+# coordinator, then the tool); its JSON in $work/raw/plan-NAME.json, its work dir $work/NAME.
 run_tool() {
-  local name=$1 fingerprints=$2 cpid port
-  "$coordinator" --listen=127.0.0.1:0 --db_path="$dir/db-$name" --storage_root="$dir/ckpt-$name" \
-    --lease_ms=60000 --heartbeat_interval_ms=1000 2>"$dir/coord-$name.log" &
-  cpid=$!
-  wait_for_line "$dir/coord-$name.log" "listening on" 20 || fail "$name: coordinator did not start"
-  port=$(bound_port "$dir/coord-$name.log")
-  "$load" --coordinator="127.0.0.1:$port" --coordinator_pid="$cpid" --pp=2 --tp=2 --dp=2 \
-    --shards_per_rank=12 --processes=2 --threads=2 --channels=2 --timeout_s=60 \
-    --fingerprints="$fingerprints" >"$dir/$name.json" 2>"$dir/$name.log"
-  local rc=$?
-  stop_process "$cpid" 10 >/dev/null
-  [ "$rc" -eq 0 ] || fail "$name: tessera-plan-load exited with $rc: $(cat "$dir/$name.log")"
+  DIR=$work/$1
+  plan_run "$1" 2 2 2 12 "$2" 120 "$work/raw" "$work/logs" --processes=2 --threads=2 \
+    --channels=2 --timeout_s=60 || fail "$1: $(cat "$work/logs/plan-load-$1.log")"
+  grep -q "plan validated" "$work/raw/plan-events-$1.txt" ||
+    fail "$1: the coordinator's planning lines were not kept: $(cat "$work/raw/plan-events-$1.txt")"
 }
 
 # check NAME PYTHON_EXPRESSION: the expression over the tool's JSON (as d) holds.
 check() {
   /usr/bin/python3 -c "import json, sys; d = json.load(open(sys.argv[1])); sys.exit(0 if $2 else 1)" \
-    "$dir/$1.json" || fail "$1: $2 does not hold: $(cat "$dir/$1.json")"
+    "$work/raw/plan-$1.json" || fail "$1: $2 does not hold: $(cat "$work/raw/plan-$1.json")"
 }
 
 run_tool fingerprints true
@@ -42,7 +37,7 @@ check fingerprints 'd["cached_pins"] == 8 and d["pins_without_assignment"] == 8'
 check fingerprints 'd["full_plans_asked_cached"] == 0'
 check fingerprints 'd["manifest_chunks"] > 0 and d["manifest_load_s"] > 0 and d["manifest_write_s"] > 0'
 check fingerprints '0 < d["first_plan_s"] < 60 and 0 < d["cached_plan_s"] < 60'
-ls "$dir"/ckpt-fingerprints/planbench/*.manifest-write-* >/dev/null 2>&1 &&
+ls "$work"/fingerprints/ckpt/planbench/*.manifest-write-* >/dev/null 2>&1 &&
   fail "the manifest write's scratch directories were left behind"
 
 run_tool whole false

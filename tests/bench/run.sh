@@ -336,6 +336,7 @@ fi
 
 # --- Figures 1-4: one cluster per configuration
 source deploy/lib/cluster.sh
+source tests/bench/plan_run.sh
 LEASE_MS=2000
 RANK_PIDS=()
 bench_stop_all() {
@@ -576,25 +577,8 @@ if wants plan; then
       tag="$mesh-$shards${protocol:+-$protocol}-$i"
       say "== planning $i/$PLAN_REPEATS: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards, real coordinator"
       DIR="$DATA_DIR/plan"
-      rm -rf "$DIR"
-      mkdir -p "$DIR/logs"
-      COORD_PORT=""
-      # Leases long enough that thousands of fake agents heartbeating from a few processes on
-      # a loaded machine never expire: this figure is about planning, not leases.
-      LEASE_MS=600000
-      if start_coordinator --heartbeat_interval_ms=5000; then
-        timeout 1800 "$BIN/tests/bench/tessera-plan-load" --coordinator="127.0.0.1:$COORD_PORT" \
-          --coordinator_pid="$COORD_PID" --pp="$ppd" --tp="$tpd" --dp="$dpd" \
-          --shards_per_rank="$shards" --fingerprints="$fingerprints" >"$OUT/raw/plan-$tag.json" 2>"$OUT/logs/plan-load-$tag.log" \
-          || say "planning failed (see $OUT/logs/plan-load-$tag.log)"
-        grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams|written to the state store" "$DIR/logs/coordinator.log" \
-          >"$OUT/raw/plan-events-$tag.txt"
-        stop_coordinator >/dev/null 2>&1
-      else
-        say "planning: the coordinator did not start"
-      fi
-      LEASE_MS=2000
-      cp "$DIR/logs/coordinator.log" "$OUT/logs/plan-coordinator-$tag.log" 2>/dev/null
+      plan_run "$tag" "$ppd" "$tpd" "$dpd" "$shards" "$fingerprints" 1800 "$OUT/raw" "$OUT/logs" ||
+        say "planning failed (see $OUT/logs/plan-load-$tag.log)"
       rm -rf "$DIR"
     done
   done

@@ -282,6 +282,8 @@ BIN=$PACK/bin
 source "$PACK/scripts/deploy/lib/procs.sh"
 COORD_WRAP=(env LD_LIBRARY_PATH="$LIBPATH")
 source "$PACK/scripts/deploy/lib/cluster.sh"
+source "$PACK/scripts/plan_run.sh"
+PLAN_WRAP=(env LD_LIBRARY_PATH="$LIBPATH")
 place_rank() { PLACE_WRAP=(env LD_LIBRARY_PATH="$LIBPATH"); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
 LEASE_MS=${LEASE_MS:-5000}  # agents of a new layout register once the old leases lapse
 RANK_PIDS=()
@@ -511,23 +513,8 @@ if [ -n "$PLANNING" ]; then
       if [ "$(left)" -lt 60 ]; then skip "planning $tag: time budget ($(left) s left)"; continue; fi
       say "== planning $tag: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards"
       DIR=$DATA/planning
-      rm -rf "$DIR"; mkdir -p "$DIR/logs"
-      COORD_PORT=""
-      LEASE_MS=600000  # thousands of fake agents: this measures planning, not leases
-      if start_coordinator --heartbeat_interval_ms=5000; then
-        timeout "$(bound)" env LD_LIBRARY_PATH="$LIBPATH" "$BIN/tests/bench/tessera-plan-load" \
-          --coordinator="127.0.0.1:$COORD_PORT" --coordinator_pid="$COORD_PID" --pp="$ppd" \
-          --tp="$tpd" --dp="$dpd" --shards_per_rank="$shards" --fingerprints=true \
-          >"$RAW/planning/raw/plan-$tag.json" 2>"$RAW/planning/logs/plan-load-$tag.log" ||
-          note_failure "planning $tag (raw/planning/logs/plan-load-$tag.log)"
-        grep -E "plan (validated|reused)|plan of job .* built|commands handed to the streams|written to the state store" \
-          "$DIR/logs/coordinator.log" >"$RAW/planning/raw/plan-events-$tag.txt"
-        stop_coordinator >/dev/null 2>&1
-      else
-        note_failure "planning $tag: the coordinator did not start"
-      fi
-      LEASE_MS=5000
-      cp "$DIR/logs/coordinator.log" "$RAW/planning/logs/plan-coordinator-$tag.log" 2>/dev/null
+      plan_run "$tag" "$ppd" "$tpd" "$dpd" "$shards" true "$(bound)" "$RAW/planning/raw" \
+        "$RAW/planning/logs" || note_failure "planning $tag (raw/planning/logs/plan-load-$tag.log)"
       rm -rf "$DIR"
     done
   done

@@ -5,6 +5,7 @@
 #   lib/<soname>           every shared library they load (ldd, transitively) that the
 #                          image does not provide (tests/gpu/image_libs.txt)
 #   scripts/               what runs there: on_device.sh, report.py, dcp_peer.py, check_pack.sh,
+#                          plan_run.sh,
 #                          image_libs.txt and deploy/lib's cluster helpers
 #   MANIFEST.txt           what is in it, from which commit, and what the image must provide
 #
@@ -80,7 +81,8 @@ for name in "${!libs[@]}"; do
 done
 
 cp "$SRC/tests/gpu/on_device.sh" "$SRC/tests/gpu/report.py" "$SRC/tests/gpu/dcp_peer.py" \
-  "$SRC/tests/gpu/check_pack.sh" "$IMAGE_LIBS" "$PACK/scripts/" || die "cannot copy the scripts"
+  "$SRC/tests/gpu/check_pack.sh" "$SRC/tests/bench/plan_run.sh" "$IMAGE_LIBS" "$PACK/scripts/" ||
+  die "cannot copy the scripts"
 cp "$SRC/deploy/lib/procs.sh" "$SRC/deploy/lib/cluster.sh" "$PACK/scripts/deploy/lib/" ||
   die "cannot copy deploy/lib"
 
