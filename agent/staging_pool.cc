@@ -263,26 +263,29 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
   if (!resident_.empty() && total + ResidentBytesLocked() > budget_bytes_) {
     if (prepare) return std::vector<StagingSlot>();  // only a save may drop the resident set
     dropped.swap(resident_);
+    residency_.clear();  // every hold expires; a load still reading keeps its token alive
     ++evictions_;
   }
   regions_.resize(sizes.size());  // releases regions beyond the request
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    if (regions_[i] != nullptr && regions_[i]->capacity() >= sizes[i]) continue;
+    // Free the old region before creating its replacement so the two never both count.
+    regions_[i].reset();
+    for (std::shared_ptr<Region>& d : dropped) {
+      if (d == nullptr || d.use_count() > 1 || d->capacity() < sizes[i] ||
+          total - capacities[i] + d->capacity() > budget_bytes_) {
+        continue;
+      }
+      total = total - capacities[i] + d->capacity();
+      capacities[i] = d->capacity();
+      regions_[i] = std::move(d);
+      break;
+    }
+  }
+  dropped.clear();  // the rest is unmapped (or left to the loads reading it) before any creation
   if (!prepare) ++acquisitions_;
   std::vector<StagingSlot> slots(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
-    if (regions_[i] == nullptr || regions_[i]->capacity() < sizes[i]) {
-      // Free the old region before creating its replacement so the two never both count.
-      regions_[i].reset();
-      for (std::shared_ptr<Region>& d : dropped) {
-        if (d == nullptr || d.use_count() > 1 || d->capacity() < sizes[i] ||
-            total - capacities[i] + d->capacity() > budget_bytes_) {
-          continue;
-        }
-        total = total - capacities[i] + d->capacity();
-        capacities[i] = d->capacity();
-        regions_[i] = std::move(d);
-        break;
-      }
-    }
     if (regions_[i] == nullptr) {
       ASSIGN_OR_RETURN(regions_[i], CreateRegionLocked(capacities[i]));
     }
@@ -297,6 +300,7 @@ void StagingPool::ReleaseAll() {
   absl::MutexLock lock(&mu_);
   regions_.clear();
   resident_.clear();
+  residency_.clear();
   spare_.clear();
   ++acquisitions_;  // what was handed out is gone: nothing of it can be retained
 }
@@ -307,15 +311,22 @@ std::vector<ResidentRegion> StagingPool::Retain(uint64_t acquisition) {
   for (const auto& region : regions_) {
     if (region == nullptr) return {};
   }
-  // The set resident until now becomes the next save's (its regions stay mapped for reuse).
+  // The set resident until now becomes the next save's (its regions stay mapped for reuse);
+  // its holds expire.
   resident_.swap(regions_);
+  residency_.clear();
   // The first retain of a reserved pool: the spare set is the next save's.
   if (regions_.empty()) regions_.swap(spare_);
   ++acquisitions_;  // the retained regions are no longer the last Acquire's
   std::vector<ResidentRegion> out;
-  for (const auto& region : resident_) {
+  for (const std::shared_ptr<Region>& region : resident_) {
+    // Its own control block, whose deleter lets go of the region when the last strong
+    // reference goes (a weak_ptr keeps the control block, and so the lambda, alive).
+    std::shared_ptr<const void> token(region.get(),
+                                      [keep = region](const void*) mutable { keep.reset(); });
     out.push_back(ResidentRegion{region->name(), static_cast<const char*>(region->data()),
-                                 region->capacity(), std::weak_ptr<const void>(region)});
+                                 region->capacity(), std::weak_ptr<const void>(token)});
+    residency_.push_back(std::move(token));
   }
   return out;
 }

@@ -210,6 +210,11 @@ class StagingPool {
   std::vector<std::shared_ptr<Region>> regions_ ABSL_GUARDED_BY(mu_);
   // The resident set (memory tier); empty if none.
   std::vector<std::shared_ptr<Region>> resident_ ABSL_GUARDED_BY(mu_);
+  // One token per resident region, owning a reference to it: ResidentRegion::hold points at
+  // the token, not the region, so every hold expires the moment the set stops being resident
+  // (dropped, or the next save's after a Retain) even where the pool keeps the region for a
+  // save. A held (locked) token keeps its region's use count above one: no save stages in it.
+  std::vector<std::shared_ptr<const void>> residency_ ABSL_GUARDED_BY(mu_);
   // Made by Reserve for the save after the next one; the first Retain makes it the next
   // save's set. The first to go when a save needs room. Empty if none.
   std::vector<std::shared_ptr<Region>> spare_ ABSL_GUARDED_BY(mu_);

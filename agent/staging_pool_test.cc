@@ -178,17 +178,22 @@ TEST(StagingPool, Retain_SavesAlternateBetweenTwoSets_ResidentBytesKept) {
   ASSERT_TRUE(c.ok());
   EXPECT_EQ((*c)[0].name, (*a)[0].name);
   EXPECT_EQ(pool->regions_created(), 2u);
-  EXPECT_FALSE(resident[0].hold.expired());  // the region lives on as the next save's
+  // a's copy stopped being resident at b's Retain: its holds expired, though its region lives
+  // on as this save's (a load asking for it now gets nothing and reads the disk).
+  EXPECT_TRUE(resident[0].hold.expired());
   EXPECT_EQ(next[0].data[0], 'b');
 
   // A region a load still holds is not handed to a save: a new one is made.
-  ASSERT_EQ(pool->Retain((*c)[0].acquisition).size(), 1u);  // c (= a's region) resident; b free
-  std::shared_ptr<const void> reading = next[0].hold.lock();  // a load of b's step, late
+  std::shared_ptr<const void> reading = next[0].hold.lock();  // a load of b's step, in flight
+  ASSERT_NE(reading, nullptr);
+  ASSERT_EQ(pool->Retain((*c)[0].acquisition).size(), 1u);  // c (= a's region) resident
   absl::StatusOr<std::vector<StagingSlot>> d = pool->Acquire({kMiB});
   ASSERT_TRUE(d.ok());
   EXPECT_NE((*d)[0].name, (*b)[0].name);
   EXPECT_EQ(pool->regions_created(), 3u);
   EXPECT_EQ(next[0].data[0], 'b');  // untouched under the reader
+  reading.reset();
+  EXPECT_TRUE(next[0].hold.expired());  // b's copy ended with its last reader
 }
 
 TEST(StagingPool, Prepare_NextSetMadeAheadBesideTheResidentOne_NeverDropsIt) {
@@ -377,7 +382,8 @@ TEST(StagingPool, Acquire_OneSetFits_DroppedResidentRegionReusedUnlessALoadReads
   absl::StatusOr<std::vector<StagingSlot>> first = pool->Acquire({768 * kKiB});
   ASSERT_TRUE(first.ok()) << first.status();
   const std::string name = (*first)[0].name;
-  ASSERT_EQ(pool->Retain((*first)[0].acquisition).size(), 1u);
+  std::vector<ResidentRegion> resident = pool->Retain((*first)[0].acquisition);
+  ASSERT_EQ(resident.size(), 1u);
 
   for (int save = 1; save <= 3; ++save) {
     absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({768 * kKiB});
@@ -385,13 +391,17 @@ TEST(StagingPool, Acquire_OneSetFits_DroppedResidentRegionReusedUnlessALoadReads
     EXPECT_EQ((*slots)[0].name, name) << "save " << save;
     EXPECT_EQ(pool->resident_evictions(), static_cast<uint64_t>(save));
     EXPECT_EQ(pool->mapped_bytes(), 768 * kKiB);
-    ASSERT_EQ(pool->Retain((*slots)[0].acquisition).size(), 1u);
+    // The copy is gone for its readers (the memory tier sees it dropped), though the region
+    // lives on as this save's.
+    EXPECT_TRUE(resident[0].hold.expired()) << "save " << save;
+    EXPECT_EQ(pool->resident_bytes(), 0u);
+    resident = pool->Retain((*slots)[0].acquisition);
+    ASSERT_EQ(resident.size(), 1u);
+    EXPECT_FALSE(resident[0].hold.expired());
   }
   EXPECT_EQ(pool->regions_created(), 1u);
 
   // A load reads the resident region: the save stages in a new region, never under it.
-  std::vector<ResidentRegion> resident = pool->Retain(0);  // nothing: acquisition 0 is no save's
-  EXPECT_TRUE(resident.empty());
   absl::StatusOr<std::vector<StagingSlot>> held = pool->Acquire({768 * kKiB});
   ASSERT_TRUE(held.ok());
   resident = pool->Retain((*held)[0].acquisition);
