@@ -301,39 +301,6 @@ class PosixReadableFile : public ReadableFile {
 
 namespace {
 
-// A large file is removed by shrinking it kRemoveStepBytes at a time, then unlinking it, as
-// RocksDB's DeleteScheduler does (bytes_max_delete_chunk): one unlink of a multi-GiB file frees
-// all its extents in one journal transaction, and every fsync on the file system waits for it.
-// Measured on ext4 (virtio disk, 2-core VM): while a 1 GiB file was unlinked, 4 KiB
-// fdatasyncs stalled up to 42-48 ms; shrunk in 64 MiB steps, up to 20-22 ms; in 4 MiB steps,
-// up to 2.5 ms (the removal itself 120-140 ms, then 154 ms). The coordinator's state store
-// syncs on the trainer's blocking path (a session's open, PINNING), so a retention that runs
-// as the next save starts added 55-80 ms to that save's stall (tests/gpu's bench, 1 GiB x 1).
-constexpr off_t kRemoveStepBytes = 4 << 20;
-
-// Unlinks `name` in `dir_fd`, a regular file of `st`; a file larger than one step that no
-// other name links to is first shrunk step by step (another link would see it shrink).
-// ENOENT counts as removed.
-absl::Status UnlinkFile(int dir_fd, const char* name, const struct stat& st,
-                        const std::string& path) {
-  if (S_ISREG(st.st_mode) && st.st_nlink == 1 && st.st_size > kRemoveStepBytes) {
-    const int fd = openat(dir_fd, name, O_WRONLY | O_NOFOLLOW | O_CLOEXEC);
-    if (fd < 0 && errno != ENOENT) return ErrnoToStatus(errno, "open", path, "(to remove it)");
-    if (fd >= 0) {
-      for (off_t size = st.st_size - kRemoveStepBytes; size > 0; size -= kRemoveStepBytes) {
-        if (ftruncate(fd, size) != 0) {
-          const int err = errno;
-          close(fd);
-          return ErrnoToStatus(err, "ftruncate", path, "(to remove it)");
-        }
-      }
-      close(fd);
-    }
-  }
-  if (unlinkat(dir_fd, name, 0) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
-  return absl::OkStatus();
-}
-
 // Removes everything inside the directory open as `dir_fd` (consumed). `path` is for errors.
 absl::Status RemoveContents(int dir_fd, const std::string& path) {
   DIR* dir = fdopendir(dir_fd);
@@ -371,8 +338,8 @@ absl::Status RemoveContents(int dir_fd, const std::string& path) {
       if (unlinkat(dirfd(dir), name, AT_REMOVEDIR) != 0 && errno != ENOENT) {
         status = ErrnoToStatus(errno, "rmdir", child);
       }
-    } else {
-      status = UnlinkFile(dirfd(dir), name, st, child);
+    } else if (unlinkat(dirfd(dir), name, 0) != 0 && errno != ENOENT) {
+      status = ErrnoToStatus(errno, "unlink", child);
     }
   }
   closedir(dir);
@@ -505,7 +472,10 @@ absl::Status PosixStorage::RemoveTree(const std::string& path) {
     if (errno == ENOENT) return absl::OkStatus();
     return ErrnoToStatus(errno, "stat", path);
   }
-  if (!S_ISDIR(st.st_mode)) return UnlinkFile(AT_FDCWD, path.c_str(), st, path);
+  if (!S_ISDIR(st.st_mode)) {
+    if (unlink(path.c_str()) != 0 && errno != ENOENT) return ErrnoToStatus(errno, "unlink", path);
+    return absl::OkStatus();
+  }
   int fd = open(path.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (fd < 0) {
     if (errno == ENOENT) return absl::OkStatus();

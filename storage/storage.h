@@ -115,9 +115,7 @@ class Storage {
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
 
   // Removes a file, or a directory and everything under it (symlinks are removed, never
-  // followed). OK if `path` does not exist, so garbage collection is idempotent. A large file
-  // may be shrunk before it is unlinked (PosixStorage: in steps, so that other writers' fsyncs
-  // do not wait for one huge transaction): an interrupted removal can leave it shorter.
+  // followed). OK if `path` does not exist, so garbage collection is idempotent.
   // Errors: see the header comment; the first failure stops the walk.
   virtual absl::Status RemoveTree(const std::string& path) = 0;
 

@@ -233,52 +233,6 @@ TEST(PosixStorage, RemoveTree_NestedDirsAndSymlink_RemovedWithoutFollowing) {
   EXPECT_NE(stat((dir + "/outside/keep").c_str(), &st), 0);
 }
 
-// Writes `size` bytes at `path`: a hole, then "tail" as its last 4 bytes.
-void MakeLargeFile(const std::string& path, off_t size) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  ASSERT_GE(fd, 0) << path;
-  ASSERT_EQ(pwrite(fd, "tail", 4, size - 4), 4);
-  ASSERT_EQ(close(fd), 0);
-}
-
-// Large files are shrunk in steps before they are unlinked (posix_storage.cc): the tree and
-// a large file named alone are still removed whole, at sizes on and off a step.
-TEST(PosixStorage, RemoveTree_LargeFiles_Removed) {
-  const std::string dir = MakeTempDir();
-  PosixStorage storage;
-  ASSERT_TRUE(storage.CreateDirs(dir + "/tree/sub").ok());
-  MakeLargeFile(dir + "/tree/a", (9 << 20) + 3);
-  MakeLargeFile(dir + "/tree/sub/b", 8 << 20);
-  MakeLargeFile(dir + "/alone", (4 << 20) + 1);
-
-  ASSERT_TRUE(storage.RemoveTree(dir + "/tree").ok());
-  ASSERT_TRUE(storage.RemoveTree(dir + "/alone").ok());
-  struct stat st;
-  EXPECT_NE(lstat((dir + "/tree").c_str(), &st), 0);
-  EXPECT_NE(lstat((dir + "/alone").c_str(), &st), 0);
-}
-
-// A file another name still links to is unlinked, never shrunk: the other name keeps every
-// byte.
-TEST(PosixStorage, RemoveTree_LargeFileLinkedElsewhere_OtherNameKeepsItsBytes) {
-  const std::string dir = MakeTempDir();
-  PosixStorage storage;
-  ASSERT_TRUE(storage.CreateDirs(dir + "/tree").ok());
-  const off_t size = 16 << 20;
-  MakeLargeFile(dir + "/tree/big", size);
-  ASSERT_EQ(link((dir + "/tree/big").c_str(), (dir + "/kept").c_str()), 0);
-
-  ASSERT_TRUE(storage.RemoveTree(dir + "/tree").ok());
-  absl::StatusOr<uint64_t> kept_size = storage.FileSize(dir + "/kept");
-  ASSERT_TRUE(kept_size.ok()) << kept_size.status();
-  EXPECT_EQ(*kept_size, static_cast<uint64_t>(size));
-  absl::StatusOr<std::unique_ptr<ReadableFile>> kept = storage.OpenForRead(dir + "/kept");
-  ASSERT_TRUE(kept.ok()) << kept.status();
-  char tail[4] = {};
-  ASSERT_TRUE((*kept)->ReadAt(size - 4, tail, 4).ok());
-  EXPECT_EQ(std::string(tail, 4), "tail");
-}
-
 TEST(PosixStorage, ReadAt_PastEnd_OutOfRange) {
   const std::string dir = MakeTempDir();
   PosixStorage storage;
