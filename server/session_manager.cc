@@ -22,6 +22,7 @@ struct SessionManager::Job {
   Strand strand;
   mutable absl::Mutex mu;
   std::unique_ptr<JobCore> core ABSL_GUARDED_BY(mu);  // null while it must be recovered
+  TrainerWindow window;  // set by Carry, after every step of the core
 };
 
 SessionManager::SessionManager(StateStore* store, AgentRegistry* registry, CommandSink* sink,
@@ -34,12 +35,25 @@ SessionManager::SessionManager(StateStore* store, AgentRegistry* registry, Comma
       clock_(clock),
       options_(std::move(options)) {
   pool_ = std::make_unique<ThreadPool>(options_.threads);
-  janitor_ = std::make_unique<Strand>(pool_.get());
+  janitor_pool_ = std::make_unique<ThreadPool>(1);
+  janitor_ = std::make_unique<Strand>(janitor_pool_.get());
 }
 
 SessionManager::~SessionManager() {
   Stop();
-  pool_.reset();  // finishes every queued task while the jobs and the janitor still exist
+  // The janitor first, while the jobs' strands still run what it posts to them: its queued
+  // disk work waits for no trainer now, and what the strands ask of it later is dropped (a
+  // restart re-applies pending retention; retention removes stale temporary directories).
+  {
+    absl::MutexLock lock(&janitor_mu_);
+    janitor_open_ = false;
+  }
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    for (auto& [id, job] : jobs_) job->window.Release();
+  }
+  janitor_pool_.reset();
+  pool_.reset();  // finishes every queued task while the jobs still exist
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -189,7 +203,7 @@ class SessionManager::Port : public EffectsPort {
       PlanVerdict verdict = DecidePlan(work, m->plan_cache_, *m->registry_,
                                        m->options_.session.planner);
       if (!work.plans.empty()) {  // freed off the job's strand: the PINs do not wait for it
-        m->janitor_->Post([plans = std::move(work.plans)]() mutable {
+        m->pool_->Post([plans = std::move(work.plans)]() mutable {
           std::vector<LocalPlan>().swap(plans);
         });
       }
@@ -222,8 +236,17 @@ class SessionManager::Port : public EffectsPort {
     SessionManager* m = m_;
     Job* job = job_;
     if (m->edge_ == nullptr) return;
+    absl::MutexLock lock(&m->janitor_mu_);
+    if (!m->janitor_open_) return;  // the manager is being destroyed
     m->Busy(+1);
     m->janitor_->Post([m, job, retention = std::move(retention), dirs = std::move(remove_dirs)] {
+      // Not while the job's trainers are blocked in a save: unlinking gigabytes holds the file
+      // system's journal, which the state store's syncs on that save's path may share.
+      if (!job->window.AwaitClosed(m->options_.cleanup_grace, m->options_.cleanup_max_wait)) {
+        LogInfo("job ", job->job_id, ": disk clean-up goes ahead without waiting for the "
+                "trainers to leave their save (waited ",
+                absl::FormatDuration(m->options_.cleanup_max_wait), ", or stopping)");
+      }
       for (const std::string& dir : dirs) {
         if (absl::Status removed = m->edge_->Remove(dir); !removed.ok()) {
           LogWarning("cannot remove the aborted session's ", dir, ": ", removed.ToString());
@@ -251,7 +274,14 @@ class SessionManager::Port : public EffectsPort {
 
 bool SessionManager::Carry(Job* job, Effects effects) {
   Port port(this, job);
-  return CarryEffects(std::move(effects), port);
+  const bool carried = CarryEffects(std::move(effects), port);
+  bool blocked = false;
+  {
+    absl::MutexLock lock(&job->mu);
+    blocked = job->core != nullptr && job->core->trainers_blocked();
+  }
+  job->window.Set(blocked);
+  return carried;
 }
 
 JobContext SessionManager::Context() {

@@ -45,6 +45,7 @@
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
 #include "server/planner.h"
+#include "server/trainer_window.h"
 #include "server/session/job_core.h"
 #include "server/session/options.h"
 #include "server/store/state_store.h"
@@ -63,6 +64,11 @@ struct SessionManagerOptions {
   // Called after a transition is durable, before its commands go out: the coordinator's
   // --crash_in_state fault injection. Default: none.
   std::function<void(v1::SessionState)> on_state_persisted;
+  // Disk work (retention, removing an aborted save's directory) waits this long after it is
+  // due, then while the job's trainers are blocked in a save, at most cleanup_max_wait
+  // (server/trainer_window.h says why). Defaults: 50 ms, 10 s.
+  absl::Duration cleanup_grace = absl::Milliseconds(50);
+  absl::Duration cleanup_max_wait = absl::Seconds(10);
 };
 
 class SessionManager {
@@ -190,10 +196,15 @@ class SessionManager {
   int64_t busy_ ABSL_GUARDED_BY(idle_mu_) = 0;
   void Busy(int delta) ABSL_LOCKS_EXCLUDED(idle_mu_);
 
-  // Destroyed first (declared last): finishes every queued task while the jobs, the janitor
-  // and everything above still exist.
+  // Both reset by the destructor, the janitor's first (see there), so that every queued task
+  // finishes while the jobs and everything above still exist.
   std::unique_ptr<ThreadPool> pool_;
-  std::unique_ptr<Strand> janitor_;  // retention and removals: file-system I/O of no job
+  // Retention and removals: file-system I/O of no job, on a thread of its own, since it waits
+  // for trainers to resume (TrainerWindow) without holding up the jobs' strands.
+  std::unique_ptr<ThreadPool> janitor_pool_;
+  std::unique_ptr<Strand> janitor_;
+  absl::Mutex janitor_mu_;
+  bool janitor_open_ ABSL_GUARDED_BY(janitor_mu_) = true;  // false once the destructor runs
   std::thread ticker_;
 };
 

@@ -440,6 +440,18 @@ v1::JobInfo JobCore::Info() const {
   return info;
 }
 
+bool JobCore::trainers_blocked() const {
+  if (current_ == nullptr) return false;
+  switch (current_->state()) {
+    case v1::SESSION_STATE_PLANNING:
+    case v1::SESSION_STATE_PINNING:
+    case v1::SESSION_STATE_COPYING:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Time JobCore::next_tick() const {
   return current_ != nullptr ? current_->next_tick() : absl::InfiniteFuture();
 }

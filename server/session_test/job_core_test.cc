@@ -850,6 +850,40 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
 // Planning
 
 // The torchtitan PP bug: stage 1 names its layers like stage 0.
+// The shell's TrainerWindow (server/trainer_window.h): the trainers are blocked from the
+// first plan until every rank staged, and not once the save persists, commits or aborts.
+TEST_F(SessionManagerTest, TrainersBlocked_FromTheFirstPlanUntilEveryRankStaged) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  EXPECT_FALSE(manager().TrainersBlocked(kJob));
+  absl::StatusOr<std::string> first = Submit(0, 100);
+  ASSERT_TRUE(first.ok()) << first.status();
+  const std::string id = *first;
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PLANNING);
+  EXPECT_TRUE(manager().TrainersBlocked(kJob));
+  for (uint32_t r = 1; r < 4; ++r) ASSERT_TRUE(Submit(r, 100).ok());
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PINNING);
+  EXPECT_TRUE(manager().TrainersBlocked(kJob));
+  PhaseAll(id, v1::AGENT_PHASE_PINNED);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
+  EXPECT_TRUE(manager().TrainersBlocked(kJob));
+  PhaseAll(id, v1::AGENT_PHASE_STAGED);
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
+  EXPECT_FALSE(manager().TrainersBlocked(kJob));
+  GatherAll(id);
+  PersistAll(id);
+  AdvanceAndTick(absl::Seconds(1));
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
+  EXPECT_FALSE(manager().TrainersBlocked(kJob));
+
+  // An operator's abort while the trainers copy lets them go too.
+  const std::string next = SubmitAll(101);
+  EXPECT_TRUE(manager().TrainersBlocked(kJob));
+  ASSERT_TRUE(manager().AbortSession(kJob, "test").ok());
+  EXPECT_EQ(State(next), v1::SESSION_STATE_ABORTED);
+  EXPECT_FALSE(manager().TrainersBlocked(kJob));
+}
+
 TEST_F(SessionManagerTest, Save_PlanRejected_AbortsBeforeAnyCopy) {
   StartJob("pp=2,dp=2");
   for (uint32_t r = 0; r < 4; ++r) plans_[r] = {Whole("layers.0.w", {4, 4}, {"dp"})};

@@ -244,4 +244,9 @@ std::vector<v1::JobInfo> SyncSessions::ListJobs() const {
   return jobs;
 }
 
+bool SyncSessions::TrainersBlocked(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it != jobs_.end() && it->second != nullptr && it->second->trainers_blocked();
+}
+
 }  // namespace tessera

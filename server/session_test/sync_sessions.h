@@ -54,6 +54,8 @@ class SyncSessions {
       const std::string& job_id) const;
   absl::StatusOr<v1::Manifest> GetMemoryCheckpoint(const std::string& job_id, int64_t step) const;
   std::vector<v1::JobInfo> ListJobs() const;
+  // JobCore::trainers_blocked of `job_id`; false for an unknown job.
+  bool TrainersBlocked(const std::string& job_id) const;
   const SessionStats& stats() const { return stats_; }
 
  private:

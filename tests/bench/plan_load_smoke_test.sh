@@ -8,11 +8,12 @@
 # manifest's load and write were timed.
 set -uo pipefail
 source deploy/lib/procs.sh
+work=${TEST_TMPDIR:-$(mktemp -d)}
+SOCK_DIR=$work  # no agent runs here: no socket is made
 source deploy/lib/cluster.sh
 source tests/bench/plan_run.sh
 
 BIN=.
-work=${TEST_TMPDIR:-$(mktemp -d)}
 fail() { echo "FAIL: $*"; echo "--- coordinator log"; cat "$work"/logs/plan-coordinator-*.log; exit 1; }
 
 # run_tool NAME FINGERPRINTS: one planning run as the benchmark makes it (plan_run: a fresh

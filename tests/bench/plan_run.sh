@@ -13,13 +13,14 @@
 plan_run() {
   local tag=$1 pp=$2 tp=$3 dp=$4 shards=$5 fingerprints=$6 limit=$7 raw=$8 logs=$9
   shift 9
-  local status=0 lease=${LEASE_MS:-}
+  local status=0
   rm -rf "$DIR"
   mkdir -p "$DIR/logs" "$raw" "$logs"
   COORD_PORT=""
   # Leases long enough that thousands of fake agents heartbeating from a few processes on a
-  # loaded machine never expire: this measures planning, not leases.
-  LEASE_MS=600000
+  # loaded machine never expire: this measures planning, not leases (start_coordinator reads
+  # this function's LEASE_MS).
+  local LEASE_MS=600000
   if start_coordinator --heartbeat_interval_ms=5000; then
     if ! timeout "$limit" ${PLAN_WRAP[@]+"${PLAN_WRAP[@]}"} "$BIN/tests/bench/tessera-plan-load" \
         --coordinator="127.0.0.1:$COORD_PORT" --coordinator_pid="$COORD_PID" --pp="$pp" \
@@ -35,7 +36,6 @@ plan_run() {
     echo "planning $tag: the coordinator did not start" >&2
     status=1
   fi
-  LEASE_MS=$lease
   cp "$DIR/logs/coordinator.log" "$logs/plan-coordinator-$tag.log" 2>/dev/null
   return $status
 }

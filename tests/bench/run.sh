@@ -578,7 +578,7 @@ if wants plan; then
       say "== planning $i/$PLAN_REPEATS: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards, real coordinator"
       DIR="$DATA_DIR/plan"
       plan_run "$tag" "$ppd" "$tpd" "$dpd" "$shards" "$fingerprints" 1800 "$OUT/raw" "$OUT/logs" ||
-        say "planning failed (see $OUT/logs/plan-load-$tag.log)"
+        say "planning $tag failed (above; logs in $OUT/logs/)"
       rm -rf "$DIR"
     done
   done

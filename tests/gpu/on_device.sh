@@ -37,7 +37,7 @@
 #                     The pack test (tests/gpu/pack_test.sh) runs this way.
 #   --no-drop-caches  leave the page cache alone (default: drop it before reads, as root)
 #   --planning=LIST   also run the planning benchmark (issue 15) on this machine's cores, after
-#                     the other sections: PPxTPxDP:SHARDS, comma-separated (e.g.
+#                     the other sections: PPxTPxDP:SHARDS[:whole], comma-separated (e.g.
 #                     16x8x128:300), each --planning-repeats times, tessera-plan-load's fake
 #                     agents against a fresh coordinator as tests/bench/run.sh --only=plan runs
 #                     them. Its raw files land in logs.tar.gz (raw/planning/); render them with
@@ -501,19 +501,24 @@ fi
 # figure 5 runs them; rendered where Bazel is (tests/bench/report.py), not in results.md.
 if [ -n "$PLANNING" ]; then
   mkdir -p "$RAW/planning/raw" "$RAW/planning/logs"
-  { cat "$RAW/machine.env"; echo "args=--only=plan --plan=$PLANNING --plan-repeats=$PLANNING_REPEATS (tests/gpu/on_device.sh)"; } \
+  # The pack's commit, and the checkpoint directory relative to the tree: the page is committed.
+  { grep -v '^data_dir=' "$RAW/machine.env"; echo "data_dir=${DATA#"$PWD"/}"
+    echo "commit=$(sed -n 's/^commit=//p' "$PACK/MANIFEST.txt")"
+    echo "args=--only=plan --plan=$PLANNING --plan-repeats=$PLANNING_REPEATS (tests/gpu/on_device.sh)"; } \
     >"$RAW/planning/raw/machine.env"
   : >"$RAW/planning/raw/configs.txt"
   IFS=',' read -ra plan_configs <<<"$PLANNING"
   for config in "${plan_configs[@]}"; do
-    IFS=':' read -r mesh shards <<<"$config"
+    IFS=':' read -r mesh shards protocol <<<"$config"
+    fingerprints=true
+    [ "$protocol" = whole ] && fingerprints=false
     IFS='x' read -r ppd tpd dpd <<<"$mesh"
     for i in $(seq 1 "$PLANNING_REPEATS"); do
-      tag="$mesh-$shards-$i"
+      tag="$mesh-$shards${protocol:+-$protocol}-$i"
       if [ "$(left)" -lt 60 ]; then skip "planning $tag: time budget ($(left) s left)"; continue; fi
       say "== planning $tag: pp=$ppd x tp=$tpd x dp=$dpd ranks x $shards shards"
       DIR=$DATA/planning
-      plan_run "$tag" "$ppd" "$tpd" "$dpd" "$shards" true "$(bound)" "$RAW/planning/raw" \
+      plan_run "$tag" "$ppd" "$tpd" "$dpd" "$shards" "$fingerprints" "$(bound)" "$RAW/planning/raw" \
         "$RAW/planning/logs" || note_failure "planning $tag (raw/planning/logs/plan-load-$tag.log)"
       rm -rf "$DIR"
     done

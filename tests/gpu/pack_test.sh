@@ -127,7 +127,8 @@ fi
 step "on_device.sh --cpu-fallback"
 LEASE_MS=2000 bash "$T/pack/scripts/on_device.sh" --cpu-fallback --pack="$T/pack" \
   --out="$T/out" --data-dir="$T/data" --configs=8Mx1 --steps=2 --repeats=1 \
-  --only=tests,configs --no-drop-caches --budget=240 >"$T/device.out" 2>&1
+  --only=tests,configs --no-drop-caches --budget=240 --planning=2x2x2:12 --planning-repeats=1 \
+  >"$T/device.out" 2>&1
 rc=$?
 [ "$rc" = 0 ] || { cat "$T/device.out"; fail "on_device.sh --cpu-fallback exited $rc"; }
 for f in results.md results.json tests.txt memcheck.txt logs.tar.gz run.log; do
@@ -167,5 +168,17 @@ EOF
 step "results"
 grep -q "^| 4 load tp=1 -> tp=2 into host memory, 8 MiB x 1 rank | .*every byte identical" \
   "$T/out/results.md" || fail "results.md has no identical-load row: $(cat "$T/out/results.md")"
+# --planning: the planning benchmark's raw files come back in logs.tar.gz, as run.sh's would.
+mkdir -p "$T/logs" && tar -xzf "$T/out/logs.tar.gz" -C "$T/logs" || fail "logs.tar.gz does not unpack"
+planning=$T/logs/raw/planning
+python3 - "$planning/raw/plan-2x2x2-12-1.json" <<'EOF' || fail "planning: $(cat "$planning"/logs/*.log)"
+import json, sys
+d = json.load(open(sys.argv[1]))
+assert d["ok"] and d["ranks"] == 8 and d["cached_pins"] == 8, d
+EOF
+grep -q "plan validated" "$planning/raw/plan-events-2x2x2-12-1.txt" ||
+  fail "the planning run kept no coordinator lines"
+grep -q "^commit=" "$planning/raw/machine.env" || fail "the planning machine.env names no commit"
 echo "PASS: pack built and checked ($bytes bytes), check fails without libgrpc and over the limit," \
-  "--memory=cuda refuses without a GPU, packed CPU fallback saved and reloaded byte for byte"
+  "--memory=cuda refuses without a GPU, packed CPU fallback saved and reloaded byte for byte," \
+  "the packed planning run planned 8 ranks twice"
