@@ -22,7 +22,13 @@ struct SessionManager::Job {
   Strand strand;
   mutable absl::Mutex mu;
   std::unique_ptr<JobCore> core ABSL_GUARDED_BY(mu);  // null while it must be recovered
-  TrainerWindow window;  // set by Carry, after every step of the core
+  // Whether the job's trainers are blocked in a save (JobCore::trainers_blocked), as last
+  // counted in jobs_blocking_. The job's strand only (Carry).
+  bool trainers_blocked = false;
+  // Disk clean-up of this job waiting for its turn (RunDueCleanups), oldest first.
+  absl::Mutex cleanup_mu;
+  std::deque<PendingCleanup> cleanups ABSL_GUARDED_BY(cleanup_mu);
+  bool cleanup_posted ABSL_GUARDED_BY(cleanup_mu) = false;  // a RunDueCleanups is queued
 };
 
 SessionManager::SessionManager(StateStore* store, AgentRegistry* registry, CommandSink* sink,
@@ -41,16 +47,12 @@ SessionManager::SessionManager(StateStore* store, AgentRegistry* registry, Comma
 
 SessionManager::~SessionManager() {
   Stop();
-  // The janitor first, while the jobs' strands still run what it posts to them: its queued
-  // disk work waits for no trainer now, and what the strands ask of it later is dropped (a
-  // restart re-applies pending retention; retention removes stale temporary directories).
+  // The janitor first, while the jobs' strands still run what it posts to them; what is not
+  // due yet, or asked of it later, is dropped (a restart re-applies pending retention, and
+  // retention removes stale temporary directories).
   {
     absl::MutexLock lock(&janitor_mu_);
     janitor_open_ = false;
-  }
-  {
-    absl::MutexLock lock(&jobs_mu_);
-    for (auto& [id, job] : jobs_) job->window.Release();
   }
   janitor_pool_.reset();
   pool_.reset();  // finishes every queued task while the jobs still exist
@@ -233,37 +235,14 @@ class SessionManager::Port : public EffectsPort {
   }
   void StartCleanup(std::optional<RetentionWork> retention,
                     std::vector<std::string> remove_dirs) override {
-    SessionManager* m = m_;
-    Job* job = job_;
-    if (m->edge_ == nullptr) return;
-    absl::MutexLock lock(&m->janitor_mu_);
-    if (!m->janitor_open_) return;  // the manager is being destroyed
-    m->Busy(+1);
-    m->janitor_->Post([m, job, retention = std::move(retention), dirs = std::move(remove_dirs)] {
-      // Not while the job's trainers are blocked in a save: unlinking gigabytes holds the file
-      // system's journal, which the state store's syncs on that save's path may share.
-      if (!job->window.AwaitClosed(m->options_.cleanup_grace, m->options_.cleanup_max_wait)) {
-        LogInfo("job ", job->job_id, ": disk clean-up goes ahead without waiting for the "
-                "trainers to leave their save (waited ",
-                absl::FormatDuration(m->options_.cleanup_max_wait), ", or stopping)");
-      }
-      for (const std::string& dir : dirs) {
-        if (absl::Status removed = m->edge_->Remove(dir); !removed.ok()) {
-          LogWarning("cannot remove the aborted session's ", dir, ": ", removed.ToString());
-        }
-      }
-      if (retention.has_value()) {
-        if (absl::Status s = m->edge_->Retain(*retention); !s.ok()) {
-          LogWarning("retention in ", retention->job_dir, " failed (tried again with the "
-                     "next commit or restart): ", s.ToString());
-        } else {
-          m->PostEffects(job, [steps = retention->retire_steps](JobCore& core) {
-            return core.RetentionDone(steps);
-          });
-        }
-      }
-      m->Busy(-1);
-    });
+    if (m_->edge_ == nullptr) return;
+    const absl::Time due = absl::Now() + m_->options_.cleanup_grace;
+    {
+      absl::MutexLock lock(&job_->cleanup_mu);
+      job_->cleanups.push_back(PendingCleanup{std::move(retention), std::move(remove_dirs), due,
+                                              due + m_->options_.cleanup_max_wait});
+    }
+    m_->Busy(+1);  // until it runs; Carry, which this step ends in, and every tick offer it
   }
   void Observe(const Effects& effects) override { m_->Changed(effects); }
 
@@ -273,15 +252,86 @@ class SessionManager::Port : public EffectsPort {
 };
 
 bool SessionManager::Carry(Job* job, Effects effects) {
+  // A step that blocks the trainers is counted before its store write (the write a clean-up
+  // must not overlap: a session's open, PINNING), one that lets them go after it.
+  CountBlocked(job, /*opening_only=*/true);
   Port port(this, job);
   const bool carried = CarryEffects(std::move(effects), port);
+  CountBlocked(job, /*opening_only=*/false);
+  OfferCleanups(job);
+  return carried;
+}
+
+void SessionManager::CountBlocked(Job* job, bool opening_only) {
   bool blocked = false;
   {
     absl::MutexLock lock(&job->mu);
     blocked = job->core != nullptr && job->core->trainers_blocked();
   }
-  job->window.Set(blocked);
-  return carried;
+  if (blocked == job->trainers_blocked || (opening_only && !blocked)) return;
+  job->trainers_blocked = blocked;
+  jobs_blocking_.fetch_add(blocked ? 1 : -1);
+}
+
+void SessionManager::OfferCleanups(Job* job) {
+  {
+    absl::MutexLock lock(&job->cleanup_mu);
+    if (job->cleanups.empty() || job->cleanup_posted) return;
+    job->cleanup_posted = true;
+  }
+  absl::MutexLock lock(&janitor_mu_);
+  if (!janitor_open_) return;  // the manager is being destroyed
+  janitor_->Post([this, job] { RunDueCleanups(job); });
+}
+
+int SessionManager::RunDueCleanups(Job* job) {
+  std::vector<PendingCleanup> due;
+  const absl::Time now = absl::Now();
+  const bool quiet = jobs_blocking_.load() == 0;
+  {
+    absl::MutexLock lock(&job->cleanup_mu);
+    job->cleanup_posted = false;
+    while (!job->cleanups.empty()) {
+      const PendingCleanup& next = job->cleanups.front();
+      if (now < next.give_up && (now < next.due || !quiet)) break;  // in order, or not at all
+      due.push_back(std::move(job->cleanups.front()));
+      job->cleanups.pop_front();
+    }
+  }
+  for (PendingCleanup& c : due) {
+    if (!quiet) {
+      LogInfo("job ", job->job_id, ": disk clean-up goes ahead while trainers are in a save (it ",
+              "waited ", absl::FormatDuration(options_.cleanup_max_wait), ")");
+    }
+    for (const std::string& dir : c.dirs) {
+      if (absl::Status removed = edge_->Remove(dir); !removed.ok()) {
+        LogWarning("cannot remove the aborted session's ", dir, ": ", removed.ToString());
+      }
+    }
+    if (c.retention.has_value()) {
+      if (absl::Status s = edge_->Retain(*c.retention); !s.ok()) {
+        LogWarning("retention in ", c.retention->job_dir, " failed (tried again with the next "
+                   "commit or restart): ", s.ToString());
+      } else {
+        PostEffects(job, [steps = c.retention->retire_steps](JobCore& core) {
+          return core.RetentionDone(steps);
+        });
+      }
+    }
+    Busy(-1);
+  }
+  return static_cast<int>(due.size());
+}
+
+int SessionManager::RunDueCleanupsForTesting() {
+  std::vector<Job*> jobs;
+  {
+    absl::MutexLock lock(&jobs_mu_);
+    for (const auto& [id, job] : jobs_) jobs.push_back(job.get());
+  }
+  int ran = 0;
+  for (Job* job : jobs) ran += RunDueCleanups(job);
+  return ran;
 }
 
 JobContext SessionManager::Context() {

@@ -4,9 +4,12 @@
 //   RPC / tick / work result ──► job's strand: core step ──► persist the batch (one synced
 //   write) ──► record the commands as current ──► send them, answer the caller, start the
 //   step's work (planning and commits on the job's strand, retention and removals on the
-//   janitor strand) ──► work result ──► ...
+//   janitor thread once due: RunDueCleanups) ──► work result ──► ...
 //
-// Per-job serialization, nothing global: each job has a Strand (common/strand.h) on a shared
+// Per-job serialization, nothing global but the janitor's timing (disk clean-up of any job
+// waits while some job's trainers are blocked in a save, since all jobs' saves sync on the
+// one state store; at most cleanup_max_wait, and it never blocks a thread while waiting): each
+// job has a Strand (common/strand.h) on a shared
 // thread pool, so a job's events, store writes, planning and commit I/O run one at a time,
 // and never on a gRPC callback thread (the RPC-facing methods only post and return; `done`
 // runs later on a pool thread). One job's long plan or slow write never delays another job,
@@ -27,6 +30,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -45,7 +49,6 @@
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
 #include "server/planner.h"
-#include "server/trainer_window.h"
 #include "server/session/job_core.h"
 #include "server/session/options.h"
 #include "server/store/state_store.h"
@@ -57,16 +60,16 @@ namespace tessera {
 
 struct SessionManagerOptions {
   SessionOptions session;
-  // Threads running the jobs' strands and the janitor. Default: 4.
+  // Threads running the jobs' strands (the janitor has a thread of its own). Default: 4.
   int threads = 4;
   // How often every job's deadlines and leases are checked. Default: 200 ms.
   absl::Duration tick_period = absl::Milliseconds(200);
   // Called after a transition is durable, before its commands go out: the coordinator's
   // --crash_in_state fault injection. Default: none.
   std::function<void(v1::SessionState)> on_state_persisted;
-  // Disk work (retention, removing an aborted save's directory) waits this long after it is
-  // due, then while the job's trainers are blocked in a save, at most cleanup_max_wait
-  // (server/trainer_window.h says why). Defaults: 50 ms, 10 s.
+  // Disk clean-up (retention, removing an aborted save's directory) starts this long after it
+  // is due, and then only while no job's trainers are blocked in a save, unless it has waited
+  // cleanup_max_wait (DESIGN.md "Disk clean-up waits for the trainers"). Defaults: 50 ms, 10 s.
   absl::Duration cleanup_grace = absl::Milliseconds(50);
   absl::Duration cleanup_max_wait = absl::Seconds(10);
 };
@@ -136,6 +139,10 @@ class SessionManager {
   // Idempotent.
   void Stop();
 
+  // Testing: runs, on the calling thread, every job's disk clean-up that is due (see
+  // SessionManagerOptions::cleanup_grace); returns how many ran.
+  int RunDueCleanupsForTesting() ABSL_LOCKS_EXCLUDED(jobs_mu_);
+
   // Testing: runs every job's tick now, then waits until every strand is idle (work that
   // steps start — planning, commits — included).
   void TickForTesting();
@@ -144,6 +151,14 @@ class SessionManager {
  private:
   struct Job;
   class Port;
+  // A commit's retention and an abort's directories, waiting for the trainers (Carry counts
+  // them) until `due`, or until `give_up` whatever they do.
+  struct PendingCleanup {
+    std::optional<RetentionWork> retention;
+    std::vector<std::string> dirs;
+    absl::Time due;
+    absl::Time give_up;
+  };
 
   // The job's slot, created on first use. Null if the manager stopped.
   Job* FindOrAddJob(const std::string& job_id) ABSL_LOCKS_EXCLUDED(jobs_mu_);
@@ -162,6 +177,14 @@ class SessionManager {
   // On the job's strand: carries out a step's effects (effects_carrier.h). False if the store
   // refused the batch (the job is then being recovered).
   bool Carry(Job* job, Effects effects);
+  // On the job's strand: counts the job in jobs_blocking_ while its trainers are blocked in a
+  // save; with `opening_only`, only if they have just become so.
+  void CountBlocked(Job* job, bool opening_only);
+  // Has the janitor look at the job's pending clean-ups (at most one such task queued).
+  void OfferCleanups(Job* job);
+  // On the janitor (or a test's thread): runs the job's clean-ups that are due, in order:
+  // past their grace while no job's trainers are blocked, or past give_up. Returns how many.
+  int RunDueCleanups(Job* job);
   // On the job's strand: replaces the core with the store's view. False while it fails.
   bool Reload(Job* job);
   void Tick();
@@ -199,12 +222,13 @@ class SessionManager {
   // Both reset by the destructor, the janitor's first (see there), so that every queued task
   // finishes while the jobs and everything above still exist.
   std::unique_ptr<ThreadPool> pool_;
-  // Retention and removals: file-system I/O of no job, on a thread of its own, since it waits
-  // for trainers to resume (TrainerWindow) without holding up the jobs' strands.
+  // Retention and removals: file-system I/O of no job's strand, on a thread of its own so that
+  // unlinking gigabytes never holds up a strand.
   std::unique_ptr<ThreadPool> janitor_pool_;
   std::unique_ptr<Strand> janitor_;
   absl::Mutex janitor_mu_;
   bool janitor_open_ ABSL_GUARDED_BY(janitor_mu_) = true;  // false once the destructor runs
+  std::atomic<int> jobs_blocking_{0};  // jobs whose trainers are blocked in a save
   std::thread ticker_;
 };
 

@@ -145,7 +145,7 @@ class JobCore {
   v1::JobInfo Info() const;
   bool in_flight() const { return current_ != nullptr; }
   // Whether the job's trainers are blocked in a save: its session is PLANNING, PINNING or
-  // COPYING (the shell's TrainerWindow; the coordinator's disk work waits outside it).
+  // COPYING (the shell's disk clean-up waits outside it: SessionManager::RunDueCleanups).
   bool trainers_blocked() const;
   // When Tick next has something to do (InfiniteFuture if nothing is in flight).
   absl::Time next_tick() const;

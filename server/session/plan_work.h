@@ -29,7 +29,7 @@ absl::Status CheckAdmission(const GlobalPlan& plan, const std::vector<NodeBudget
 // BuildGlobalPlan (a validated plan is cached). Then CheckAdmission with the registry's
 // nodes. Gives work.plans back in the verdict when ranks are missing; otherwise leaves them in
 // `work` for the caller to free where it does not delay the save (a million shard messages
-// take a fifth of a second to free: the shell hands them to its janitor). Errors (in the
+// take a fifth of a second to free: the shell frees them on a pool thread). Errors (in the
 // verdict): the planner's InvalidArgument details; ADMISSION_DENIED.
 PlanVerdict DecidePlan(PlanWork& work, PlanCache& cache, const AgentRegistry& registry,
                        const PlannerOptions& options);

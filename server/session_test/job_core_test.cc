@@ -849,9 +849,9 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
 // ---------------------------------------------------------------------------------------------
 // Planning
 
-// The torchtitan PP bug: stage 1 names its layers like stage 0.
-// The shell's TrainerWindow (server/trainer_window.h): the trainers are blocked from the
-// first plan until every rank staged, and not once the save persists, commits or aborts.
+// What the shell's disk clean-up waits for (SessionManager::RunDueCleanups): the trainers
+// are blocked from the first plan until every rank staged, and not once the save persists,
+// commits or aborts.
 TEST_F(SessionManagerTest, TrainersBlocked_FromTheFirstPlanUntilEveryRankStaged) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
@@ -878,12 +878,15 @@ TEST_F(SessionManagerTest, TrainersBlocked_FromTheFirstPlanUntilEveryRankStaged)
 
   // An operator's abort while the trainers copy lets them go too.
   const std::string next = SubmitAll(101);
+  PhaseAll(next, v1::AGENT_PHASE_PINNED);
+  EXPECT_EQ(State(next), v1::SESSION_STATE_COPYING);
   EXPECT_TRUE(manager().TrainersBlocked(kJob));
   ASSERT_TRUE(manager().AbortSession(kJob, "test").ok());
   EXPECT_EQ(State(next), v1::SESSION_STATE_ABORTED);
   EXPECT_FALSE(manager().TrainersBlocked(kJob));
 }
 
+// The torchtitan PP bug: stage 1 names its layers like stage 0.
 TEST_F(SessionManagerTest, Save_PlanRejected_AbortsBeforeAnyCopy) {
   StartJob("pp=2,dp=2");
   for (uint32_t r = 0; r < 4; ++r) plans_[r] = {Whole("layers.0.w", {4, 4}, {"dp"})};

@@ -65,6 +65,28 @@ class GatedStore : public MemoryStateStore {
   }
 };
 
+// Records removals of aborted sessions' directories; commits and retention do nothing.
+class RecordingEdge : public CommitEdge {
+ public:
+  CommitResolution Commit(const CommitAttempt&) override {
+    return CommitResolution{CommitOutcome::kUnresolved, absl::UnavailableError("not here")};
+  }
+  absl::Status Retain(const RetentionWork&) override { return absl::OkStatus(); }
+  absl::Status Remove(const std::string& dir) override {
+    absl::MutexLock lock(&mu_);
+    removed_.push_back(dir);
+    return absl::OkStatus();
+  }
+  std::vector<std::string> removed() {
+    absl::MutexLock lock(&mu_);
+    return removed_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<std::string> removed_ ABSL_GUARDED_BY(mu_);
+};
+
 class SessionManagerTest : public ::testing::Test {
  protected:
   SessionManagerTest() : registry_(&clock_, AgentRegistryOptions{}) {
@@ -88,10 +110,27 @@ class SessionManagerTest : public ::testing::Test {
     }
   }
 
-  void Start(StateStore* store) {
-    manager_ = std::make_unique<SessionManager>(store, &registry_, &sink_, nullptr, &clock_,
+  void Start(StateStore* store, CommitEdge* edge = nullptr) {
+    manager_ = std::make_unique<SessionManager>(store, &registry_, &sink_, edge, &clock_,
                                                 options_);
     ASSERT_TRUE(manager_->Recover().ok());
+  }
+
+  // Reports `phase` of (job, rank) for `session_id` and waits for the answer.
+  void Report(const std::string& job, uint32_t rank, uint64_t incarnation,
+              const std::string& session_id, v1::AgentPhase phase) {
+    v1::ReportPhaseRequest request;
+    request.set_job_id(job);
+    request.set_rank(rank);
+    request.set_incarnation(incarnation);
+    request.set_session_id(session_id);
+    request.set_phase(phase);
+    absl::Notification done;
+    manager_->ReportPhase(request, [&](absl::StatusOr<v1::SessionState> state) {
+      EXPECT_TRUE(state.ok()) << state.status();
+      done.Notify();
+    });
+    done.WaitForNotification();
   }
 
   // Submits and waits for the answer.
@@ -213,6 +252,46 @@ TEST_F(SessionManagerTest, StoreRefusesWrite_CallerRetriesJobRecovered) {
   ASSERT_TRUE(Submit("job-a", 1, 1001, {Whole("w", {4}, {"dp"})}).ok());
   manager_->WaitIdleForTesting();
   EXPECT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ElementsAre(0, 1));
+}
+
+// Disk clean-up (here: an aborted save's directory) waits while any job's trainers are in a
+// save, since every job's saves sync on the one state store, and runs once they resume,
+// without holding a thread meanwhile. DESIGN.md "Disk clean-up waits for the trainers".
+TEST_F(SessionManagerTest, Cleanup_WaitsWhileAnyJobsTrainersAreInASave) {
+  options_.session.coordinator_commits = true;  // the coordinator removes aborted directories
+  options_.cleanup_grace = absl::ZeroDuration();
+  options_.cleanup_max_wait = absl::Hours(1);
+  Register("job-a", "dp=1", 1000);
+  Register("job-b", "dp=1", 2000);
+  MemoryStateStore store;
+  RecordingEdge edge;
+  Start(&store, &edge);
+
+  // Job B's trainer is in a save (PINNING); job A's save is aborted by an operator.
+  absl::StatusOr<v1::SubmitLocalPlanResponse> b = Submit("job-b", 0, 2000, {Whole("v", {4}, {"dp"})}, 7);
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE(Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 5).ok());
+  absl::Notification aborted;
+  manager_->AbortSession("job-a", "test", [&](absl::StatusOr<v1::SessionStatus> status) {
+    EXPECT_TRUE(status.ok()) << status.status();
+    aborted.Notify();
+  });
+  aborted.WaitForNotification();
+  absl::StatusOr<v1::SessionStatus> a = manager_->GetSession("job-a", "");
+  ASSERT_TRUE(a.ok());
+  ASSERT_EQ(a->state(), v1::SESSION_STATE_ABORTED);
+
+  EXPECT_EQ(manager_->RunDueCleanupsForTesting(), 0);
+  EXPECT_THAT(edge.removed(), ::testing::IsEmpty()) << "removed while job B's trainer copies";
+
+  // Job B's trainer copies and resumes: PERSISTING. The removal runs (a tick offers it).
+  Report("job-b", 0, 2000, b->session_id(), v1::AGENT_PHASE_PINNED);
+  Report("job-b", 0, 2000, b->session_id(), v1::AGENT_PHASE_STAGED);
+  absl::StatusOr<v1::SessionStatus> b_status = manager_->GetSession("job-b", "");
+  ASSERT_TRUE(b_status.ok());
+  EXPECT_EQ(b_status->state(), v1::SESSION_STATE_PERSISTING);
+  manager_->WaitIdleForTesting();  // a waiting clean-up counts as busy until it ran
+  EXPECT_THAT(edge.removed(), ElementsAre(::testing::HasSubstr(a->session_id())));
 }
 
 }  // namespace
