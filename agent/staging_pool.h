@@ -102,7 +102,8 @@ struct ResidentRegion {
   std::string name;
   const char* data = nullptr;
   uint64_t capacity = 0;
-  // Expires when the pool drops the set; lock it to keep the mapping while reading.
+  // Expires when the set stops being resident (the pool drops it, or a Retain makes it the
+  // next save's set) and no load holds it; lock it to keep the mapping while reading.
   std::weak_ptr<const void> hold;
 };
 

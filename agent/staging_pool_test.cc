@@ -191,6 +191,7 @@ TEST(StagingPool, Retain_SavesAlternateBetweenTwoSets_ResidentBytesKept) {
   ASSERT_TRUE(d.ok());
   EXPECT_NE((*d)[0].name, (*b)[0].name);
   EXPECT_EQ(pool->regions_created(), 3u);
+  memset((*d)[0].data, 'd', kMiB);  // the save writes its staging
   EXPECT_EQ(next[0].data[0], 'b');  // untouched under the reader
   reading.reset();
   EXPECT_TRUE(next[0].hold.expired());  // b's copy ended with its last reader
