@@ -41,8 +41,7 @@ SessionManager::SessionManager(StateStore* store, AgentRegistry* registry, Comma
       clock_(clock),
       options_(std::move(options)) {
   pool_ = std::make_unique<ThreadPool>(options_.threads);
-  janitor_pool_ = std::make_unique<ThreadPool>(1);
-  janitor_ = std::make_unique<Strand>(janitor_pool_.get());
+  janitor_ = std::make_unique<ThreadPool>(1);
 }
 
 SessionManager::~SessionManager() {
@@ -54,7 +53,7 @@ SessionManager::~SessionManager() {
     absl::MutexLock lock(&janitor_mu_);
     janitor_open_ = false;
   }
-  janitor_pool_.reset();
+  janitor_.reset();
   pool_.reset();  // finishes every queued task while the jobs still exist
 }
 

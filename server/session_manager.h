@@ -224,8 +224,7 @@ class SessionManager {
   std::unique_ptr<ThreadPool> pool_;
   // Retention and removals: file-system I/O of no job's strand, on a thread of its own so that
   // unlinking gigabytes never holds up a strand.
-  std::unique_ptr<ThreadPool> janitor_pool_;
-  std::unique_ptr<Strand> janitor_;
+  std::unique_ptr<ThreadPool> janitor_;
   absl::Mutex janitor_mu_;
   bool janitor_open_ ABSL_GUARDED_BY(janitor_mu_) = true;  // false once the destructor runs
   std::atomic<int> jobs_blocking_{0};  // jobs whose trainers are blocked in a save

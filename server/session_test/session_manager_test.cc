@@ -294,5 +294,53 @@ TEST_F(SessionManagerTest, Cleanup_WaitsWhileAnyJobsTrainersAreInASave) {
   EXPECT_THAT(edge.removed(), ElementsAre(::testing::HasSubstr(a->session_id())));
 }
 
+// The window opens before the store write that opens it: a session's open (its PLANNING
+// record) is on its trainers' path, so no clean-up may start while that write is in flight.
+TEST_F(SessionManagerTest, Cleanup_NotWhileTheWriteThatBlocksTrainersIsInFlight) {
+  options_.session.coordinator_commits = true;
+  options_.cleanup_grace = absl::ZeroDuration();
+  options_.cleanup_max_wait = absl::Hours(1);
+  Register("job-a", "dp=1", 1000);
+  Register("job-b", "dp=2", 2000);
+  Register("job-c", "dp=1", 3000);
+  GatedStore store;
+  RecordingEdge edge;
+  Start(&store, &edge);
+
+  // Job C's trainer is in a save, so job A's aborted directory waits.
+  absl::StatusOr<v1::SubmitLocalPlanResponse> c = Submit("job-c", 0, 3000, {Whole("u", {4}, {"dp"})}, 3);
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE(Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 5).ok());
+  absl::Notification aborted;
+  manager_->AbortSession("job-a", "test", [&](absl::StatusOr<v1::SessionStatus>) {
+    aborted.Notify();
+  });
+  aborted.WaitForNotification();
+
+  // Job B's first plan opens its session; that write blocks in the store.
+  store.armed = true;
+  absl::Notification b_answered;
+  v1::SubmitLocalPlanRequest first;
+  first.set_job_id("job-b");
+  first.set_rank(0);
+  first.set_incarnation(2000);
+  first.set_step(7);
+  *first.add_shards() = Whole("v", {4}, {"dp"});
+  manager_->SubmitLocalPlan(std::move(first), [&](absl::StatusOr<v1::SubmitLocalPlanResponse>) {
+    b_answered.Notify();
+  });
+  store.entered.WaitForNotification();
+
+  // Job C's trainer resumes while B's open is still being written: nothing may start.
+  Report("job-c", 0, 3000, c->session_id(), v1::AGENT_PHASE_PINNED);
+  Report("job-c", 0, 3000, c->session_id(), v1::AGENT_PHASE_STAGED);
+  EXPECT_EQ(manager_->RunDueCleanupsForTesting(), 0);
+  EXPECT_THAT(edge.removed(), ::testing::IsEmpty()) << "removed during job B's open";
+
+  store.release.Notify();
+  b_answered.WaitForNotification();
+  EXPECT_EQ(manager_->RunDueCleanupsForTesting(), 0);  // B's trainers wait for its plan
+}
+
 }  // namespace
 }  // namespace tessera
