@@ -11,8 +11,8 @@
 //        3. with --reserve (default), Client::ReserveStaging of the tensors first, timed, as
 //           a trainer does before its first save (DESIGN.md "The first save");
 //        4. K saves (step 1 plans, and sizes and pins staging unless reserved: reported apart;
-//           later steps reuse both). Per save: stall = wall time Save() blocks, the client's own stall and copy
-//           time, and Save() call -> WaitCommitted() returned. Between saves the stamped row
+//           later steps reuse both). Per save: stall = wall time Save() blocks, the client's
+//           own stall and copy time, and Save() call -> WaitCommitted() returned. Between saves the stamped row
 //           of every piece changes on the device, outside the timed region.
 //   load --agent=SOCK --rank=R --world=N --saved_world=M --mib=S --step=K --out=F.json
 //        Load(-1) into this rank's pieces of ITS layout (destinations allocated and written
