@@ -333,7 +333,7 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
     s = &NewSession(session_id, begin.step);
     s->plan = begin.plan;
     s->slim = begin.slim;
-    s->lease = lease_;
+    s->lease = lease_.has_value() ? lease_ : last_lease_;
     s->begin_ticket = ticket;
     s->begin_waiting = !gone;
   } else if (s->phase == SavePhase::kPlanned || s->phase == SavePhase::kPinning ||
@@ -949,6 +949,12 @@ SaveEffects SaveCore::OnStreamConnected(absl::Time now) {
 SaveEffects SaveCore::OnLease(absl::Time now, std::optional<uint64_t> generation) {
   lease_known_ = true;
   lease_ = generation;
+  if (generation.has_value()) {
+    last_lease_ = generation;
+    for (auto& [id, s] : sessions_) {
+      if (!s->lease.has_value()) s->lease = generation;  // begun before any lease was held
+    }
+  }
   return Done(now, SaveEffects());
 }
 

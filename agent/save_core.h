@@ -74,7 +74,11 @@
 //    before an attempt is not retried — the coordinator asks again (it re-sends COMMIT, to a
 //    live committer) and that COMMIT, under the current lease, runs. Nothing stale (a COMMIT
 //    received before the agent froze) is ever acted on. Until the first OnLease the lease is
-//    taken as current.
+//    taken as current. A save begun while no lease is current (the heartbeat found the
+//    coordinator gone, e.g. it crashed after other ranks opened the session, and the agent is
+//    registering again) began under the generation last held: the generation moves on only
+//    when a lease is lost, so if it is the current one again by PERSIST, the coordinator never
+//    gave this agent up in between. A save begun before any lease was held takes the first.
 // R6 Local failures (edge 13): the failure is reported with its error; no further work starts.
 //    The session still ends only by the verdict (R7), so the trainer hears the coordinator's
 //    reason — which is the agent's own if it came first, and the real cause if the failure was
@@ -307,7 +311,7 @@ class SaveCore {
     std::shared_ptr<const v1::SubmitLocalPlanRequest> plan;  // null for COMMIT_ONLY
     // R10: the plan as a fingerprint, while the coordinator may take it so (else null).
     std::shared_ptr<const v1::SubmitLocalPlanRequest> slim;
-    std::optional<uint64_t> lease;  // generation when it began (R5)
+    std::optional<uint64_t> lease;  // generation it began under (R5); none: the next one
     uint64_t last_seq = 0;
     uint64_t begin_ticket = 0;   // the BeginSave call that owns the session
     bool begin_waiting = false;  // ... and is still waiting for its reply
@@ -450,6 +454,8 @@ class SaveCore {
   std::string storage_root_;
   bool lease_known_ = false;
   std::optional<uint64_t> lease_;
+  // The generation last held (R5): a save begun while no lease is current belongs to it.
+  std::optional<uint64_t> last_lease_;
   absl::Time resend_at_ = absl::InfiniteFuture();  // R3, after a failed report
   Backoff resend_backoff_;
   bool reports_failing_ = false;  // logs an outage once, and its end

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <deque>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -21,6 +22,7 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 constexpr char kJob[] = "job";
 constexpr char kRoot[] = "/ckpt";
@@ -305,21 +307,24 @@ class SaveCoreTest : public ::testing::Test {
     Begin();
     ASSERT_THAT(Deliver(), ElementsAre("PLAN"));
   }
-  void ToPinned() {
+  // `after_plan`, if given, runs once the plan is submitted (e.g. the lease changing while the
+  // save is under way).
+  void ToPinned(const std::function<void()>& after_plan = nullptr) {
     ToPlanned();
+    if (after_plan) after_plan();
     Command(Pin(1));
     StagingReady(TakeWork().id);
     ASSERT_THAT(Deliver(), ElementsAre("PINNED"));
   }
-  void ToStaged() {
-    ToPinned();
+  void ToStaged(const std::function<void()>& after_plan = nullptr) {
+    ToPinned(after_plan);
     Command(Copy(2));
     ASSERT_TRUE(BeginStatus(1).ok());
     Staged();
     ASSERT_THAT(Deliver(), ElementsAre("STAGED"));
   }
-  void ToGathered() {
-    ToStaged();
+  void ToGathered(const std::function<void()>& after_plan = nullptr) {
+    ToStaged(after_plan);
     Command(Gather(3));
     Gathered(TakeWork().id, 1);
     ASSERT_THAT(Deliver(), ElementsAre("HASHES(1)", "GATHERED"));
@@ -1132,6 +1137,39 @@ TEST_F(SaveCoreTest, R5_CommitWhileLeaseLapsed_Ignored) {
   Command(Commit(5));
   EXPECT_TRUE(work_.empty());
   EXPECT_TRUE(rpcs_.empty());
+}
+
+// The coordinator crashed after other ranks' plans opened the session, and this rank's trainer
+// began its save while the heartbeat found the coordinator gone (no lease current, none lost
+// either): the save began under the lease the agent last held, and writes once the agent is
+// registered again under that same lease.
+TEST_F(SaveCoreTest, R5_SaveBegunWhileUnregistered_SameLeaseAfterwards_Writes) {
+  Apply(core_.OnLease(now_, 1));
+  Apply(core_.OnLease(now_, std::nullopt));  // heartbeat failed: re-registering
+  ToGathered([&] { Apply(core_.OnLease(now_, 1)); });
+  Command(Persist(4));
+  EXPECT_EQ(work_.size(), 1u);
+  EXPECT_THAT(Deliver(), IsEmpty());
+}
+
+// Begun in the same gap, but the lease it last held was lost before the agent registered again
+// (the coordinator gave it up meanwhile): AGENT_LOST, nothing written.
+TEST_F(SaveCoreTest, R5_SaveBegunWhileUnregistered_LeaseLostAfterwards_AgentLost) {
+  Apply(core_.OnLease(now_, 1));
+  Apply(core_.OnLease(now_, std::nullopt));
+  ToGathered([&] { Apply(core_.OnLease(now_, 2)); });
+  Command(Persist(4));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+}
+
+// Begun before the agent ever held a lease (its first registration still under way): the save
+// belongs to the first lease it gets.
+TEST_F(SaveCoreTest, R5_SaveBegunBeforeTheFirstLease_WritesUnderTheFirst) {
+  Apply(core_.OnLease(now_, std::nullopt));
+  ToGathered([&] { Apply(core_.OnLease(now_, 0)); });
+  Command(Persist(4));
+  EXPECT_EQ(work_.size(), 1u);
 }
 
 TEST_F(SaveCoreTest, R5_LeaseUnchanged_Writes) {
