@@ -74,7 +74,8 @@ absl::StatusOr<StagingLayout> ComputeStagingLayout(const v1::RankAssignment& ass
 // The staging a rank needs for `tensors` tensors of `bytes` bytes in all, as far as it can
 // tell before the global plan: each staged kDataAlignment-aligned, so at most
 // bytes + tensors * (kDataAlignment - 1). A DP leader's region also receives its peers'
-// optimizer slices, which only the plan says; its first save makes a larger region.
+// optimizer slices, which only the plan says: ReserveStaging adds the trainer's estimate of
+// them to `bytes` (client/staging_estimate.h); a save that needs more makes a larger region.
 // Saturates at UINT64_MAX.
 uint64_t StagingBytesBound(uint64_t bytes, uint64_t tensors);
 

@@ -1,5 +1,7 @@
 #include "agent/trainer_service.h"
 
+#include <algorithm>
+#include <limits>
 #include <memory>
 
 #include "agent/staging_layout.h"
@@ -155,7 +157,10 @@ grpc::ServerUnaryReactor* TrainerService::ReserveStaging(
       status = absl::InvalidArgumentError("ReserveStaging: bytes is 0; declare the bytes a save "
                                           "stages (the sum of the tensors' sizes)");
     } else {
-      const uint64_t bytes = StagingBytesBound(request->bytes(), request->tensors());
+      const uint64_t bytes = StagingBytesBound(
+          request->bytes() + std::min(request->gather_bytes(),
+                                      std::numeric_limits<uint64_t>::max() - request->bytes()),
+          request->tensors());
       absl::StatusOr<std::vector<StagingSlot>> regions = staging_->Reserve(bytes, staging_sets_);
       status = regions.status();
       if (regions.ok()) {
@@ -166,7 +171,7 @@ grpc::ServerUnaryReactor* TrainerService::ReserveStaging(
         }
         LogInfo("staging reserved ahead of the first save: ", regions->size(), " region(s) of ",
                 bytes, " bytes for ", request->tensors(), " tensors of ", request->bytes(),
-                " bytes");
+                " bytes and ", request->gather_bytes(), " for DP peers' slices");
       }
     }
     reactor->Finish(ToGrpcStatus(status));

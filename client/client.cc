@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "client/parallel_copy.h"
 #include "client/peer_fetch.h"
+#include "client/staging_estimate.h"
 #include "client/verified_copy.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
@@ -343,20 +344,15 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
 }
 
 absl::Status Client::ReserveStaging(absl::Span<const TensorRef> tensors) {
-  v1::ReserveStagingRequest request;
-  uint64_t bytes = 0;
-  uint32_t count = 0;
-  for (const TensorRef& t : tensors) {
-    if (t.state_absent || t.nbytes == 0) continue;
-    bytes += t.nbytes;
-    ++count;
-  }
-  if (bytes == 0) {
+  const StagingDeclaration declared = DeclareStaging(tensors);
+  if (declared.bytes == 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("ReserveStaging: the ", tensors.size(), " tensors hold no bytes to stage"));
   }
-  request.set_bytes(bytes);
-  request.set_tensors(count);
+  v1::ReserveStagingRequest request;
+  request.set_bytes(declared.bytes);
+  request.set_tensors(declared.tensors);
+  request.set_gather_bytes(declared.gather_bytes);
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();  // the last load's release, before anything stages
   v1::ReserveStagingResponse response;

@@ -926,6 +926,7 @@ TEST_F(ClientTest, ReserveStaging_RegionsMappedAhead_NoSaveMapsOne) {
     ASSERT_EQ(fake_->reserve_requests.size(), 1u);
     EXPECT_EQ(fake_->reserve_requests[0].bytes(), 8000u);  // the absent state stages nothing
     EXPECT_EQ(fake_->reserve_requests[0].tensors(), 2u);
+    EXPECT_EQ(fake_->reserve_requests[0].gather_bytes(), 0u);  // no optimizer slices
   }
   EXPECT_EQ(client->stats().staging_maps, 2u);
 
@@ -939,6 +940,25 @@ TEST_F(ClientTest, ReserveStaging_RegionsMappedAhead_NoSaveMapsOne) {
   }
   EXPECT_EQ(client->stats().staging_maps, 2u);
   EXPECT_EQ(pool_->regions_created(), 2u);
+}
+
+// A distributed-optimizer slice: the request also declares room for the peers' slices this
+// rank receives if it leads the box (with two DP ranks, all of the other half).
+TEST_F(ClientTest, ReserveStaging_OptimizerSlice_DeclaresRoomForThePeersSlice) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> param = Pattern(4096, 1);
+  std::vector<uint8_t> slice = Pattern(2048, 2);
+  TensorRef opt = HostRef("w", &slice);
+  opt.kind = v1::SHARD_KIND_OPTIMIZER;
+  opt.state_key = "exp_avg";
+  opt.global_shape = {4096};
+  opt.flat_range = std::make_pair(int64_t{2048}, int64_t{4096});
+  ASSERT_TRUE(client->ReserveStaging({HostRef("w", &param), opt}).ok());
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->reserve_requests.size(), 1u);
+  EXPECT_EQ(fake_->reserve_requests[0].bytes(), 4096u + 2048u);
+  EXPECT_EQ(fake_->reserve_requests[0].gather_bytes(), 2048u);
 }
 
 TEST_F(ClientTest, ReserveStaging_NoBytesOrOverBudget_ErrorsNamingWhy) {
