@@ -248,11 +248,8 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<tessera::StagingPool>> save_pool =
       tessera::StagingPool::Create(pool_options);
   if (!save_pool.ok()) return Fail(save_pool.status().ToString());
-  pool_options.job_id = job + ".load";
-  // Loads fill staging with O_DIRECT reads, which fault the pages in as they go.
-  pool_options.populate = false;
   absl::StatusOr<std::unique_ptr<tessera::StagingPool>> load_pool =
-      tessera::StagingPool::Create(pool_options);
+      tessera::StagingPool::Create(tessera::LoadPoolOptions(pool_options));
   if (!load_pool.ok()) return Fail(load_pool.status().ToString());
 
   tessera::PosixStorage posix_storage;

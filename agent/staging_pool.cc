@@ -22,6 +22,13 @@
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {
+
+StagingPoolOptions LoadPoolOptions(StagingPoolOptions save) {
+  save.job_id += ".load";
+  save.populate = false;
+  save.pin = false;
+  return save;
+}
 namespace {
 
 constexpr size_t kMaxJobChars = 64;

@@ -87,6 +87,13 @@ struct StagingPoolOptions {
   bool populate = true;
 };
 
+// The options of an agent's pool of load regions, given its save pool's: regions named under
+// "<job>.load", filled by O_DIRECT reads that fault the pages in as they go (no populate), and
+// never page-locked: the agent never copies a load's bytes to a GPU, and page-locking is per
+// process (a trainer's copies to its GPU see only its own mapping), so a registration here
+// would only fault every page in first, serially, before the load's first read.
+StagingPoolOptions LoadPoolOptions(StagingPoolOptions save);
+
 // One staging region as handed to a save.
 struct StagingSlot {
   std::string name;       // shared-memory name for MapStaging ("/tessera-...")

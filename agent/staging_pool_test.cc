@@ -597,5 +597,23 @@ TEST(StagingOwnership, SecondClaimRefusedNamingTheOwnerUntilReleased) {
   }
 }
 
+TEST(LoadPoolOptionsTest, NamedApartNeverPinnedNotPopulated_TheRestKept) {
+  StagingPoolOptions save;
+  save.job_id = "job";
+  save.rank = 3;
+  save.incarnation = 7;
+  save.budget_bytes = uint64_t{1} << 30;
+  save.pin = true;
+  save.populate = true;
+  const StagingPoolOptions load = LoadPoolOptions(save);
+  EXPECT_EQ(load.job_id, "job.load");
+  EXPECT_FALSE(load.pin);
+  EXPECT_FALSE(load.populate);
+  EXPECT_TRUE(load.reserve);
+  EXPECT_EQ(load.rank, 3u);
+  EXPECT_EQ(load.incarnation, 7u);
+  EXPECT_EQ(load.budget_bytes, uint64_t{1} << 30);
+}
+
 }  // namespace
 }  // namespace tessera
