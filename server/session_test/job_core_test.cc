@@ -609,6 +609,21 @@ class SessionManagerTest : public ::testing::Test {
     return id;
   }
 
+  // A tp=2,dp=2 job whose coordinator has no storage and only rank 2 mounts it, driven to
+  // COMMITTING at `step`: rank 2 is the one committer agent.
+  std::string DriveToCommittingByRank2(int64_t step) {
+    options_.coordinator_commits = false;
+    StartJob("tp=2,dp=2", [](uint32_t r) {
+      return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/r == 2};
+    });
+    UseTpDpPlans();
+    const std::string id = DriveToPersisting(step);
+    GatherAll(id);
+    PersistAll(id);
+    EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+    return id;
+  }
+
   // A whole save, committed by the coordinator in Tick().
   std::string SaveAndCommit(int64_t step) {
     const std::string id = SubmitAll(step);
@@ -1947,14 +1962,7 @@ TEST_F(SessionManagerTest, Report_InvalidPhasesAndChunks_Rejected) {
 // Committing
 
 TEST_F(SessionManagerTest, Save_CommitThroughAgent_WhenCoordinatorHasNoStorage) {
-  options_.coordinator_commits = false;
-  StartJob("tp=2,dp=2", [](uint32_t r) {
-    return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/r == 2};
-  });
-  UseTpDpPlans();
-  const std::string id = DriveToPersisting(50);
-  GatherAll(id);
-  PersistAll(id);
+  const std::string id = DriveToCommittingByRank2(50);
   ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
 
   // Only rank 2 can commit; it gets COMMIT with the manifest.
@@ -2445,15 +2453,8 @@ TEST_F(SessionManagerTest, Regression_RenamedButParentFsyncFails_NeverAbortedWit
 // The deadline must not abort the session: the committer is asked again, and its answer
 // commits.
 TEST_F(SessionManagerTest, Regression_CommitterReportLost_NotAbortedByTimer) {
-  options_.coordinator_commits = false;
   options_.committing_timeout = absl::Seconds(5);
-  StartJob("tp=2,dp=2", [](uint32_t r) {
-    return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/r == 2};
-  });
-  UseTpDpPlans();
-  const std::string id = DriveToPersisting(81);
-  GatherAll(id);
-  PersistAll(id);
+  const std::string id = DriveToCommittingByRank2(81);
   ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
   ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));
   for (int i = 0; i < 10; ++i) AdvanceAndTick(absl::Seconds(1));
@@ -2468,14 +2469,7 @@ TEST_F(SessionManagerTest, Regression_CommitterReportLost_NotAbortedByTimer) {
 // not abort the session (its checkpoint is in place): the report is refused as retryable, and
 // its re-sending commits.
 TEST_F(SessionManagerTest, Regression_StoreFailsRecordingCommit_NotAborted) {
-  options_.coordinator_commits = false;
-  StartJob("tp=2,dp=2", [](uint32_t r) {
-    return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/r == 2};
-  });
-  UseTpDpPlans();
-  const std::string id = DriveToPersisting(82);
-  GatherAll(id);
-  PersistAll(id);
+  const std::string id = DriveToCommittingByRank2(82);
   ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
   store_.FailNextCommit(absl::UnavailableError("disk full"));
   absl::StatusOr<v1::SessionState> first = Phase(2, id, v1::AGENT_PHASE_COMMIT_WRITTEN);

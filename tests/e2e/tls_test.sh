@@ -30,9 +30,13 @@ pids+=($!)
 wait_for_line "$dir/coordinator.log" "listening on" 20 || fail "coordinator did not start"
 port=$(bound_port "$dir/coordinator.log")
 
+# Unique per run: an agent holds /dev/shm/tessera-<job>-r<rank>.owner, so two runs on one
+# host (bazel --runs_per_test) must not share a job id.
+job=tls$$
+
 agent() {  # agent RANK LOG [tls flags...]
   local rank=$1 log=$2; shift 2
-  agent/tessera-agent --coordinator="127.0.0.1:$port" --job=tls --rank="$rank" --layout=dp=4 \
+  agent/tessera-agent --coordinator="127.0.0.1:$port" --job="$job" --rank="$rank" --layout=dp=4 \
     --socket="$sock/$rank.sock" --peer_listen=127.0.0.1:0 "$@" 2>"$dir/$log" &
   pids+=($!)
 }
@@ -51,13 +55,13 @@ refused_twice() {
 }
 wait_until 30 refused_twice ||
   fail "the coordinator did not refuse the agents without a client certificate and without TLS twice each within 30 s"
-grep -q "registered agent job=tls rank=1" "$dir/coordinator.log" && fail "an agent without a client certificate registered"
-grep -q "registered agent job=tls rank=2" "$dir/coordinator.log" && fail "a plaintext agent registered"
+grep -q "registered agent job=$job rank=1" "$dir/coordinator.log" && fail "an agent without a client certificate registered"
+grep -q "registered agent job=$job rank=2" "$dir/coordinator.log" && fail "a plaintext agent registered"
 grep -q "lease renewed" "$dir/agent-nocert.log" && fail "the agent without a client certificate got a lease"
 
 tls=(--coordinator="127.0.0.1:$port" --tls_ca="$dir/ca.pem" --tls_cert="$dir/client.pem" --tls_key="$dir/client.key")
 client/cli/tessera jobs "${tls[@]}" --token=s3cret >"$dir/jobs.out" 2>&1 || fail "tessera jobs with the token: $(cat "$dir/jobs.out")"
-grep -q "tls" "$dir/jobs.out" || fail "tessera jobs does not list the job"
+grep -q "$job" "$dir/jobs.out" || fail "tessera jobs does not list the job"
 if client/cli/tessera jobs "${tls[@]}" >"$dir/jobs-notoken.out" 2>&1; then fail "tessera jobs worked without the token"; fi
 grep -qi "token" "$dir/jobs-notoken.out" || fail "the error does not mention the token: $(cat "$dir/jobs-notoken.out")"
 echo "PASS: mTLS agent registered; agents without a client certificate or TLS refused; admin token enforced"
