@@ -9,6 +9,7 @@ report (did not build, crashed, timed out) counts as one failure.
 """
 import argparse
 import os
+import re
 import sys
 import xml.etree.ElementTree as ET
 
@@ -30,6 +31,9 @@ def count_report(path):
     return passed, failed, skipped, names
 
 
+_SHARD_DIR = re.compile(r"shard_[0-9]+_of_[0-9]+")
+
+
 def target_dir(testlogs, label):
     package, _, name = label.lstrip("/").partition(":")
     return os.path.join(testlogs, package, name)
@@ -37,9 +41,10 @@ def target_dir(testlogs, label):
 
 def report_dirs(d):
     """The directories holding a target's test.xml and test.log: its shards' if it is
-    sharded, else its own."""
+    sharded, else its own. Only shard_K_of_N: a shard_K_of_N_run_R_of_M directory is left by
+    an earlier `bazel test --runs_per_test`, not by this run."""
     try:
-        shards = sorted(e for e in os.listdir(d) if e.startswith("shard_") and "_of_" in e)
+        shards = sorted(e for e in os.listdir(d) if _SHARD_DIR.fullmatch(e))
     except OSError:
         shards = []
     return [os.path.join(d, s) for s in shards] if shards else [d]

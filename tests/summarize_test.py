@@ -43,6 +43,16 @@ class Summarize(unittest.TestCase):
         self.assertEqual(rc, 0)
         self.assertEqual(lines[-1], "2 passed, 0 failed, 1 skipped")
 
+    def test_runs_of_an_earlier_invocation_not_counted(self):
+        # `bazel test --runs_per_test=2` leaves shard_K_of_N_run_R_of_2 beside the shards that
+        # ./tests/run.sh's own invocation writes; only the latter are this run's.
+        self.write("p/t/shard_1_of_2/test.xml", report([("a", "pass")]))
+        self.write("p/t/shard_2_of_2/test.xml", report([("c", "pass")]))
+        self.write("p/t/shard_1_of_2_run_1_of_2/test.xml", report([("a", "failure")]))
+        self.write("p/t/shard_2_of_2_run_2_of_2/test.xml", report([("c", "pass")]))
+        rc, lines = self.run_summarize("//p:t")
+        self.assertEqual((rc, lines[-1]), (0, "2 passed, 0 failed, 0 skipped"))
+
     def test_shard_without_report_is_a_failure(self):
         self.write("p/t/shard_1_of_2/test.xml", report([("a", "pass")]))
         self.write("p/t/shard_2_of_2/test.log", "killed\n")
