@@ -61,8 +61,7 @@ absl::StatusOr<v1::ShardDesc> Describe(const v1::Layout& layout, size_t index, c
     return malformed(absl::StrCat("the tensor has ", t.global_shape.size(), " axes; at most ",
                                   kMaxTensorAxes, " are supported"));
   }
-  const bool default_box = t.box.offsets.empty() && t.box.lengths.empty();
-  const Box box = default_box ? FullBox(t.global_shape) : t.box;
+  const Box box = BoxOf(t);
   if (absl::Status st = ValidateBoxInShape(box, t.global_shape); !st.ok()) {
     return malformed(st.message());
   }
@@ -146,6 +145,11 @@ absl::StatusOr<v1::ShardDesc> Describe(const v1::Layout& layout, size_t index, c
 }
 
 }  // namespace
+
+Box BoxOf(const TensorRef& t) {
+  const bool default_box = t.box.offsets.empty() && t.box.lengths.empty();
+  return default_box ? FullBox(t.global_shape) : t.box;
+}
 
 absl::StatusOr<std::vector<v1::ShardDesc>> DescribeShards(const v1::Layout& layout,
                                                           absl::Span<const TensorRef> tensors) {

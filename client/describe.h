@@ -63,6 +63,10 @@ struct TensorRef {
 // Most axes a tensor may have; the coordinator's planner refuses more (MALFORMED_SHARD).
 inline constexpr size_t kMaxTensorAxes = 64;
 
+// The region of the global tensor `t` holds: its box, or the whole tensor when the box has no
+// axes (TensorRef::box's default). Not checked against the shape (DescribeShards does that).
+Box BoxOf(const TensorRef& t);
+
 // The ShardDescs of `tensors`, in order, for a job whose mesh is `layout`: the default box and
 // replicated_over filled in, nbytes copied. Checks each piece as the coordinator's planner
 // would check its form: fqn and state_key valid names (common/tensor_key.h ValidateName:

@@ -152,6 +152,30 @@ class SessionManagerTest : public ::testing::Test {
     return result;
   }
 
+  // The coordinator removes aborted saves' directories, as soon as no job's trainers are in
+  // a save, and never forced by the wait (the clean-up tests).
+  void CleanUpWhenTrainersAreFree() {
+    options_.session.coordinator_commits = true;
+    options_.cleanup_grace = absl::ZeroDuration();
+    options_.cleanup_max_wait = absl::Hours(1);
+  }
+
+  // Opens a save of "job-a" (dp=1, incarnation 1000) and aborts it as an operator would;
+  // returns its session id. Its directory's removal is then pending.
+  std::string AbortedSaveOfJobA() {
+    EXPECT_TRUE(Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 5).ok());
+    absl::Notification aborted;
+    manager_->AbortSession("job-a", "test", [&](absl::StatusOr<v1::SessionStatus> status) {
+      EXPECT_TRUE(status.ok()) << status.status();
+      aborted.Notify();
+    });
+    aborted.WaitForNotification();
+    absl::StatusOr<v1::SessionStatus> a = manager_->GetSession("job-a", "");
+    EXPECT_TRUE(a.ok()) << a.status();
+    EXPECT_EQ(a.ok() ? a->state() : v1::SESSION_STATE_UNSPECIFIED, v1::SESSION_STATE_ABORTED);
+    return a.ok() ? a->session_id() : "";
+  }
+
   FakeClock clock_;
   AgentRegistry registry_;
   RecordingSink sink_;
@@ -258,9 +282,7 @@ TEST_F(SessionManagerTest, StoreRefusesWrite_CallerRetriesJobRecovered) {
 // save, since every job's saves sync on the one state store, and runs once they resume,
 // without holding a thread meanwhile. DESIGN.md "Disk clean-up waits for the trainers".
 TEST_F(SessionManagerTest, Cleanup_WaitsWhileAnyJobsTrainersAreInASave) {
-  options_.session.coordinator_commits = true;  // the coordinator removes aborted directories
-  options_.cleanup_grace = absl::ZeroDuration();
-  options_.cleanup_max_wait = absl::Hours(1);
+  CleanUpWhenTrainersAreFree();
   Register("job-a", "dp=1", 1000);
   Register("job-b", "dp=1", 2000);
   MemoryStateStore store;
@@ -270,16 +292,8 @@ TEST_F(SessionManagerTest, Cleanup_WaitsWhileAnyJobsTrainersAreInASave) {
   // Job B's trainer is in a save (PINNING); job A's save is aborted by an operator.
   absl::StatusOr<v1::SubmitLocalPlanResponse> b = Submit("job-b", 0, 2000, {Whole("v", {4}, {"dp"})}, 7);
   ASSERT_TRUE(b.ok()) << b.status();
-  ASSERT_TRUE(Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 5).ok());
-  absl::Notification aborted;
-  manager_->AbortSession("job-a", "test", [&](absl::StatusOr<v1::SessionStatus> status) {
-    EXPECT_TRUE(status.ok()) << status.status();
-    aborted.Notify();
-  });
-  aborted.WaitForNotification();
-  absl::StatusOr<v1::SessionStatus> a = manager_->GetSession("job-a", "");
-  ASSERT_TRUE(a.ok());
-  ASSERT_EQ(a->state(), v1::SESSION_STATE_ABORTED);
+  const std::string a = AbortedSaveOfJobA();
+  ASSERT_FALSE(a.empty());
 
   EXPECT_EQ(manager_->RunDueCleanupsForTesting(), 0);
   EXPECT_THAT(edge.removed(), ::testing::IsEmpty()) << "removed while job B's trainer copies";
@@ -291,15 +305,13 @@ TEST_F(SessionManagerTest, Cleanup_WaitsWhileAnyJobsTrainersAreInASave) {
   ASSERT_TRUE(b_status.ok());
   EXPECT_EQ(b_status->state(), v1::SESSION_STATE_PERSISTING);
   manager_->WaitIdleForTesting();  // a waiting clean-up counts as busy until it ran
-  EXPECT_THAT(edge.removed(), ElementsAre(::testing::HasSubstr(a->session_id())));
+  EXPECT_THAT(edge.removed(), ElementsAre(::testing::HasSubstr(a)));
 }
 
 // The window opens before the store write that opens it: a session's open (its PLANNING
 // record) is on its trainers' path, so no clean-up may start while that write is in flight.
 TEST_F(SessionManagerTest, Cleanup_NotWhileTheWriteThatBlocksTrainersIsInFlight) {
-  options_.session.coordinator_commits = true;
-  options_.cleanup_grace = absl::ZeroDuration();
-  options_.cleanup_max_wait = absl::Hours(1);
+  CleanUpWhenTrainersAreFree();
   Register("job-a", "dp=1", 1000);
   Register("job-b", "dp=2", 2000);
   Register("job-c", "dp=1", 3000);
@@ -310,12 +322,7 @@ TEST_F(SessionManagerTest, Cleanup_NotWhileTheWriteThatBlocksTrainersIsInFlight)
   // Job C's trainer is in a save, so job A's aborted directory waits.
   absl::StatusOr<v1::SubmitLocalPlanResponse> c = Submit("job-c", 0, 3000, {Whole("u", {4}, {"dp"})}, 3);
   ASSERT_TRUE(c.ok()) << c.status();
-  ASSERT_TRUE(Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 5).ok());
-  absl::Notification aborted;
-  manager_->AbortSession("job-a", "test", [&](absl::StatusOr<v1::SessionStatus>) {
-    aborted.Notify();
-  });
-  aborted.WaitForNotification();
+  ASSERT_FALSE(AbortedSaveOfJobA().empty());
 
   // Job B's first plan opens its session; that write blocks in the store.
   store.armed = true;
