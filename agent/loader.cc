@@ -425,7 +425,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
               ? absl::StrCat(" client_fetches_from=", staged->client_fetch->bulk_address())
               : "",
           " unverified_blocks=", staged->unverified.size(), " bytes=", stats.bytes_copied,
-          " read_bytes=", stats.bytes_read, " memory_bytes=", stats.bytes_from_memory,
+          " read_bytes=", stats.bytes_read, " read_shared_bytes=", stats.bytes_read_shared,
+          " memory_bytes=", stats.bytes_from_memory,
           " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
           " reads=", stats.read_calls, " setup_ms=", absl::ToDoubleMilliseconds(read_start - start),
           " staging_ms=", absl::ToDoubleMilliseconds(staged->staging_time),

@@ -24,6 +24,7 @@ using format_internal::BlockBegin;
 using format_internal::BlockEnd;
 using format_internal::FindBadBlock;
 using format_internal::ReadChunkBytes;
+using format_internal::ReadSharing;
 
 absl::Status BadRequest(const ReadRequest& request, absl::string_view what) {
   return absl::InvalidArgumentError(
@@ -64,6 +65,7 @@ absl::Status CoverageError(const std::string& dir, const ReadRequest& request, i
 // Accumulated across threads of one Read.
 struct AtomicStats {
   std::atomic<uint64_t> bytes_read{0};
+  std::atomic<uint64_t> bytes_read_shared{0};
   std::atomic<uint64_t> bytes_copied{0};
   std::atomic<uint64_t> read_calls{0};
   std::atomic<uint64_t> blocks_verified{0};
@@ -73,6 +75,7 @@ struct AtomicStats {
   ReadStats Snapshot() const {
     ReadStats out;
     out.bytes_read = bytes_read.load();
+    out.bytes_read_shared = bytes_read_shared.load();
     out.bytes_copied = bytes_copied.load();
     out.read_calls = read_calls.load();
     out.blocks_verified = blocks_verified.load();
@@ -218,6 +221,20 @@ absl::Status ReplaceResidentBlock(ReadableFile& file, const std::string& path,
   return absl::OkStatus();
 }
 
+// Whether runs[r..] leave some of the chunk body's bytes [begin, end) unwanted: a span read
+// whole for its checksums of which this request needs only part, the rest most likely another
+// rank's (a column slice of a row-major tensor, or a flat range's edge).
+bool SpanHasOthersBytes(const std::vector<ByteRun>& runs, size_t r, uint64_t begin,
+                        uint64_t end) {
+  uint64_t wanted = 0;
+  for (size_t q = r; q < runs.size() && runs[q].chunk_offset < end; ++q) {
+    const uint64_t from = std::max(runs[q].chunk_offset, begin);
+    const uint64_t to = std::min(runs[q].chunk_offset + runs[q].length, end);
+    if (from < to) wanted += to - from;
+  }
+  return wanted < end - begin;
+}
+
 // Reads, verifies and copies one work item: every block its runs touch, span by span.
 absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& bounce,
                            AtomicStats& stats) {
@@ -249,9 +266,14 @@ absl::Status ServeWorkItem(const WorkItem& item, const Source& source, Bounce& b
         } else if (file == nullptr) {
           return NotInMemoryError(tensor, chunk, begin, end);
         } else {
-          RETURN_IF_ERROR(ReadChunkBytes(*file, tensor, chunk, begin, target, end - begin));
+          // Bytes another rank reads too go through the storage's shared cache, so that the
+          // machine reads them from the device once.
+          const bool shared = !direct && SpanHasOthersBytes(runs, r, begin, end);
+          RETURN_IF_ERROR(ReadChunkBytes(*file, tensor, chunk, begin, target, end - begin,
+                                         shared ? ReadSharing::kShared : ReadSharing::kPrivate));
           stats.read_calls.fetch_add(1, std::memory_order_relaxed);
           stats.bytes_read.fetch_add(end - begin, std::memory_order_relaxed);
+          if (shared) stats.bytes_read_shared.fetch_add(end - begin, std::memory_order_relaxed);
         }
         RETURN_IF_ERROR(
             VerifySpan(chunk, first_block, last_block, target, [&](uint64_t bad) -> absl::Status {

@@ -18,12 +18,18 @@
 // destination (the common case: whole chunks, row slices); otherwise it goes through a
 // page-aligned bounce buffer. `parallelism` threads serve the spans, so that many reads are in
 // flight while a thread verifies what it has read. With PosixStorage, large reads bypass the
-// page cache (storage/posix_storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data files,
-// so whole chunks and row slices land in page-aligned destinations (the agent's staging) with no
-// copy at all. Cost of verifying: a run that covers part of a block still reads the whole block —
-// up to 2 x block_size extra bytes per span (4 MiB blocks by default), which matters only for
-// scattered small reads such as a narrow column slice of a row-major matrix, where each row
-// touches its own block.
+// page cache (storage/posix_storage.h: O_DIRECT); chunk bodies start 4 KiB-aligned in data
+// files, so whole chunks and row slices land in page-aligned destinations (the agent's
+// staging) with no copy at all. Cost of verifying: a run that covers part of a block still
+// reads the whole block — up to 2 x block_size extra bytes per span (4 MiB blocks by
+// default), which matters only for scattered small reads such as a narrow column slice of a
+// row-major matrix, where each row touches its own block.
+//
+// Shared spans: a span holding bytes the request does not want is most likely read whole by
+// another rank too — ranks resharding a row-major matrix by columns each read every block of
+// it. Such a span is read with ReadSharedAt (PosixStorage: through the page cache, not
+// O_DIRECT), so that the ranks of one machine read it from the device once: the second reader
+// finds it cached, or waits on the first one's read of the page.
 //
 // Memory tier (DESIGN.md "Memory tier"): Read may be given copies of data files that are still
 // resident in memory (an agent's staging of the last committed save). A span inside such a copy
@@ -115,6 +121,9 @@ struct ReadResult {
 // What a Read did, for tests, metrics and benchmarks.
 struct ReadStats {
   uint64_t bytes_read = 0;       // from data files, including whole blocks read for checksums
+  // Of bytes_read: spans read whole of which the request wanted only part, read through the
+  // storage's shared cache (ReadableFile::ReadSharedAt) for the ranks that want the rest.
+  uint64_t bytes_read_shared = 0;
   uint64_t bytes_copied = 0;     // into destinations (direct reads included)
   uint64_t read_calls = 0;       // ReadAt calls
   uint64_t blocks_verified = 0;  // checksum blocks hashed (a rejected block counts once)

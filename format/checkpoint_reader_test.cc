@@ -25,6 +25,7 @@
 #include "format/test_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "storage/direct_io_probe.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 
@@ -785,26 +786,33 @@ TEST(CheckpointReaderIoTest, Read_PartOfChunk_ReadsOnlyTouchedBlocks) {
   // One whole row: one block, read straight into the destination.
   ReadStats stats = read(MakeBox({10, 0}, {1, 16}), std::nullopt);
   EXPECT_EQ(stats.bytes_read, 64u);
+  EXPECT_EQ(stats.bytes_read_shared, 0u);
   EXPECT_EQ(stats.blocks_verified, 1u);
   EXPECT_EQ(stats.read_calls, 1u);
-  // Four elements of a row: the whole block is read and verified, 16 bytes copied.
+  // Four elements of a row: the whole block is read and verified, 16 bytes copied; the other
+  // 48 are someone else's, so the block is read shared.
   stats = read(MakeBox({10, 4}, {1, 4}), std::nullopt);
   EXPECT_EQ(stats.bytes_read, 64u);
+  EXPECT_EQ(stats.bytes_read_shared, 64u);
   EXPECT_EQ(stats.bytes_copied, 16u);
   // Rows 8..19: 12 blocks, in reads of at most 256 bytes aligned to 256-byte windows.
   stats = read(MakeBox({8, 0}, {12, 16}), std::nullopt);
   EXPECT_EQ(stats.bytes_read, 12u * 64);
+  EXPECT_EQ(stats.bytes_read_shared, 0u);
   EXPECT_EQ(stats.read_calls, 3u);
-  // A flat range of the whole tensor covering the end of row 60 and all of row 61.
+  // A flat range of the whole tensor covering the end of row 60 and all of row 61: one span,
+  // its first 12 bytes not wanted.
   stats = read(FullBox(t.shape), Range(60 * 16 + 3, 62 * 16));
   EXPECT_EQ(stats.bytes_read, 2u * 64);
+  EXPECT_EQ(stats.bytes_read_shared, 2u * 64);
   EXPECT_EQ(stats.bytes_copied, (2u * 16 - 3) * 4);
   // An empty flat range reads nothing.
   stats = read(FullBox(t.shape), v1::FlatRange());
   EXPECT_EQ(stats.bytes_read, 0u);
-  // A column touches every row's block.
+  // A column touches every row's block, all of them shared.
   stats = read(MakeBox({0, 3}, {64, 1}), std::nullopt);
   EXPECT_EQ(stats.bytes_read, 64u * 64);
+  EXPECT_EQ(stats.bytes_read_shared, 64u * 64);
   EXPECT_EQ(stats.bytes_copied, 64u * 4);
 }
 
@@ -849,6 +857,34 @@ TEST(CheckpointReaderIoTest, Read_LargeChunksDirect_InPlaceAndBounced_MatchRefer
     }
   }
   EXPECT_GT(storage.direct_bytes_read(), 0u);
+
+  // Two ranks resharding by columns each read every block; both halves come through the page
+  // cache, so the machine reads the tensor from the device once. Whole chunks and row slices
+  // do not.
+  struct Case {
+    Box box;
+    bool shared;
+  };
+  for (const Case& c : {Case{MakeBox({0, 0}, {256, 512}), true},
+                        Case{MakeBox({0, 512}, {256, 512}), true},
+                        Case{FullBox(t.shape), false}, Case{MakeBox({100, 0}, {60, 1024}), false}}) {
+    SCOPED_TRACE(BoxToString(c.box));
+    const std::string want = Reference(t, c.box);
+    std::string dest(want.size(), '\0');
+    const uint64_t direct_before = storage.direct_bytes_read();
+    const uint64_t buffered_before = storage.buffered_bytes_read();
+    ReadRequest r{"w", v1::DTYPE_F32, t.shape, c.box, std::nullopt, dest.data(), dest.size()};
+    ReadStats stats;
+    ASSERT_TRUE((*reader)->Read({r}, &stats).ok());
+    EXPECT_TRUE(dest == want) << "bytes differ";
+    const uint64_t blocks_bytes = c.shared ? t.shape[0] * 4096 : want.size();
+    EXPECT_EQ(stats.bytes_read, blocks_bytes);
+    EXPECT_EQ(stats.bytes_read_shared, c.shared ? blocks_bytes : 0);
+    EXPECT_EQ(storage.buffered_bytes_read() - buffered_before, c.shared ? blocks_bytes : 0);
+    if (SupportsDirectIo(dir)) {
+      EXPECT_EQ(storage.direct_bytes_read() - direct_before, c.shared ? 0 : blocks_bytes);
+    }
+  }
 
   // A corrupt block is still caught on the direct path.
   const v1::ChunkEntry& second = (*reader)->manifest().tensors(0).chunks(1);

@@ -40,8 +40,10 @@ absl::Status ChecksumMismatchError(const v1::TensorEntry& tensor, const v1::Chun
 
 absl::Status ReadChunkBytes(ReadableFile& file, const v1::TensorEntry& tensor,
                             const v1::ChunkEntry& chunk, uint64_t body_offset, char* out,
-                            uint64_t size) {
-  absl::Status s = file.ReadAt(chunk.offset() + body_offset, out, size);
+                            uint64_t size, ReadSharing sharing) {
+  const uint64_t offset = chunk.offset() + body_offset;
+  absl::Status s = sharing == ReadSharing::kShared ? file.ReadSharedAt(offset, out, size)
+                                                   : file.ReadAt(offset, out, size);
   if (!absl::IsOutOfRange(s)) return s;
   v1::ErrorDetail detail;
   detail.set_code(v1::ERROR_CODE_IO_ERROR);

@@ -46,11 +46,16 @@ std::string DescribeChunk(const v1::TensorEntry& tensor, const v1::ChunkEntry& c
 absl::Status ChecksumMismatchError(const v1::TensorEntry& tensor, const v1::ChunkEntry& chunk,
                                    const std::string& path, uint64_t block);
 
-// file->ReadAt, with a file that ends too early reported as DataLoss + IO_ERROR naming the
-// path and the chunk (the manifest promised those bytes) instead of ReadAt's OutOfRange.
+// Whether a read's bytes are this reader's alone, or likely to be read by another reader of
+// the file too (ReadableFile::ReadSharedAt).
+enum class ReadSharing { kPrivate, kShared };
+
+// file->ReadAt (ReadSharedAt if `sharing` is kShared), with a file that ends too early
+// reported as DataLoss + IO_ERROR naming the path and the chunk (the manifest promised those
+// bytes) instead of ReadAt's OutOfRange.
 absl::Status ReadChunkBytes(ReadableFile& file, const v1::TensorEntry& tensor,
                             const v1::ChunkEntry& chunk, uint64_t body_offset, char* out,
-                            uint64_t size);
+                            uint64_t size, ReadSharing sharing = ReadSharing::kPrivate);
 
 }  // namespace format_internal
 }  // namespace tessera

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "format/data_file.h"
 #include "storage/fault_injecting_storage.h"
+#include "storage/direct_io_probe.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 #include "common/box.h"
@@ -55,15 +56,6 @@ std::string MakeTempDir(std::string base = "") {
 bool Exists(const std::string& path) {
   struct stat st;
   return stat(path.c_str(), &st) == 0;
-}
-
-// True if the file system holding `dir` accepts O_DIRECT opens.
-bool SupportsDirectIo(const std::string& dir) {
-  const std::string probe = dir + "/.odirect_probe";
-  int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
-  if (fd >= 0) close(fd);
-  unlink(probe.c_str());
-  return fd >= 0;
 }
 
 ChunkSpec Chunk(std::string key, std::vector<int64_t> offsets, std::vector<int64_t> lengths,

@@ -178,6 +178,13 @@ class PosixReadableFile : public ReadableFile {
     return absl::OkStatus();
   }
 
+  // Through the page cache whatever the size: the bytes stay there for the next reader.
+  absl::Status ReadSharedAt(uint64_t offset, void* out, size_t size) override {
+    RETURN_IF_ERROR(BufferedReadAt(offset, static_cast<char*>(out), size));
+    storage_->CountRead(/*direct=*/false, size);
+    return absl::OkStatus();
+  }
+
   absl::StatusOr<uint64_t> Size() override {
     struct stat st;
     if (fstat(fd_, &st) != 0) return ErrnoToStatus(errno, "fstat", path_);

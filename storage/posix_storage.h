@@ -22,7 +22,7 @@ struct PosixStorageOptions {
   // an aligned bounce buffer; the whole range goes through one where the destination's
   // address and the offset are not equally aligned). Other transfers, and all transfers of a
   // file once the file system refuses O_DIRECT (EINVAL, at open or at the first transfer),
-  // go through the page cache. Default: true.
+  // go through the page cache, as do ReadSharedAt's reads of any size. Default: true.
   bool direct_io = true;
 
   // Reads smaller than this go through the page cache even with direct_io: its read-ahead

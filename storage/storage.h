@@ -84,6 +84,15 @@ class ReadableFile {
   // the file ends first; otherwise see the header comment.
   virtual absl::Status ReadAt(uint64_t offset, void* out, size_t size) = 0;
 
+  // ReadAt for bytes that another reader of this file is likely to read soon too: ranks
+  // resharding a row-major tensor by columns each read every checksum block of it. Where the
+  // storage has a cache its readers share (PosixStorage: the page cache), the bytes go through
+  // it, so the device serves them once per machine rather than once per rank. Same contract
+  // and errors as ReadAt. Default: ReadAt.
+  virtual absl::Status ReadSharedAt(uint64_t offset, void* out, size_t size) {
+    return ReadAt(offset, out, size);
+  }
+
   // The file's size now. Errors: see the header comment.
   virtual absl::StatusOr<uint64_t> Size() = 0;
 

@@ -21,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/status.h"
+#include "storage/direct_io_probe.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -45,15 +46,6 @@ std::string MakeTempDir(std::string base = "") {
   std::string templ = base + "/storage_test.XXXXXX";
   EXPECT_NE(mkdtemp(templ.data()), nullptr) << strerror(errno);
   return templ;
-}
-
-// True if the file system holding `dir` accepts O_DIRECT opens.
-bool SupportsDirectIo(const std::string& dir) {
-  const std::string probe = dir + "/.odirect_probe";
-  int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_DIRECT, 0644);
-  if (fd >= 0) close(fd);
-  unlink(probe.c_str());
-  return fd >= 0;
 }
 
 struct AlignedFree {
@@ -374,6 +366,25 @@ TEST(PosixStorage, Reads_DirectIoDisabledOrSmall_ThroughPageCache) {
   if (SupportsDirectIo(dir)) {
     EXPECT_EQ(storage.direct_bytes_read(), 1u << 20);
   }
+}
+
+// Bytes another rank reads too: through the page cache whatever their size, so the second
+// reader finds them there.
+TEST(PosixStorage, ReadSharedAt_Large_ThroughPageCache) {
+  const std::string dir = MakeTempDir();
+  const std::string data = WritePatternFile(dir + "/data", (2 << 20) + 100);
+  PosixStorage storage(ReadOptions(/*direct=*/true, 0));
+  auto file = storage.OpenForRead(dir + "/data");
+  ASSERT_TRUE(file.ok()) << file.status();
+  auto buf = AlignedBytes(2 << 20, 0);
+  ASSERT_TRUE((*file)->ReadSharedAt(0, buf.get(), 2 << 20).ok());
+  EXPECT_TRUE(std::string(buf.get(), 2 << 20) == data.substr(0, 2 << 20)) << "bytes differ";
+  EXPECT_EQ(storage.buffered_bytes_read(), 2u << 20);
+  EXPECT_EQ(storage.direct_bytes_read(), 0u);
+  // Same contract as ReadAt past the end.
+  absl::Status s = (*file)->ReadSharedAt(data.size() - 10, buf.get(), 11);
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange) << s;
+  EXPECT_EQ(IoPath(s), dir + "/data");
 }
 
 TEST(PosixStorage, DirectReads_ConcurrentUnalignedRanges_EachMatches) {

@@ -195,6 +195,15 @@ def read_text(path, default="?"):
         return default
 
 
+def device_read(path):
+    """Bytes the bench dir's block device read during a load run: the difference of the two
+    counters run.sh's device_read_bytes wrote to `path` before and after it, or None."""
+    values = read_text(path, "").split()
+    if len(values) != 2:
+        return None
+    return int(values[1]) - int(values[0])
+
+
 def session_steps(directory):
     """{step: {"bytes", "span_s", "persist_s"}} of the committed checkpoints run.sh's
     save_sessions listed: span = the session opened -> it entered COMMITTED (the
@@ -370,8 +379,11 @@ LLAMA_FIGURES = ("7 llama stall", "7 llama first-save stall",
 
 def load_row(figure, name, layouts, runs, fio_r, tag):
     """A load row: `runs` [{"bytes" (into the tensors), "seconds", "cache", "from_memory",
-    "from_disk"}], one per run. The bandwidth is of the bytes loaded into the tensors (a
-    replicated tensor counts once per rank that loads it)."""
+    "from_disk" (what the agents read from the files), "from_device" (what the block device
+    read meanwhile, or None)}], one per run. The bandwidth is of the bytes loaded into the
+    tensors (a replicated tensor counts once per rank that loads it). The files' bytes exceed
+    the device's where ranks share blocks through the page cache (format/checkpoint_reader.h
+    "Shared spans")."""
     if not runs:
         return Row("%s load %s, %s" % (figure, layouts, name), "failed (see logs/%s)" % tag)
     nbytes = runs[0]["bytes"]
@@ -385,10 +397,13 @@ def load_row(figure, name, layouts, runs, fio_r, tag):
         unjudged = "the fio read limit is not judged"
     elif memory:
         unjudged = "%s came from the agents' memory, not the disk" % fmt_size(int(mib(memory)))
-    disk = median_p90([r["from_disk"] for r in runs])[0]
+    files = median_p90([r["from_disk"] for r in runs])[0]
+    device = [r["from_device"] for r in runs if r.get("from_device") is not None]
+    device_text = (" (%s from the disk)" % fmt_size(int(mib(median_p90(device)[0])))
+                   if len(device) == len(runs) else "")
     return judged_row("%s load %s, %s" % (figure, layouts, name), "load", "load %s" % name,
-                      "%s; %s read from disk per run%s" % (
-                          text, fmt_size(int(mib(disk))),
+                      "%s; %s read from the files per run%s%s" % (
+                          text, fmt_size(int(mib(files))), device_text,
                           "" if caches else ", page cache dropped before each"),
                       fio_text("read", fio_r), fio_ratio(bw, fio_r), unjudged)
 
@@ -475,7 +490,9 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                          "seconds": max(x["end"] for x in loads) - min(x["start"] for x in loads),
                          "cache": read_text(cache_file),
                          "from_memory": sum(x["sources"]["bytes_from_memory"] for x in loads),
-                         "from_disk": sum(x["sources"]["bytes_from_disk"] for x in loads)})
+                         "from_disk": sum(x["sources"]["bytes_from_disk"] for x in loads),
+                         "from_device": device_read(
+                             os.path.join(raw, "load-disk-%s-run%s.txt" % (tag, run)))})
         if failed:
             notes.append("%s: load runs %s failed (see logs/%s)" % (name, ", ".join(failed), tag))
         rows.append(load_row("4", name, "tp=%s -> tp=%s" % (saved_world, load_world), runs,
@@ -612,7 +629,9 @@ def llama_rows(raw, mesh, world, llama_mib, fio_w, fio_r, notes):
                          "seconds": max(float(m.group(4)) for m in loaded),
                          "cache": read_text(cache_file),
                          "from_memory": sum(int(m.group(2)) for m in sources),
-                         "from_disk": sum(int(m.group(3)) for m in sources)})
+                         "from_disk": sum(int(m.group(3)) for m in sources),
+                         "from_device": device_read(
+                             os.path.join(raw, "llama-load-disk-%s-run%s.txt" % (tag, run)))})
         rows.append(load_row("7 llama", name, "%s -> %s" % tuple(layouts), runs, fio_r, tag))
     return rows
 

@@ -213,6 +213,15 @@ PY="$VENV_PYTHON -P"
   echo "args=$*"
 } >"$OUT/raw/machine.env"
 
+# device_read_bytes: bytes the bench dir's block device has read since boot (its stat file's
+# sectors read x 512), or nothing where there is none to read (a network file system). Load
+# rows give the difference over each run: what the disk served, where the agents' counts say
+# what they read from the files, some of it from the page cache.
+DEV_STAT=/sys/class/block/$(basename "$(readlink -f "$(df --output=source "$DATA_DIR" | tail -n 1)" 2>/dev/null)")/stat
+device_read_bytes() {
+  [ -r "$DEV_STAT" ] && awk '{ printf "%.0f\n", $3 * 512 }' "$DEV_STAT"
+}
+
 # drop_caches: drops the page cache if we may; echoes "dropped", or "not dropped (why)". The
 # report judges no row that read from disk after a "not dropped".
 drop_caches() {
@@ -462,9 +471,11 @@ if wants stall || wants load || wants dcp || wants memory; then
         echo "$r $lr" >"$OUT/raw/load-layout-$tag.txt"
         for i in $(seq 1 "$LOAD_RUNS"); do
           drop_caches >"$OUT/raw/load-cache-$tag-run$i.txt"
+          device_read_bytes >"$OUT/raw/load-disk-$tag-run$i.txt"
           run_ranks load "$job" "$lr" "$OUT/raw/load-$tag-run$i" --mib="$mib" \
             --saved-world="$r" --barrier="$DIR/barrier-load-$i" \
             || say "$tag: a load rank failed in run $i (logs in $OUT/logs/$tag)"
+          device_read_bytes >>"$OUT/raw/load-disk-$tag-run$i.txt"
         done
         stop_agents >/dev/null 2>&1
       else
@@ -542,8 +553,10 @@ if wants llama; then
         echo "$layout $load_layout" >"$OUT/raw/llama-load-layout-$tag.txt"
         for i in $(seq 1 "$LOAD_RUNS"); do
           drop_caches >"$OUT/raw/llama-load-cache-$tag-run$i.txt"
+          device_read_bytes >"$OUT/raw/llama-load-disk-$tag-run$i.txt"
           TRAINER_TIMEOUT=3600 run_trainers "$job" "$load_layout" --mode=load --load_step=-1 \
             "${trainer[@]}" || say "$tag: a loading trainer failed in run $i (logs in $OUT/logs/$tag)"
+          device_read_bytes >>"$OUT/raw/llama-load-disk-$tag-run$i.txt"
           for r in $(seq 0 $(( $(world_size "$load_layout") - 1 ))); do
             cp "$DIR/logs/trainer-$job-$r.out" "$OUT/raw/llama-load-run$i-$tag-$r.out" 2>/dev/null
           done
