@@ -136,4 +136,15 @@ uint64_t StagingBytesBound(uint64_t bytes, uint64_t tensors) {
   return std::max<uint64_t>(AlignUp(bytes + slack), kDataAlignment);
 }
 
+absl::StatusOr<uint64_t> ReservedStagingBytes(uint64_t bytes, uint64_t gather_bytes,
+                                              uint64_t tensors) {
+  if (bytes == 0) {
+    return absl::InvalidArgumentError(
+        "ReserveStaging: bytes is 0; declare the bytes a save stages (the sum of the tensors' "
+        "sizes)");
+  }
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  return StagingBytesBound(bytes + std::min(gather_bytes, kMax - bytes), tensors);
+}
+
 }  // namespace tessera

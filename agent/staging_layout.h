@@ -79,6 +79,13 @@ absl::StatusOr<StagingLayout> ComputeStagingLayout(const v1::RankAssignment& ass
 // Saturates at UINT64_MAX.
 uint64_t StagingBytesBound(uint64_t bytes, uint64_t tensors);
 
+// What ReserveStaging reserves for a trainer's declaration (agent.proto ReserveStagingRequest):
+// StagingBytesBound of its own `bytes` plus `gather_bytes`, its estimate of the slices its DP
+// peers send it, for `tensors` tensors. Saturates at UINT64_MAX.
+// Errors: InvalidArgument if `bytes` is 0 (the trainer declared nothing).
+absl::StatusOr<uint64_t> ReservedStagingBytes(uint64_t bytes, uint64_t gather_bytes,
+                                              uint64_t tensors);
+
 }  // namespace tessera
 
 #endif  // TESSERA_AGENT_STAGING_LAYOUT_H_

@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "common/status.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -92,6 +93,17 @@ TEST(StagingLayoutTest, StagingBytesBound_EachTensorAlignedAtLeastOneUnitSaturat
   constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
   EXPECT_EQ(StagingBytesBound(kMax - 10, 1), kMax);
   EXPECT_EQ(StagingBytesBound(1, kMax / 2), kMax);
+}
+
+TEST(StagingLayoutTest, ReservedStagingBytes_OwnBytesPlusPeersSlices) {
+  // 3 tensors of 1,000 bytes in all, and room for 5,000 bytes of DP peers' slices.
+  EXPECT_EQ(*ReservedStagingBytes(1000, 5000, 3), StagingBytesBound(6000, 3));
+  EXPECT_EQ(*ReservedStagingBytes(1000, 0, 3), StagingBytesBound(1000, 3));
+  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
+  EXPECT_EQ(*ReservedStagingBytes(kMax - 10, kMax - 10, 1), kMax);
+  absl::StatusOr<uint64_t> nothing = ReservedStagingBytes(0, 5000, 3);
+  EXPECT_EQ(nothing.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(nothing.status().message(), ::testing::HasSubstr("bytes is 0"));
 }
 
 TEST(StagingLayoutTest, GatheredChunk_OwnSliceInPlace_PeerSlicesReceivedInPlace) {

@@ -1,7 +1,6 @@
 #include "agent/trainer_service.h"
 
 #include <algorithm>
-#include <limits>
 #include <memory>
 
 #include "agent/staging_layout.h"
@@ -152,15 +151,11 @@ grpc::ServerUnaryReactor* TrainerService::ReserveStaging(
     v1::ReserveStagingResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Queue([this, reactor, request, response] {
-    absl::Status status;
-    if (request->bytes() == 0) {
-      status = absl::InvalidArgumentError("ReserveStaging: bytes is 0; declare the bytes a save "
-                                          "stages (the sum of the tensors' sizes)");
-    } else {
-      const uint64_t bytes = StagingBytesBound(
-          request->bytes() + std::min(request->gather_bytes(),
-                                      std::numeric_limits<uint64_t>::max() - request->bytes()),
-          request->tensors());
+    absl::StatusOr<uint64_t> reserved =
+        ReservedStagingBytes(request->bytes(), request->gather_bytes(), request->tensors());
+    absl::Status status = reserved.status();
+    if (reserved.ok()) {
+      const uint64_t bytes = *reserved;
       absl::StatusOr<std::vector<StagingSlot>> regions = staging_->Reserve(bytes, staging_sets_);
       status = regions.status();
       if (regions.ok()) {
