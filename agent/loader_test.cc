@@ -22,13 +22,13 @@
 #include "gtest/gtest.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
+#include "storage/testing.h"
 
 namespace tessera {
 namespace {
 
 using ::testing::ElementsAre;
 using testing_checkpoint::GridChunks;
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::Reference;
 using testing_checkpoint::TestTensor;

@@ -18,6 +18,7 @@
 #include "format/test_checkpoint.h"
 #include "gtest/gtest.h"
 #include "storage/posix_storage.h"
+#include "storage/testing.h"
 
 namespace tessera {
 namespace {
@@ -115,7 +116,7 @@ v1::Command Bare(uint64_t seq) { return testing_save::BareCommand(kSession, kSte
 class SaveExecutorTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    root_ = testing_checkpoint::MakeTempDir("save_executor_test");
+    root_ = MakeTempDir("save_executor_test");
     StagingPoolOptions pool_options;
     pool_options.job_id = job_;
     pool_options.incarnation = 0x5eed;

@@ -10,11 +10,11 @@
 #include "format/test_checkpoint.h"
 #include "gtest/gtest.h"
 #include "storage/posix_storage.h"
+#include "storage/testing.h"
 
 namespace tessera {
 namespace {
 
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::TestCheckpointOptions;
 using testing_checkpoint::TestTensor;

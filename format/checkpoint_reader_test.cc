@@ -25,8 +25,8 @@
 #include "format/test_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "storage/direct_io_probe.h"
 #include "storage/posix_storage.h"
+#include "storage/testing.h"
 #include "storage/storage.h"
 
 namespace tessera {
@@ -35,7 +35,6 @@ namespace {
 using ::testing::HasSubstr;
 using testing_checkpoint::DataFileName;
 using testing_checkpoint::GridChunks;
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::Reference;
 using testing_checkpoint::TestChunk;

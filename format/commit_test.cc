@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
+#include "storage/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -21,7 +22,6 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 using ::testing::UnorderedElementsAre;
 using testing_checkpoint::GridChunks;
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::TestCheckpointOptions;
 using testing_checkpoint::TestTensor;

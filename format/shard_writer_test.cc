@@ -22,7 +22,7 @@
 #include "absl/strings/str_split.h"
 #include "format/data_file.h"
 #include "storage/fault_injecting_storage.h"
-#include "storage/direct_io_probe.h"
+#include "storage/testing.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 #include "common/box.h"
@@ -36,22 +36,6 @@ namespace tessera {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string MakeTempDir(std::string base = "") {
-  if (base.empty()) {
-    for (const char* var : {"TESSERA_TEST_TMPDIR", "TEST_TMPDIR"}) {
-      const char* v = getenv(var);
-      if (v != nullptr && *v != '\0') {
-        base = v;
-        break;
-      }
-    }
-  }
-  if (base.empty()) base = "/tmp";
-  std::string templ = base + "/shard_writer_test.XXXXXX";
-  EXPECT_NE(mkdtemp(templ.data()), nullptr) << strerror(errno);
-  return templ;
-}
 
 bool Exists(const std::string& path) {
   struct stat st;
@@ -145,7 +129,7 @@ void CheckWritten(Storage& storage, const Staged& s, const WrittenFile& written,
 }
 
 TEST(ShardWriter, WriteFile_BytesMatchStagingChecksumsVerify) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage storage;
   Staged s = Stage(SomeChunks());
   ShardWriterOptions options;
@@ -167,7 +151,7 @@ TEST(ShardWriter, WriteFile_BytesMatchStagingChecksumsVerify) {
 }
 
 TEST(ShardWriter, WriteFile_SmallBlocksAndWrites_SequentialChecksumsSameResult) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);  // counts writes
   Staged s = Stage(SomeChunks());
@@ -194,7 +178,7 @@ TEST(ShardWriter, WriteFile_SmallBlocksAndWrites_SequentialChecksumsSameResult) 
 }
 
 TEST(ShardWriter, WriteFile_SeveralWritesInFlight_SameFileAsOneAtATime) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);  // counts writes
   Staged s = Stage(SomeChunks());
@@ -222,7 +206,7 @@ TEST(ShardWriter, WriteFile_SeveralWritesInFlight_SameFileAsOneAtATime) {
 TEST(ShardWriter, WriteFile_Tmpfs_Works) {
   struct stat st;
   if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
-  const std::string dir = MakeTempDir("/dev/shm");
+  const std::string dir = MakeTempDir("shard_writer_test", "/dev/shm");
   PosixStorage storage;
   Staged s = Stage(SomeChunks());
   absl::StatusOr<WrittenFile> written =
@@ -233,7 +217,7 @@ TEST(ShardWriter, WriteFile_Tmpfs_Works) {
 }
 
 TEST(ShardWriter, WriteFile_NoChunks_HeaderOnly) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage storage;
   Staged s = Stage({});
   absl::StatusOr<WrittenFile> written =
@@ -244,7 +228,7 @@ TEST(ShardWriter, WriteFile_NoChunks_HeaderOnly) {
 }
 
 TEST(ShardWriter, WriteFile_EnospcMidWrite_IoErrorNamingPathNoFileLeft) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   Staged s = Stage(SomeChunks());
@@ -266,7 +250,7 @@ TEST(ShardWriter, WriteFile_EnospcMidWrite_IoErrorNamingPathNoFileLeft) {
 }
 
 TEST(ShardWriter, WriteFile_ReadOnlyStorage_IoError) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   storage.SetReadOnly(true);
@@ -281,7 +265,7 @@ TEST(ShardWriter, WriteFile_ReadOnlyStorage_IoError) {
 }
 
 TEST(ShardWriter, WriteFile_FsyncFails_DataLossNotReported) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   storage.FailSync(EIO);
@@ -301,7 +285,7 @@ TEST(ShardWriter, WriteFile_FsyncFails_DataLossNotReported) {
 }
 
 TEST(ShardWriter, WriteFile_NthWriteFails_Error) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   Staged s = Stage(SomeChunks());
@@ -327,7 +311,7 @@ class BareErrorStorage : public FaultInjectingStorage {
 };
 
 TEST(ShardWriter, WriteFile_ErrorWithoutPayload_GetsIoErrorAndPath) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage posix;
   BareErrorStorage storage(&posix);
   Staged s = Stage(SomeChunks());
@@ -339,7 +323,7 @@ TEST(ShardWriter, WriteFile_ErrorWithoutPayload_GetsIoErrorAndPath) {
 }
 
 TEST(ShardWriter, WriteFile_BadArguments_Rejected) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage storage;
   Staged s = Stage(SomeChunks());
   for (const char* name : {"", ".", "..", "a/b", "../x"}) {
@@ -378,7 +362,7 @@ TEST(ShardWriter, WriteFile_BadArguments_Rejected) {
 }
 
 TEST(ShardWriter, WriteFiles_ParallelOneFails_OthersWritten) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage storage;
   std::vector<Staged> staged;
   for (int i = 0; i < 4; ++i) {
@@ -427,7 +411,7 @@ TEST(ShardWriter, PythonReader_ParsesWriterOutput_SameBytes) {
   if (access(kPython, X_OK) != 0) GTEST_SKIP() << "no " << kPython;
   ASSERT_EQ(access(kScript, R_OK), 0) << "run under bazel test (the script is a data dep)";
 
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage storage;
   std::vector<ChunkSpec> chunks = SomeChunks();
   chunks.push_back(Chunk("quote\"back\\slash\nnewline", {0}, {3}, v1::DTYPE_U8, 1));
@@ -471,7 +455,7 @@ TEST(ShardWriter, PythonReader_RejectsCorruptTiling) {
   const char* kPython = "/usr/bin/python3";
   const char* kScript = "format/testdata/read_safetensors.py";
   if (access(kPython, X_OK) != 0) GTEST_SKIP() << "no " << kPython;
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("shard_writer_test");
   PosixStorage storage;
   Staged s = Stage({Chunk("a", {0}, {10}, v1::DTYPE_F32, 4)});
   absl::StatusOr<WrittenFile> written =

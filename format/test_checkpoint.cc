@@ -191,20 +191,5 @@ absl::StatusOr<v1::Manifest> WriteTestCheckpoint(Storage& storage, const std::st
   return manifest;
 }
 
-std::string MakeTempDir(const std::string& prefix) {
-  std::string base;
-  for (const char* var : {"TESSERA_TEST_TMPDIR", "TEST_TMPDIR"}) {
-    const char* v = getenv(var);
-    if (v != nullptr && *v != '\0') {
-      base = v;
-      break;
-    }
-  }
-  if (base.empty()) base = "/tmp";
-  std::string templ = absl::StrCat(base, "/", prefix, ".XXXXXX");
-  if (mkdtemp(templ.data()) == nullptr) return "";
-  return templ;
-}
-
 }  // namespace testing_checkpoint
 }  // namespace tessera

@@ -79,9 +79,6 @@ absl::StatusOr<v1::Manifest> WriteTestCheckpoint(Storage& storage, const std::st
 std::string Reference(const TestTensor& tensor, const Box& box,
                       std::optional<v1::FlatRange> flat_range = std::nullopt);
 
-// A fresh directory under TESSERA_TEST_TMPDIR, else TEST_TMPDIR, else /tmp.
-std::string MakeTempDir(const std::string& prefix);
-
 }  // namespace testing_checkpoint
 }  // namespace tessera
 

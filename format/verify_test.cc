@@ -13,6 +13,7 @@
 #include "common/status.h"
 #include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
+#include "storage/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -22,7 +23,6 @@ namespace {
 using ::testing::HasSubstr;
 using testing_checkpoint::DataFileName;
 using testing_checkpoint::GridChunks;
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::TestChunk;
 using testing_checkpoint::TestTensor;

@@ -21,7 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
 #include "common/status.h"
-#include "storage/direct_io_probe.h"
+#include "storage/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -30,23 +30,6 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-
-// A fresh directory under `base` (TESSERA_TEST_TMPDIR, else Bazel's TEST_TMPDIR, else /tmp).
-std::string MakeTempDir(std::string base = "") {
-  if (base.empty()) {
-    for (const char* var : {"TESSERA_TEST_TMPDIR", "TEST_TMPDIR"}) {
-      const char* v = getenv(var);
-      if (v != nullptr && *v != '\0') {
-        base = v;
-        break;
-      }
-    }
-  }
-  if (base.empty()) base = "/tmp";
-  std::string templ = base + "/storage_test.XXXXXX";
-  EXPECT_NE(mkdtemp(templ.data()), nullptr) << strerror(errno);
-  return templ;
-}
 
 struct AlignedFree {
   void operator()(void* p) const { free(p); }
@@ -97,20 +80,20 @@ void CheckBothWritePaths(const std::string& dir) {
 }
 
 TEST(PosixStorage, WritePaths_TestTmpdir_DirectAndBufferedBothRoundTrip) {
-  CheckBothWritePaths(MakeTempDir());
+  CheckBothWritePaths(MakeTempDir("storage_test"));
 }
 
 TEST(PosixStorage, WritePaths_Tmpfs_DirectAndBufferedBothRoundTrip) {
   struct stat st;
   if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
-  const std::string dir = MakeTempDir("/dev/shm");
+  const std::string dir = MakeTempDir("storage_test", "/dev/shm");
   CheckBothWritePaths(dir);
   PosixStorage storage;
   EXPECT_TRUE(storage.RemoveTree(dir).ok());
 }
 
 TEST(PosixStorage, MixedAlignedAndUnalignedWrites_OneFile_BytesMatch) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   auto data = AlignedBytes(3 * 4096, 5);
   auto file = storage.OpenForWrite(dir + "/mixed");
@@ -126,7 +109,7 @@ TEST(PosixStorage, MixedAlignedAndUnalignedWrites_OneFile_BytesMatch) {
 }
 
 TEST(PosixStorage, DirectIoDisabled_AlignedWritesBuffered) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorageOptions options;
   options.direct_io = false;
   PosixStorage storage(options);
@@ -140,7 +123,7 @@ TEST(PosixStorage, DirectIoDisabled_AlignedWritesBuffered) {
 }
 
 TEST(PosixStorage, CreateDirs_NestedAndIdempotent_FileInTheWayRejected) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   ASSERT_TRUE(storage.CreateDirs(dir + "/a/b/c").ok());
   ASSERT_TRUE(storage.CreateDirs(dir + "/a/b/c").ok());
@@ -160,7 +143,7 @@ TEST(PosixStorage, CreateDirs_NestedAndIdempotent_FileInTheWayRejected) {
 }
 
 TEST(PosixStorage, OpenForWrite_MissingParent_NotFoundNamingPathAndErrno) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   const std::string path = dir + "/missing/file";
   auto file = storage.OpenForWrite(path);
@@ -173,7 +156,7 @@ TEST(PosixStorage, OpenForWrite_MissingParent_NotFoundNamingPathAndErrno) {
 }
 
 TEST(PosixStorage, RenameSyncDirListDir_Work) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   ASSERT_TRUE(storage.CreateDirs(dir + "/step.tmp").ok());
   for (const char* name : {"b", "a", "c"}) {
@@ -201,7 +184,7 @@ TEST(PosixStorage, RenameSyncDirListDir_Work) {
 }
 
 TEST(PosixStorage, RemoveTree_NestedDirsAndSymlink_RemovedWithoutFollowing) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   ASSERT_TRUE(storage.CreateDirs(dir + "/outside").ok());
   auto keep = storage.OpenForWrite(dir + "/outside/keep");
@@ -226,7 +209,7 @@ TEST(PosixStorage, RemoveTree_NestedDirsAndSymlink_RemovedWithoutFollowing) {
 }
 
 TEST(PosixStorage, ReadAt_PastEnd_OutOfRange) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   auto file = storage.OpenForWrite(dir + "/short");
   ASSERT_TRUE(file.ok());
@@ -319,20 +302,20 @@ void CheckDirectReadEdges(const std::string& dir) {
 }
 
 TEST(PosixStorage, DirectReads_AlignmentEdgesAndTail_MatchFile) {
-  CheckDirectReadEdges(MakeTempDir());
+  CheckDirectReadEdges(MakeTempDir("storage_test"));
 }
 
 TEST(PosixStorage, DirectReads_Tmpfs_AlignmentEdgesAndTail_MatchFile) {
   struct stat st;
   if (stat("/dev/shm", &st) != 0) GTEST_SKIP() << "no /dev/shm";
-  const std::string dir = MakeTempDir("/dev/shm");
+  const std::string dir = MakeTempDir("storage_test", "/dev/shm");
   CheckDirectReadEdges(dir);
   PosixStorage storage;
   EXPECT_TRUE(storage.RemoveTree(dir).ok());
 }
 
 TEST(PosixStorage, DirectReads_Refused_FallBackToPageCache) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   const std::string data = WritePatternFile(dir + "/data", (1 << 20) + 100);
   PosixStorage storage(ReadOptions(/*direct=*/true, 0, /*refuse=*/true));
   auto file = storage.OpenForRead(dir + "/data");
@@ -347,7 +330,7 @@ TEST(PosixStorage, DirectReads_Refused_FallBackToPageCache) {
 }
 
 TEST(PosixStorage, Reads_DirectIoDisabledOrSmall_ThroughPageCache) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   const std::string data = WritePatternFile(dir + "/data", 1 << 20);
   PosixStorage disabled(ReadOptions(/*direct=*/false, 0));
   auto file = disabled.OpenForRead(dir + "/data");
@@ -371,7 +354,7 @@ TEST(PosixStorage, Reads_DirectIoDisabledOrSmall_ThroughPageCache) {
 // Bytes another rank reads too: through the page cache whatever their size, so the second
 // reader finds them there.
 TEST(PosixStorage, ReadSharedAt_Large_ThroughPageCache) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   const std::string data = WritePatternFile(dir + "/data", (2 << 20) + 100);
   PosixStorage storage(ReadOptions(/*direct=*/true, 0));
   auto file = storage.OpenForRead(dir + "/data");
@@ -388,7 +371,7 @@ TEST(PosixStorage, ReadSharedAt_Large_ThroughPageCache) {
 }
 
 TEST(PosixStorage, DirectReads_ConcurrentUnalignedRanges_EachMatches) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   const size_t kPiece = (1 << 20) + 333;
   const std::string data = WritePatternFile(dir + "/data", 4 * kPiece);
   PosixStorage storage(ReadOptions(/*direct=*/true, 0));
@@ -407,7 +390,7 @@ TEST(PosixStorage, DirectReads_ConcurrentUnalignedRanges_EachMatches) {
 }
 
 TEST(PosixStorage, WriteAfterClose_ErrorNotCrash) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   auto file = storage.OpenForWrite(dir + "/f");
   ASSERT_TRUE(file.ok());
@@ -419,7 +402,7 @@ TEST(PosixStorage, WriteAfterClose_ErrorNotCrash) {
 
 TEST(PosixStorage, UnwritableDirectory_PermissionDenied) {
   if (geteuid() == 0) GTEST_SKIP() << "root ignores directory permissions";
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
   ASSERT_TRUE(storage.CreateDirs(dir + "/ro").ok());
   ASSERT_EQ(chmod((dir + "/ro").c_str(), 0500), 0);
@@ -457,7 +440,7 @@ TEST(JoinPath, NoDoubleSlash) {
 // --- FaultInjectingStorage ---------------------------------------------------------------------
 
 TEST(FaultInjectingStorage, FailWritesAfterBytes_PartialWriteThenEnospc) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   storage.FailWritesAfterBytes(10000);
@@ -484,7 +467,7 @@ TEST(FaultInjectingStorage, FailWritesAfterBytes_PartialWriteThenEnospc) {
 }
 
 TEST(FaultInjectingStorage, FailNthWrite_OnlyThatWriteFails) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   storage.FailNthWrite(2, EIO);
@@ -499,7 +482,7 @@ TEST(FaultInjectingStorage, FailNthWrite_OnlyThatWriteFails) {
 }
 
 TEST(FaultInjectingStorage, Configure_SpecArmsFaults_BadSpecArmsNothing) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   EXPECT_TRUE(storage.Configure("").ok());
@@ -533,7 +516,7 @@ TEST(FaultInjectingStorage, Configure_SpecArmsFaults_BadSpecArmsNothing) {
 }
 
 TEST(FaultInjectingStorage, ReadOnly_EveryMutationFailsReadsWork) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   auto file = storage.OpenForWrite(dir + "/f");
@@ -560,7 +543,7 @@ TEST(FaultInjectingStorage, ReadOnly_EveryMutationFailsReadsWork) {
 }
 
 TEST(FaultInjectingStorage, FailSyncAndRename_ReportErrno) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   storage.FailSync(EIO);
@@ -579,7 +562,7 @@ TEST(FaultInjectingStorage, FailSyncAndRename_ReportErrno) {
 }
 
 TEST(FaultInjectingStorage, SyncDirAfterDirRename_OnlyTheNFsyncsAfterTheFirstDirRenameFail) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   ASSERT_TRUE(storage.Configure("eio:syncdir_after_dir_rename=2").ok());
@@ -610,7 +593,7 @@ TEST(FaultInjectingStorage, SyncDirAfterDirRename_OnlyTheNFsyncsAfterTheFirstDir
 }
 
 TEST(FaultInjectingStorage, AfterDirRename_HookRunsOnceAfterTheFirstDirRename) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   std::vector<std::string> seen;
@@ -631,7 +614,7 @@ TEST(FaultInjectingStorage, AfterDirRename_HookRunsOnceAfterTheFirstDirRename) {
 }
 
 TEST(FaultInjectingStorageDeathTest, CrashAfterDirRename_KillsTheProcessAfterTheRename) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   ASSERT_TRUE(PosixStorage().CreateDirs(dir + "/a").ok());
   EXPECT_EXIT(
       {
@@ -648,7 +631,7 @@ TEST(FaultInjectingStorageDeathTest, CrashAfterDirRename_KillsTheProcessAfterThe
 }
 
 TEST(FaultInjectingStorage, HoldWrites_WaitUntilTheReleaseFileExists) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   ASSERT_TRUE(storage.Configure("hold_writes=" + dir + "/release").ok());
@@ -675,7 +658,7 @@ TEST(FaultInjectingStorage, HoldWrites_WaitUntilTheReleaseFileExists) {
 }
 
 TEST(FaultInjectingStorage, HoldWrites_ReleasedInProcessOrFailAfterTheLimit) {
-  const std::string dir = MakeTempDir();
+  const std::string dir = MakeTempDir("storage_test");
   PosixStorage posix;
   FaultInjectingStorage storage(&posix);
   storage.HoldWritesUntil(dir + "/never", absl::InfiniteDuration());

@@ -15,6 +15,7 @@
 #include "common/dtype.h"
 #include "common/status.h"
 #include "format/test_checkpoint.h"
+#include "storage/testing.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -26,7 +27,6 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::Pair;
 using testing_checkpoint::GridChunks;
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::TestChunk;
 using testing_checkpoint::TestTensor;

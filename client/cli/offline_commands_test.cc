@@ -10,6 +10,7 @@
 #include "storage/storage.h"
 #include "client/cli/exit_codes.h"
 #include "format/test_checkpoint.h"
+#include "storage/testing.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/struct.pb.h"
 #include "google/protobuf/util/json_util.h"
@@ -22,7 +23,6 @@ namespace {
 using ::testing::HasSubstr;
 using ::testing::Not;
 using testing_checkpoint::GridChunks;
-using testing_checkpoint::MakeTempDir;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::TestChunk;
 using testing_checkpoint::TestTensor;

@@ -47,6 +47,7 @@
 #include "server/store/memory_state_store.h"
 #include "storage/fault_injecting_storage.h"
 #include "storage/posix_storage.h"
+#include "storage/testing.h"
 
 namespace tessera {
 namespace {
@@ -2400,7 +2401,7 @@ void WriteDataFiles(Storage& storage, const std::string& tmp_dir,
 // failing past the COMMITTING deadline. The session must never be ABORTED while its
 // checkpoint directory is in place; once the fsync works it commits.
 TEST_F(SessionManagerTest, Regression_RenamedButParentFsyncFails_NeverAbortedWithDirInPlace) {
-  const std::string root = testing_checkpoint::MakeTempDir("commit_edge");
+  const std::string root = MakeTempDir("commit_edge");
   ASSERT_FALSE(root.empty());
   PosixStorage posix;
   // Fsyncs of the job directory (the rename's parent) fail while `fail` is set; the temporary
@@ -2501,7 +2502,7 @@ TEST_F(SessionManagerTest, Regression_ClockBackAcrossRestart_ReplayedOutcomeHasH
 // Bug 5: retention after a commit removed every temporary directory, also that of a session
 // opened meanwhile.
 TEST_F(SessionManagerTest, Regression_RetentionKeepsTmpDirOfSessionOpenedMeanwhile) {
-  const std::string root = testing_checkpoint::MakeTempDir("retention");
+  const std::string root = MakeTempDir("retention");
   ASSERT_FALSE(root.empty());
   PosixStorage posix;
   // The first listing of the job directory (retention's) happens right after a session of

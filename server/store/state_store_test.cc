@@ -28,6 +28,7 @@
 #include "server/store/keys.h"
 #include "server/store/memory_state_store.h"
 #include "server/store/rocksdb_state_store.h"
+#include "storage/testing.h"
 
 namespace tessera {
 namespace {
@@ -41,22 +42,10 @@ using Records = std::vector<std::pair<std::string, std::string>>;
 
 std::string Bytes(const char* data, size_t size) { return std::string(data, size); }
 
-// A fresh directory under the test's temporary directory (TEST_TMPDIR under Bazel).
-std::string MakeTempDir() {
-  std::string pattern = ::testing::TempDir();
-  if (pattern.empty() || pattern.back() != '/') pattern.push_back('/');
-  pattern += "state_store_XXXXXX";
-  std::vector<char> buffer(pattern.begin(), pattern.end());
-  buffer.push_back('\0');
-  const char* made = ::mkdtemp(buffer.data());
-  EXPECT_NE(made, nullptr) << "mkdtemp(" << pattern << ") failed";
-  return made == nullptr ? std::string() : std::string(made);
-}
-
 // Owns a temporary directory for the lifetime of a test.
 class TempDir {
  public:
-  TempDir() : path_(MakeTempDir()) {}
+  TempDir() : path_(MakeTempDir("state_store")) {}
   ~TempDir() {
     std::error_code ignored;
     std::filesystem::remove_all(path_, ignored);
@@ -561,7 +550,8 @@ TEST(RocksDbStateStore, ProcessKilledWithoutClose_CommittedStateRecovered) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   constexpr char kDirEnv[] = "TESSERA_STORE_TEST_KILLED_DB_DIR";
   const char* inherited = std::getenv(kDirEnv);
-  const std::string dir = inherited != nullptr ? std::string(inherited) : MakeTempDir();
+  const std::string dir =
+      inherited != nullptr ? std::string(inherited) : MakeTempDir("state_store");
   ASSERT_FALSE(dir.empty());
   ASSERT_EQ(::setenv(kDirEnv, dir.c_str(), /*overwrite=*/1), 0);
   const std::string path = dir + "/db";
