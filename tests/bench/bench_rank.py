@@ -332,16 +332,31 @@ def do_gpu(a):
     return report
 
 
+def device_read_bytes():
+    """Bytes the bench dir's block device has read since boot (from the stat file run.sh names
+    in TESSERA_BENCH_DEV_STAT), or None where there is none."""
+    try:
+        with open(os.environ["TESSERA_BENCH_DEV_STAT"]) as f:
+            return int(f.read().split()[2]) * 512
+    except (KeyError, OSError, ValueError, IndexError):
+        return None
+
+
 def do_load(a):
     state, tensors = make_state(a.rank, a.world, a.mib, a.tensor_mib,
                                 saved_world=a.saved_world, values=False)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     client = connect(a.agent)
     barrier(a.barrier, "load", a.rank, a.world)
+    # Read by the device from here to the load's end, every rank's window together: the load's
+    # reads, not this process's start (Python and torch come from the disk after the page cache
+    # was dropped).
+    device0 = device_read_bytes()
     wall0 = time.time()
     t0 = time.perf_counter()
     step = client.load("latest", into=state)
     dt = time.perf_counter() - t0
+    device1 = device_read_bytes()
     # Check every byte against what the save wrote.
     bad = []
     for index, _ in layout(a.mib, a.tensor_mib):
@@ -352,7 +367,8 @@ def do_load(a):
         if not torch.equal(t, expected):
             bad.append(fqn)
     return {"rank": a.rank, "world": a.world, "bytes": total, "step": step, "start": wall0,
-            "load_s": dt, "end": wall0 + dt, "mismatched": bad, "sources": client.last_load}
+            "load_s": dt, "end": wall0 + dt, "mismatched": bad, "sources": client.last_load,
+            "device_read": [device0, device1]}
 
 
 def main():

@@ -44,6 +44,10 @@ bench_rank.py / tessera-plan-load / tessera-llama-trainer:
            the checkpoint onto another TP degree (rows resharded), destinations pre-faulted,
            page cache dropped before each run. Baseline: the fio read limit; target >= 0.90.
            Not judged if the cache was not dropped or bytes came from the agents' memory.
+           Beside it: what the agents read from the checkpoint's files (whole checksum
+           blocks) and what the block device read meanwhile (its own counter, from the
+           first rank's load to the last one's end; for the llama model, the trainers' runs):
+           less than the files where ranks share blocks through the page cache.
   memory   (4m) right after the saves, the same layout loads the last step from its agents'
            memory tier (DESIGN.md "Memory tier"): all loaders' bytes / (first load() call ->
            last returned), one run. Baseline: figure 1's memcpy of the same bytes with the
@@ -202,6 +206,15 @@ def device_read(path):
     if len(values) != 2:
         return None
     return int(values[1]) - int(values[0])
+
+
+def ranks_device_read(loads):
+    """Bytes the block device read from the first rank's load start to the last one's end
+    (bench_rank.py's "device_read" [before, after] of each rank), or None."""
+    windows = [x.get("device_read") or [None, None] for x in loads]
+    if not windows or any(w[0] is None or w[1] is None for w in windows):
+        return None
+    return max(w[1] for w in windows) - min(w[0] for w in windows)
 
 
 def session_steps(directory):
@@ -491,8 +504,7 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                          "cache": read_text(cache_file),
                          "from_memory": sum(x["sources"]["bytes_from_memory"] for x in loads),
                          "from_disk": sum(x["sources"]["bytes_from_disk"] for x in loads),
-                         "from_device": device_read(
-                             os.path.join(raw, "load-disk-%s-run%s.txt" % (tag, run)))})
+                         "from_device": ranks_device_read(loads)})
         if failed:
             notes.append("%s: load runs %s failed (see logs/%s)" % (name, ", ".join(failed), tag))
         rows.append(load_row("4", name, "tp=%s -> tp=%s" % (saved_world, load_world), runs,

@@ -215,9 +215,12 @@ PY="$VENV_PYTHON -P"
 
 # device_read_bytes: bytes the bench dir's block device has read since boot (its stat file's
 # sectors read x 512), or nothing where there is none to read (a network file system). Load
-# rows give the difference over each run: what the disk served, where the agents' counts say
-# what they read from the files, some of it from the page cache.
+# rows give what the disk served during the loads, where the agents' counts say what they
+# read from the files, some of it from the page cache: bench_rank.py reads the counter
+# around its own load; the llama trainer's runs are counted from start to end (its binary is
+# small beside the checkpoint).
 DEV_STAT=/sys/class/block/$(basename "$(readlink -f "$(df --output=source "$DATA_DIR" | tail -n 1)" 2>/dev/null)")/stat
+export TESSERA_BENCH_DEV_STAT=$DEV_STAT  # bench_rank.py reads it around each load itself
 device_read_bytes() {
   [ -r "$DEV_STAT" ] && awk '{ printf "%.0f\n", $3 * 512 }' "$DEV_STAT"
 }
@@ -471,11 +474,9 @@ if wants stall || wants load || wants dcp || wants memory; then
         echo "$r $lr" >"$OUT/raw/load-layout-$tag.txt"
         for i in $(seq 1 "$LOAD_RUNS"); do
           drop_caches >"$OUT/raw/load-cache-$tag-run$i.txt"
-          device_read_bytes >"$OUT/raw/load-disk-$tag-run$i.txt"
           run_ranks load "$job" "$lr" "$OUT/raw/load-$tag-run$i" --mib="$mib" \
             --saved-world="$r" --barrier="$DIR/barrier-load-$i" \
             || say "$tag: a load rank failed in run $i (logs in $OUT/logs/$tag)"
-          device_read_bytes >>"$OUT/raw/load-disk-$tag-run$i.txt"
         done
         stop_agents >/dev/null 2>&1
       else
