@@ -206,12 +206,9 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<tessera::StagingOwnership>> ownership =
       tessera::StagingOwnership::Acquire(job, urank);
   if (!ownership.ok()) return Fail(std::string(ownership.status().message()));
-  for (const std::string& pool_job : {job, job + ".load"}) {
-    absl::StatusOr<int> stale =
-        tessera::StagingPool::RemoveStaleRegions(pool_job, urank, incarnation);
-    if (stale.ok() && *stale > 0) {
-      tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
-    }
+  absl::StatusOr<int> stale = tessera::StagingPool::RemoveStaleRegions(job, urank, incarnation);
+  if (stale.ok() && *stale > 0) {
+    tessera::LogInfo("removed ", *stale, " staging region(s) of an earlier agent");
   }
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGESIZE);

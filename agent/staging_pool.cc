@@ -16,6 +16,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
 #include "agent/cuda_host.h"
 #include "storage/storage.h"
 #include "common/status.h"
@@ -24,12 +25,16 @@
 namespace tessera {
 
 StagingPoolOptions LoadPoolOptions(StagingPoolOptions save) {
-  save.job_id += ".load";
+  save.kind = StagingPoolOptions::Kind::kLoad;
   save.populate = false;
   save.pin = false;
   return save;
 }
+
 namespace {
+
+// Between a region name's "<incarnation>-" and its number in a load pool (Kind::kLoad).
+constexpr absl::string_view kLoadTag = "load";
 
 constexpr size_t kMaxJobChars = 64;
 
@@ -99,7 +104,8 @@ StagingPool::~StagingPool() { ReleaseAll(); }
 
 std::string StagingPool::RegionName(uint64_t n) const {
   return absl::StrCat("/", NamePrefix(options_.job_id, options_.rank),
-                      absl::StrFormat("%016x", options_.incarnation), "-", n);
+                      absl::StrFormat("%016x", options_.incarnation), "-",
+                      options_.kind == StagingPoolOptions::Kind::kLoad ? kLoadTag : "", n);
 }
 
 absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLocked(
@@ -379,15 +385,18 @@ absl::StatusOr<int> StagingPool::RemoveStaleRegions(absl::string_view job_id, ui
   while (struct dirent* entry = readdir(dir)) {
     const absl::string_view name = entry->d_name;
     if (!absl::StartsWith(name, prefix) || absl::StartsWith(name, keep)) continue;
-    // The rest must be "<16 hex>-<n>", so a job named like another's prefix is never touched.
-    const absl::string_view rest = name.substr(prefix.size());
+    // The rest must be "<16 hex>-<n>" or "<16 hex>-load<n>", so a job named like another's
+    // prefix is never touched.
+    absl::string_view rest = name.substr(prefix.size());
     if (rest.size() < 18 || rest[16] != '-') continue;
-    bool well_formed = true;
-    for (size_t i = 0; i < rest.size() && well_formed; ++i) {
-      const char c = rest[i];
-      well_formed = i == 16 || (c >= '0' && c <= '9') || (i < 16 && c >= 'a' && c <= 'f');
+    absl::string_view number = rest.substr(17);
+    absl::ConsumePrefix(&number, kLoadTag);
+    const auto is_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
+    const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+    if (number.empty() || !std::all_of(rest.begin(), rest.begin() + 16, is_hex) ||
+        !std::all_of(number.begin(), number.end(), is_digit)) {
+      continue;
     }
-    if (!well_formed) continue;
     if (shm_unlink(absl::StrCat("/", name).c_str()) == 0) ++removed;
   }
   closedir(dir);

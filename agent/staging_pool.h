@@ -85,10 +85,16 @@ struct StagingPoolOptions {
   // off: the reads fault the pages in themselves, overlapped with the device's transfers,
   // instead of a serial pass that zeroes the whole region first. Default: true.
   bool populate = true;
+
+  // Which of an agent's two pools this is. Its regions' names say it ("...-<n>" for saves,
+  // "...-load<n>" for loads), so the two never share a name: names keep only the first 64
+  // characters of the job id, which may have 128. Default: kSave.
+  enum class Kind { kSave, kLoad };
+  Kind kind = Kind::kSave;
 };
 
-// The options of an agent's pool of load regions, given its save pool's: regions named under
-// "<job>.load", filled by O_DIRECT reads that fault the pages in as they go (no populate), and
+// The options of an agent's pool of load regions, given its save pool's: Kind::kLoad (named
+// apart from the save pool's regions), filled by O_DIRECT reads that fault the pages in as they go (no populate), and
 // never page-locked: the agent never copies a load's bytes to a GPU, and page-locking is per
 // process (a trainer's copies to its GPU see only its own mapping), so a registration here
 // would only fault every page in first, serially, before the load's first read.
@@ -185,7 +191,7 @@ class StagingPool {
   std::string RegionName(uint64_t n) const;
 
   // Unlinks shared-memory objects of (job_id, rank) left by other incarnations (an agent
-  // that crashed cannot unlink its regions). Returns how many were removed. Mappings other
+  // that crashed cannot unlink its regions), of both pools. Returns how many were removed. Mappings other
   // processes still hold stay valid. Call it only while holding the StagingOwnership of
   // (job_id, rank): then every other incarnation is dead. Errors: Internal if /dev/shm cannot
   // be listed.

@@ -549,6 +549,12 @@ TEST(StagingPool, RemoveStaleRegions_RemovesOtherIncarnationsOnly) {
   ASSERT_GE(fd, 0) << strerror(errno);
   ASSERT_EQ(ftruncate(fd, 4096), 0);
   close(fd);
+  // And a load region of that incarnation (agent_main's load pool, LoadPoolOptions).
+  const std::string leaked_load = "/tessera-" + job + "-r3-0000000000000009-load0";
+  fd = shm_open(leaked_load.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  close(fd);
   // Another rank's region and a same-prefix non-region object must survive.
   const std::string other_rank = "/tessera-" + job + "-r4-0000000000000009-0";
   const std::string odd = "/tessera-" + job + "-r3-notaregion";
@@ -564,8 +570,9 @@ TEST(StagingPool, RemoveStaleRegions_RemovesOtherIncarnationsOnly) {
 
   absl::StatusOr<int> removed = StagingPool::RemoveStaleRegions(job, 3, 10);
   ASSERT_TRUE(removed.ok()) << removed.status();
-  EXPECT_EQ(*removed, 1);
+  EXPECT_EQ(*removed, 2);
   EXPECT_EQ(MapStaging(leaked, 0).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(MapStaging(leaked_load, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_TRUE(MapStaging((*slots)[0].name, 0).ok());
   EXPECT_TRUE(MapStaging(other_rank, 0).ok());
   EXPECT_TRUE(MapStaging(odd, 0).ok());
@@ -597,6 +604,27 @@ TEST(StagingOwnership, SecondClaimRefusedNamingTheOwnerUntilReleased) {
   }
 }
 
+// Region names keep the first 64 characters of the job id (ids may have 128): the load
+// pool's names must differ from the save pool's by more than the job id.
+TEST(LoadPoolOptionsTest, LongJobId_LoadRegionsNamedApartFromSaveRegions) {
+  const std::string job = TestJob("long") + std::string(90, 'x');
+  std::unique_ptr<StagingPool> save = MakePool(job, 5);
+  ASSERT_NE(save, nullptr);
+  StagingPoolOptions options;
+  options.job_id = job;
+  options.rank = 3;
+  options.incarnation = 5;
+  options.budget_bytes = 64 * kMiB;
+  absl::StatusOr<std::unique_ptr<StagingPool>> load =
+      StagingPool::Create(LoadPoolOptions(options));
+  ASSERT_TRUE(load.ok()) << load.status();
+  absl::StatusOr<std::vector<StagingSlot>> saved = save->Acquire({4096});
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  absl::StatusOr<std::vector<StagingSlot>> loaded = (*load)->Acquire({4096});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_NE((*saved)[0].name, (*loaded)[0].name);
+}
+
 TEST(LoadPoolOptionsTest, NamedApartNeverPinnedNotPopulated_TheRestKept) {
   StagingPoolOptions save;
   save.job_id = "job";
@@ -606,7 +634,8 @@ TEST(LoadPoolOptionsTest, NamedApartNeverPinnedNotPopulated_TheRestKept) {
   save.pin = true;
   save.populate = true;
   const StagingPoolOptions load = LoadPoolOptions(save);
-  EXPECT_EQ(load.job_id, "job.load");
+  EXPECT_EQ(load.job_id, "job");
+  EXPECT_EQ(load.kind, StagingPoolOptions::Kind::kLoad);
   EXPECT_FALSE(load.pin);
   EXPECT_FALSE(load.populate);
   EXPECT_TRUE(load.reserve);

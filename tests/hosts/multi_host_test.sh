@@ -74,7 +74,7 @@ cleanup() {
     ip netns del "$ns" 2>/dev/null  # its veth ends go with it
   done
   # Staging regions of agents that had to be killed (the job id is this run's own).
-  rm -f /dev/shm/tessera-"$JOB"-r* /dev/shm/tessera-"$JOB".load-r*
+  rm -f /dev/shm/tessera-"$JOB"-r*
   return 0
 }
 trap cleanup EXIT
