@@ -20,8 +20,7 @@ uint64_t GatherEstimate(const TensorRef& t) {
   const auto [first, second] = *t.flat_range;
   const int64_t slice = second - first;
   if (first < 0 || slice <= 0) return 0;
-  absl::StatusOr<int64_t> box =
-      Volume(BoxOf(t));
+  absl::StatusOr<int64_t> box = Volume(BoxOf(t));
   if (!box.ok() || *box < second || t.nbytes % static_cast<uint64_t>(slice) != 0) return 0;
   const absl::uint128 itemsize = t.nbytes / static_cast<uint64_t>(slice);
   const absl::uint128 others = static_cast<uint64_t>(*box - slice);  // elements of the peers

@@ -199,22 +199,20 @@ def read_text(path, default="?"):
         return default
 
 
-def device_read(path):
-    """Bytes the bench dir's block device read during a load run: the difference of the two
-    counters run.sh's device_read_bytes wrote to `path` before and after it, or None."""
-    values = read_text(path, "").split()
-    if len(values) != 2:
-        return None
-    return int(values[1]) - int(values[0])
-
-
-def ranks_device_read(loads):
-    """Bytes the block device read from the first rank's load start to the last one's end
-    (bench_rank.py's "device_read" [before, after] of each rank), or None."""
-    windows = [x.get("device_read") or [None, None] for x in loads]
-    if not windows or any(w[0] is None or w[1] is None for w in windows):
+def device_read(windows):
+    """Bytes the bench dir's block device read from the first window's start to the last
+    one's end: `windows` [[before, after]] of its read counter, one per rank (bench_rank.py's
+    "device_read") or one per run (run.sh's device_read_bytes, for the llama trainers). None
+    if any counter is missing."""
+    if not windows or any(len(w) != 2 or None in w for w in windows):
         return None
     return max(w[1] for w in windows) - min(w[0] for w in windows)
+
+
+def counters_file(path):
+    """[[before, after]] from the two counters run.sh's device_read_bytes wrote to `path`."""
+    values = read_text(path, "").split()
+    return [[int(v) for v in values]] if len(values) == 2 else []
 
 
 def session_steps(directory):
@@ -504,7 +502,8 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
                          "cache": read_text(cache_file),
                          "from_memory": sum(x["sources"]["bytes_from_memory"] for x in loads),
                          "from_disk": sum(x["sources"]["bytes_from_disk"] for x in loads),
-                         "from_device": ranks_device_read(loads)})
+                         "from_device": device_read(
+                             [x.get("device_read") or [] for x in loads])})
         if failed:
             notes.append("%s: load runs %s failed (see logs/%s)" % (name, ", ".join(failed), tag))
         rows.append(load_row("4", name, "tp=%s -> tp=%s" % (saved_world, load_world), runs,
@@ -642,8 +641,8 @@ def llama_rows(raw, mesh, world, llama_mib, fio_w, fio_r, notes):
                          "cache": read_text(cache_file),
                          "from_memory": sum(int(m.group(2)) for m in sources),
                          "from_disk": sum(int(m.group(3)) for m in sources),
-                         "from_device": device_read(
-                             os.path.join(raw, "llama-load-disk-%s-run%s.txt" % (tag, run)))})
+                         "from_device": device_read(counters_file(
+                             os.path.join(raw, "llama-load-disk-%s-run%s.txt" % (tag, run))))})
         rows.append(load_row("7 llama", name, "%s -> %s" % tuple(layouts), runs, fio_r, tag))
     return rows
 
