@@ -2,7 +2,8 @@
 // transfers", reads only). It serves reads of a byte string, counts connections, and can
 // misbehave as a failing holder does: close a read after `cut_after` bytes, or — for reads
 // from `stall_from` on — send the status and then nothing, holding the connection open until
-// it is destroyed.
+// it is destroyed. It serves one connection at a time, in the order it accepts them (see
+// Serve for the one exception, which makes a cut-and-stall test independent of that order).
 //
 // Thread-safety: serves on its own thread; address() and connections() may be called from any.
 #ifndef TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
@@ -34,17 +35,7 @@ class FakeBulkHolder {
     thread_ = std::thread([this] {
       for (absl::StatusOr<TcpSocket> c = listener_.Accept(); c.ok(); c = listener_.Accept()) {
         ++connections_;
-        const absl::Time soon = absl::Now() + absl::Seconds(30);
-        v1::BulkRequest request;
-        if (!RecvBulkFrame(*c, &request, soon).ok()) continue;
-        const v1::ReadMemoryCopyRequest& read = request.read();
-        if (!SendBulkStatus(*c, absl::OkStatus(), read.length(), soon).ok()) continue;
-        if (read.offset() >= stall_from_) {
-          stalled_.push_back(*std::move(c));  // open, silent, until the holder goes
-          continue;
-        }
-        c->SendAll(bytes_.data() + read.offset(), std::min(read.length(), cut_after_), soon)
-            .IgnoreError();
+        Serve(*std::move(c));
       }
     });
   }
@@ -59,12 +50,44 @@ class FakeBulkHolder {
   int connections() const { return connections_.load(); }
 
  private:
+  // One read. A read to stall is kept open and silent until the holder goes; then the reads
+  // held back for it are served. With both a cut and stalls, a read to cut is held back until
+  // one has stalled, so that a test sees a stalled read waiting when the cut one fails,
+  // whichever connection comes first. Every other connection is closed once served — a cut
+  // read ends there, not when the next connection is accepted.
+  void Serve(TcpSocket c) {
+    const absl::Time soon = absl::Now() + absl::Seconds(30);
+    v1::BulkRequest request;
+    if (!RecvBulkFrame(c, &request, soon).ok()) return;
+    const v1::ReadMemoryCopyRequest& read = request.read();
+    if (read.offset() >= stall_from_) {
+      if (!SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) return;
+      stalled_.push_back(std::move(c));
+      for (auto& [held, held_read] : held_back_) Send(held, held_read);
+      held_back_.clear();
+      return;
+    }
+    if (read.length() > cut_after_ && stall_from_ != UINT64_MAX && stalled_.empty()) {
+      held_back_.emplace_back(std::move(c), read);
+      return;
+    }
+    Send(c, read);
+  }
+
+  void Send(TcpSocket& c, const v1::ReadMemoryCopyRequest& read) {
+    const absl::Time soon = absl::Now() + absl::Seconds(30);
+    if (!SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) return;
+    c.SendAll(bytes_.data() + read.offset(), std::min(read.length(), cut_after_), soon)
+        .IgnoreError();
+  }
+
   const std::string bytes_;
   const uint64_t cut_after_;
   const uint64_t stall_from_;
   TcpSocket listener_;
   std::atomic<int> connections_{0};
-  std::vector<TcpSocket> stalled_;  // the serving thread's
+  std::vector<TcpSocket> stalled_;  // the serving thread's, as is held_back_
+  std::vector<std::pair<TcpSocket, v1::ReadMemoryCopyRequest>> held_back_;
   std::thread thread_;
 };
 
