@@ -56,6 +56,7 @@
 #include "agent/staging_pool.h"
 #include "client/describe.h"
 #include "client/device_copy.h"
+#include "client/parallel_copy.h"
 #include "tessera/v1/agent.grpc.pb.h"
 
 namespace tessera {
@@ -170,6 +171,10 @@ struct LoadResult {
   uint64_t bytes_fetched_by_client = 0;
   // The step loaded is a memory-only commit (every byte came from memory).
   bool memory_only = false;
+  // Time this client spent mapping the load region and copying (and, where it verifies,
+  // checking) its bytes into `into` after the agent's reply, in the attempt that succeeded;
+  // zero where it fetched them from another node itself (bytes_fetched_by_client).
+  absl::Duration copy_time;
 };
 
 // Counters for tests and metrics.
@@ -307,10 +312,16 @@ class Client {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces
-  // go through ParallelCopy, CUDA pieces through `device_`; waits for both.
-  // Errors: Internal for a failed CUDA copy.
+  // go through ParallelCopy, a save's CUDA pieces through `device_`, a load's through
+  // CopyToDevicesLocked; waits for all. Errors: Internal for a failed CUDA copy.
   absl::Status CopyLocked(absl::Span<const TensorRef> tensors, const std::vector<char*>& slot_data,
                           bool to_staging) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Copies host -> device `items` (of a load region, not page-locked here) on up to
+  // copy_threads_ threads, each with its own streams, and waits for them. Errors: Internal
+  // for a failed CUDA copy.
+  absl::Status CopyToDevicesLocked(const std::vector<CopyItem>& items)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void CountMap();
 

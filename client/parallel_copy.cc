@@ -17,21 +17,23 @@ void CopyAll(const std::vector<CopyItem>& items) {
 
 }  // namespace
 
-int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t parallel_min_bytes) {
+std::vector<std::vector<CopyItem>> SplitIntoRuns(absl::Span<const CopyItem> items, int max_threads,
+                                                 uint64_t parallel_min_bytes) {
   uint64_t total = 0;
   for (const CopyItem& item : items) total += item.size;
-  if (total == 0) return 0;
+  std::vector<std::vector<CopyItem>> runs;
+  if (total == 0) return runs;
   if (max_threads <= 1 || total <= parallel_min_bytes) {
+    runs.emplace_back();
     for (const CopyItem& item : items) {
-      if (item.size > 0) std::memcpy(item.dst, item.src, item.size);
+      if (item.size > 0) runs.back().push_back(item);
     }
-    return 1;
+    return runs;
   }
-
   // Cut the concatenated bytes into `threads` runs of `share` bytes (the last may be short).
   const int threads = static_cast<int>(std::min<uint64_t>(max_threads, total));
   const uint64_t share = (total + threads - 1) / threads;
-  std::vector<std::vector<CopyItem>> runs(threads);
+  runs.resize(threads);
   int run = 0;
   uint64_t room = share;  // bytes left in the current run
   for (const CopyItem& item : items) {
@@ -48,14 +50,23 @@ int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t par
       room -= n;
     }
   }
+  runs.resize(run + 1);  // runs past `run` stayed empty (tiny totals)
+  return runs;
+}
 
-  const int used = run + 1;  // runs past `run` stayed empty (tiny totals)
+int RunInParallel(const std::vector<std::vector<CopyItem>>& runs,
+                  const std::function<void(const std::vector<CopyItem>&)>& copy_run) {
+  if (runs.empty()) return 0;
   std::vector<std::thread> workers;
-  workers.reserve(used - 1);
-  for (int i = 1; i < used; ++i) workers.emplace_back(CopyAll, std::cref(runs[i]));
-  CopyAll(runs[0]);
+  workers.reserve(runs.size() - 1);
+  for (size_t i = 1; i < runs.size(); ++i) workers.emplace_back(copy_run, std::cref(runs[i]));
+  copy_run(runs[0]);
   for (std::thread& worker : workers) worker.join();
-  return used;
+  return static_cast<int>(runs.size());
+}
+
+int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t parallel_min_bytes) {
+  return RunInParallel(SplitIntoRuns(items, max_threads, parallel_min_bytes), CopyAll);
 }
 
 int UsableCpus() {

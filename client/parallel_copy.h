@@ -7,6 +7,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <vector>
 
 #include "absl/types/span.h"
 
@@ -25,6 +27,19 @@ struct CopyItem {
 // takes the first). Returns the number of threads that copied (1 for a serial copy, 0 when
 // there was nothing to copy). Errors: none.
 int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t parallel_min_bytes);
+
+// The runs ParallelCopy gives its threads: the items' bytes, concatenated in item order, cut
+// into at most `max_threads` runs of equal size (the last may be shorter; none is empty),
+// items split where a run ends. One run of the items as they are when the bytes do not exceed
+// `parallel_min_bytes` or `max_threads` is 1 or less; none when there are no bytes. Items of
+// size 0 are left out.
+std::vector<std::vector<CopyItem>> SplitIntoRuns(absl::Span<const CopyItem> items, int max_threads,
+                                                 uint64_t parallel_min_bytes);
+
+// Runs `copy_run(run)` for every run, the first on the calling thread and each other on its
+// own thread, and returns when all have returned. Returns the number of runs.
+int RunInParallel(const std::vector<std::vector<CopyItem>>& runs,
+                  const std::function<void(const std::vector<CopyItem>&)>& copy_run);
 
 // The CPUs this process may run on (sched_getaffinity; std::thread::hardware_concurrency if
 // that fails), at least 1. More copy threads than this only take turns on the same cores: a

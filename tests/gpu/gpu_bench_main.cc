@@ -272,6 +272,7 @@ int Load() {
       "{", Header("load", rank), ", \"saved_world\": ", saved_world,
       ", \"step\": ", loaded->step, ", \"expected_step\": ", step, ", \"start\": ", Num(wall),
       ", \"load_s\": ", Num(load_s), ", \"end\": ", Num(wall + load_s),
+      ", \"copy_s\": ", Num(absl::ToDoubleSeconds(loaded->copy_time)),
       ", \"mismatched_tensors\": ", mismatched_tensors,
       ", \"mismatched_elements\": ", mismatched_elements, "}");
   absl::Status written = WriteFile(absl::GetFlag(FLAGS_out), json);

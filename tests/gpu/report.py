@@ -388,6 +388,11 @@ def config_rows(work, mib, ranks, disk_bw, disk_mode, notes, data):
             "disk read %s (%s)" % (fmt_bw(disk_bw), disk_mode) if disk_bw else "disk: not measured",
             "%.2f" % ratio if ratio else "-", ">= %.2f" % LOAD_TARGET,
             (ratio >= LOAD_TARGET and identical) if ratio else (False if not identical else None)))
+        copies = [x["copy_s"] for x in loads if "copy_s" in x]
+        if copies:
+            notes.append("%s: load: each trainer's mapping of the load region and copy into its "
+                         "tensors after the agent's reply took %s (ranks: %s)" % (
+                             name, fmt_s(max(copies)), ", ".join(fmt_s(c) for c in copies)))
         if h2d and memory == "cuda":
             rows.append(Row("4b load vs pinned H2D, %s" % name, fmt_bw(bw),
                             "pinned cudaMemcpy H2D %s" % fmt_bw(total / h2d),
