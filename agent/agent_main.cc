@@ -18,7 +18,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
@@ -36,7 +35,6 @@
 #include "agent/peer/grpc_peer_transport.h"
 #include "agent/peer/peer_address_book.h"
 #include "agent/peer_memory.h"
-#include "agent/populate.h"
 #include "agent/shm_huge_pages.h"
 #include "agent/save_executor.h"
 #include "agent/staging_pool.h"
@@ -244,8 +242,6 @@ int main(int argc, char** argv) {
   pool_options.incarnation = incarnation;
   pool_options.budget_bytes = budgets->staging_bytes;
   pool_options.pin = gpu;
-  pool_options.reserve_threads = tessera::ReserveThreads(
-      static_cast<int>(std::thread::hardware_concurrency()), static_cast<int>(*agents_per_node));
   absl::StatusOr<std::unique_ptr<tessera::StagingPool>> save_pool =
       tessera::StagingPool::Create(pool_options);
   if (!save_pool.ok()) return Fail(save_pool.status().ToString());

@@ -18,7 +18,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
 #include "agent/cuda_host.h"
-#include "agent/populate.h"
 #include "storage/storage.h"
 #include "common/status.h"
 #include "tessera/v1/types.pb.h"
@@ -121,33 +120,15 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
     return ErrnoToStatus(err, op, name, absl::StrCat("(", capacity, " bytes)"));
   };
   if (ftruncate(fd, static_cast<off_t>(capacity)) != 0) return fail(errno, "ftruncate");
-  // Reserved on several threads by populating the mapping (below), or here by fallocate.
-  const bool populate_to_reserve = options_.reserve && options_.reserve_threads > 1;
-  if (options_.reserve && !populate_to_reserve) {
+  if (options_.reserve) {
     const int err = posix_fallocate(fd, 0, static_cast<off_t>(capacity));
     if (err != 0) return fail(err, "posix_fallocate");
   }
   // MAP_POPULATE faults every page in now, when the region is created (once per pool), instead
   // of during a save's first copy: a gigabyte of 4 KiB faults costs seconds.
-  const bool map_populate = options_.populate && !populate_to_reserve;
   void* data = mmap(nullptr, capacity, PROT_READ | PROT_WRITE,
-                    MAP_SHARED | (map_populate ? MAP_POPULATE : 0), fd, 0);
+                    MAP_SHARED | (options_.populate ? MAP_POPULATE : 0), fd, 0);
   if (data == MAP_FAILED) return fail(errno, "mmap");
-  if (populate_to_reserve) {
-    absl::Status populated = PopulateForWrite(data, capacity, options_.reserve_threads);
-    if (absl::IsUnimplemented(populated)) {  // an older kernel: reserve serially instead
-      const int err = posix_fallocate(fd, 0, static_cast<off_t>(capacity));
-      populated = err == 0 ? absl::OkStatus() : ErrnoToStatus(err, "posix_fallocate", name);
-    }
-    if (!populated.ok()) {
-      munmap(data, capacity);
-      close(fd);
-      shm_unlink(name.c_str());
-      return absl::Status(populated.code(),
-                          absl::StrCat("reserving staging region ", name, " (", capacity,
-                                       " bytes): ", populated.message()));
-    }
-  }
   close(fd);  // the mapping keeps the object alive
   auto region = std::make_unique<Region>(name, data, capacity);
   if (options_.pin && GpuAvailable()) {

@@ -80,12 +80,6 @@ struct StagingPoolOptions {
   // Default: true.
   bool reserve = true;
 
-  // Threads that reserve a new region. Above 1 the pages are allocated by populating the
-  // mapping on that many threads (agent/populate.h: tmpfs's fallocate runs on one core under
-  // the file's lock), which also maps them as `populate` would; 1 is posix_fallocate. A kernel
-  // without MADV_POPULATE_WRITE falls back to posix_fallocate. Default: 1.
-  int reserve_threads = 1;
-
   // Fault every page of a new region in when it is created (MAP_POPULATE), so a save's first
   // copy into staging takes no page faults. A pool filled by O_DIRECT reads (loads) turns it
   // off: the reads fault the pages in themselves, overlapped with the device's transfers,

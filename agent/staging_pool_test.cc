@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,47 +64,6 @@ TEST(StagingPool, Acquire_PageAlignedNamedRegions) {
   EXPECT_EQ((*slots)[0].size, 10000u);
   EXPECT_EQ(pool->mapped_bytes(),
             (*slots)[0].capacity + (*slots)[1].capacity + (*slots)[2].capacity);
-}
-
-// Pages of `slot`'s object in /dev/shm that the file system holds (st_blocks), and of its
-// mapping in this process that are resident (mincore).
-struct RegionPages {
-  uint64_t allocated = 0;
-  uint64_t mapped = 0;
-};
-RegionPages PagesOf(const StagingSlot& slot) {
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  RegionPages pages;
-  const int fd = shm_open(slot.name.c_str(), O_RDONLY, 0);
-  struct stat st;
-  if (fd >= 0 && fstat(fd, &st) == 0) pages.allocated = static_cast<uint64_t>(st.st_blocks) * 512 / page;
-  if (fd >= 0) close(fd);
-  std::vector<unsigned char> vec(slot.capacity / page);
-  if (mincore(slot.data, slot.capacity, vec.data()) == 0) {
-    for (unsigned char v : vec) pages.mapped += v & 1;
-  }
-  return pages;
-}
-
-TEST(StagingPool, ReserveThreads_LoadRegionAllocatedAndMappedOnSeveralThreads) {
-  StagingPoolOptions options;
-  options.job_id = TestJob("reservethreads");
-  options.budget_bytes = 64 * kMiB;
-  options = LoadPoolOptions(options);  // no MAP_POPULATE: only the reservation maps pages
-  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-  for (int threads : {1, 4}) {
-    options.incarnation = static_cast<uint64_t>(threads);
-    options.reserve_threads = threads;
-    absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(options);
-    ASSERT_TRUE(pool.ok()) << pool.status();
-    absl::StatusOr<std::vector<StagingSlot>> slots = (*pool)->Acquire({8 * kMiB + 100});
-    ASSERT_TRUE(slots.ok()) << slots.status();
-    const RegionPages pages = PagesOf((*slots)[0]);
-    const uint64_t region_pages = (*slots)[0].capacity / page;
-    EXPECT_EQ(pages.allocated, region_pages) << threads << " thread(s)";
-    // fallocate only allocates; populating on several threads maps them too.
-    EXPECT_EQ(pages.mapped, threads == 1 ? 0 : region_pages) << threads << " thread(s)";
-  }
 }
 
 TEST(StagingPool, Name_JobSanitized) {

@@ -11,6 +11,7 @@
 #include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "client/bounce_copy.h"
 #include "client/parallel_copy.h"
 #include "client/peer_fetch.h"
 #include "client/staging_estimate.h"
@@ -28,6 +29,11 @@ namespace {
 
 // Save regions kept mapped: the memory tier alternates between two.
 constexpr size_t kMaxSaveMappings = 2;
+
+// Each of a load's copy threads bounces its copies into device memory through two page-locked
+// buffers of this size: large enough that a part's transfer outlasts its queuing, small
+// enough that the threads' buffers (2 x 8 MiB each) cost little to allocate per load.
+constexpr size_t kBounceBufferBytes = size_t{8} << 20;
 
 void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout != absl::InfiniteDuration()) {
@@ -276,21 +282,33 @@ absl::Status Client::CopyLocked(absl::Span<const TensorRef> tensors,
 }
 
 absl::Status Client::CopyToDevicesLocked(const std::vector<CopyItem>& items) {
-  // A load region is not page-locked in this process, so CUDA copies each piece through its
-  // own pinned buffers on the calling thread at one core's memcpy speed: the pieces are cut
-  // into runs (as host copies are) and each run copied on its own thread and stream.
+  // A load region is not page-locked in this process. CUDA copies from such memory one at a
+  // time, through its own staging, at one core's memcpy speed; each thread here copies its run
+  // through page-locked buffers of its own instead (client/bounce_copy.h), and the threads'
+  // memcpys run side by side.
   const std::vector<std::vector<CopyItem>> runs =
       SplitIntoRuns(items, copy_threads_, options_.parallel_copy_min_bytes);
   std::vector<absl::Status> results(runs.size());
   RunInParallel(runs, [&](const std::vector<CopyItem>& run) {
-    DeviceCopier copier;  // a stream per thread: one stream would order the runs again
-    absl::Status status;
+    absl::Status& result = results[&run - runs.data()];
+    absl::StatusOr<std::unique_ptr<BounceCopier>> bounce = BounceCopier::Create(kBounceBufferBytes);
+    if (bounce.ok()) {
+      for (const CopyItem& piece : run) {
+        result = (*bounce)->ToDevice(piece.dst, piece.src, piece.size);
+        if (!result.ok()) break;
+      }
+      absl::Status finished = (*bounce)->Finish();
+      if (result.ok()) result = finished;
+      return;
+    }
+    // No page-locked memory to be had: copy from the region as it is.
+    DeviceCopier copier;
     for (const CopyItem& piece : run) {
-      status = copier.ToDevice(piece.dst, piece.src, piece.size);
-      if (!status.ok()) break;
+      result = copier.ToDevice(piece.dst, piece.src, piece.size);
+      if (!result.ok()) break;
     }
     absl::Status synced = copier.Synchronize();
-    results[&run - runs.data()] = status.ok() ? synced : status;
+    if (result.ok()) result = synced;
   });
   for (const absl::Status& result : results) {
     if (!result.ok()) return Prefixed("copying a load into device memory: ", result);

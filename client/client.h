@@ -318,8 +318,8 @@ class Client {
                           bool to_staging) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies host -> device `items` (of a load region, not page-locked here) on up to
-  // copy_threads_ threads, each with its own streams, and waits for them. Errors: Internal
-  // for a failed CUDA copy.
+  // copy_threads_ threads, each through kBounceBufferBytes x 2 of page-locked memory of its
+  // own (allocated for the load), and waits for them. Errors: Internal for a failed CUDA copy.
   absl::Status CopyToDevicesLocked(const std::vector<CopyItem>& items)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

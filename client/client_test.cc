@@ -28,6 +28,7 @@
 #include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
+#include "client/bounce_copy.h"
 #include "client/describe.h"
 #include "client/fake_bulk_holder.h"
 #include "client/parallel_copy.h"
@@ -1442,6 +1443,60 @@ TEST_F(ClientTest, SaveAndLoad_CudaTensors_CopiedThroughDevice) {
   wrong.memory = Memory::kCuda;
   EXPECT_EQ(client->Save(2, {wrong}).status().code(), absl::StatusCode::kInvalidArgument);
   cudaFree(device);
+}
+
+TEST_F(ClientTest, Load_LargeCudaTensor_CopiedOnSeveralThreadsThroughPinnedBuffers) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // Above parallel_copy_min_bytes: cut into copy_threads runs, each bounced through two
+  // 8 MiB buffers, parts ending inside pieces.
+  const size_t size = 40 * kMiB + 7;
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, size), cudaSuccess);
+  ASSERT_EQ(cudaMemset(device, 0xff, size), cudaSuccess);
+  TensorRef t;
+  t.fqn = "gpu.big";
+  t.dtype = v1::DTYPE_U8;
+  t.global_shape = {static_cast<int64_t>(size)};
+  t.data = device;
+  t.nbytes = size;
+  t.memory = Memory::kCuda;
+  absl::StatusOr<LoadResult> loaded = client->Load(1, {t});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_GT(loaded->copy_time, absl::ZeroDuration());
+  std::vector<uint8_t> back(size);
+  ASSERT_EQ(cudaMemcpy(back.data(), device, size, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(back == Pattern(size, 1000));
+  cudaFree(device);
+}
+
+TEST(BounceCopier, ManyPartsThroughBothBuffers_ByteExact) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
+  absl::StatusOr<std::unique_ptr<BounceCopier>> bounce = BounceCopier::Create(kMiB);
+  ASSERT_TRUE(bounce.ok()) << bounce.status();
+  const std::vector<uint8_t> a = Pattern(5 * kMiB + 3, 41);
+  const std::vector<uint8_t> b = Pattern(kMiB / 2, 42);
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, a.size() + b.size()), cudaSuccess);
+  // Two copies queued before Finish: the second's parts reuse buffers the first's still use.
+  ASSERT_TRUE((*bounce)->ToDevice(device, a.data(), a.size()).ok());
+  ASSERT_TRUE((*bounce)->ToDevice(static_cast<char*>(device) + a.size(), b.data(), b.size()).ok());
+  ASSERT_TRUE((*bounce)->Finish().ok());
+  std::vector<uint8_t> back(a.size() + b.size());
+  ASSERT_EQ(cudaMemcpy(back.data(), device, back.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(std::equal(a.begin(), a.end(), back.begin()));
+  EXPECT_TRUE(std::equal(b.begin(), b.end(), back.begin() + a.size()));
+  // Host memory is not a destination.
+  EXPECT_EQ((*bounce)->ToDevice(back.data(), a.data(), 16).code(),
+            absl::StatusCode::kInvalidArgument);
+  cudaFree(device);
+}
+
+TEST(BounceCopier, NoGpu_NoPageLockedMemory_ResourceExhausted) {
+  if (GpuAvailable()) GTEST_SKIP() << "a GPU is present";
+  EXPECT_EQ(BounceCopier::Create(kMiB).status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(BounceCopier::Create(0).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // ---------------------------------------------------------------------------------------------

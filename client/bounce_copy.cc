@@ -1,0 +1,115 @@
+#include "client/bounce_copy.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "client/device_copy.h"
+#include "cuda_runtime_api.h"
+
+namespace tessera {
+namespace {
+
+absl::Status CudaError(cudaError_t err, absl::string_view op) {
+  return absl::InternalError(
+      absl::StrCat(op, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BounceCopier>> BounceCopier::Create(size_t buffer_bytes) {
+  if (buffer_bytes == 0) return absl::InvalidArgumentError("BounceCopier needs buffers of > 0 bytes");
+  std::unique_ptr<BounceCopier> copier(new BounceCopier(buffer_bytes));
+  for (void*& buffer : copier->buffers_) {
+    const cudaError_t err = cudaHostAlloc(&buffer, buffer_bytes, cudaHostAllocPortable);
+    if (err != cudaSuccess) {
+      buffer = nullptr;
+      (void)cudaGetLastError();
+      return absl::ResourceExhaustedError(
+          absl::StrCat("cudaHostAlloc of ", buffer_bytes, " bytes: ", cudaGetErrorString(err)));
+    }
+  }
+  return copier;
+}
+
+BounceCopier::~BounceCopier() {
+  (void)Finish();
+  for (auto& on : devices_) {
+    for (void* event : on->done) {
+      if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+    }
+    (void)cudaStreamDestroy(static_cast<cudaStream_t>(on->stream));
+  }
+  for (void* buffer : buffers_) {
+    if (buffer != nullptr) (void)cudaFreeHost(buffer);
+  }
+}
+
+absl::StatusOr<BounceCopier::OnDevice*> BounceCopier::For(int device) {
+  for (auto& on : devices_) {
+    if (on->device == device) return on.get();
+  }
+  int previous = 0;
+  cudaError_t err = cudaGetDevice(&previous);
+  if (err != cudaSuccess) return CudaError(err, "cudaGetDevice");
+  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) {
+    return CudaError(err, "cudaSetDevice");
+  }
+  auto on = std::make_unique<OnDevice>();
+  on->device = device;
+  cudaStream_t stream = nullptr;
+  err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+  on->stream = stream;
+  for (void*& event : on->done) {
+    if (err != cudaSuccess) break;
+    cudaEvent_t e = nullptr;
+    err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
+    event = e;
+  }
+  if (previous != device) (void)cudaSetDevice(previous);
+  devices_.push_back(std::move(on));  // destroyed with the copier, made or not
+  if (err != cudaSuccess) return CudaError(err, "creating a stream and events");
+  return devices_.back().get();
+}
+
+absl::Status BounceCopier::ToDevice(void* device_dst, const void* host_src, size_t size) {
+  if (size == 0) return absl::OkStatus();
+  absl::StatusOr<int> device = DeviceCopier::DeviceOf(device_dst);
+  if (!device.ok()) return device.status();
+  absl::StatusOr<OnDevice*> on = For(*device);
+  if (!on.ok()) return on.status();
+  auto* stream = static_cast<cudaStream_t>((*on)->stream);
+  for (size_t done = 0; done < size;) {
+    const size_t n = std::min(buffer_bytes_, size - done);
+    const int b = next_;
+    next_ = 1 - next_;
+    // The buffer's last copy (on whichever device) must have read it before it is refilled.
+    if (last_use_[b] != nullptr) {
+      const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(last_use_[b]));
+      if (err != cudaSuccess) return CudaError(err, "cudaEventSynchronize");
+    }
+    std::memcpy(buffers_[b], static_cast<const char*>(host_src) + done, n);
+    cudaError_t err = cudaMemcpyAsync(static_cast<char*>(device_dst) + done, buffers_[b], n,
+                                      cudaMemcpyHostToDevice, stream);
+    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(HostToDevice)");
+    auto* event = static_cast<cudaEvent_t>((*on)->done[b]);
+    if ((err = cudaEventRecord(event, stream)) != cudaSuccess) {
+      return CudaError(err, "cudaEventRecord");
+    }
+    last_use_[b] = event;
+    done += n;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status BounceCopier::Finish() {
+  absl::Status status;
+  for (auto& on : devices_) {
+    if (on->stream == nullptr) continue;
+    const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(on->stream));
+    if (err != cudaSuccess && status.ok()) status = CudaError(err, "cudaStreamSynchronize");
+  }
+  return status;
+}
+
+}  // namespace tessera
