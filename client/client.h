@@ -93,11 +93,13 @@ struct ClientOptions {
   // Default: 5 s.
   absl::Duration wait_committed_grace = absl::Seconds(5);
 
-  // Most threads that copy host tensors into (or out of) staging, the calling thread
-  // included; capped at the CPUs this process may run on (UsableCpus()). Default: 4.
+  // Most threads that copy host tensors into (or out of) staging, and a load's bytes into
+  // device memory (each through 16 MiB of page-locked buffers of its own, allocated for the
+  // load), the calling thread included; capped at the CPUs this process may run on
+  // (UsableCpus()). Default: 4.
   int copy_threads = 4;
 
-  // Host copies totalling more bytes than this are split across the copy threads (starting
+  // Copies totalling more bytes than this are split across the copy threads (starting
   // the extra threads costs tens of microseconds; one core copies 1 MiB in about 100).
   // Default: 4 MiB.
   uint64_t parallel_copy_min_bytes = uint64_t{4} << 20;
