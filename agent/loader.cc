@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <memory>
 #include <optional>
 
 #include "absl/container/flat_hash_map.h"
@@ -10,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "agent/range_reserver.h"
+#include "agent/reserved_reads.h"
 #include "common/box.h"
 #include "common/ids.h"
 #include "common/log.h"
@@ -22,6 +25,7 @@ namespace tessera {
 namespace {
 
 uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
+
 
 // The data files `reads` read (CheckpointReader::DataFiles), sorted. Empty if the reads
 // cannot be planned (Read reports the same error).
@@ -234,12 +238,25 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
     total += AlignUp(read.dest_size);
   }
   const absl::Time staging_start = absl::Now();
+  // Reserved ahead of the reads, on a thread of its own, instead of all before them.
   ASSIGN_OR_RETURN(std::vector<StagingSlot> region,
-                   staging_->Acquire({std::max<uint64_t>(total, 4096)}));
-  auto* base = static_cast<unsigned char*>(region[0].data);
+                   staging_->Acquire({std::max<uint64_t>(total, 4096)},
+                                     StagingPool::Reservation::kByCaller));
+  const StagingSlot slot = region[0];
+  auto reserver = std::make_unique<RangeReserver>(
+      slot.capacity, options_.reserve_chunk_bytes,
+      [slot](uint64_t offset, uint64_t length) {
+        return StagingPool::ReserveBytes(slot, offset, length);
+      });
+  // The reserver stops before the region goes.
+  auto release = [&] {
+    reserver.reset();
+    staging_->ReleaseAll();
+  };
+  auto* base = static_cast<unsigned char*>(slot.data);
   for (size_t k = 0; k < reads.size(); ++k) reads[k].dest = base + staged.offsets[k];
-  staged.shm_name = region[0].name;
-  staged.shm_size = region[0].capacity;
+  staged.shm_name = slot.name;
+  staged.shm_size = slot.capacity;
 
   // What this agent and its node's peers still hold of the checkpoint.
   ResidentView resident;
@@ -264,16 +281,18 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
     // Memory-only: what no copy holds cannot be read from anywhere. Said before reading.
     const absl::flat_hash_set<std::string> missing = FilesNotInView(reader, reads, resident);
     if (!missing.empty()) {
-      staging_->ReleaseAll();
+      release();
       return MemoryCopyLost(reader, missing);
     }
   }
   absl::StatusOr<std::vector<ReadResult>> results =
-      reader.Read(reads, &staged.stats, resident.files.empty() ? nullptr : &resident.files);
+      ReadAsReserved(reader, reads, staged.offsets, *reserver, staged.stats,
+                     resident.files.empty() ? nullptr : &resident.files, &staged.read_batches);
   if (!results.ok()) {
-    staging_->ReleaseAll();
+    release();
     return results.status();
   }
+  reserver.reset();  // done: every read's bytes were reserved before it
   staged.results = *std::move(results);
   return staged;
 }
@@ -433,6 +452,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
           staged->fetch_time > absl::ZeroDuration()
               ? absl::StrCat(" fetch_ms=", absl::ToDoubleMilliseconds(staged->fetch_time))
               : "",
+          staged->read_batches > 1 ? absl::StrCat(" read_batches=", staged->read_batches) : "",
           " read_ms=", read_s * 1e3, " read_mib_s=", read_mib_s);
   return response;
 }

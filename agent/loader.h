@@ -81,6 +81,10 @@ struct LoaderOptions {
   // The job whose checkpoints this agent loads, as a holder's bulk port is asked for its
   // copies by a trainer that fetches them itself (LoadResponse.fetch). Default: "".
   std::string job_id;
+  // A load region is reserved in chunks of this many bytes, on a thread of its own, ahead of
+  // its reads (agent/reserved_reads.h): small enough that the reads start soon, large enough
+  // that each posix_fallocate is worth its call. Default: 64 MiB.
+  uint64_t reserve_chunk_bytes = uint64_t{64} << 20;
 };
 
 class Loader {
@@ -133,7 +137,10 @@ class Loader {
     // check, none read here. Empty: every byte was verified here.
     std::vector<BlockCheck> unverified;
     // Making the region, finding and fetching copies (none for this agent's resident region).
+    // A copy's region is reserved ahead of its reads, on another thread: not counted here.
     absl::Duration staging_time;
+    // A copy's reads, in batches of the requests reserved when each began (ReadAsReserved).
+    int read_batches = 0;
     // Of staging_time, a fetch in place's transfer alone (after its load region was made).
     absl::Duration fetch_time;
     // Fetched by the trainer (LoadRequest.client_fetches): the copy on another node it reads

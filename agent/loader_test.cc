@@ -130,6 +130,19 @@ TEST_F(LoaderTest, Load_ReshardedRowsAndColumns_StagingMatchesThenReleased) {
   // Destroying the loader waits for the release; the pool then holds nothing.
 }
 
+TEST_F(LoaderTest, Load_RegionReservedInChunksAheadOfTheReads_EveryByteRight) {
+  LoaderOptions options;
+  options.reserve_chunk_bytes = 64 << 10;  // 1 MiB of reads behind sixteen chunks
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, options);
+  loader.SetJobDir(job_dir_);
+  std::vector<Box> boxes;
+  for (int64_t row = 0; row < 256; row += 16) boxes.push_back(Box{{row, 0}, {16, 1024}});
+  boxes.push_back(Box{{3, 100}, {7, 300}});  // and a piece read through a bounce buffer
+  const std::string id = LoadAndCheck(loader, boxes);
+  ASSERT_FALSE(id.empty());
+  loader.Release(id);
+}
+
 TEST_F(LoaderTest, ReleaseThenDestroy_RegionFreed) {
   {
     Loader loader(&storage_, pool_.get(), /*rank=*/0);

@@ -109,7 +109,7 @@ std::string StagingPool::RegionName(uint64_t n) const {
 }
 
 absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLocked(
-    uint64_t capacity) {
+    uint64_t capacity, bool reserve) {
   const std::string name = RegionName(next_region_++);
   const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
@@ -120,7 +120,7 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
     return ErrnoToStatus(err, op, name, absl::StrCat("(", capacity, " bytes)"));
   };
   if (ftruncate(fd, static_cast<off_t>(capacity)) != 0) return fail(errno, "ftruncate");
-  if (options_.reserve) {
+  if (reserve) {
     const int err = posix_fallocate(fd, 0, static_cast<off_t>(capacity));
     if (err != 0) return fail(err, "posix_fallocate");
   }
@@ -154,9 +154,23 @@ uint64_t StagingPool::SpareBytesLocked() const {
   return total;
 }
 
-absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<uint64_t>& sizes) {
+absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<uint64_t>& sizes,
+                                                              Reservation reservation) {
   absl::MutexLock lock(&mu_);
-  return FillLocked(sizes, /*prepare=*/false);
+  return FillLocked(sizes, /*prepare=*/false, reservation);
+}
+
+absl::Status StagingPool::ReserveBytes(const StagingSlot& slot, uint64_t offset, uint64_t length) {
+  if (length == 0) return absl::OkStatus();
+  const int fd = shm_open(slot.name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, "shm_open", slot.name);
+  const int err = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(length));
+  close(fd);
+  if (err != 0) {
+    return ErrnoToStatus(err, "posix_fallocate", slot.name,
+                         absl::StrCat("(bytes ", offset, "..", offset + length, ")"));
+  }
+  return absl::OkStatus();
 }
 
 bool StagingPool::NextSetEmptyLocked() const {
@@ -210,7 +224,7 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Reserve(uint64_t bytes, in
   const uint64_t mapped = MappedBytesLocked();
   if (sets == 2 && resident_.empty() && spare_.empty() && mapped <= budget_bytes_ &&
       capacity <= budget_bytes_ - mapped) {
-    ASSIGN_OR_RETURN(std::shared_ptr<Region> spare, CreateRegionLocked(capacity));
+    ASSIGN_OR_RETURN(std::shared_ptr<Region> spare, CreateRegionLocked(capacity, options_.reserve));
     spare_.assign(1, std::move(spare));
   }
   std::vector<StagingSlot> out;
@@ -224,7 +238,8 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Reserve(uint64_t bytes, in
 }
 
 absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vector<uint64_t>& sizes,
-                                                                 bool prepare) {
+                                                                 bool prepare,
+                                                                 Reservation reservation) {
   // Admission first, so a refused save leaves the pool as it was (the resident set aside: a
   // save that does not fit beside it drops it, below).
   std::vector<uint64_t> capacities(sizes.size());
@@ -300,7 +315,9 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
   std::vector<StagingSlot> slots(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
     if (regions_[i] == nullptr) {
-      ASSIGN_OR_RETURN(regions_[i], CreateRegionLocked(capacities[i]));
+      ASSIGN_OR_RETURN(regions_[i],
+                       CreateRegionLocked(capacities[i], options_.reserve &&
+                                                             reservation == Reservation::kNow));
     }
     const Region& region = *regions_[i];
     slots[i] = StagingSlot{region.name(), region.data(), sizes[i], region.capacity(),

@@ -138,7 +138,20 @@ class StagingPool {
   // shared memory cannot be created or reserved (/dev/shm full); errors of RegisterHost when
   // pinning fails. After a creation error the failed slot holds no region; the next Acquire()
   // retries it.
-  absl::StatusOr<std::vector<StagingSlot>> Acquire(const std::vector<uint64_t>& sizes);
+  //
+  // With Reservation::kByCaller a region made for this call is not reserved (the pool's
+  // `reserve` is ignored for it): the caller reserves each range with ReserveBytes before
+  // anything writes there, e.g. on another thread ahead of the writes (a load's reads). A
+  // region reused as is was reserved when it was made.
+  enum class Reservation { kNow, kByCaller };
+  absl::StatusOr<std::vector<StagingSlot>> Acquire(const std::vector<uint64_t>& sizes,
+                                                   Reservation reservation = Reservation::kNow);
+
+  // Allocates the pages of bytes [offset, offset + length) of `slot`'s region
+  // (posix_fallocate of its shared-memory object), so that writing there cannot raise SIGBUS.
+  // Errors: ResourceExhausted naming the region if /dev/shm is full; NotFound if the region
+  // is gone; other errors of shm_open and posix_fallocate.
+  static absl::Status ReserveBytes(const StagingSlot& slot, uint64_t offset, uint64_t length);
 
   // Unpins, unmaps and unlinks every region (e.g. when the agent goes idle), the resident set
   // too. Errors: none reported; an unpin failure is ignored because the memory is unmapped
@@ -203,7 +216,8 @@ class StagingPool {
 
   StagingPool(StagingPoolOptions options, uint64_t budget_bytes);
 
-  absl::StatusOr<std::unique_ptr<Region>> CreateRegionLocked(uint64_t capacity)
+  // `reserve`: posix_fallocate it now (options_.reserve, unless the caller reserves).
+  absl::StatusOr<std::unique_ptr<Region>> CreateRegionLocked(uint64_t capacity, bool reserve)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t ResidentBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t SpareBytesLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -212,7 +226,8 @@ class StagingPool {
   bool NextSetEmptyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Acquire, or with `prepare` Prepare: the slots, or none if preparing does not fit.
   absl::StatusOr<std::vector<StagingSlot>> FillLocked(const std::vector<uint64_t>& sizes,
-                                                      bool prepare)
+                                                      bool prepare,
+                                                      Reservation reservation = Reservation::kNow)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const StagingPoolOptions options_;

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -64,6 +65,42 @@ TEST(StagingPool, Acquire_PageAlignedNamedRegions) {
   EXPECT_EQ((*slots)[0].size, 10000u);
   EXPECT_EQ(pool->mapped_bytes(),
             (*slots)[0].capacity + (*slots)[1].capacity + (*slots)[2].capacity);
+}
+
+// Bytes of `slot`'s shared-memory object that the file system holds.
+uint64_t AllocatedBytes(const StagingSlot& slot) {
+  const int fd = shm_open(slot.name.c_str(), O_RDONLY, 0);
+  struct stat st;
+  const bool ok = fd >= 0 && fstat(fd, &st) == 0;
+  if (fd >= 0) close(fd);
+  return ok ? static_cast<uint64_t>(st.st_blocks) * 512 : 0;
+}
+
+TEST(StagingPool, AcquireReservedByCaller_NothingAllocatedUntilReserveBytes) {
+  StagingPoolOptions options;
+  options.job_id = TestJob("bycaller");
+  options.budget_bytes = 64 * kMiB;
+  options = LoadPoolOptions(options);
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<std::vector<StagingSlot>> slots =
+      (*pool)->Acquire({4 * kMiB}, StagingPool::Reservation::kByCaller);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  const StagingSlot& slot = (*slots)[0];
+  EXPECT_EQ(AllocatedBytes(slot), 0u);
+  ASSERT_TRUE(StagingPool::ReserveBytes(slot, kMiB, 2 * kMiB).ok());
+  EXPECT_EQ(AllocatedBytes(slot), 2 * kMiB);
+  ASSERT_TRUE(StagingPool::ReserveBytes(slot, 0, slot.capacity).ok());
+  EXPECT_EQ(AllocatedBytes(slot), slot.capacity);
+
+  // A plain Acquire reserves at once, as before.
+  absl::StatusOr<std::vector<StagingSlot>> now = (*pool)->Acquire({8 * kMiB});
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(AllocatedBytes((*now)[0]), (*now)[0].capacity);
+
+  StagingSlot gone = slot;
+  gone.name = "/" + TestJob("no-such-region");
+  EXPECT_EQ(StagingPool::ReserveBytes(gone, 0, kMiB).code(), absl::StatusCode::kNotFound);
 }
 
 TEST(StagingPool, Name_JobSanitized) {

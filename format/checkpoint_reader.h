@@ -131,6 +131,18 @@ struct ReadStats {
   // bytes_read), and blocks of resident copies that did not match and were read instead.
   uint64_t bytes_from_memory = 0;
   uint64_t memory_blocks_rejected = 0;
+
+  // Adds `other`'s counts to these (a Read in several calls).
+  ReadStats& operator+=(const ReadStats& other) {
+    bytes_read += other.bytes_read;
+    bytes_read_shared += other.bytes_read_shared;
+    bytes_copied += other.bytes_copied;
+    read_calls += other.read_calls;
+    blocks_verified += other.blocks_verified;
+    bytes_from_memory += other.bytes_from_memory;
+    memory_blocks_rejected += other.memory_blocks_rejected;
+    return *this;
+  }
 };
 
 // Bytes [file_offset, file_offset + size) of a data file, resident in memory at `data`. The
