@@ -212,6 +212,7 @@ SaveEffects SaveCore::OnPlanSubmitted(absl::Time now, uint64_t rpc_id,
     const bool latest = s->resubmit_rpc == rpc_id;
     if (latest) s->resubmit_rpc = 0;
     if (s->phase != SavePhase::kPlanned) {
+      if (result.ok()) DisownMovedPlan(*s, result->session_id(), fx);
       PruneHeld(fx);
       return Done(now, std::move(fx));
     }
@@ -378,6 +379,24 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
   }
   for (const v1::Command& command : mine) Dispatch(now, *s, command, fx);
   if (reconnected) AskAgainAfterReconnect(*s, fx);
+}
+
+void SaveCore::DisownMovedPlan(const Session& s, const std::string& moved_to, SaveEffects& fx) {
+  // R3: the coordinator moved this rank's plan to `moved_to` after `s` had ended here (its
+  // ABORT arrived first, and the trainer was answered). No trainer waits for that session:
+  // fail it now, or it waits for its PINNING deadline for this rank.
+  if (moved_to == s.id || !(s.phase == SavePhase::kEnding || Ended(s.phase)) ||
+      !CheckSessionId(moved_to).ok() || Find(moved_to) != nullptr) {
+    return;
+  }
+  Session& moved = NewSession(moved_to, s.step);
+  moved.lease = lease_.has_value() ? lease_ : last_lease_;
+  Fail(moved, v1::ERROR_CODE_AGENT_LOST,
+       absl::AbortedError(absl::StrCat(
+           "the save of step ", s.step, " by rank ", options_.rank, " ended on its agent (",
+           s.outcome.message(), ") before the coordinator moved its plan to session ",
+           moved_to, "; no trainer waits for that session")),
+       fx);
 }
 
 void SaveCore::AskAgainAfterReconnect(Session& s, SaveEffects& fx) {

@@ -56,7 +56,9 @@
 //    after every (re)connection and on a timer (1 s doubling to 30 s) until the verdict is
 //    here. On the same triggers a session still
 //    PLANNED re-submits its plan; if the coordinator then names another session, the PLANNED
-//    session moves to that id. A submission whose reply arrives after the stream (re)connected
+//    session moves to that id — and if the session ended here meanwhile (its ABORT came
+//    first and the trainer was answered), the named session is failed at once with
+//    AGENT_LOST: no trainer waits for it. A submission whose reply arrives after the stream (re)connected
 //    is sent once more: that reconnection's re-submission came before the session was known
 //    here, and its verdict may have gone to the stream that broke.
 // R4 Paths. The directories the coordinator names — PERSIST's tmp_dir, COMMIT's tmp_dir and
@@ -388,6 +390,8 @@ class SaveCore {
   // R1: drops (and logs) held commands no submission can claim any more.
   void PruneHeld(SaveEffects& fx);
   // R3: re-submits a PLANNED session whose plan was out while the stream reconnected.
+  // R3: a re-submission's reply named `moved_to`, but `s` ended here first: fail that session.
+  void DisownMovedPlan(const Session& s, const std::string& moved_to, SaveEffects& fx);
   void AskAgainAfterReconnect(Session& s, SaveEffects& fx);
   v1::BeginSaveResponse SlotsOf(const Session& s) const;
 

@@ -1223,6 +1223,27 @@ TEST_F(SaveCoreTest, R1_VerdictForTheSessionAReSubmissionNames_HeldUntilItsReply
   EXPECT_THAT(std::string(BeginStatus(1).message()), HasSubstr("lost rank 1"));
 }
 
+TEST_F(SaveCoreTest, R3_PlanMovedAfterItsSessionAbortedHere_TheNewSessionFailedAtOnce) {
+  // The soak's agent_stop fault: another rank froze past its lease, the coordinator aborted
+  // the session, and this agent's re-submission (its stream had reconnected) reached the
+  // coordinator just after: it opened a new session of the step with this rank's plan. The
+  // ABORT reached this agent before the reply naming the new session.
+  ToPlanned();
+  Register();
+  ASSERT_EQ(rpcs_.size(), 1u);
+  Command(Abort(1, v1::ERROR_CODE_AGENT_LOST, "lost the agent of rank 1"));
+  EXPECT_EQ(BeginStatus(1).code(), absl::StatusCode::kAborted);
+  constexpr char kMoved[] = "s7-00000000000000b2";
+  // This rank's trainer was told: the new session can never complete, and is failed at once
+  // rather than left to wait for its PINNING deadline.
+  EXPECT_THAT(Deliver(absl::StatusCode::kOk, kMoved), ElementsAre("PLAN", "ERROR(AGENT_LOST)"));
+  EXPECT_EQ(LastPhaseSent().session_id(), kMoved);
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("rank 3"));
+  Command(Pin(2, kMoved));
+  EXPECT_TRUE(work_.empty()) << "nothing pinned for a session no trainer waits for";
+  EXPECT_EQ(RepliesTo(1), 1);
+}
+
 TEST_F(SaveCoreTest, R3_PlanAnsweredAfterTheStreamReconnected_SubmittedAgain) {
   Register();
   Begin();
