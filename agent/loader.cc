@@ -26,7 +26,6 @@ namespace {
 
 uint64_t AlignUp(uint64_t v) { return (v + 4095) / 4096 * 4096; }
 
-
 // The data files `reads` read (CheckpointReader::DataFiles), sorted. Empty if the reads
 // cannot be planned (Read reports the same error).
 std::vector<std::string> FilesRead(const CheckpointReader& reader,

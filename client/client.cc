@@ -243,7 +243,8 @@ absl::StatusOr<MappedStaging*> Client::SaveMappingLocked(const std::string& name
 }
 
 absl::Status Client::CopyLocked(absl::Span<const TensorRef> tensors,
-                                const std::vector<char*>& slot_data, bool to_staging) {
+                                const std::vector<char*>& slot_data, bool to_staging,
+                                bool staging_pinned) {
   std::vector<CopyItem> host;
   std::vector<CopyItem> to_devices;  // a load's copies into device memory
   host.reserve(tensors.size());
@@ -255,6 +256,8 @@ absl::Status Client::CopyLocked(absl::Span<const TensorRef> tensors,
     if (t.memory == Memory::kCuda) {
       if (to_staging) {
         status = device_.ToHost(slot, t.data, t.nbytes);
+      } else if (staging_pinned) {  // queued at the link's speed; no bounce needed
+        status = device_.ToDevice(t.data, slot, t.nbytes);
       } else {
         status = DeviceCopier::DeviceOf(t.data).status();  // named here; copied below
         to_devices.push_back(CopyItem{t.data, slot, t.nbytes});
@@ -364,7 +367,8 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
     }
   }
   const absl::Time copy_start = absl::Now();
-  RETURN_IF_ERROR(CopyLocked(tensors, slot_data, /*to_staging=*/true));
+  RETURN_IF_ERROR(CopyLocked(tensors, slot_data, /*to_staging=*/true,
+                             /*staging_pinned=*/cuda && options_.pin_staging));
   const absl::Duration copy = absl::Now() - copy_start;
 
   {
@@ -595,6 +599,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   // unmapped before the release too.
   std::unique_ptr<MappedStaging> temporary;
   const char* region_base = nullptr;
+  bool region_pinned = false;  // page-locked in this process (a save mapping of CUDA saves)
   if (total > 0) {
     char* base = nullptr;
     auto cached = std::find_if(staging_.begin(), staging_.end(), [&](const auto& m) {
@@ -602,6 +607,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     });
     if (cached != staging_.end()) {
       base = static_cast<char*>((*cached)->data());
+      region_pinned = (*cached)->pinned();
     } else {
       // Read-only, not pre-faulted: the copy threads fault the pages in as they read them,
       // in parallel and overlapped with the copy, instead of one serial pass before it.
@@ -652,7 +658,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     }
     retry->mismatched = copied->mismatched.size();
   } else {
-    RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false));
+    RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false, region_pinned));
   }
   result.copy_time = absl::Now() - copy_start;
   // `into` is filled: unmapping and the release need not hold the trainer.

@@ -314,10 +314,12 @@ class Client {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces
-  // go through ParallelCopy, a save's CUDA pieces through `device_`, a load's through
+  // go through ParallelCopy; CUDA pieces through `device_` for a save, or for a load from
+  // staging page-locked in this process (`staging_pinned`), else through
   // CopyToDevicesLocked; waits for all. Errors: Internal for a failed CUDA copy.
   absl::Status CopyLocked(absl::Span<const TensorRef> tensors, const std::vector<char*>& slot_data,
-                          bool to_staging) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+                          bool to_staging, bool staging_pinned)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Copies host -> device `items` (of a load region, not page-locked here) on up to
   // copy_threads_ threads, each through kBounceBufferBytes x 2 of page-locked memory of its
