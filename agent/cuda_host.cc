@@ -8,22 +8,19 @@
 namespace tessera {
 namespace {
 
-absl::Status CudaError(cudaError_t err, absl::string_view op) {
-  const std::string message =
-      absl::StrCat(op, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
-  switch (err) {
-    case cudaErrorMemoryAllocation:
-      return absl::ResourceExhaustedError(message);
-    default:
-      return absl::InternalError(message);
-  }
-}
-
 absl::Status NoGpu(absl::string_view op) {
   return absl::FailedPreconditionError(absl::StrCat(op, ": no CUDA device is available"));
 }
 
 }  // namespace
+
+absl::Status CudaStatus(int cuda_error, absl::string_view op) {
+  const auto err = static_cast<cudaError_t>(cuda_error);
+  const std::string message =
+      absl::StrCat(op, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err));
+  if (err == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(message);
+  return absl::InternalError(message);
+}
 
 bool GpuAvailable() {
   static std::once_flag once;
@@ -43,7 +40,7 @@ absl::Status RegisterHost(void* ptr, size_t size) {
   const cudaError_t err = cudaHostRegister(ptr, size, cudaHostRegisterPortable);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return CudaError(err, absl::StrCat("cudaHostRegister(", size, " bytes)"));
+    return CudaStatus(err, absl::StrCat("cudaHostRegister(", size, " bytes)"));
   }
   return absl::OkStatus();
 }
@@ -53,7 +50,7 @@ absl::Status UnregisterHost(void* ptr) {
   const cudaError_t err = cudaHostUnregister(ptr);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();
-    return CudaError(err, "cudaHostUnregister");
+    return CudaStatus(err, "cudaHostUnregister");
   }
   return absl::OkStatus();
 }

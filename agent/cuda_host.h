@@ -12,6 +12,7 @@
 #include <cstddef>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace tessera {
 
@@ -30,6 +31,11 @@ absl::Status RegisterHost(void* ptr, size_t size);
 // Errors: FailedPrecondition if no GPU is available; Internal for CUDA errors (e.g. `ptr`
 // was not registered).
 absl::Status UnregisterHost(void* ptr);
+
+// The status of CUDA error `cuda_error` (a cudaError_t, not cudaSuccess) returned by `op`:
+// ResourceExhausted for cudaErrorMemoryAllocation, Internal otherwise; the message is
+// "<op>: <CUDA's error name>: <its error string>". The one place CUDA errors become statuses.
+absl::Status CudaStatus(int cuda_error, absl::string_view op);
 
 }  // namespace tessera
 

@@ -4,18 +4,11 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "agent/cuda_host.h"
 #include "client/device_copy.h"
 #include "cuda_runtime_api.h"
 
 namespace tessera {
-namespace {
-
-absl::Status CudaError(cudaError_t err, absl::string_view op) {
-  return absl::InternalError(
-      absl::StrCat(op, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<BounceCopier>> BounceCopier::Create(size_t buffer_bytes) {
   if (buffer_bytes == 0) return absl::InvalidArgumentError("BounceCopier needs buffers of > 0 bytes");
@@ -51,9 +44,9 @@ absl::StatusOr<BounceCopier::OnDevice*> BounceCopier::For(int device) {
   }
   int previous = 0;
   cudaError_t err = cudaGetDevice(&previous);
-  if (err != cudaSuccess) return CudaError(err, "cudaGetDevice");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
   if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) {
-    return CudaError(err, "cudaSetDevice");
+    return CudaStatus(err, "cudaSetDevice");
   }
   auto on = std::make_unique<OnDevice>();
   on->device = device;
@@ -67,8 +60,14 @@ absl::StatusOr<BounceCopier::OnDevice*> BounceCopier::For(int device) {
     event = e;
   }
   if (previous != device) (void)cudaSetDevice(previous);
-  devices_.push_back(std::move(on));  // destroyed with the copier, made or not
-  if (err != cudaSuccess) return CudaError(err, "creating a stream and events");
+  if (err != cudaSuccess) {  // not kept: a later call tries again
+    for (void* event : on->done) {
+      if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+    }
+    if (on->stream != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(on->stream));
+    return CudaStatus(err, "creating a stream and events");
+  }
+  devices_.push_back(std::move(on));
   return devices_.back().get();
 }
 
@@ -86,15 +85,15 @@ absl::Status BounceCopier::ToDevice(void* device_dst, const void* host_src, size
     // The buffer's last copy (on whichever device) must have read it before it is refilled.
     if (last_use_[b] != nullptr) {
       const cudaError_t err = cudaEventSynchronize(static_cast<cudaEvent_t>(last_use_[b]));
-      if (err != cudaSuccess) return CudaError(err, "cudaEventSynchronize");
+      if (err != cudaSuccess) return CudaStatus(err, "cudaEventSynchronize");
     }
     std::memcpy(buffers_[b], static_cast<const char*>(host_src) + done, n);
     cudaError_t err = cudaMemcpyAsync(static_cast<char*>(device_dst) + done, buffers_[b], n,
                                       cudaMemcpyHostToDevice, stream);
-    if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(HostToDevice)");
+    if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(HostToDevice)");
     auto* event = static_cast<cudaEvent_t>((*on)->done[b]);
     if ((err = cudaEventRecord(event, stream)) != cudaSuccess) {
-      return CudaError(err, "cudaEventRecord");
+      return CudaStatus(err, "cudaEventRecord");
     }
     last_use_[b] = event;
     done += n;
@@ -107,7 +106,7 @@ absl::Status BounceCopier::Finish() {
   for (auto& on : devices_) {
     if (on->stream == nullptr) continue;
     const cudaError_t err = cudaStreamSynchronize(static_cast<cudaStream_t>(on->stream));
-    if (err != cudaSuccess && status.ok()) status = CudaError(err, "cudaStreamSynchronize");
+    if (err != cudaSuccess && status.ok()) status = CudaStatus(err, "cudaStreamSynchronize");
   }
   return status;
 }

@@ -9,11 +9,6 @@
 namespace tessera {
 namespace {
 
-absl::Status CudaError(cudaError_t err, absl::string_view op) {
-  return absl::InternalError(
-      absl::StrCat(op, ": ", cudaGetErrorName(err), ": ", cudaGetErrorString(err)));
-}
-
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
 
 // Runs `call` with `device` current, then restores the trainer's current device.
@@ -42,7 +37,7 @@ absl::StatusOr<int> DeviceCopier::DeviceOf(const void* ptr) {
   cudaError_t err = cudaPointerGetAttributes(&attributes, ptr);
   if (err != cudaSuccess) {
     (void)cudaGetLastError();  // this error is not sticky: clear it so later calls succeed
-    return CudaError(err, "cudaPointerGetAttributes");
+    return CudaStatus(err, "cudaPointerGetAttributes");
   }
   if (attributes.type != cudaMemoryTypeDevice && attributes.type != cudaMemoryTypeManaged) {
     return absl::InvalidArgumentError("the pointer is not CUDA device memory");
@@ -58,14 +53,14 @@ absl::StatusOr<void*> DeviceCopier::StreamFor(int device) {
   cudaStream_t stream = nullptr;
   cudaError_t err =
       OnDevice(device, [&] { return cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking); });
-  if (err != cudaSuccess) return CudaError(err, "cudaStreamCreateWithFlags");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaStreamCreateWithFlags");
   streams_.emplace_back(device, stream);
   return static_cast<void*>(stream);
 }
 
 absl::Status DeviceCopier::WaitForDevice(int device) {
   cudaError_t err = OnDevice(device, [] { return cudaDeviceSynchronize(); });
-  if (err != cudaSuccess) return CudaError(err, "cudaDeviceSynchronize");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaDeviceSynchronize");
   return absl::OkStatus();
 }
 
@@ -78,7 +73,7 @@ absl::Status DeviceCopier::ToHost(void* host_dst, const void* device_src, size_t
   // A copy on a stream of another device than the current one is allowed (unified addressing).
   cudaError_t err =
       cudaMemcpyAsync(host_dst, device_src, size, cudaMemcpyDeviceToHost, AsStream(*stream));
-  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(DeviceToHost)");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(DeviceToHost)");
   if (std::find(pending_.begin(), pending_.end(), *stream) == pending_.end()) {
     pending_.push_back(*stream);
   }
@@ -93,7 +88,7 @@ absl::Status DeviceCopier::ToDevice(void* device_dst, const void* host_src, size
   if (!stream.ok()) return stream.status();
   cudaError_t err =
       cudaMemcpyAsync(device_dst, host_src, size, cudaMemcpyHostToDevice, AsStream(*stream));
-  if (err != cudaSuccess) return CudaError(err, "cudaMemcpyAsync(HostToDevice)");
+  if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(HostToDevice)");
   if (std::find(pending_.begin(), pending_.end(), *stream) == pending_.end()) {
     pending_.push_back(*stream);
   }
@@ -104,7 +99,7 @@ absl::Status DeviceCopier::Synchronize() {
   absl::Status status;
   for (void* stream : pending_) {
     cudaError_t err = cudaStreamSynchronize(AsStream(stream));
-    if (err != cudaSuccess && status.ok()) status = CudaError(err, "cudaStreamSynchronize");
+    if (err != cudaSuccess && status.ok()) status = CudaStatus(err, "cudaStreamSynchronize");
   }
   pending_.clear();
   return status;
