@@ -10,8 +10,9 @@
 //   WaitFor(end): returns once [0, end) is reserved, or the first failure
 //
 // `reserve(offset, length)` does the work (StagingPool::ReserveBytes for a region). After a
-// failure nothing more is reserved and every WaitFor past what was reserved returns that error. The destructor stops
-// after the chunk in progress and joins: destroy the reserver before the region.
+// failure nothing more is reserved and every WaitFor past what was reserved returns that
+// error. The destructor stops after the chunk in progress and joins: destroy the reserver
+// before the region.
 //
 // Thread-safety: WaitFor and reserved() from any thread.
 #ifndef TESSERA_AGENT_RANGE_RESERVER_H_

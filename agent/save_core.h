@@ -58,9 +58,9 @@
 //    PLANNED re-submits its plan; if the coordinator then names another session, the PLANNED
 //    session moves to that id — and if the session ended here meanwhile (its ABORT came
 //    first and the trainer was answered), the named session is failed at once with
-//    AGENT_LOST: no trainer waits for it. A submission whose reply arrives after the stream (re)connected
-//    is sent once more: that reconnection's re-submission came before the session was known
-//    here, and its verdict may have gone to the stream that broke.
+//    AGENT_LOST: no trainer waits for it. A submission whose reply arrives after the stream
+//    (re)connected is sent once more: that reconnection's re-submission came before the
+//    session was known here, and its verdict may have gone to the stream that broke.
 // R4 Paths. The directories the coordinator names — PERSIST's tmp_dir, COMMIT's tmp_dir and
 //    final_dir — must equal TmpDirPath / StepDirPath (common/ids.h) of the storage root this
 //    agent registered with, its job, the session's step and id; session ids must be one safe

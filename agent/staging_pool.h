@@ -94,10 +94,11 @@ struct StagingPoolOptions {
 };
 
 // The options of an agent's pool of load regions, given its save pool's: Kind::kLoad (named
-// apart from the save pool's regions), filled by O_DIRECT reads that fault the pages in as they go (no populate), and
-// never page-locked: the agent never copies a load's bytes to a GPU, and page-locking is per
-// process (a trainer's copies to its GPU see only its own mapping), so a registration here
-// would only fault every page in first, serially, before the load's first read.
+// apart from the save pool's regions), filled by O_DIRECT reads that fault the pages in as
+// they go (no populate), and never page-locked: the agent never copies a load's bytes to a
+// GPU, and page-locking is per process (a trainer's copies to its GPU see only its own
+// mapping), so a registration here would only fault every page in first, serially, before
+// the load's first read.
 StagingPoolOptions LoadPoolOptions(StagingPoolOptions save);
 
 // One staging region as handed to a save.
@@ -204,10 +205,10 @@ class StagingPool {
   std::string RegionName(uint64_t n) const;
 
   // Unlinks shared-memory objects of (job_id, rank) left by other incarnations (an agent
-  // that crashed cannot unlink its regions), of both pools. Returns how many were removed. Mappings other
-  // processes still hold stay valid. Call it only while holding the StagingOwnership of
-  // (job_id, rank): then every other incarnation is dead. Errors: Internal if /dev/shm cannot
-  // be listed.
+  // that crashed cannot unlink its regions), of both pools. Returns how many were removed.
+  // Mappings other processes still hold stay valid. Call it only while holding the
+  // StagingOwnership of (job_id, rank): then every other incarnation is dead. Errors:
+  // Internal if /dev/shm cannot be listed.
   static absl::StatusOr<int> RemoveStaleRegions(absl::string_view job_id, uint32_t rank,
                                                 uint64_t keep_incarnation);
 

@@ -6,12 +6,15 @@
 #include "absl/strings/str_cat.h"
 #include "agent/cuda_host.h"
 #include "client/device_copy.h"
+#include "client/on_device.h"
 #include "cuda_runtime_api.h"
 
 namespace tessera {
 
 absl::StatusOr<std::unique_ptr<BounceCopier>> BounceCopier::Create(size_t buffer_bytes) {
-  if (buffer_bytes == 0) return absl::InvalidArgumentError("BounceCopier needs buffers of > 0 bytes");
+  if (buffer_bytes == 0) {
+    return absl::InvalidArgumentError("BounceCopier needs buffers of > 0 bytes");
+  }
   std::unique_ptr<BounceCopier> copier(new BounceCopier(buffer_bytes));
   for (void*& buffer : copier->buffers_) {
     const cudaError_t err = cudaHostAlloc(&buffer, buffer_bytes, cudaHostAllocPortable);
@@ -25,46 +28,46 @@ absl::StatusOr<std::unique_ptr<BounceCopier>> BounceCopier::Create(size_t buffer
   return copier;
 }
 
+namespace {
+
+// Destroys a device queue's events and stream (null handles are skipped).
+void Destroy(const std::array<void*, 2>& events, void* stream) {
+  for (void* event : events) {
+    if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  }
+  if (stream != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace
+
 BounceCopier::~BounceCopier() {
   (void)Finish();
-  for (auto& on : devices_) {
-    for (void* event : on->done) {
-      if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
-    }
-    (void)cudaStreamDestroy(static_cast<cudaStream_t>(on->stream));
-  }
+  for (auto& on : devices_) Destroy(on->done, on->stream);
   for (void* buffer : buffers_) {
     if (buffer != nullptr) (void)cudaFreeHost(buffer);
   }
 }
 
-absl::StatusOr<BounceCopier::OnDevice*> BounceCopier::For(int device) {
+absl::StatusOr<BounceCopier::DeviceQueue*> BounceCopier::For(int device) {
   for (auto& on : devices_) {
     if (on->device == device) return on.get();
   }
-  int previous = 0;
-  cudaError_t err = cudaGetDevice(&previous);
-  if (err != cudaSuccess) return CudaStatus(err, "cudaGetDevice");
-  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) {
-    return CudaStatus(err, "cudaSetDevice");
-  }
-  auto on = std::make_unique<OnDevice>();
+  auto on = std::make_unique<DeviceQueue>();
   on->device = device;
-  cudaStream_t stream = nullptr;
-  err = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-  on->stream = stream;
-  for (void*& event : on->done) {
-    if (err != cudaSuccess) break;
-    cudaEvent_t e = nullptr;
-    err = cudaEventCreateWithFlags(&e, cudaEventDisableTiming);
-    event = e;
-  }
-  if (previous != device) (void)cudaSetDevice(previous);
-  if (err != cudaSuccess) {  // not kept: a later call tries again
-    for (void* event : on->done) {
-      if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
+  const cudaError_t err = OnDevice(device, [&] {
+    cudaStream_t stream = nullptr;
+    cudaError_t e = cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
+    on->stream = stream;
+    for (void*& event : on->done) {
+      if (e != cudaSuccess) break;
+      cudaEvent_t made = nullptr;
+      e = cudaEventCreateWithFlags(&made, cudaEventDisableTiming);
+      event = made;
     }
-    if (on->stream != nullptr) (void)cudaStreamDestroy(static_cast<cudaStream_t>(on->stream));
+    return e;
+  });
+  if (err != cudaSuccess) {  // not kept: a later call tries again
+    Destroy(on->done, on->stream);
     return CudaStatus(err, "creating a stream and events");
   }
   devices_.push_back(std::move(on));
@@ -75,7 +78,7 @@ absl::Status BounceCopier::ToDevice(void* device_dst, const void* host_src, size
   if (size == 0) return absl::OkStatus();
   absl::StatusOr<int> device = DeviceCopier::DeviceOf(device_dst);
   if (!device.ok()) return device.status();
-  absl::StatusOr<OnDevice*> on = For(*device);
+  absl::StatusOr<DeviceQueue*> on = For(*device);
   if (!on.ok()) return on.status();
   auto* stream = static_cast<cudaStream_t>((*on)->stream);
   for (size_t done = 0; done < size;) {

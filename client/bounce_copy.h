@@ -46,18 +46,18 @@ class BounceCopier {
 
  private:
   explicit BounceCopier(size_t buffer_bytes) : buffer_bytes_(buffer_bytes) {}
-  struct OnDevice {
+  struct DeviceQueue {
     int device = 0;
     void* stream = nullptr;              // cudaStream_t
     std::array<void*, 2> done{};         // cudaEvent_t: buffer i's last copy on this device
   };
   // The stream and events of `device`, created on first use.
-  absl::StatusOr<OnDevice*> For(int device);
+  absl::StatusOr<DeviceQueue*> For(int device);
 
   const size_t buffer_bytes_;
   std::array<void*, 2> buffers_{};       // page-locked
   std::array<void*, 2> last_use_{};      // cudaEvent_t recorded after buffer i's last copy
-  std::vector<std::unique_ptr<OnDevice>> devices_;
+  std::vector<std::unique_ptr<DeviceQueue>> devices_;
   int next_ = 0;                         // the buffer the next part goes into
 };
 

@@ -4,24 +4,13 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/cuda_host.h"
+#include "client/on_device.h"
 #include "cuda_runtime_api.h"
 
 namespace tessera {
 namespace {
 
 cudaStream_t AsStream(void* stream) { return static_cast<cudaStream_t>(stream); }
-
-// Runs `call` with `device` current, then restores the trainer's current device.
-template <typename Call>
-cudaError_t OnDevice(int device, Call call) {
-  int previous = 0;
-  cudaError_t err = cudaGetDevice(&previous);
-  if (err != cudaSuccess) return err;
-  if (previous != device && (err = cudaSetDevice(device)) != cudaSuccess) return err;
-  err = call();
-  if (previous != device) (void)cudaSetDevice(previous);
-  return err;
-}
 
 }  // namespace
 
