@@ -1516,15 +1516,6 @@ TEST(ParallelCopy, ManyItemsAcrossThreads_ByteExact) {
   EXPECT_EQ(dst, src);
 }
 
-TEST(ParallelCopy, UsableCpus_AtLeastOneAtMostTheMachines) {
-  const int cpus = UsableCpus();
-  EXPECT_GE(cpus, 1);
-  const unsigned machine = std::thread::hardware_concurrency();
-  if (machine > 0) {
-    EXPECT_LE(cpus, static_cast<int>(machine));
-  }
-}
-
 TEST(ParallelCopy, SmallOrEmpty_SerialOrNothing) {
   std::vector<uint8_t> src = Pattern(5, 1), dst(5, 0);
   EXPECT_EQ(ParallelCopy({CopyItem{dst.data(), src.data(), 5}}, 4, 1024), 1);

@@ -1,12 +1,11 @@
 #include "client/parallel_copy.h"
 
-#include <sched.h>
-
 #include <algorithm>
 #include <cstring>
 #include <functional>
-#include <thread>
 #include <vector>
+
+#include "common/threads.h"
 
 namespace tessera {
 namespace {
@@ -56,27 +55,12 @@ std::vector<std::vector<CopyItem>> SplitIntoRuns(absl::Span<const CopyItem> item
 
 int RunInParallel(const std::vector<std::vector<CopyItem>>& runs,
                   const std::function<void(const std::vector<CopyItem>&)>& copy_run) {
-  if (runs.empty()) return 0;
-  std::vector<std::thread> workers;
-  workers.reserve(runs.size() - 1);
-  for (size_t i = 1; i < runs.size(); ++i) workers.emplace_back(copy_run, std::cref(runs[i]));
-  copy_run(runs[0]);
-  for (std::thread& worker : workers) worker.join();
+  RunOnThreads(runs.size(), [&](size_t t) { copy_run(runs[t]); });
   return static_cast<int>(runs.size());
 }
 
 int ParallelCopy(absl::Span<const CopyItem> items, int max_threads, uint64_t parallel_min_bytes) {
   return RunInParallel(SplitIntoRuns(items, max_threads, parallel_min_bytes), CopyAll);
-}
-
-int UsableCpus() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) {
-    const int n = CPU_COUNT(&set);
-    if (n > 0) return n;
-  }
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 }  // namespace tessera

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/types/span.h"
+#include "common/threads.h"  // UsableCpus
 
 namespace tessera {
 
@@ -40,11 +41,6 @@ std::vector<std::vector<CopyItem>> SplitIntoRuns(absl::Span<const CopyItem> item
 // own thread, and returns when all have returned. Returns the number of runs.
 int RunInParallel(const std::vector<std::vector<CopyItem>>& runs,
                   const std::function<void(const std::vector<CopyItem>&)>& copy_run);
-
-// The CPUs this process may run on (sched_getaffinity; std::thread::hardware_concurrency if
-// that fails), at least 1. More copy threads than this only take turns on the same cores: a
-// copy is memory-bound, and on a 2-core machine 4 threads copy slower than 2.
-int UsableCpus();
 
 }  // namespace tessera
 

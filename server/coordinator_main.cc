@@ -55,6 +55,9 @@ ABSL_FLAG(int32_t, copying_timeout_s, 600, "deadline for trainers to copy into s
 ABSL_FLAG(int32_t, persisting_timeout_s, 1800, "deadline for gather + writes");
 ABSL_FLAG(int32_t, committing_timeout_s, 120, "deadline for the commit");
 ABSL_FLAG(int32_t, max_concurrent_writers, 64, "most agents writing at once to the storage");
+ABSL_FLAG(int32_t, hand_out_threads, 0,
+          "threads that write a command to every rank of a large job (512 ranks or more) to "
+          "their streams; 0: one per core, at most 8");
 ABSL_FLAG(bool, copy_when_pinned, true,
           "let each trainer copy into staging as soon as its own agent pinned it (false: once "
           "every rank pinned, after one more round trip: a COPY command)");
@@ -162,6 +165,8 @@ int main(int argc, char** argv) {
   session_options.max_concurrent_writers =
       static_cast<uint32_t>(std::max(1, absl::GetFlag(FLAGS_max_concurrent_writers)));
   session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));
+  manager_options.hand_out_threads =
+      static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_hand_out_threads)));
   if (const std::string crash = absl::GetFlag(FLAGS_crash_in_state); !crash.empty()) {
     manager_options.on_state_persisted = [crash](tessera::v1::SessionState state) {
       if (tessera::v1::SessionState_Name(state) == "SESSION_STATE_" + crash) {

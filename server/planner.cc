@@ -5,7 +5,6 @@
 #include <iterator>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -21,6 +20,7 @@
 #include "common/plan_fingerprint.h"
 #include "common/status.h"
 #include "common/tensor_key.h"
+#include "common/threads.h"
 #include "server/plan_tiling.h"
 #include "server/plan_wire.h"
 #include "tessera/v1/coordinator_state.pb.h"
@@ -314,7 +314,7 @@ constexpr size_t kMaxPassThreads = 8;
 size_t PassThreads(size_t shards, size_t requested = 0) {
   if (shards < kParallelShards) return 1;
   if (requested != 0) return std::min(requested, kMaxPassThreads);
-  return std::clamp<size_t>(std::thread::hardware_concurrency(), 1, kMaxPassThreads);
+  return std::clamp<size_t>(UsableCpus(), 1, kMaxPassThreads);
 }
 
 // Splits the items [0, n) into `parts` contiguous runs of about equal weight, where
@@ -330,17 +330,6 @@ std::vector<uint32_t> SplitRuns(const std::vector<size_t>& prefix, size_t parts)
   }
   runs[0] = 0;
   return runs;
-}
-
-// Runs fn(t) for every t in [0, threads), each on its own thread (t = 0 on the caller's), and
-// returns when all have.
-template <typename Fn>
-void RunOnThreads(size_t threads, const Fn& fn) {
-  std::vector<std::thread> pool;
-  pool.reserve(threads);
-  for (size_t t = 1; t < threads; ++t) pool.emplace_back([&fn, t] { fn(t); });
-  fn(0);
-  for (std::thread& thread : pool) thread.join();
 }
 
 // Runs fn(t, item) for every item of every run (SplitRuns), each run in order on its own

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/hand_out.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"
 #include "server/session/memory_only.h"
@@ -180,17 +181,11 @@ class SessionManager::Port : public EffectsPort {
       absl::MutexLock lock(&job_->mu);
       if (job_->core != nullptr) job_->core->Delivered(commands);
     }
-    for (Outgoing& o : commands) {
-      if (o.pin_plan != nullptr && o.rank < o.pin_plan->assignments.size()) {
-        m_->sink_->SendPin(job_->job_id, o.rank, o.command, o.pin_plan->assignments[o.rank]);
-      } else {
-        m_->sink_->Send(job_->job_id, o.rank, o.command);
-      }
-      o = Outgoing();  // free each command as soon as it is handed over
-    }
+    HandOut(*m_->sink_, job_->job_id, commands, m_->options_.hand_out_threads);
     if (count >= kLogDeliveriesFrom) {
       LogInfo("job ", job_->job_id, ": ", count, " commands handed to the streams in ",
-              absl::FormatDuration(absl::Now() - start));
+              absl::FormatDuration(absl::Now() - start), " on ",
+              HandOutThreads(count, m_->options_.hand_out_threads), " threads");
     }
   }
   // A fan-out this large (a phase's command to every rank of a large job) is logged with

@@ -62,6 +62,9 @@ struct SessionManagerOptions {
   SessionOptions session;
   // Threads running the jobs' strands (the janitor has a thread of its own). Default: 4.
   int threads = 4;
+  // Threads that hand a large fan-out of commands to the sink (hand_out.h); 0: one per usable
+  // core, at most 8. Default: 0.
+  size_t hand_out_threads = 0;
   // How often every job's deadlines and leases are checked. Default: 200 ms.
   absl::Duration tick_period = absl::Milliseconds(200);
   // Called after a transition is durable, before its commands go out: the coordinator's

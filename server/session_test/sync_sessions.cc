@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "server/hand_out.h"
 #include "server/session/memory_only.h"
 #include "server/session/plan_work.h"
 #include "server/session/schema.h"
@@ -17,13 +18,7 @@ class SyncSessions::Port : public EffectsPort {
   void Recover() override { s_->Reload(job_id_); }
   void Deliver(std::vector<Outgoing> commands) override {
     s_->Core(job_id_)->Delivered(commands);
-    for (const Outgoing& o : commands) {
-      if (o.pin_plan != nullptr) {
-        s_->sink_->SendPin(job_id_, o.rank, o.command, o.pin_plan->assignments[o.rank]);
-      } else {
-        s_->sink_->Send(job_id_, o.rank, o.command);
-      }
-    }
+    HandOut(*s_->sink_, job_id_, commands, /*max_threads=*/1);  // deterministic: one thread
   }
   void StartPlan(PlanWork work) override {
     PlanVerdict verdict = DecidePlan(work, s_->plan_cache_, *s_->registry_, s_->options_.planner);

@@ -2,7 +2,8 @@
 # tests/gpu/on_device.sh --planning): a fresh coordinator in $DIR, tessera-plan-load's fake
 # agents against it. Sourced; needs deploy/lib/cluster.sh's start_coordinator and
 # stop_coordinator, $BIN and $DIR, and optionally PLAN_WRAP (a command prefix for the load tool,
-# e.g. env LD_LIBRARY_PATH=...).
+# e.g. env LD_LIBRARY_PATH=...) and TESSERA_BENCH_PLAN_COORD_FLAGS (more coordinator flags,
+# e.g. --hand_out_threads=1 for the fan-out on one thread).
 #
 #   plan_run TAG PP TP DP SHARDS FINGERPRINTS TIMEOUT_S RAW LOGS [tool flags...]
 #
@@ -21,7 +22,9 @@ plan_run() {
   # loaded machine never expire: this measures planning, not leases (start_coordinator reads
   # this function's LEASE_MS).
   local LEASE_MS=600000
-  if start_coordinator --heartbeat_interval_ms=5000; then
+  local extra=()
+  read -ra extra <<<"${TESSERA_BENCH_PLAN_COORD_FLAGS:-}"
+  if start_coordinator --heartbeat_interval_ms=5000 ${extra[@]+"${extra[@]}"}; then
     if ! timeout "$limit" ${PLAN_WRAP[@]+"${PLAN_WRAP[@]}"} "$BIN/tests/bench/tessera-plan-load" \
         --coordinator="127.0.0.1:$COORD_PORT" --coordinator_pid="$COORD_PID" --pp="$pp" \
         --tp="$tp" --dp="$dp" --shards_per_rank="$shards" --fingerprints="$fingerprints" "$@" \
