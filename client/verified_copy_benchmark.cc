@@ -105,11 +105,12 @@ void BM_HashThenMemcpy(benchmark::State& state) {
   Report(state);
 }
 
-// VerifiedCopy from a read-only mapping made for this copy, unmapped after (outside the time).
-void BM_VerifiedCopyFreshMapping(benchmark::State& state) {
+// VerifiedCopy from a read-only mapping made for this copy with `mmap_flags` besides
+// MAP_SHARED (its time included), unmapped after (outside the time).
+void VerifiedCopyFromNewMapping(benchmark::State& state, int mmap_flags) {
   Fixture& f = F();
   for (auto _ : state) {
-    void* mapped = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED, f.fd, 0);
+    void* mapped = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED | mmap_flags, f.fd, 0);
     if (mapped == MAP_FAILED) std::abort();
     absl::StatusOr<VerifiedCopyResult> result =
         VerifiedCopy(static_cast<const char*>(mapped), kBytes, {SlotCopy{Dest(state), 0, kBytes}},
@@ -122,22 +123,12 @@ void BM_VerifiedCopyFreshMapping(benchmark::State& state) {
   Report(state);
 }
 
-// The same, the mapping made with MAP_POPULATE (its time included): the kernel maps every
-// page in one call instead of a fault per 64 KiB as the copy reads.
+// The pages fault in as the copy reads them (what the client does).
+void BM_VerifiedCopyFreshMapping(benchmark::State& state) { VerifiedCopyFromNewMapping(state, 0); }
+
+// The kernel maps every page in the mmap call, before the copy.
 void BM_VerifiedCopyPopulatedMapping(benchmark::State& state) {
-  Fixture& f = F();
-  for (auto _ : state) {
-    void* mapped = mmap(nullptr, kBytes, PROT_READ, MAP_SHARED | MAP_POPULATE, f.fd, 0);
-    if (mapped == MAP_FAILED) std::abort();
-    absl::StatusOr<VerifiedCopyResult> result =
-        VerifiedCopy(static_cast<const char*>(mapped), kBytes, {SlotCopy{Dest(state), 0, kBytes}},
-                     f.blocks, Threads(state), 0);
-    if (!result.ok() || !result->mismatched.empty()) state.SkipWithError("blocks do not match");
-    state.PauseTiming();
-    munmap(mapped, kBytes);
-    state.ResumeTiming();
-  }
-  Report(state);
+  VerifiedCopyFromNewMapping(state, MAP_POPULATE);
 }
 
 // Reading the region with pread from its file into the destination, 64 KiB at a time, each
