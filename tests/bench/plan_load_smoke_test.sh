@@ -5,7 +5,9 @@
 # fingerprints and with agents re-sending whole plans: the tool exits 0 (save 1 committed
 # through the fake agents' hashes and writes, save 2 pinned); every PIN of save 2 said
 # plan_cached, and left the assignment out exactly when agents sent fingerprints; the committed
-# manifest's load and write were timed.
+# manifest's load and write were timed. Then the same at 1,024 ranks with the coordinator
+# handing each fan-out out on 4 threads (server/hand_out.h): every phase of save 1 and save 2's
+# PINs went out that way, and the save still committed with every rank's hashes and writes.
 set -uo pipefail
 source deploy/lib/procs.sh
 work=${TEST_TMPDIR:-$(mktemp -d)}
@@ -16,12 +18,14 @@ source tests/bench/plan_run.sh
 BIN=.
 fail() { echo "FAIL: $*"; echo "--- coordinator log"; cat "$work"/logs/plan-coordinator-*.log; exit 1; }
 
-# run_tool NAME FINGERPRINTS: one planning run as the benchmark makes it (plan_run: a fresh
-# coordinator, then the tool); its JSON in $work/raw/plan-NAME.json, its work dir $work/NAME.
+# run_tool NAME FINGERPRINTS [PP TP DP SHARDS]: one planning run as the benchmark makes it
+# (plan_run: a fresh coordinator, then the tool; 2 x 2 x 2 ranks of 12 shards unless given);
+# its JSON in $work/raw/plan-NAME.json, its work dir $work/NAME.
 run_tool() {
   DIR=$work/$1
-  plan_run "$1" 2 2 2 12 "$2" 120 "$work/raw" "$work/logs" --processes=2 --threads=2 \
-    --channels=2 --timeout_s=60 || fail "$1: $(cat "$work/logs/plan-load-$1.log")"
+  plan_run "$1" "${3:-2}" "${4:-2}" "${5:-2}" "${6:-12}" "$2" 120 "$work/raw" "$work/logs" \
+    --processes=2 --threads=2 --channels=2 --timeout_s=60 ||
+    fail "$1: $(cat "$work/logs/plan-load-$1.log")"
   grep -q "plan validated" "$work/raw/plan-events-$1.txt" ||
     fail "$1: the coordinator's planning lines were not kept: $(cat "$work/raw/plan-events-$1.txt")"
 }
@@ -43,4 +47,12 @@ ls "$work"/fingerprints/ckpt/planbench/*.manifest-write-* >/dev/null 2>&1 &&
 
 run_tool whole false
 check whole 'd["ok"] and d["cached_pins"] == 8 and d["pins_without_assignment"] == 0'
-echo "PASS: the planning load tool against a real coordinator, with fingerprints and whole plans"
+TESSERA_BENCH_PLAN_COORD_FLAGS=--hand_out_threads=4 run_tool threads true 2 8 64 4
+check threads 'd["ok"] and d["ranks"] == 1024 and d["cached_pins"] == 1024'
+check threads 'd["pins_without_assignment"] == 1024'
+[ "$(grep -c "1024 commands handed to the streams in .* on 4 threads" \
+    "$work/raw/plan-events-threads.txt")" -ge 2 ] ||
+  fail "threads: the fan-outs of 1,024 commands were not logged as handed out on 4 threads: \
+$(cat "$work/raw/plan-events-threads.txt")"
+echo "PASS: the planning load tool against a real coordinator, with fingerprints and whole" \
+  "plans, and at 1,024 ranks with fan-outs on 4 threads"
