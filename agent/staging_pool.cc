@@ -64,6 +64,29 @@ uint64_t RoundUp(uint64_t v, uint64_t to) { return (v + to - 1) / to * to; }
 
 // One shared-memory object, mapped and optionally pinned. Unpins, unmaps and unlinks on
 // destruction.
+namespace {
+
+// posix_fallocate of bytes [offset, offset + length) of the shared-memory object `name`
+// (open as `fd`), its error naming the object and the range.
+absl::Status Fallocate(int fd, const std::string& name, uint64_t offset, uint64_t length) {
+  const int err = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(length));
+  if (err == 0) return absl::OkStatus();
+  return ErrnoToStatus(err, "posix_fallocate", name,
+                       absl::StrCat("(bytes ", offset, "..", offset + length, ")"));
+}
+
+// Fallocate of the object `name`, opened for it.
+absl::Status FallocateByName(const std::string& name, uint64_t offset, uint64_t length) {
+  if (length == 0) return absl::OkStatus();
+  const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
+  absl::Status status = Fallocate(fd, name, offset, length);
+  close(fd);
+  return status;
+}
+
+}  // namespace
+
 class StagingPool::Region {
  public:
   Region(std::string name, void* data, uint64_t capacity)
@@ -80,12 +103,16 @@ class StagingPool::Region {
   uint64_t capacity() const { return capacity_; }
   bool pinned() const { return pinned_; }
   void set_pinned() { pinned_ = true; }
+  // Every page allocated (posix_fallocate of the whole object): writes cannot raise SIGBUS.
+  bool reserved() const { return reserved_; }
+  void set_reserved() { reserved_ = true; }
 
  private:
   const std::string name_;
   void* const data_;
   const uint64_t capacity_;
   bool pinned_ = false;
+  bool reserved_ = false;
 };
 
 absl::StatusOr<std::unique_ptr<StagingPool>> StagingPool::Create(StagingPoolOptions options) {
@@ -121,8 +148,11 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
   };
   if (ftruncate(fd, static_cast<off_t>(capacity)) != 0) return fail(errno, "ftruncate");
   if (reserve) {
-    const int err = posix_fallocate(fd, 0, static_cast<off_t>(capacity));
-    if (err != 0) return fail(err, "posix_fallocate");
+    if (absl::Status reserved = Fallocate(fd, name, 0, capacity); !reserved.ok()) {
+      close(fd);
+      shm_unlink(name.c_str());
+      return reserved;
+    }
   }
   // MAP_POPULATE faults every page in now, when the region is created (once per pool), instead
   // of during a save's first copy: a gigabyte of 4 KiB faults costs seconds.
@@ -131,6 +161,7 @@ absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLo
   if (data == MAP_FAILED) return fail(errno, "mmap");
   close(fd);  // the mapping keeps the object alive
   auto region = std::make_unique<Region>(name, data, capacity);
+  if (reserve) region->set_reserved();
   if (options_.pin && GpuAvailable()) {
     absl::Status pinned = RegisterHost(data, capacity);
     if (!pinned.ok()) {
@@ -161,16 +192,7 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::Acquire(const std::vector<
 }
 
 absl::Status StagingPool::ReserveBytes(const StagingSlot& slot, uint64_t offset, uint64_t length) {
-  if (length == 0) return absl::OkStatus();
-  const int fd = shm_open(slot.name.c_str(), O_RDWR | O_CLOEXEC, 0);
-  if (fd < 0) return ErrnoToStatus(errno, "shm_open", slot.name);
-  const int err = posix_fallocate(fd, static_cast<off_t>(offset), static_cast<off_t>(length));
-  close(fd);
-  if (err != 0) {
-    return ErrnoToStatus(err, "posix_fallocate", slot.name,
-                         absl::StrCat("(bytes ", offset, "..", offset + length, ")"));
-  }
-  return absl::OkStatus();
+  return FallocateByName(slot.name, offset, length);
 }
 
 bool StagingPool::NextSetEmptyLocked() const {
@@ -314,10 +336,13 @@ absl::StatusOr<std::vector<StagingSlot>> StagingPool::FillLocked(const std::vect
   if (!prepare) ++acquisitions_;
   std::vector<StagingSlot> slots(sizes.size());
   for (size_t i = 0; i < sizes.size(); ++i) {
+    const bool reserve_now = options_.reserve && reservation == Reservation::kNow;
     if (regions_[i] == nullptr) {
-      ASSIGN_OR_RETURN(regions_[i],
-                       CreateRegionLocked(capacities[i], options_.reserve &&
-                                                             reservation == Reservation::kNow));
+      ASSIGN_OR_RETURN(regions_[i], CreateRegionLocked(capacities[i], reserve_now));
+    } else if (reserve_now && !regions_[i]->reserved()) {
+      // Made for a caller that reserves (kByCaller), who may have reserved only part of it.
+      RETURN_IF_ERROR(FallocateByName(regions_[i]->name(), 0, regions_[i]->capacity()));
+      regions_[i]->set_reserved();
     }
     const Region& region = *regions_[i];
     slots[i] = StagingSlot{region.name(), region.data(), sizes[i], region.capacity(),

@@ -143,7 +143,7 @@ class StagingPool {
   // With Reservation::kByCaller a region made for this call is not reserved (the pool's
   // `reserve` is ignored for it): the caller reserves each range with ReserveBytes before
   // anything writes there, e.g. on another thread ahead of the writes (a load's reads). A
-  // region reused as is was reserved when it was made.
+  // region so made and reused by a later Acquire with Reservation::kNow is reserved then.
   enum class Reservation { kNow, kByCaller };
   absl::StatusOr<std::vector<StagingSlot>> Acquire(const std::vector<uint64_t>& sizes,
                                                    Reservation reservation = Reservation::kNow);

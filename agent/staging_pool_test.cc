@@ -103,6 +103,25 @@ TEST(StagingPool, AcquireReservedByCaller_NothingAllocatedUntilReserveBytes) {
   EXPECT_EQ(StagingPool::ReserveBytes(gone, 0, kMiB).code(), absl::StatusCode::kNotFound);
 }
 
+TEST(StagingPool, RegionOfAReservingCaller_ReusedByAPlainAcquire_ReservedWhole) {
+  StagingPoolOptions options;
+  options.job_id = TestJob("bycaller-reuse");
+  options.budget_bytes = 64 * kMiB;
+  options = LoadPoolOptions(options);
+  absl::StatusOr<std::unique_ptr<StagingPool>> pool = StagingPool::Create(options);
+  ASSERT_TRUE(pool.ok()) << pool.status();
+  absl::StatusOr<std::vector<StagingSlot>> by_caller =
+      (*pool)->Acquire({4 * kMiB}, StagingPool::Reservation::kByCaller);
+  ASSERT_TRUE(by_caller.ok()) << by_caller.status();
+  ASSERT_TRUE(StagingPool::ReserveBytes((*by_caller)[0], 0, kMiB).ok());  // a part only
+  ASSERT_EQ(AllocatedBytes((*by_caller)[0]), kMiB);
+
+  absl::StatusOr<std::vector<StagingSlot>> plain = (*pool)->Acquire({4 * kMiB});
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ((*plain)[0].name, (*by_caller)[0].name);  // the same region, reused
+  EXPECT_EQ(AllocatedBytes((*plain)[0]), (*plain)[0].capacity);
+}
+
 TEST(StagingPool, Name_JobSanitized) {
   auto pool = MakePool("a/b c\xff", 1);
   EXPECT_EQ(pool->RegionName(7), "/tessera-a_b_c_-r3-0000000000000001-7");

@@ -19,6 +19,7 @@
 #include "common/grpc_status.h"
 #include "common/layout.h"
 #include "common/status.h"
+#include "common/threads.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"

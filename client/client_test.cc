@@ -37,6 +37,7 @@
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "common/tensor_key.h"
+#include "common/threads.h"
 #include "cuda_runtime_api.h"
 #include "gmock/gmock.h"
 #include "grpcpp/security/server_credentials.h"

@@ -11,7 +11,6 @@
 #include <vector>
 
 #include "absl/types/span.h"
-#include "common/threads.h"  // UsableCpus
 
 namespace tessera {
 
