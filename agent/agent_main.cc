@@ -4,7 +4,9 @@
 //
 // Wiring: Lifeline (register + heartbeat) → CommandStream (coordinator commands) →
 // SaveExecutor (staging, peer exchange, writes) ← TrainerService (unix socket, the trainer);
-// Loader serves loads; GrpcPeerTransport serves and sends DP slices.
+// Loader serves loads; GrpcPeerTransport serves and sends DP slices. Commands the coordinator
+// relays through this node's agents: CommandRelayer passes them on, CommandRelayService (on
+// the Peer port) takes them for the SaveExecutor.
 #include <signal.h>
 #include <sys/un.h>
 #include <unistd.h>
@@ -18,12 +20,15 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/buddy_replicator.h"
 #include "agent/buddy_store.h"
+#include "agent/command_relay.h"
 #include "agent/command_stream.h"
 #include "agent/coordinator_client.h"
 #include "agent/cuda_host.h"
@@ -292,8 +297,25 @@ int main(int argc, char** argv) {
     memory_bulk = *std::move(started);
   }
 
+  // Commands relayed to this agent (agent/command_relay.h), served on the Peer port whether or
+  // not the memory tier is on. They go to the executor, which is created after the transport
+  // that serves them (it sends over it): `relay_executor` is set once it exists, before the
+  // registration without which nobody relays to this incarnation.
+  std::atomic<tessera::SaveExecutor*> relay_executor{nullptr};
+  tessera::CommandRelayService relay_service(
+      job, urank, incarnation, [&relay_executor](const tessera::v1::Command& c) {
+        tessera::SaveExecutor* executor = relay_executor.load();
+        if (executor == nullptr) {
+          tessera::LogError("a command relayed before this agent registered is dropped: session ",
+                            c.session_id(), " seq ", c.seq());
+          return;
+        }
+        executor->OnCommand(c);
+      });
+
   tessera::PeerAddressBook addresses;  // filled from GATHER commands
   tessera::GrpcPeerTransportOptions peer_options;
+  peer_options.extra_services.push_back(&relay_service);
   if (memory_on) peer_options.extra_services.push_back(&peer_memory);
   peer_options.rank = urank;
   peer_options.listen_address = absl::GetFlag(FLAGS_peer_listen);
@@ -332,6 +354,10 @@ int main(int argc, char** argv) {
   executor_options.at_fault_point = [&faults](const std::string& point) { faults.At(point); };
   tessera::SaveExecutor executor(&coordinator, save_pool->get(), &storage, peers->get(),
                                  executor_options);
+  relay_executor.store(&executor);
+  // The transport serving relayed commands outlives the executor: they stop first, on every
+  // way out of main.
+  absl::Cleanup stop_relayed_commands = [&relay_service] { relay_service.Stop(); };
   const std::string node = absl::GetFlag(FLAGS_node_id);
   tessera::LoaderOptions loader_options;
   loader_options.memory = memory;
@@ -414,6 +440,7 @@ int main(int argc, char** argv) {
   registration.set_memory_tier(memory_on);
   registration.set_copies_when_pinned(true);  // SaveCore follows PinCommand.copy_when_pinned
   registration.set_writes_when_staged(true);  // and PinCommand.write_when_staged (R13)
+  registration.set_relays_commands(true);     // CommandRelayer + CommandRelayService
 
   tessera::LifelineOptions lifeline_options;
   if (memory_on) {
@@ -437,13 +464,43 @@ int main(int argc, char** argv) {
   tessera::Lifeline lifeline(&coordinator, registration, lifeline_options);
   lifeline_for_lease = &lifeline;
 
+  // Passes commands with relay_to on to this node's other agents. Declared before the stream
+  // that feeds it and after the coordinator client it reports to.
+  tessera::CommandRelayerOptions relayer_options;
+  relayer_options.channel_credentials = peer_options.channel_credentials;
+  tessera::CommandRelayer relayer(
+      job, urank,
+      [&coordinator, &job, urank, incarnation](const std::string& session_id, uint64_t seq,
+                                               std::vector<uint32_t> ranks) {
+        tessera::v1::RelayFailedRequest request;
+        request.set_job_id(job);
+        request.set_rank(urank);
+        request.set_incarnation(incarnation);
+        request.set_session_id(session_id);
+        request.set_seq(seq);
+        for (uint32_t r : ranks) request.add_ranks(r);
+        absl::StatusOr<tessera::v1::RelayFailedResponse> reported =
+            coordinator.RelayFailed(request);
+        if (reported.ok()) {
+          tessera::LogInfo("reported ", ranks.size(), " rank(s) the relay of session ", session_id,
+                           " seq ", seq, " missed: the coordinator sends them the command");
+        } else {
+          tessera::LogWarning("could not report ", ranks.size(), " rank(s) the relay of session ",
+                              session_id, " seq ", seq, " missed: ", reported.status().ToString());
+        }
+      },
+      relayer_options);
+
   tessera::v1::CommandsRequest commands;
   commands.set_job_id(job);
   commands.set_rank(urank);
   commands.set_incarnation(incarnation);
   tessera::CommandStream stream(
       coordinator.stub(), &lifeline, commands,
-      [&executor](const tessera::v1::Command& c) { executor.OnCommand(c); },
+      [&relayer, &executor](const tessera::v1::Command& c) {
+        relayer.Forward(c);  // returns at once: the relay runs on the relayer's thread
+        executor.OnCommand(c);
+      },
       [&executor] { executor.OnStreamConnected(); });
 
   // The trainer's endpoint.
@@ -491,6 +548,7 @@ int main(int argc, char** argv) {
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   server->Wait();
   stream.Stop();
+  relay_service.Stop();
   executor.Shutdown();
   lifeline.Stop();
   watcher.join();

@@ -92,4 +92,17 @@ absl::StatusOr<v1::GetMemoryCheckpointResponse> GrpcCoordinatorClient::GetMemory
       });
 }
 
+absl::StatusOr<v1::RelayFailedResponse> CoordinatorClient::RelayFailed(
+    const v1::RelayFailedRequest&) {
+  return absl::UnimplementedError("this coordinator client does not report failed relays");
+}
+
+absl::StatusOr<v1::RelayFailedResponse> GrpcCoordinatorClient::RelayFailed(
+    const v1::RelayFailedRequest& request) {
+  return Unary<v1::RelayFailedResponse>(
+      rpc_timeout_, [&](grpc::ClientContext* ctx, v1::RelayFailedResponse* response) {
+        return stub_->RelayFailed(ctx, request, response);
+      });
+}
+
 }  // namespace tessera

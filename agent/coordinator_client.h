@@ -48,6 +48,11 @@ class CoordinatorClient {
   // The default (fakes that do not serve it) is Unimplemented.
   virtual absl::StatusOr<v1::GetMemoryCheckpointResponse> GetMemoryCheckpoint(
       const v1::GetMemoryCheckpointRequest& request);
+
+  // Errors: as Coordinator.RelayFailed; Unavailable / DeadlineExceeded if unreachable.
+  // The default (fakes that do not serve it) is Unimplemented.
+  virtual absl::StatusOr<v1::RelayFailedResponse> RelayFailed(
+      const v1::RelayFailedRequest& request);
 };
 
 class GrpcCoordinatorClient : public CoordinatorClient {
@@ -69,6 +74,8 @@ class GrpcCoordinatorClient : public CoordinatorClient {
       const v1::FindMemoryCopiesRequest& request) override;
   absl::StatusOr<v1::GetMemoryCheckpointResponse> GetMemoryCheckpoint(
       const v1::GetMemoryCheckpointRequest& request) override;
+  absl::StatusOr<v1::RelayFailedResponse> RelayFailed(
+      const v1::RelayFailedRequest& request) override;
 
   v1::Coordinator::Stub* stub() { return stub_.get(); }
 

@@ -284,6 +284,26 @@ std::vector<NodeBudget> AgentRegistry::NodeBudgets(const std::string& job_id,
   return nodes;
 }
 
+std::vector<RelayPeer> AgentRegistry::RelayPeers(const std::string& job_id,
+                                                 uint32_t world) const {
+  std::vector<RelayPeer> peers(world);
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  const Job* job = JobLocked(job_id);
+  if (job == nullptr) return peers;
+  for (const auto& [rank, agent] : job->agents) {
+    if (rank >= world) break;
+    const v1::RegisterAgentRequest& r = agent.registration;
+    RelayPeer& peer = peers[rank];
+    peer.relays = r.relays_commands() && !r.peer_address().empty() &&
+                  now - agent.last_heartbeat <= options_.lease;
+    peer.node_id = r.node_id();
+    peer.peer_address = r.peer_address();
+    peer.incarnation = r.incarnation();
+  }
+  return peers;
+}
+
 bool AgentRegistry::EveryAgentSays(const std::string& job_id, uint32_t world,
                                    Capability capability) const {
   absl::MutexLock lock(&mu_);

@@ -42,6 +42,15 @@ struct NodeBudget {
   uint64_t budget = 0;
 };
 
+// What the coordinator knows of a rank's agent for relaying a command (server/relay.h).
+struct RelayPeer {
+  // It registered relays_commands and a peer_address, and its lease is current.
+  bool relays = false;
+  std::string node_id;
+  std::string peer_address;
+  uint64_t incarnation = 0;
+};
+
 struct AgentRegistryOptions {
   // An agent is expired when its last heartbeat is older than this. Default: 10 s.
   absl::Duration lease = absl::Seconds(10);
@@ -118,6 +127,12 @@ class AgentRegistry {
   // registered gets the node "(rank R, not registered)" and no budget. One lock, no copies
   // of the registrations: the coordinator asks it for every save.
   std::vector<NodeBudget> NodeBudgets(const std::string& job_id, uint32_t world) const
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Relayed PINs (server/relay.h): for each of ranks 0 .. world - 1 of the job, its node, peer
+  // address and incarnation, and whether it relays (registered relays_commands with a
+  // peer_address, lease current). One lock: the coordinator asks it for every large fan-out.
+  std::vector<RelayPeer> RelayPeers(const std::string& job_id, uint32_t world) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // The registration of (job, rank), if any.

@@ -80,6 +80,32 @@ TEST_F(AgentRegistryTest, NodeBudgets_EveryRankInOrder_UnregisteredNamed) {
   EXPECT_EQ(nodes[2].budget, 0u);
 }
 
+TEST_F(AgentRegistryTest, RelayPeers_OnlyLiveAgentsThatSayItWithAPeerAddressRelay) {
+  for (uint32_t r : {0u, 1u, 2u, 3u}) {
+    v1::RegisterAgentRequest request = Registration(r, 10 + r);
+    request.set_relays_commands(r != 1);            // rank 1 does not say it
+    if (r != 2) request.set_peer_address(absl::StrCat("10.0.0.", r, ":70"));  // rank 2 has none
+    ASSERT_TRUE(registry_.Register(request).ok());
+  }
+  clock_.Advance(absl::Seconds(8));
+  for (uint32_t r : {0u, 1u, 2u}) ASSERT_TRUE(registry_.Heartbeat("job", r, 10 + r, 0).ok());
+  clock_.Advance(absl::Seconds(3));  // rank 3's lease expires
+
+  const std::vector<RelayPeer> peers = registry_.RelayPeers("job", 5);
+  ASSERT_EQ(peers.size(), 5u);
+  EXPECT_TRUE(peers[0].relays);
+  EXPECT_EQ(peers[0].node_id, "node0");
+  EXPECT_EQ(peers[0].peer_address, "10.0.0.0:70");
+  EXPECT_EQ(peers[0].incarnation, 10u);
+  EXPECT_FALSE(peers[1].relays) << "registered without relays_commands";
+  EXPECT_FALSE(peers[2].relays) << "no peer address";
+  EXPECT_FALSE(peers[3].relays) << "lease expired";
+  EXPECT_EQ(peers[3].incarnation, 13u);
+  EXPECT_FALSE(peers[4].relays) << "never registered";
+  EXPECT_TRUE(registry_.RelayPeers("other-job", 2).size() == 2 &&
+              !registry_.RelayPeers("other-job", 2)[0].relays);
+}
+
 TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());

@@ -58,6 +58,10 @@ ABSL_FLAG(int32_t, max_concurrent_writers, 64, "most agents writing at once to t
 ABSL_FLAG(int32_t, hand_out_threads, 0,
           "threads that write a command to every rank of a large job (512 ranks or more) to "
           "their streams; 0: one per core, at most 8");
+ABSL_FLAG(int32_t, relay_from, static_cast<int32_t>(tessera::SessionOptions().relay_from),
+          "a cached save's PIN to this many ranks or more is written once per node, to one "
+          "agent that passes it on to the node's others (agents that say they relay); 0: "
+          "never");
 ABSL_FLAG(bool, copy_when_pinned, true,
           "let each trainer copy into staging as soon as its own agent pinned it (false: once "
           "every rank pinned, after one more round trip: a COPY command)");
@@ -167,6 +171,8 @@ int main(int argc, char** argv) {
   session_options.keep_last = std::max(0, absl::GetFlag(FLAGS_keep_last));
   manager_options.hand_out_threads =
       static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_hand_out_threads)));
+  manager_options.session.relay_from =
+      static_cast<size_t>(std::max(0, absl::GetFlag(FLAGS_relay_from)));
   if (const std::string crash = absl::GetFlag(FLAGS_crash_in_state); !crash.empty()) {
     manager_options.on_state_persisted = [crash](tessera::v1::SessionState state) {
       if (tessera::v1::SessionState_Name(state) == "SESSION_STATE_" + crash) {

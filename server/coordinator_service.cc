@@ -94,6 +94,16 @@ grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
   return FinishUnary(context, status);
 }
 
+grpc::ServerUnaryReactor* CoordinatorService::RelayFailed(grpc::CallbackServerContext* context,
+                                                         const v1::RelayFailedRequest* request,
+                                                         v1::RelayFailedResponse* /*response*/) {
+  absl::Status status =
+      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
+  if (status.ok() && sessions_ == nullptr) status = NoSessions();
+  if (status.ok()) sessions_->RelayFailed(*request);
+  return FinishUnary(context, status);
+}
+
 grpc::ServerUnaryReactor* CoordinatorService::GetMemoryCheckpoint(
     grpc::CallbackServerContext* context, const v1::GetMemoryCheckpointRequest* request,
     v1::GetMemoryCheckpointResponse* response) {

@@ -68,6 +68,9 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
   grpc::ServerUnaryReactor* GetMemoryCheckpoint(grpc::CallbackServerContext* context,
                                                 const v1::GetMemoryCheckpointRequest* request,
                                                 v1::GetMemoryCheckpointResponse* response) override;
+  grpc::ServerUnaryReactor* RelayFailed(grpc::CallbackServerContext* context,
+                                        const v1::RelayFailedRequest* request,
+                                        v1::RelayFailedResponse* response) override;
 
  private:
   AgentRegistry* const registry_;

@@ -3,9 +3,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/status.h"
 #include "server/hand_out.h"
+#include "server/relay.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"
 #include "server/session/memory_only.h"
@@ -181,15 +183,23 @@ class SessionManager::Port : public EffectsPort {
       absl::MutexLock lock(&job_->mu);
       if (job_->core != nullptr) job_->core->Delivered(commands);
     }
+    // Cached PINs go once per node (relay.h). After Delivered: each rank's current command
+    // stays its own, so a stream that reconnects is replayed its PIN whoever relays it.
+    const size_t relayed = RelayFanOut(*m_->registry_, job_->job_id,
+                                       m_->options_.session.relay_from, commands);
+    const size_t written = commands.size();
     HandOut(*m_->sink_, job_->job_id, commands, m_->options_.hand_out_threads);
-    if (count >= kLogDeliveriesFrom) {
+    if (count >= kLogDeliveriesFrom || relayed > 0) {
       LogInfo("job ", job_->job_id, ": ", count, " commands handed to the streams in ",
               absl::FormatDuration(absl::Now() - start), " on ",
-              HandOutThreads(count, m_->options_.hand_out_threads), " threads");
+              HandOutThreads(written, m_->options_.hand_out_threads), " threads",
+              relayed == 0 ? std::string()
+                           : absl::StrCat(" (", written, " written, ", relayed,
+                                          " of them relayed by agents)"));
     }
   }
-  // A fan-out this large (a phase's command to every rank of a large job) is logged with
-  // its duration.
+  // A fan-out this large (a phase's command to every rank of a large job), or one relayed,
+  // is logged with its duration.
   static constexpr size_t kLogDeliveriesFrom = 1024;
   void StartPlan(PlanWork work) override {
     SessionManager* m = m_;
@@ -452,6 +462,21 @@ void SessionManager::AbortSession(const std::string& job_id, const std::string& 
   Post<v1::SessionStatus>(
       job, [this, reason](JobCore& core) { return core.OperatorAbort(reason, clock_->Now()); },
       std::move(done));
+}
+
+void SessionManager::RelayFailed(const v1::RelayFailedRequest& request) {
+  std::vector<uint32_t> sent;
+  for (uint32_t rank : request.ranks()) {
+    std::optional<v1::Command> current = CurrentCommand(request.job_id(), rank);
+    // Another session's command went out on its own (only a session's PINs are relayed).
+    if (!current.has_value() || current->session_id() != request.session_id()) continue;
+    sink_->Send(request.job_id(), rank, *current);
+    sent.push_back(rank);
+  }
+  LogWarning("job ", request.job_id(), ": rank ", request.rank(), " could not relay session ",
+             request.session_id(), "'s command to ranks ", absl::StrJoin(request.ranks(), ","),
+             "; sent on their own streams to ",
+             sent.empty() ? std::string("none (the session moved on)") : absl::StrJoin(sent, ","));
 }
 
 // ---------------------------------------------------------------------------------------------

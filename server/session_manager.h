@@ -108,6 +108,10 @@ class SessionManager {
   void OnAgentRegistered(const std::string& job_id, uint32_t rank,
                          std::optional<uint64_t> replaced_incarnation);
 
+  // A relay could not hand `request.session_id`'s command to `request.ranks` (relay.h): each
+  // of them that still has a command of that session is sent it on its own stream. Logged.
+  void RelayFailed(const v1::RelayFailedRequest& request);
+
   // --- Operator RPCs
 
   // Errors: NotFound for an unknown job; as JobCore::OperatorAbort.

@@ -36,6 +36,11 @@ struct SessionOptions {
   // Default: false — measured on the 2-core VM, the early writers' checksums slowed the
   // other ranks' CPU copies (DESIGN.md "Save protocol", 4).
   bool write_when_staged = false;
+  // A cached save's PINs to this many ranks or more are written once per node, to one agent
+  // that passes them on to the node's others (server/relay.h; only among agents that
+  // registered relays_commands). 0: never. Default: 512 — a relay adds a hop on the node,
+  // which pays only where the coordinator's writes are the cost.
+  size_t relay_from = 512;
   // Most agents writing at once to the storage target (memory-only saves write nothing and
   // are not bound). Default: 64.
   uint32_t max_concurrent_writers = 64;

@@ -200,6 +200,7 @@ struct AgentSetup {
   // RegisterAgentRequest.writes_when_staged. tessera-agent says it; off unless a test asks, so
   // that the other tests drive GATHER and PERSIST.
   bool writes_when_staged = false;
+  bool relays_commands = false;  // RegisterAgentRequest.relays_commands, as tessera-agent
 };
 
 bool Has(const std::vector<uint32_t>& ranks, uint32_t rank) {
@@ -256,6 +257,7 @@ class SessionManagerTest : public ::testing::Test {
     request.set_peer_address(absl::StrCat("10.0.0.", rank, ":7070"));
     request.set_storage_root_mounted(setups_[rank].storage_root_mounted);
     request.set_memory_tier(setups_[rank].memory_tier);
+    request.set_relays_commands(setups_[rank].relays_commands);
     return registry_.Register(request);
   }
 
@@ -427,6 +429,21 @@ class SessionManagerTest : public ::testing::Test {
     }
     EXPECT_TRUE(error.has_value()) << "rank " << rank << " got no ABORT";
     return error.value_or(v1::ErrorDetail());
+  }
+
+  // What each relay's agent does with a command of `session_id` that names others
+  // (Command.relay_to): passes it on to them, without relay_to, with their own seqs. Recorded
+  // as sent to them.
+  void PassOnRelays(const std::string& session_id) {
+    for (const SentCommand& c : Sent()) {
+      if (c.job_id != kJob || c.command.session_id() != session_id) continue;
+      for (const v1::RelayTarget& target : c.command.relay_to()) {
+        v1::Command passed = c.command;
+        passed.clear_relay_to();
+        passed.set_seq(target.seq());
+        sink_.Send(kJob, target.rank(), passed);
+      }
+    }
   }
 
   // The PIN `rank` got in `session_id`, even one sent before a coordinator restart.
@@ -1023,6 +1040,57 @@ TEST_F(SessionManagerTest, CachedSave_FingerprintsOnly_PinNamesThePlanWithoutAss
     EXPECT_EQ(pin.plan_fingerprint(), plan) << "rank " << r;
     EXPECT_EQ(pin.assignment_omitted(), r < 3) << "rank " << r;
     EXPECT_EQ(pin.has_assignment(), r == 3) << "rank " << r;
+    EXPECT_EQ(AssignmentOf(r, second).SerializeAsString(),
+              AssignmentOf(r, first).SerializeAsString())
+        << "rank " << r;
+  }
+  FinishSave(second);
+  EXPECT_THAT(CheckpointSteps(), ElementsAre(20, 10));
+}
+
+// Relayed PINs (server/relay.h): with agents that relay, a cached save's PIN is sent once per
+// node, to the node's first rank, naming the others with their own seqs; a PIN that carries
+// an assignment is sent to every rank. Passed on, the save goes on as without relays.
+TEST_F(SessionManagerTest, CachedSave_AgentsThatRelay_PinOncePerNodeNamingTheOthers) {
+  options_.relay_from = 1;
+  StartJob("tp=2,dp=2", [](uint32_t rank) {
+    AgentSetup setup{absl::StrCat("node-", rank / 2)};  // two ranks a node
+    setup.relays_commands = true;
+    return setup;
+  });
+  UseTpDpPlans();
+  const std::string first = SaveAndCommit(10);
+  EXPECT_THAT(RanksSent(v1::Command::kPin, first), ElementsAre(0, 1, 2, 3));
+  for (uint32_t r = 0; r < 4; ++r) {
+    for (const v1::Command& c : CommandsTo(r, first)) {
+      EXPECT_EQ(c.relay_to_size(), 0) << "rank " << r << ": " << c.ShortDebugString();
+    }
+  }
+  const uint64_t plan = PinOf(0, first)->plan_fingerprint();
+
+  std::string second;
+  for (uint32_t r = 0; r < 4; ++r) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response =
+        SubmitAs(r, 20, /*omit_shards=*/true, plan);
+    ASSERT_TRUE(response.ok()) << "rank " << r << ": " << response.status();
+    second = response->session_id();
+  }
+  ASSERT_EQ(State(second), v1::SESSION_STATE_PINNING);
+  EXPECT_THAT(RanksSent(v1::Command::kPin, second), ElementsAre(0, 2));
+  for (uint32_t relay : {0u, 2u}) {
+    const std::vector<v1::Command> sent = CommandsTo(relay, second);
+    ASSERT_EQ(sent.size(), 1u) << "rank " << relay;
+    const v1::Command& pin = sent[0];
+    EXPECT_TRUE(pin.pin().assignment_omitted());
+    ASSERT_EQ(pin.relay_to_size(), 1) << pin.ShortDebugString();
+    const v1::RelayTarget& target = pin.relay_to(0);
+    EXPECT_EQ(target.rank(), relay + 1);
+    EXPECT_EQ(target.incarnation(), incarnations_[relay + 1]);
+    EXPECT_EQ(target.peer_address(), absl::StrCat("10.0.0.", relay + 1, ":7070"));
+    EXPECT_EQ(target.seq(), pin.seq() + 1);  // the seq the session gave rank relay + 1's PIN
+  }
+  PassOnRelays(second);
+  for (uint32_t r = 0; r < 4; ++r) {
     EXPECT_EQ(AssignmentOf(r, second).SerializeAsString(),
               AssignmentOf(r, first).SerializeAsString())
         << "rank " << r;

@@ -32,6 +32,15 @@ class RecordingSink : public CommandSink {
     absl::MutexLock lock(&mu_);
     sent_.push_back({job_id, rank, command});
   }
+  // The commands sent to (job, rank), in order.
+  std::vector<v1::Command> CommandsTo(const std::string& job_id, uint32_t rank) {
+    absl::MutexLock lock(&mu_);
+    std::vector<v1::Command> commands;
+    for (const Sent& s : sent_) {
+      if (s.job_id == job_id && s.rank == rank) commands.push_back(s.command);
+    }
+    return commands;
+  }
   std::vector<uint32_t> RanksSent(const std::string& job_id, v1::Command::BodyCase body) {
     absl::MutexLock lock(&mu_);
     std::vector<uint32_t> ranks;
@@ -347,6 +356,43 @@ TEST_F(SessionManagerTest, Cleanup_NotWhileTheWriteThatBlocksTrainersIsInFlight)
   store.release.Notify();
   b_answered.WaitForNotification();
   EXPECT_EQ(manager_->RunDueCleanupsForTesting(), 0);  // B's trainers wait for its plan
+}
+
+// Relayed PINs (server/relay.h): a relay that could not pass a session's command on reports
+// the ranks, and each of them that still has a command of that session is sent it on its own
+// stream — the same command, seq and all. A report of another session sends nothing.
+TEST_F(SessionManagerTest, RelayFailed_RanksAreSentTheirCurrentCommandOfThatSession) {
+  Register("job-a", "dp=3", 1000);
+  MemoryStateStore store;
+  Start(&store);
+  std::string session;
+  for (uint32_t r = 0; r < 3; ++r) {
+    absl::StatusOr<v1::SubmitLocalPlanResponse> response =
+        Submit("job-a", r, 1000 + r, {Whole("w", {4}, {"dp"})});
+    ASSERT_TRUE(response.ok()) << response.status();
+    session = response->session_id();
+  }
+  manager_->WaitIdleForTesting();
+  ASSERT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ElementsAre(0, 1, 2));
+  const v1::Command pin_of_2 = sink_.CommandsTo("job-a", 2).back();
+
+  v1::RelayFailedRequest other;
+  other.set_job_id("job-a");
+  other.set_rank(0);
+  other.set_incarnation(1000);
+  other.set_session_id("another-session");
+  other.add_ranks(1);
+  manager_->RelayFailed(other);
+  v1::RelayFailedRequest failed = other;
+  failed.set_session_id(session);
+  failed.clear_ranks();
+  failed.add_ranks(2);
+  manager_->RelayFailed(failed);
+
+  EXPECT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ElementsAre(0, 1, 2, 2));
+  const std::vector<v1::Command> to_2 = sink_.CommandsTo("job-a", 2);
+  ASSERT_EQ(to_2.size(), 2u);
+  EXPECT_EQ(to_2[1].SerializeAsString(), pin_of_2.SerializeAsString());
 }
 
 }  // namespace

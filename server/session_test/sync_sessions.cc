@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/hand_out.h"
+#include "server/relay.h"
 #include "server/session/memory_only.h"
 #include "server/session/plan_work.h"
 #include "server/session/schema.h"
@@ -18,6 +19,7 @@ class SyncSessions::Port : public EffectsPort {
   void Recover() override { s_->Reload(job_id_); }
   void Deliver(std::vector<Outgoing> commands) override {
     s_->Core(job_id_)->Delivered(commands);
+    RelayFanOut(*s_->registry_, job_id_, s_->options_.relay_from, commands);
     HandOut(*s_->sink_, job_id_, commands, /*max_threads=*/1);  // deterministic: one thread
   }
   void StartPlan(PlanWork work) override {

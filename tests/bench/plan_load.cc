@@ -43,6 +43,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -89,6 +90,11 @@ ABSL_FLAG(bool, fingerprints, true,
           "agents submit an unchanged plan as its fingerprint (false: always the whole plan, "
           "as agents did before plan fingerprints; the baseline of the cached figure)");
 ABSL_FLAG(int32_t, channels, 8, "gRPC connections per worker process");
+ABSL_FLAG(bool, relay, true,
+          "agents say they relay commands (RegisterAgentRequest.relays_commands, as "
+          "tessera-agent does), so a cached save's PIN comes once per node of 8 ranks and the "
+          "fake agent it comes to passes it on to the node's others in-process (a real agent "
+          "makes a loopback call per agent of its node: not part of this figure)");
 ABSL_FLAG(int32_t, timeout_s, 600, "give up on any wait after this long");
 
 namespace tessera {
@@ -96,6 +102,9 @@ namespace {
 
 // The plans: server/testing/llama_plans.h LlamaRankShards, the same as
 // server/planner_benchmark.cc's, each worker building only its ranks'.
+
+// Ranks a fake node holds (RegisterAgentRequest.node_id), as on an 8-GPU machine.
+constexpr uint32_t kRanksPerNode = 8;
 
 // --- Made-up checksums every claimant of a piece computes alike
 
@@ -156,6 +165,7 @@ struct Progress {
   std::string checkpoint_dir ABSL_GUARDED_BY(mu);               // the last COMMITTED's
   std::map<std::string, absl::Time> last_pin ABSL_GUARDED_BY(mu);
   std::atomic<int> full_plans_asked{0};  // send_full_plan replies and SEND_PLAN commands
+  std::atomic<int> relayed{0};           // commands passed on by a relay
   std::string error ABSL_GUARDED_BY(mu);
 
   void Fail(const std::string& why) {
@@ -182,12 +192,13 @@ class FakeAgent {
   absl::Status Register(uint32_t* heartbeat_ms) {
     v1::RegisterAgentRequest request;
     request.set_copies_when_pinned(true);  // as tessera-agent does
+    request.set_relays_commands(absl::GetFlag(FLAGS_relay));
     request.set_job_id(job_);
     request.mutable_coord()->set_rank(rank_);
     for (uint32_t c : coords_) request.mutable_coord()->add_index(c);
     *request.mutable_layout() = layout_;
     request.set_incarnation(incarnation_);
-    request.set_node_id(absl::StrCat("benchnode-", rank_ / 8));
+    request.set_node_id(absl::StrCat("benchnode-", rank_ / kRanksPerNode));
     request.set_peer_address(absl::StrCat("127.0.0.1:", 20000 + rank_));
     request.set_storage_root_mounted(true);
     v1::RegisterAgentResponse response;
@@ -249,6 +260,10 @@ class FakeAgent {
   // Prepared SubmitLocalPlan requests (built before the clock starts): the full plan, and the
   // fingerprint-only one a real agent sends once it holds the plan's assignment
   // (agent/save_core.h R10).
+  // Finds the fake agents of this worker by rank (null for a rank that is not here), for
+  // passing on relayed PINs.
+  void SetPeers(std::function<FakeAgent*(uint32_t rank)> peers) { peers_ = std::move(peers); }
+
   void SetPlan(std::vector<v1::ShardDesc> shards) ABSL_LOCKS_EXCLUDED(submit_mu_) {
     absl::MutexLock lock(&submit_mu_);
     shards_ = std::move(shards);
@@ -297,6 +312,25 @@ class FakeAgent {
   // Handles a command. `assignment`: a PIN's assignment as it arrived (taken if it is kept).
   void Handle(const v1::Command& command, std::string* assignment) {
     if (command.session_id() == last_session_ && command.seq() <= last_seq_) return;  // replay
+    // A relay (coordinator.proto Command.relay_to): pass the command on to the others, each
+    // with its own seq, as tessera-agent does over its node's loopback. They are in this
+    // worker (Main gives each worker whole nodes).
+    // Their streams are idle meanwhile: the bench drives one save at a time.
+    for (const v1::RelayTarget& target : command.relay_to()) {
+      FakeAgent* peer = peers_ ? peers_(target.rank()) : nullptr;
+      if (peer == nullptr || peer->incarnation_ != target.incarnation()) {
+        progress_->Fail(absl::StrCat("rank ", rank_, ": a command relayed to rank ",
+                                     target.rank(), ", which is not an agent of this worker "
+                                     "with incarnation ", target.incarnation()));
+        return;
+      }
+      v1::Command passed = command;
+      passed.clear_relay_to();
+      passed.set_seq(target.seq());
+      std::string no_assignment;
+      peer->Handle(passed, &no_assignment);
+      progress_->relayed.fetch_add(1);
+    }
     last_session_ = command.session_id();
     last_seq_ = command.seq();
     const std::string& session = command.session_id();
@@ -542,6 +576,7 @@ class FakeAgent {
   static constexpr char kCommandsMethod[] = "/tessera.v1.Coordinator/Commands";
 
   ThreadPool* pool_ = nullptr;
+  std::function<FakeAgent*(uint32_t rank)> peers_;
   v1::CommandsRequest commands_request_;
   std::unique_ptr<grpc::ClientContext> context_;
   Reader reader_;  // last: its callbacks use the members above
@@ -574,7 +609,8 @@ void ParallelFor(int n, int threads, Fn fn) {
 // the workers over pipes, one line per message:
 //   parent -> worker  "submit <step>"  submit every rank's plan; answer when all have their PIN:
 //   worker -> parent  "pinned <first submit ns> <last submit ns> <last PIN ns> <cached PINs>
-//                      <PINs without assignment> <full plans asked>"   (unix-epoch nanoseconds)
+//                      <PINs without assignment> <full plans asked> <PINs passed on by relays>"
+//                                      (times in unix-epoch nanoseconds)
 //   parent -> worker  "ack"            (once EVERY worker is pinned) report PINNED, carry the
 //                                      save through; answer "committed <checkpoint dir>"
 //   parent -> worker  "exit"
@@ -587,6 +623,7 @@ struct Pinned {
   int cached = 0;
   int omitted = 0;
   int full_asked = 0;
+  int relayed = 0;
 };
 
 bool WriteLine(int fd, const std::string& line) {
@@ -647,6 +684,11 @@ struct Config {
                                                  channels[r % channels.size()], &progress));
     agents.back()->SetPlan(LlamaRankShards(config.mesh, r, config.params));
   }
+  for (auto& a : agents) {
+    a->SetPeers([&agents, begin, end](uint32_t rank) -> FakeAgent* {
+      return rank >= begin && rank < end ? agents[rank - begin].get() : nullptr;
+    });
+  }
   std::atomic<uint32_t> heartbeat_ms{1000};
   ParallelFor(n, config.threads, [&](int i) {
     uint32_t ms = 0;
@@ -678,6 +720,7 @@ struct Config {
       std::vector<absl::Time> starts(n);
       std::vector<std::string> ids(n);
       const int asked_before = progress.full_plans_asked.load();
+      const int relayed_before = progress.relayed.load();
       ParallelFor(n, config.threads, [&](int i) {
         starts[i] = absl::Now();
         absl::StatusOr<std::string> id = agents[i]->Submit(step);
@@ -699,7 +742,8 @@ struct Config {
                          " ", absl::ToUnixNanos(*std::max_element(starts.begin(), starts.end())),
                          " ", absl::ToUnixNanos(progress.last_pin[session]), " ",
                          progress.cached_pins[session], " ", progress.omitted_pins[session], " ",
-                         progress.full_plans_asked.load() - asked_before));
+                         progress.full_plans_asked.load() - asked_before, " ",
+                         progress.relayed.load() - relayed_before));
     } else if (line == "ack") {
       ParallelFor(n, config.threads, [&](int i) {
         absl::Status s = agents[i]->AckPin();
@@ -729,7 +773,7 @@ struct Worker {
 struct SaveTiming {
   double plan_s = 0;  // last submission's start -> last PIN
   double span_s = 0;  // first submission's start -> last PIN
-  int cached = 0, omitted = 0, full_asked = 0;
+  int cached = 0, omitted = 0, full_asked = 0, relayed = 0;
   int64_t last_submit_ns = 0, last_pin_ns = 0;
   std::string checkpoint_dir;  // the committed save's
 };
@@ -757,9 +801,9 @@ absl::StatusOr<SaveTiming> RunSave(std::vector<Worker>& workers, int64_t step, b
   int64_t first = INT64_MAX;
   for (const std::string& a : answers) {
     Pinned p;
-    if (std::sscanf(a.c_str(), "pinned %ld %ld %ld %d %d %d", &p.first_submit_ns,
-                    &p.last_submit_ns, &p.last_pin_ns, &p.cached, &p.omitted,
-                    &p.full_asked) != 6) {
+    if (std::sscanf(a.c_str(), "pinned %ld %ld %ld %d %d %d %d", &p.first_submit_ns,
+                    &p.last_submit_ns, &p.last_pin_ns, &p.cached, &p.omitted, &p.full_asked,
+                    &p.relayed) != 7) {
       return absl::InternalError(absl::StrCat("unexpected answer \"", a, "\""));
     }
     first = std::min(first, p.first_submit_ns);
@@ -768,6 +812,7 @@ absl::StatusOr<SaveTiming> RunSave(std::vector<Worker>& workers, int64_t step, b
     t.cached += p.cached;
     t.omitted += p.omitted;
     t.full_asked += p.full_asked;
+    t.relayed += p.relayed;
   }
   t.plan_s = (t.last_pin_ns - t.last_submit_ns) / 1e9;
   t.span_s = (t.last_pin_ns - first) / 1e9;
@@ -853,8 +898,10 @@ int Main() {
   config.mesh = *mesh;
   const uint32_t world = mesh->world_size();
   config.params = (absl::GetFlag(FLAGS_shards_per_rank) + 3) / 4;
+  // Whole nodes (kRanksPerNode ranks) to a worker, so that a relay's node is all in one.
+  const uint32_t nodes = (world + kRanksPerNode - 1) / kRanksPerNode;
   const uint32_t processes =
-      std::clamp<uint32_t>(absl::GetFlag(FLAGS_processes), 1, world);
+      std::clamp<uint32_t>(absl::GetFlag(FLAGS_processes), 1, nodes);
 
   std::fprintf(stderr, "plan-load: %u fake agents with %d shards each in %u processes\n", world,
                4 * config.params, processes);
@@ -865,7 +912,8 @@ int Main() {
       std::perror("pipe");
       return 1;
     }
-    const uint32_t begin = world * p / processes, end = world * (p + 1) / processes;
+    const uint32_t begin = std::min(world, kRanksPerNode * (nodes * p / processes));
+    const uint32_t end = std::min(world, kRanksPerNode * (nodes * (p + 1) / processes));
     const pid_t child = fork();
     if (child < 0) {
       std::perror("fork");
@@ -946,7 +994,9 @@ int Main() {
       ", \"first_span_s\": ", first.span_s, ", \"cached_plan_s\": ", cached.plan_s,
       ", \"cached_span_s\": ", cached.span_s, ", \"cached_pins\": ", cached.cached,
       ", \"pins_without_assignment\": ", cached.omitted,
-      ", \"full_plans_asked_cached\": ", cached.full_asked, ", \"manifest_bytes\": ",
+      ", \"full_plans_asked_cached\": ", cached.full_asked,
+      ", \"pins_relayed_first\": ", first.relayed, ", \"pins_relayed_cached\": ", cached.relayed,
+      ", \"manifest_bytes\": ",
       manifest.bytes, ", \"manifest_chunks\": ", manifest.chunks, ", \"manifest_load_s\": ",
       manifest.load_median_s, ", \"manifest_load_p90_s\": ", manifest.load_p90_s,
       ", \"manifest_write_s\": ", manifest.write_median_s, ", \"manifest_write_p90_s\": ",

@@ -6,8 +6,11 @@
 # through the fake agents' hashes and writes, save 2 pinned); every PIN of save 2 said
 # plan_cached, and left the assignment out exactly when agents sent fingerprints; the committed
 # manifest's load and write were timed. Then the same at 1,024 ranks with the coordinator
-# handing each fan-out out on 4 threads (server/hand_out.h): every phase of save 1 and save 2's
-# PINs went out that way, and the save still committed with every rank's hashes and writes.
+# handing each fan-out out on 4 threads (server/hand_out.h): every phase of save 1 went out
+# that way, the save still committed with every rank's hashes and writes, and save 2's cached
+# PINs were written once per node of 8 and relayed by the fake agents (server/relay.h). And
+# at 8 ranks with relays from any fan-out size: save 1's PINs (with assignments) went to every
+# rank, save 2's to one rank that passed them on to 7.
 set -uo pipefail
 source deploy/lib/procs.sh
 work=${TEST_TMPDIR:-$(mktemp -d)}
@@ -45,14 +48,22 @@ check fingerprints '0 < d["first_plan_s"] < 60 and 0 < d["cached_plan_s"] < 60'
 ls "$work"/fingerprints/ckpt/planbench/*.manifest-write-* >/dev/null 2>&1 &&
   fail "the manifest write's scratch directories were left behind"
 
+TESSERA_BENCH_PLAN_COORD_FLAGS=--relay_from=1 run_tool relay true
+check relay 'd["ok"] and d["cached_pins"] == 8 and d["pins_without_assignment"] == 8'
+check relay 'd["pins_relayed_first"] == 0 and d["pins_relayed_cached"] == 7'
+
 run_tool whole false
 check whole 'd["ok"] and d["cached_pins"] == 8 and d["pins_without_assignment"] == 0'
 TESSERA_BENCH_PLAN_COORD_FLAGS=--hand_out_threads=4 run_tool threads true 2 8 64 4
 check threads 'd["ok"] and d["ranks"] == 1024 and d["cached_pins"] == 1024'
 check threads 'd["pins_without_assignment"] == 1024'
-[ "$(grep -c "1024 commands handed to the streams in .* on 4 threads" \
+check threads 'd["pins_relayed_first"] == 0 and d["pins_relayed_cached"] == 896'
+[ "$(grep -c "1024 commands handed to the streams in .* on 4 threads$" \
     "$work/raw/plan-events-threads.txt")" -ge 2 ] ||
   fail "threads: the fan-outs of 1,024 commands were not logged as handed out on 4 threads: \
 $(cat "$work/raw/plan-events-threads.txt")"
+grep -q "1024 commands handed to the streams in .* (128 written, 896 of them relayed by agents)" \
+  "$work/raw/plan-events-threads.txt" ||
+  fail "threads: save 2's PINs were not logged as relayed: $(cat "$work/raw/plan-events-threads.txt")"
 echo "PASS: the planning load tool against a real coordinator, with fingerprints and whole" \
-  "plans, and at 1,024 ranks with fan-outs on 4 threads"
+  "plans, with relayed PINs, and at 1,024 ranks with fan-outs on 4 threads"

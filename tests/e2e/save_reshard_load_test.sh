@@ -20,12 +20,20 @@ fail() {
 }
 
 metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-start_coordinator --metrics_listen="127.0.0.1:$metrics_port" --keep_last=1 || fail "coordinator"
+# --relay_from=1: the cached save's PINs (step 20) go to one agent of the node, which passes
+# them on to the other seven (DESIGN.md "Relayed PINs"); at this size they would not be.
+start_coordinator --metrics_listen="127.0.0.1:$metrics_port" --keep_last=1 --relay_from=1 ||
+  fail "coordinator"
 start_agents llama "$SAVE_LAYOUT" || fail "agents (save layout)"
 run_trainers llama "$SAVE_LAYOUT" --mode=save --steps=10,20 --optimizer="$OPTIMIZER" ||
   fail "saving on $SAVE_LAYOUT"
 grep -q "step 20 committed" "$DIR/logs/trainer-llama-0.out" || fail "no commit of step 20"
 grep -q "(plan cached)" "$DIR/logs/trainer-llama-0.out" || fail "the second save did not reuse the plan"
+world=$(world_size "$SAVE_LAYOUT")
+grep -q " commands handed to the streams in .* (1 written, $((world - 1)) of them relayed by agents)" \
+  "$DIR/logs/coordinator.log" || fail "step 20's PINs were not relayed by one agent"
+grep -q "relayed session .* to $((world - 1)) agent(s) in" "$DIR/logs/agent-llama-0.log" ||
+  fail "rank 0's agent did not pass the PIN on to the other $((world - 1)) agents"
 [ -f "$DIR/ckpt/llama/step-000000020/manifest.pb" ] || fail "no committed directory for step 20"
 # Retention (--keep_last=1): step 10 is deleted once step 20 is committed. Deletion renames
 # the directory to .tmp-gc-* first and then removes it: wait for both to be gone.

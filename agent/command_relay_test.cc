@@ -1,0 +1,344 @@
+#include "agent/command_relay.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "common/grpc_status.h"
+#include "common/status.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+
+namespace tessera {
+namespace {
+
+using ::google::protobuf::util::MessageDifferencer;
+
+constexpr char kJob[] = "job";
+constexpr uint32_t kRelayRank = 0;
+
+// A PIN as the coordinator sends a relay: no assignment, relay_to to be filled by the test.
+v1::Command Pin(uint64_t seq) {
+  v1::Command command;
+  command.set_session_id("s-7");
+  command.set_step(7);
+  command.set_seq(seq);
+  v1::PinCommand* pin = command.mutable_pin();
+  pin->set_plan_fingerprint(0x1234abcd);
+  pin->set_assignment_omitted(true);
+  pin->set_copy_when_pinned(true);
+  return command;
+}
+
+void AddTarget(v1::Command& command, uint32_t rank, uint64_t incarnation,
+               const std::string& address) {
+  v1::RelayTarget* target = command.add_relay_to();
+  target->set_rank(rank);
+  target->set_incarnation(incarnation);
+  target->set_peer_address(address);
+  target->set_seq(100 + rank);  // the target's own seq, as the coordinator gave its PIN
+}
+
+// A port on 127.0.0.1 that nothing listens on: bound, then closed.
+int ClosedPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+// Serves `service` on a free port of 127.0.0.1, whose address goes to `address`.
+std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address) {
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  *address = absl::StrCat("127.0.0.1:", port);
+  return server;
+}
+
+// One agent's CommandRelayService on its own in-process server, recording what it is handed.
+class Agent {
+ public:
+  Agent(uint32_t rank, uint64_t incarnation)
+      : rank_(rank),
+        incarnation_(incarnation),
+        service_(kJob, rank, incarnation, [this](const v1::Command& command) {
+          absl::MutexLock lock(&mu_);
+          commands_.push_back(command);
+          if (!received_.HasBeenNotified()) received_.Notify();
+        }),
+        server_(Serve(&service_, &address_)) {}
+  ~Agent() { server_->Shutdown(); }
+
+  uint32_t rank() const { return rank_; }
+  uint64_t incarnation() const { return incarnation_; }
+  const std::string& address() const { return address_; }
+  CommandRelayService& service() { return service_; }
+  absl::Notification& received() { return received_; }
+  std::vector<v1::Command> commands() {
+    absl::MutexLock lock(&mu_);
+    return commands_;
+  }
+
+  // Relay() over gRPC, as another agent calls it.
+  grpc::Status Call(const v1::RelayRequest& request) {
+    std::unique_ptr<v1::CommandRelay::Stub> stub = v1::CommandRelay::NewStub(
+        grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext context;
+    v1::RelayResponse response;
+    return stub->Relay(&context, request, &response);
+  }
+
+  // A request addressed to this agent.
+  v1::RelayRequest RequestFor(const v1::Command& command) const {
+    v1::RelayRequest request;
+    request.set_job_id(kJob);
+    request.set_rank(rank_);
+    request.set_incarnation(incarnation_);
+    request.set_from_rank(kRelayRank);
+    *request.mutable_command() = command;
+    return request;
+  }
+
+ private:
+  const uint32_t rank_;
+  const uint64_t incarnation_;
+  absl::Mutex mu_;
+  std::vector<v1::Command> commands_ ABSL_GUARDED_BY(mu_);
+  absl::Notification received_;
+  CommandRelayService service_;
+  std::string address_;  // before server_, which Serve() fills it for
+  std::unique_ptr<grpc::Server> server_;
+};
+
+// What report_failed was called with.
+struct Reports {
+  struct Report {
+    std::string session_id;
+    uint64_t seq = 0;
+    std::vector<uint32_t> ranks;
+  };
+
+  CommandRelayer::ReportFailed Callback() {
+    return [this](const std::string& session_id, uint64_t seq, std::vector<uint32_t> ranks) {
+      absl::MutexLock lock(&mu);
+      reports.push_back({session_id, seq, std::move(ranks)});
+    };
+  }
+  std::vector<Report> Get() {
+    absl::MutexLock lock(&mu);
+    return reports;
+  }
+
+  absl::Mutex mu;
+  std::vector<Report> reports ABSL_GUARDED_BY(mu);
+};
+
+// A CommandRelay server that never answers until it is destroyed: a target that hangs.
+class SilentService final : public v1::CommandRelay::CallbackService {
+ public:
+  grpc::ServerUnaryReactor* Relay(grpc::CallbackServerContext* context,
+                                  const v1::RelayRequest*, v1::RelayResponse*) override {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    absl::MutexLock lock(&mu_);
+    parked_.push_back(reactor);
+    if (!called_.HasBeenNotified()) called_.Notify();
+    return reactor;
+  }
+  // Answers every parked call (a server's Shutdown waits for them).
+  void Release() {
+    absl::MutexLock lock(&mu_);
+    for (grpc::ServerUnaryReactor* reactor : parked_) reactor->Finish(grpc::Status::OK);
+    parked_.clear();
+  }
+  absl::Notification& called() { return called_; }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<grpc::ServerUnaryReactor*> parked_ ABSL_GUARDED_BY(mu_);
+  absl::Notification called_;
+};
+
+class SilentAgent {
+ public:
+  SilentAgent() : server_(Serve(&service_, &address_)) {}
+  ~SilentAgent() {
+    service_.Release();
+    server_->Shutdown();
+  }
+  const std::string& address() const { return address_; }
+  SilentService& service() { return service_; }
+
+ private:
+  SilentService service_;
+  std::string address_;  // before server_, which Serve() fills it for
+  std::unique_ptr<grpc::Server> server_;
+};
+
+TEST(CommandRelayServiceTest, Relay_MatchingCommand_HandedOnUnchanged) {
+  Agent agent(3, 0x33);
+  const v1::Command command = Pin(42);
+  grpc::Status status = agent.Call(agent.RequestFor(command));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  std::vector<v1::Command> got = agent.commands();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_TRUE(MessageDifferencer::Equals(got[0], command)) << got[0].DebugString();
+}
+
+TEST(CommandRelayServiceTest, Relay_AnotherIncarnation_FailedPreconditionStaleIncarnation) {
+  Agent agent(3, 0x33);
+  v1::RelayRequest request = agent.RequestFor(Pin(42));
+  request.set_incarnation(0x32);
+  grpc::Status status = agent.Call(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("incarnation"), std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(GetErrorCode(FromGrpcStatus(status)), v1::ERROR_CODE_STALE_INCARNATION);
+  EXPECT_TRUE(agent.commands().empty());
+}
+
+TEST(CommandRelayServiceTest, Relay_AnotherRank_FailedPrecondition) {
+  Agent agent(3, 0x33);
+  v1::RelayRequest request = agent.RequestFor(Pin(42));
+  request.set_rank(4);
+  grpc::Status status = agent.Call(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("rank 4"), std::string::npos) << status.error_message();
+  EXPECT_TRUE(agent.commands().empty());
+}
+
+TEST(CommandRelayServiceTest, Relay_AnotherJob_FailedPrecondition) {
+  Agent agent(3, 0x33);
+  v1::RelayRequest request = agent.RequestFor(Pin(42));
+  request.set_job_id("other-job");
+  grpc::Status status = agent.Call(request);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(status.error_message().find("job other-job"), std::string::npos)
+      << status.error_message();
+  EXPECT_TRUE(agent.commands().empty());
+}
+
+TEST(CommandRelayServiceTest, Relay_CommandWithRelayTo_InvalidArgument) {
+  Agent agent(3, 0x33);
+  v1::Command command = Pin(42);
+  AddTarget(command, 5, 0x55, "127.0.0.1:1");
+  grpc::Status status = agent.Call(agent.RequestFor(command));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(agent.commands().empty());
+}
+
+TEST(CommandRelayServiceTest, Relay_AfterStop_UnavailableAndNotHandedOn) {
+  Agent agent(3, 0x33);
+  agent.service().Stop();
+  grpc::Status status = agent.Call(agent.RequestFor(Pin(42)));
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE);
+  EXPECT_TRUE(agent.commands().empty());
+}
+
+TEST(CommandRelayerTest, Forward_TwoLiveTargets_EachGetsCommandWithoutRelayToWithItsSeq) {
+  Agent a(1, 0x11);
+  Agent b(2, 0x22);
+  Reports reports;
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback());
+  v1::Command command = Pin(42);
+  AddTarget(command, a.rank(), a.incarnation(), a.address());
+  AddTarget(command, b.rank(), b.incarnation(), b.address());
+  relayer.Forward(command);
+  a.received().WaitForNotification();
+  b.received().WaitForNotification();
+  relayer.WaitIdleForTesting();
+
+  for (Agent* agent : {&a, &b}) {
+    v1::Command expected = command;
+    expected.clear_relay_to();
+    expected.set_seq(100 + agent->rank());
+    std::vector<v1::Command> got = agent->commands();
+    ASSERT_EQ(got.size(), 1u) << "rank " << agent->rank();
+    EXPECT_EQ(got[0].relay_to_size(), 0);
+    EXPECT_TRUE(MessageDifferencer::Equals(got[0], expected)) << got[0].DebugString();
+  }
+  EXPECT_TRUE(reports.Get().empty());
+}
+
+TEST(CommandRelayerTest, Forward_UnreachableAndRefusingTargets_ReportedOnceWithThoseRanks) {
+  Agent live(1, 0x11);
+  Agent restarted(3, 0x33);  // the relay was told of incarnation 0x30
+  Reports reports;
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback());
+  v1::Command command = Pin(42);
+  AddTarget(command, live.rank(), live.incarnation(), live.address());
+  AddTarget(command, 2, 0x22, absl::StrCat("127.0.0.1:", ClosedPort()));
+  AddTarget(command, restarted.rank(), 0x30, restarted.address());
+  relayer.Forward(command);
+  relayer.WaitIdleForTesting();
+
+  std::vector<Reports::Report> got = reports.Get();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].session_id, "s-7");
+  EXPECT_EQ(got[0].seq, 42u);
+  EXPECT_EQ(got[0].ranks, (std::vector<uint32_t>{2, 3}));
+  EXPECT_EQ(live.commands().size(), 1u);
+  EXPECT_TRUE(restarted.commands().empty());
+}
+
+TEST(CommandRelayerTest, Forward_TargetDoesNotAnswer_ReportedAfterDeadline) {
+  Agent live(1, 0x11);
+  SilentAgent silent;
+  Reports reports;
+  CommandRelayerOptions options;
+  options.deadline = absl::Milliseconds(300);
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback(), options);
+  v1::Command command = Pin(42);
+  AddTarget(command, live.rank(), live.incarnation(), live.address());
+  AddTarget(command, 2, 0x22, silent.address());
+  relayer.Forward(command);
+  relayer.WaitIdleForTesting();
+
+  std::vector<Reports::Report> got = reports.Get();
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].ranks, (std::vector<uint32_t>{2}));
+  EXPECT_TRUE(silent.service().called().HasBeenNotified());
+  EXPECT_EQ(live.commands().size(), 1u);
+}
+
+TEST(CommandRelayerTest, Destroy_CallInFlight_CancelledAndNotReported) {
+  SilentAgent silent;
+  Reports reports;
+  {
+    CommandRelayerOptions options;
+    options.deadline = absl::Hours(1);
+    CommandRelayer relayer(kJob, kRelayRank, reports.Callback(), options);
+    v1::Command command = Pin(42);
+    AddTarget(command, 2, 0x22, silent.address());
+    relayer.Forward(command);
+    silent.service().called().WaitForNotification();
+  }  // must return long before the hour: the call is cancelled
+  EXPECT_TRUE(reports.Get().empty());
+}
+
+TEST(CommandRelayerTest, Forward_NoRelayTo_NothingQueuedNorReported) {
+  Reports reports;
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback());
+  relayer.Forward(Pin(41));  // no relay_to
+  relayer.WaitIdleForTesting();
+  EXPECT_TRUE(reports.Get().empty());
+}
+
+}  // namespace
+}  // namespace tessera

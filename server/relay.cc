@@ -1,0 +1,58 @@
+#include "server/relay.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/string_view.h"
+
+namespace tessera {
+
+bool Relayable(const Outgoing& command) {
+  return command.pin_plan == nullptr && command.command.has_pin() &&
+         command.command.pin().assignment_omitted() && command.command.relay_to().empty();
+}
+
+size_t FoldRelays(std::vector<Outgoing>& commands, absl::Span<const RelayPeer> peers) {
+  // (node, command bytes) -> index of the group's relay in `commands`.
+  absl::flat_hash_map<std::pair<absl::string_view, std::string>, size_t> relays;
+  std::vector<bool> folded(commands.size(), false);
+  size_t folded_count = 0;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    const Outgoing& o = commands[i];
+    if (o.rank >= peers.size() || !peers[o.rank].relays || !Relayable(o)) continue;
+    const RelayPeer& peer = peers[o.rank];
+    // Every command has a seq of its own (commands emitted are counted): equal but for it.
+    v1::Command unsequenced = o.command;
+    unsequenced.clear_seq();
+    auto [group, first] = relays.try_emplace(
+        {absl::string_view(peer.node_id), unsequenced.SerializeAsString()}, i);
+    if (first) continue;
+    v1::RelayTarget* target = commands[group->second].command.add_relay_to();
+    target->set_rank(o.rank);
+    target->set_incarnation(peer.incarnation);
+    target->set_peer_address(peer.peer_address);
+    target->set_seq(o.command.seq());
+    folded[i] = true;
+    ++folded_count;
+  }
+  if (folded_count == 0) return 0;
+  size_t kept = 0;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    if (folded[i]) continue;
+    if (kept != i) commands[kept] = std::move(commands[i]);
+    ++kept;
+  }
+  commands.resize(kept);
+  return folded_count;
+}
+
+size_t RelayFanOut(const AgentRegistry& registry, const std::string& job_id, size_t relay_from,
+                   std::vector<Outgoing>& commands) {
+  if (relay_from == 0 || commands.size() < relay_from) return 0;
+  uint32_t world = 0;
+  for (const Outgoing& o : commands) world = std::max(world, o.rank + 1);
+  return FoldRelays(commands, registry.RelayPeers(job_id, world));
+}
+
+}  // namespace tessera
