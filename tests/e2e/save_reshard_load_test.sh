@@ -34,6 +34,7 @@ grep -q " commands handed to the streams in .* (1 written, $((world - 1)) of the
   "$DIR/logs/coordinator.log" || fail "step 20's PINs were not relayed by one agent"
 grep -q "relayed session .* to $((world - 1)) agent(s) in" "$DIR/logs/agent-llama-0.log" ||
   fail "rank 0's agent did not pass the PIN on to the other $((world - 1)) agents"
+grep -h "relayed session" "$DIR/logs/agent-llama-0.log"  # how long passing it on took
 [ -f "$DIR/ckpt/llama/step-000000020/manifest.pb" ] || fail "no committed directory for step 20"
 # Retention (--keep_last=1): step 10 is deleted once step 20 is committed. Deletion renames
 # the directory to .tmp-gc-* first and then removes it: wait for both to be gone.
