@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/buddy_replicator.h"
+#include "agent/backoff.h"
 #include "agent/buddy_store.h"
 #include "agent/command_relay.h"
 #include "agent/command_stream.h"
@@ -131,6 +132,9 @@ constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // (BuddyReplicator::GiveWay): it stops within one 1 MiB chunk or 5 ms unless the buddy stopped
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
 constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
+// How long a relay keeps telling the coordinator which ranks it could not pass a command on
+// to (Coordinator.RelayFailed), with backoff, before it gives up (logged).
+constexpr absl::Duration kRelayReportRetryFor = absl::Seconds(30);
 
 // --crash_on / --freeze_on: a named step of a save (pin, copy, gather, persist, commit:
 // SaveExecutorOptions::at_fault_point) kills or stops this process as it starts (the freeze
@@ -479,8 +483,16 @@ int main(int argc, char** argv) {
         request.set_session_id(session_id);
         request.set_seq(seq);
         for (uint32_t r : ranks) request.add_ranks(r);
+        // Retried for a while: until the coordinator hears it, those ranks have no PIN, and
+        // only the session's PINNING deadline would end the wait.
+        tessera::Backoff backoff;
+        const absl::Time give_up = absl::Now() + kRelayReportRetryFor;
         absl::StatusOr<tessera::v1::RelayFailedResponse> reported =
             coordinator.RelayFailed(request);
+        while (!reported.ok() && absl::Now() < give_up) {
+          absl::SleepFor(backoff.Next());
+          reported = coordinator.RelayFailed(request);
+        }
         if (reported.ok()) {
           tessera::LogInfo("reported ", ranks.size(), " rank(s) the relay of session ", session_id,
                            " seq ", seq, " missed: the coordinator sends them the command");

@@ -7,6 +7,7 @@
 #include "absl/strings/str_join.h"
 #include "common/grpc_reactors.h"
 #include "common/log.h"
+#include "common/relayable.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -58,6 +59,12 @@ absl::Status CommandRelayService::Handle(const v1::RelayRequest& request) {
                        message);
     }
     return absl::FailedPreconditionError(message);
+  }
+  if (!RelayableCommand(request.command())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("command relayed by rank ", request.from_rank(), " (",
+                     request.command().ShortDebugString(), ") is not one a relay passes on: ",
+                     "only a PIN without an assignment is (common/relayable.h)"));
   }
   if (request.command().relay_to_size() > 0) {
     return absl::InvalidArgumentError(

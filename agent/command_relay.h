@@ -54,7 +54,8 @@ class CommandRelayService final : public v1::CommandRelay::CallbackService {
   // Errors: FAILED_PRECONDITION if the request's job_id, rank or incarnation is not this
   // agent's, the message naming each that differs (STALE_INCARNATION in its ErrorDetail when
   // only the incarnation does: the target restarted); INVALID_ARGUMENT if the command has
-  // relay_to set (a relayed command is never relayed again); UNAVAILABLE after Stop().
+  // relay_to set (a relayed command is never relayed again) or is not one a relay passes on
+  // (common/relayable.h: a PIN without an assignment); UNAVAILABLE after Stop().
   // on_command is not called on an error.
   grpc::ServerUnaryReactor* Relay(grpc::CallbackServerContext* context,
                                   const v1::RelayRequest* request,

@@ -15,6 +15,7 @@
 #include "common/status.h"
 #include "google/protobuf/util/message_differencer.h"
 #include "grpcpp/grpcpp.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -240,6 +241,27 @@ TEST(CommandRelayServiceTest, Relay_CommandWithRelayTo_InvalidArgument) {
   AddTarget(command, 5, 0x55, "127.0.0.1:1");
   grpc::Status status = agent.Call(agent.RequestFor(command));
   EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_TRUE(agent.commands().empty());
+}
+
+// Only what the coordinator relays is taken from a relay: a PIN without an assignment. A
+// peer that relays anything else (an ABORT, a COMMIT, a PIN with an assignment) is refused.
+TEST(CommandRelayServiceTest, Relay_CommandNotRelayable_InvalidArgumentAndNotHandedOn) {
+  Agent agent(3, 0x33);
+  v1::Command abort;
+  abort.set_session_id("s-7");
+  abort.set_seq(43);
+  abort.mutable_abort();
+  v1::Command commit = abort;
+  commit.mutable_commit()->set_final_dir("/ckpt/job/step-1");
+  v1::Command with_assignment = Pin(42);
+  with_assignment.mutable_pin()->set_assignment_omitted(false);
+  for (const v1::Command& command : {abort, commit, with_assignment}) {
+    grpc::Status status = agent.Call(agent.RequestFor(command));
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << command.ShortDebugString();
+    EXPECT_THAT(status.error_message(), ::testing::HasSubstr("not one a relay passes on"));
+  }
   EXPECT_TRUE(agent.commands().empty());
 }
 

@@ -3,18 +3,18 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/string_view.h"
+#include "common/relayable.h"
 
 namespace tessera {
 
 bool Relayable(const Outgoing& command) {
-  return command.pin_plan == nullptr && command.command.has_pin() &&
-         command.command.pin().assignment_omitted() && command.command.relay_to().empty();
+  return command.pin_plan == nullptr && RelayableCommand(command.command) &&
+         command.command.relay_to().empty();
 }
 
 size_t FoldRelays(std::vector<Outgoing>& commands, absl::Span<const RelayPeer> peers) {
-  // (node, command bytes) -> index of the group's relay in `commands`.
+  // (node, command bytes but seq) -> index of the group's relay in `commands`.
   absl::flat_hash_map<std::pair<absl::string_view, std::string>, size_t> relays;
   std::vector<bool> folded(commands.size(), false);
   size_t folded_count = 0;
@@ -28,7 +28,12 @@ size_t FoldRelays(std::vector<Outgoing>& commands, absl::Span<const RelayPeer> p
     auto [group, first] = relays.try_emplace(
         {absl::string_view(peer.node_id), unsequenced.SerializeAsString()}, i);
     if (first) continue;
-    v1::RelayTarget* target = commands[group->second].command.add_relay_to();
+    v1::Command& relay = commands[group->second].command;
+    if (static_cast<size_t>(relay.relay_to_size()) >= kMaxRelayTargets) {
+      group->second = i;  // this one relays the next of the node
+      continue;
+    }
+    v1::RelayTarget* target = relay.add_relay_to();
     target->set_rank(o.rank);
     target->set_incarnation(peer.incarnation);
     target->set_peer_address(peer.peer_address);
@@ -49,10 +54,34 @@ size_t FoldRelays(std::vector<Outgoing>& commands, absl::Span<const RelayPeer> p
 
 size_t RelayFanOut(const AgentRegistry& registry, const std::string& job_id, size_t relay_from,
                    std::vector<Outgoing>& commands) {
-  if (relay_from == 0 || commands.size() < relay_from) return 0;
+  if (relay_from == 0 || commands.size() < relay_from ||
+      std::none_of(commands.begin(), commands.end(), Relayable)) {
+    return 0;
+  }
   uint32_t world = 0;
   for (const Outgoing& o : commands) world = std::max(world, o.rank + 1);
   return FoldRelays(commands, registry.RelayPeers(job_id, world));
+}
+
+void RelayedCommands::Record(const std::vector<Outgoing>& commands) {
+  bool cleared = false;
+  for (const Outgoing& o : commands) {
+    if (o.command.relay_to().empty()) continue;
+    if (!cleared) {
+      relays_.clear();
+      cleared = true;
+    }
+    relays_[o.rank] = o.command;
+  }
+}
+
+v1::Command RelayedCommands::Replay(uint32_t rank, v1::Command current) const {
+  auto it = relays_.find(rank);
+  if (it != relays_.end() && it->second.session_id() == current.session_id() &&
+      it->second.seq() == current.seq()) {
+    *current.mutable_relay_to() = it->second.relay_to();
+  }
+  return current;
 }
 
 }  // namespace tessera

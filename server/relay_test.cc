@@ -127,5 +127,48 @@ TEST(FoldRelays, OneRankPerNode_NothingFolds) {
   for (const Outgoing& o : commands) EXPECT_EQ(o.command.relay_to_size(), 0);
 }
 
+TEST(FoldRelays, ANodeOfMoreThanTheMostTargets_HasSeveralRelays) {
+  const uint32_t ranks = kMaxRelayTargets + 3;  // one node id for all of them
+  std::vector<Outgoing> commands;
+  for (uint32_t r = 0; r < ranks; ++r) commands.push_back(CachedPin(r));
+  EXPECT_EQ(FoldRelays(commands, Peers(ranks, ranks)), ranks - 2);
+  ASSERT_EQ(Ranks(commands), (std::vector<uint32_t>{0, kMaxRelayTargets + 1}));
+  EXPECT_EQ(static_cast<size_t>(commands[0].command.relay_to_size()), kMaxRelayTargets);
+  ASSERT_EQ(commands[1].command.relay_to_size(), 1);
+  EXPECT_EQ(commands[1].command.relay_to(0).rank(), kMaxRelayTargets + 2);
+}
+
+// A relay's stream that reconnects is replayed its command with the targets it names; the
+// targets, and a command of another session or seq, are replayed as they are.
+TEST(RelayedCommands, Replay_TheRelaysCommandNamesItsTargetsAgain) {
+  std::vector<Outgoing> commands;
+  for (uint32_t r = 0; r < 4; ++r) commands.push_back(CachedPin(r));
+  ASSERT_EQ(FoldRelays(commands, Peers(4, 4)), 3u);
+  RelayedCommands relayed;
+  relayed.Record(commands);
+
+  const v1::Command replayed = relayed.Replay(0, CachedPin(0).command);
+  EXPECT_EQ(replayed.SerializeAsString(), commands[0].command.SerializeAsString());
+  EXPECT_EQ(replayed.relay_to_size(), 3);
+  EXPECT_EQ(relayed.Replay(1, CachedPin(1).command).relay_to_size(), 0);
+  v1::Command newer = CachedPin(0).command;
+  newer.set_seq(500);
+  EXPECT_EQ(relayed.Replay(0, newer).relay_to_size(), 0);
+  v1::Command other_session = CachedPin(0).command;
+  other_session.set_session_id("s2");
+  EXPECT_EQ(relayed.Replay(0, other_session).relay_to_size(), 0);
+
+  // A fan-out that folded nothing keeps what was recorded; one that folded replaces it.
+  std::vector<Outgoing> unfolded = {CachedPin(0)};
+  relayed.Record(unfolded);
+  EXPECT_EQ(relayed.Replay(0, CachedPin(0).command).relay_to_size(), 3);
+  std::vector<Outgoing> next;
+  for (uint32_t r = 4; r < 6; ++r) next.push_back(CachedPin(r));
+  ASSERT_EQ(FoldRelays(next, Peers(6, 2)), 1u);
+  relayed.Record(next);
+  EXPECT_EQ(relayed.Replay(0, CachedPin(0).command).relay_to_size(), 0);
+  EXPECT_EQ(relayed.Replay(4, CachedPin(4).command).relay_to_size(), 1);
+}
+
 }  // namespace
 }  // namespace tessera

@@ -25,6 +25,8 @@ struct SessionManager::Job {
   Strand strand;
   mutable absl::Mutex mu;
   std::unique_ptr<JobCore> core ABSL_GUARDED_BY(mu);  // null while it must be recovered
+  // The relays' commands of the last relayed fan-out: replayed with their relay_to.
+  RelayedCommands relayed ABSL_GUARDED_BY(mu);
   // Whether the job's trainers are blocked in a save (JobCore::trainers_blocked), as last
   // counted in jobs_blocking_. The job's strand only (Carry).
   bool trainers_blocked = false;
@@ -184,9 +186,14 @@ class SessionManager::Port : public EffectsPort {
       if (job_->core != nullptr) job_->core->Delivered(commands);
     }
     // Cached PINs go once per node (relay.h). After Delivered: each rank's current command
-    // stays its own, so a stream that reconnects is replayed its PIN whoever relays it.
+    // stays its own, so a stream that reconnects is replayed its PIN whoever relays it — a
+    // relay's with the targets it names (RelayedCommands).
     const size_t relayed = RelayFanOut(*m_->registry_, job_->job_id,
                                        m_->options_.session.relay_from, commands);
+    if (relayed > 0) {
+      absl::MutexLock lock(&job_->mu);
+      job_->relayed.Record(commands);
+    }
     const size_t written = commands.size();
     HandOut(*m_->sink_, job_->job_id, commands, m_->options_.hand_out_threads);
     if (count >= kLogDeliveriesFrom || relayed > 0) {
@@ -491,6 +498,7 @@ std::optional<v1::Command> SessionManager::CurrentCommand(const std::string& job
     absl::MutexLock lock(&job->mu);
     if (job->core == nullptr) return std::nullopt;
     current = job->core->CurrentCommand(rank);
+    if (current.has_value()) current->command = job->relayed.Replay(rank, current->command);
   }
   if (!current.has_value()) return std::nullopt;
   // A PIN is kept without its assignment (the plan has it); parsed here, off the lock.

@@ -1089,6 +1089,18 @@ TEST_F(SessionManagerTest, CachedSave_AgentsThatRelay_PinOncePerNodeNamingTheOth
     EXPECT_EQ(target.peer_address(), absl::StrCat("10.0.0.", relay + 1, ":7070"));
     EXPECT_EQ(target.seq(), pin.seq() + 1);  // the seq the session gave rank relay + 1's PIN
   }
+  // A relay whose stream reconnects is replayed its PIN naming its targets again; a target
+  // is replayed its own PIN.
+  for (uint32_t relay : {0u, 2u}) {
+    std::optional<v1::Command> replay = manager().CurrentCommand(kJob, relay);
+    ASSERT_TRUE(replay.has_value());
+    EXPECT_EQ(replay->SerializeAsString(), CommandsTo(relay, second)[0].SerializeAsString());
+    std::optional<v1::Command> target = manager().CurrentCommand(kJob, relay + 1);
+    ASSERT_TRUE(target.has_value());
+    EXPECT_TRUE(target->has_pin());
+    EXPECT_EQ(target->relay_to_size(), 0);
+    EXPECT_EQ(target->seq(), replay->relay_to(0).seq());
+  }
   PassOnRelays(second);
   for (uint32_t r = 0; r < 4; ++r) {
     EXPECT_EQ(AssignmentOf(r, second).SerializeAsString(),

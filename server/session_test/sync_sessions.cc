@@ -19,7 +19,9 @@ class SyncSessions::Port : public EffectsPort {
   void Recover() override { s_->Reload(job_id_); }
   void Deliver(std::vector<Outgoing> commands) override {
     s_->Core(job_id_)->Delivered(commands);
-    RelayFanOut(*s_->registry_, job_id_, s_->options_.relay_from, commands);
+    if (RelayFanOut(*s_->registry_, job_id_, s_->options_.relay_from, commands) > 0) {
+      s_->relayed_[job_id_].Record(commands);
+    }
     HandOut(*s_->sink_, job_id_, commands, /*max_threads=*/1);  // deterministic: one thread
   }
   void StartPlan(PlanWork work) override {
@@ -202,6 +204,8 @@ std::optional<v1::Command> SyncSessions::CurrentCommand(const std::string& job_i
     current->command.mutable_pin()->mutable_assignment()->ParseFromString(
         current->pin_plan->assignments[rank]);
   }
+  auto relayed = relayed_.find(job_id);
+  if (relayed != relayed_.end()) return relayed->second.Replay(rank, current->command);
   return current->command;
 }
 

@@ -21,6 +21,7 @@
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
 #include "server/planner.h"
+#include "server/relay.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"
 #include "server/session/job_core.h"
@@ -75,6 +76,7 @@ class SyncSessions {
   uint64_t epoch_ = 1;
   std::atomic<uint64_t> commands_emitted_{0};
   std::map<std::string, std::unique_ptr<JobCore>> jobs_;
+  std::map<std::string, RelayedCommands> relayed_;  // by job: replayed with their relay_to
   std::deque<std::pair<std::string, CommitAttempt>> commits_;
   struct Cleanup {
     std::string job_id;

@@ -94,7 +94,7 @@ ABSL_FLAG(bool, relay, true,
           "agents say they relay commands (RegisterAgentRequest.relays_commands, as "
           "tessera-agent does), so a cached save's PIN comes once per node of 8 ranks and the "
           "fake agent it comes to passes it on to the node's others in-process (a real agent "
-          "makes a loopback call per agent of its node: not part of this figure)");
+          "makes a call per other agent of its node: not part of this figure)");
 ABSL_FLAG(int32_t, timeout_s, 600, "give up on any wait after this long");
 
 namespace tessera {
@@ -313,7 +313,7 @@ class FakeAgent {
   void Handle(const v1::Command& command, std::string* assignment) {
     if (command.session_id() == last_session_ && command.seq() <= last_seq_) return;  // replay
     // A relay (coordinator.proto Command.relay_to): pass the command on to the others, each
-    // with its own seq, as tessera-agent does over its node's loopback. They are in this
+    // with its own seq, as tessera-agent does at their Peer ports. They are in this
     // worker (Main gives each worker whole nodes).
     // Their streams are idle meanwhile: the bench drives one save at a time.
     for (const v1::RelayTarget& target : command.relay_to()) {
