@@ -61,13 +61,13 @@ class CommandRelayService final : public v1::CommandRelay::CallbackService {
                                   const v1::RelayRequest* request,
                                   v1::RelayResponse* response) override;
 
-  // What Relay() answers for `request`, without gRPC.
-  absl::Status Handle(const v1::RelayRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
-
   // After Stop() returns, on_command is not running and is never called again. Idempotent.
   void Stop() ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
+  // What Relay() answers for `request`.
+  absl::Status Handle(const v1::RelayRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
+
   const std::string job_id_;
   const uint32_t rank_;
   const uint64_t incarnation_;

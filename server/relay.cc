@@ -19,14 +19,17 @@ size_t FoldRelays(std::vector<Outgoing>& commands, absl::Span<const RelayPeer> p
   std::vector<bool> folded(commands.size(), false);
   size_t folded_count = 0;
   for (size_t i = 0; i < commands.size(); ++i) {
-    const Outgoing& o = commands[i];
+    Outgoing& o = commands[i];
     if (o.rank >= peers.size() || !peers[o.rank].relays || !Relayable(o)) continue;
     const RelayPeer& peer = peers[o.rank];
     // Every command has a seq of its own (commands emitted are counted): equal but for it.
-    v1::Command unsequenced = o.command;
-    unsequenced.clear_seq();
-    auto [group, first] = relays.try_emplace(
-        {absl::string_view(peer.node_id), unsequenced.SerializeAsString()}, i);
+    // Its bytes without it, taken in place rather than from a copy of the command.
+    const uint64_t seq = o.command.seq();
+    o.command.clear_seq();
+    std::string unsequenced = o.command.SerializeAsString();
+    o.command.set_seq(seq);
+    auto [group, first] =
+        relays.try_emplace({absl::string_view(peer.node_id), std::move(unsequenced)}, i);
     if (first) continue;
     v1::Command& relay = commands[group->second].command;
     if (static_cast<size_t>(relay.relay_to_size()) >= kMaxRelayTargets) {
@@ -64,14 +67,9 @@ size_t RelayFanOut(const AgentRegistry& registry, const std::string& job_id, siz
 }
 
 void RelayedCommands::Record(const std::vector<Outgoing>& commands) {
-  bool cleared = false;
+  relays_.clear();
   for (const Outgoing& o : commands) {
-    if (o.command.relay_to().empty()) continue;
-    if (!cleared) {
-      relays_.clear();
-      cleared = true;
-    }
-    relays_[o.rank] = o.command;
+    if (!o.command.relay_to().empty()) relays_[o.rank] = o.command;
   }
 }
 

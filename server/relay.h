@@ -59,7 +59,9 @@ size_t RelayFanOut(const AgentRegistry& registry, const std::string& job_id, siz
 class RelayedCommands {
  public:
   // Keeps the relays' commands among `commands` (those with relay_to), replacing what was
-  // kept, if any is there; a fan-out that folded nothing keeps the last one's.
+  // kept. The shells call it for a fan-out RelayFanOut folded something of; the others'
+  // commands are no relay's, and what was kept stays until the next fold (Replay matches
+  // session and seq, so what is kept never names targets for another command).
   void Record(const std::vector<Outgoing>& commands);
 
   // `current` with the relay_to it was written with, if `rank` relayed it (the same session

@@ -498,7 +498,9 @@ std::optional<v1::Command> SessionManager::CurrentCommand(const std::string& job
     absl::MutexLock lock(&job->mu);
     if (job->core == nullptr) return std::nullopt;
     current = job->core->CurrentCommand(rank);
-    if (current.has_value()) current->command = job->relayed.Replay(rank, current->command);
+    if (current.has_value()) {
+      current->command = job->relayed.Replay(rank, std::move(current->command));
+    }
   }
   if (!current.has_value()) return std::nullopt;
   // A PIN is kept without its assignment (the plan has it); parsed here, off the lock.

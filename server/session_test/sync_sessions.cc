@@ -205,8 +205,8 @@ std::optional<v1::Command> SyncSessions::CurrentCommand(const std::string& job_i
         current->pin_plan->assignments[rank]);
   }
   auto relayed = relayed_.find(job_id);
-  if (relayed != relayed_.end()) return relayed->second.Replay(rank, current->command);
-  return current->command;
+  if (relayed != relayed_.end()) return relayed->second.Replay(rank, std::move(current->command));
+  return std::move(current->command);
 }
 
 absl::StatusOr<v1::SessionStatus> SyncSessions::GetSession(const std::string& job_id,
