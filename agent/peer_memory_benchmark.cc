@@ -7,8 +7,8 @@
 // process, as two agents share a node's cores. The destination is faulted in once, so page
 // faults are not measured. BM_PutMemoryCopy compares the two ways of replicating a copy to a
 // buddy (gRPC against the bulk port). BM_FetchVerified is a lost node's trainer reading the
-// same copy itself (client/peer_fetch.h): each 64 KiB piece received straight into the
-// destination and hashed there, every 4 MiB block checked.
+// same copy itself (client/peer_fetch.h): what has arrived (up to 1 MiB a time) received
+// straight into the destination and hashed there, every 4 MiB block checked.
 //
 //   bazel run -c opt //agent:peer_memory_benchmark
 #include <arpa/inet.h>

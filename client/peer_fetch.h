@@ -6,10 +6,10 @@
 // the agent, those bytes would cross three times on the receiving node — into a new load
 // region (shared memory made and faulted in for the load: on the 2-core VM ~270 ms per
 // 256 MiB before a byte arrives), then out of it into the tensors — and the region costs its
-// page faults twice, in the agent and in the trainer. Read here, they cross once: the kernel
-// copies each 64 KiB piece straight into the tensor that holds it whole (a piece across a
-// tensor boundary or padding goes into a small buffer that stays in this core's cache and is
-// copied from there), and the piece is hashed right after (client/verified_copy.h
+// page faults twice, in the agent and in the trainer. Read here, they cross once: each
+// receive takes what has arrived (up to 1 MiB) straight into the tensor that holds its first
+// byte, up to that tensor's end (padding between tensors goes into a buffer and is dropped),
+// and the piece is hashed right after, from the core's cache (client/verified_copy.h
 // CopyAndCheckBlock). The agent only locates the blocks (LoadResponse.fetch).
 //
 // Thread-safety: FetchVerified may run concurrently with itself; it starts and joins its own

@@ -96,6 +96,32 @@ TEST_F(PeerFetchTest, EverySlotFilledFromTheHolder_EveryBlockChecked) {
   d.ExpectFilledFrom(held_);
 }
 
+TEST_F(PeerFetchTest, BlocksOfManyPieces_SlotsAcrossPieceBoundaries_EveryByteChecked) {
+  // A manifest's 4 MiB blocks, each received in several pieces: slots that start and end
+  // inside pieces, one across a block boundary, and a flipped byte in the last block's
+  // middle piece found.
+  std::vector<BlockCheck> blocks;
+  for (uint64_t at = 0; at < held_.size(); at += 4 * kMiB) {
+    const uint64_t n = std::min<uint64_t>(4 * kMiB, held_.size() - at);
+    blocks.push_back(BlockCheck{at, n, Xxh3(held_.data() + at, n)});
+  }
+  Destinations d({{kMiB - 5, 2 * kMiB + 10}, {3 * kMiB + 7, 3 * kMiB}, {8 * kMiB, kMiB + 123}});
+  absl::StatusOr<VerifiedCopyResult> fetched =
+      FetchVerified(kJob, copy_, d.slots, blocks, /*max_streams=*/2, Soon());
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->mismatched.empty());
+  d.ExpectFilledFrom(held_);
+
+  std::string flipped = held_;
+  flipped[4 * kMiB + kMiB + kMiB / 2] ^= 1;
+  FakeBulkHolder holder(flipped);
+  copy_.set_bulk_address(holder.address());
+  Destinations again({{0, held_.size()}});
+  fetched = FetchVerified(kJob, copy_, again.slots, blocks, 1, Soon());
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_EQ(fetched->mismatched, std::vector<size_t>({1}));
+}
+
 TEST_F(PeerFetchTest, ABlockThatDoesNotMatch_ListedAndTheOthersStillCopied) {
   blocks_[4].xxh3 ^= 1;
   Destinations d({{0, held_.size()}});

@@ -85,9 +85,15 @@ absl::StatusOr<bool> CopyAndCheckBlock(PieceSource source, absl::Span<const Slot
                                        const std::vector<size_t>& block_slots,
                                        StreamingHasher& hasher) {
   hasher.Reset();
-  for (uint64_t begin = block.offset; begin < End(block); begin += kVerifiedCopyPiece) {
-    const uint64_t end = std::min(End(block), begin + kVerifiedCopyPiece);
-    ASSIGN_OR_RETURN(const char* piece, source(begin, end));
+  for (uint64_t begin = block.offset, end = 0; begin < End(block); begin = end) {
+    ASSIGN_OR_RETURN(const absl::Span<const char> got, source(begin, End(block)));
+    if (got.empty() || got.size() > End(block) - begin) {
+      return absl::InternalError(absl::StrCat("a piece source returned ", got.size(),
+                                              " bytes at ", begin, " for up to ",
+                                              End(block) - begin));
+    }
+    const char* piece = got.data();
+    end = begin + got.size();
     for (size_t s : block_slots) {
       const SlotCopy& slot = slots[s];
       const uint64_t from = std::max(begin, slot.offset);
@@ -118,8 +124,8 @@ absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t reg
   // Each thread takes the next block not yet taken.
   std::atomic<size_t> next{0};
   std::vector<char> bad(blocks.size(), 0);
-  auto in_region = [region](uint64_t begin, uint64_t) -> absl::StatusOr<const char*> {
-    return region + begin;
+  auto in_region = [region](uint64_t begin, uint64_t end) -> absl::StatusOr<absl::Span<const char>> {
+    return absl::Span<const char>(region + begin, std::min(kVerifiedCopyPiece, end - begin));
   };
   auto worker = [&] {
     StreamingHasher hasher;

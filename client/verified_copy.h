@@ -47,12 +47,14 @@ struct VerifiedCopyResult {
   int threads = 0;  // threads that copied (0: no blocks)
 };
 
-// Where a block's bytes come from, one piece at a time and in order: the bytes [begin, end)
-// of the region (offsets from its first byte), valid until the next call — where they lie in
-// a mapped region (VerifiedCopy), or received into a buffer or straight into the one slot
-// that holds the whole piece (client/peer_fetch.h; nothing is copied then) — or why they
-// cannot be had.
-using PieceSource = absl::FunctionRef<absl::StatusOr<const char*>(uint64_t begin, uint64_t end)>;
+// Where a block's bytes come from, one piece at a time and in order: asked for the bytes
+// [begin, end) of the region (offsets from its first byte; `end` is the block's), returns the
+// next piece, some of them from `begin` on (at least one byte), valid until the next call —
+// where they lie in a mapped region (VerifiedCopy: kVerifiedCopyPiece at a time), or what
+// has arrived, received into a buffer or straight into the slot that holds them
+// (client/peer_fetch.h; nothing is copied then) — or why they cannot be had.
+using PieceSource =
+    absl::FunctionRef<absl::StatusOr<absl::Span<const char>>(uint64_t begin, uint64_t end)>;
 
 // VerifiedCopy's rule for its arguments, checked against a region of `region_size` bytes;
 // returns, for each block, the slots that have bytes in it (indices into `slots`).
@@ -61,10 +63,11 @@ absl::StatusOr<std::vector<std::vector<size_t>>> SlotsByBlock(uint64_t region_si
                                                               absl::Span<const SlotCopy> slots,
                                                               absl::Span<const BlockCheck> blocks);
 
-// One block of VerifiedCopy: takes its bytes from `source`, kVerifiedCopyPiece at a time,
-// copies each piece into the slots `block_slots` that have bytes in it, then hashes it while
-// it is still in this core's cache; true if the block matches its XXH3. Errors: `source`'s
-// (the slots then hold some of the block's bytes, unchecked).
+// One block of VerifiedCopy: takes its bytes from `source`, a piece at a time, copies each
+// piece into the slots `block_slots` that have bytes in it, then hashes it while it is still
+// in this core's cache; true if the block matches its XXH3. Errors: `source`'s (the slots
+// then hold some of the block's bytes, unchecked), or Internal if it returned no bytes or
+// more than were asked for.
 absl::StatusOr<bool> CopyAndCheckBlock(PieceSource source, absl::Span<const SlotCopy> slots,
                                        const BlockCheck& block,
                                        const std::vector<size_t>& block_slots,

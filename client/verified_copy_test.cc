@@ -55,6 +55,52 @@ TEST(VerifiedCopy, CopiesEverySlot_AllBlocksMatch) {
   EXPECT_EQ(b, Slice(region, a.size(), b.size()));
 }
 
+TEST(CopyAndCheckBlock, PiecesOfAnySize_EverySlotFilled_TheBlockChecked) {
+  // A source that hands the block over in pieces of 1, 2, 3, ... bytes (as a socket returns
+  // what has arrived), the first of each piece wherever the source chose to put it.
+  std::vector<char> region = RandomBytes(5000, 9);
+  const BlockCheck block{100, 4000, Xxh3(region.data() + 100, 4000)};
+  std::vector<char> a(1500, 0), b(2000, 0);
+  const std::vector<SlotCopy> slots = {{a.data(), 50, a.size()}, {b.data(), 1600, b.size()}};
+  StreamingHasher hasher;
+  uint64_t next_size = 1;
+  int calls = 0;
+  auto source = [&](uint64_t begin, uint64_t end) -> absl::StatusOr<absl::Span<const char>> {
+    ++calls;
+    const uint64_t n = std::min(next_size++, end - begin);
+    return absl::Span<const char>(region.data() + begin, n);
+  };
+  absl::StatusOr<bool> matched = CopyAndCheckBlock(source, slots, block, {0, 1}, hasher);
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_TRUE(*matched);
+  EXPECT_GT(calls, 80);  // 1 + 2 + ... + 89 > 4000
+  EXPECT_EQ(Slice(a, 50, 1450), Slice(region, 100, 1450));
+  EXPECT_EQ(b, Slice(region, 1600, 2000));
+
+  region[3000] ^= 1;
+  next_size = 1;
+  matched = CopyAndCheckBlock(source, slots, block, {0, 1}, hasher);
+  ASSERT_TRUE(matched.ok()) << matched.status();
+  EXPECT_FALSE(*matched);
+}
+
+TEST(CopyAndCheckBlock, ASourceThatReturnsNothingOrTooMuch_Internal) {
+  std::vector<char> region = RandomBytes(100, 10);
+  const BlockCheck block{0, 64, Xxh3(region.data(), 64)};
+  StreamingHasher hasher;
+  auto nothing = [&](uint64_t begin, uint64_t) -> absl::StatusOr<absl::Span<const char>> {
+    return absl::Span<const char>(region.data() + begin, 0);
+  };
+  absl::StatusOr<bool> matched = CopyAndCheckBlock(nothing, {}, block, {}, hasher);
+  EXPECT_EQ(matched.status().code(), absl::StatusCode::kInternal) << matched.status();
+  auto too_much = [&](uint64_t begin, uint64_t end) -> absl::StatusOr<absl::Span<const char>> {
+    return absl::Span<const char>(region.data() + begin, end - begin + 1);
+  };
+  matched = CopyAndCheckBlock(too_much, {}, block, {}, hasher);
+  EXPECT_EQ(matched.status().code(), absl::StatusCode::kInternal) << matched.status();
+  EXPECT_THAT(std::string(matched.status().message()), HasSubstr("65 bytes at 0 for up to 64"));
+}
+
 TEST(VerifiedCopy, FlippedByte_ThatBlockOnly) {
   const uint64_t block = kVerifiedCopyPiece + 1;
   std::vector<char> region = RandomBytes(4 * block, 2);

@@ -203,6 +203,24 @@ absl::Status TcpSocket::RecvAll(char* dest, size_t n, absl::Time deadline) const
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> TcpSocket::RecvSome(char* dest, size_t n, absl::Time deadline) const {
+  for (;;) {
+    if (absl::Status timed = TimeOutAt(fd_, deadline, "receive from", peer_); !timed.ok()) {
+      return timed;
+    }
+    const ssize_t k = ::recv(fd_, dest, std::min(n, kMaxPerCall), 0);
+    if (k == 0) {
+      return absl::DataLossError(absl::StrCat(peer_, " closed the connection with ", n,
+                                              " bytes still expected"));
+    }
+    if (k < 0) {
+      if (errno == EINTR) continue;
+      return SocketError(errno, "receive from", peer_);
+    }
+    return static_cast<size_t>(k);
+  }
+}
+
 void TcpSocket::Shutdown() const {
   if (fd_ >= 0) ::shutdown(fd_, SHUT_RDWR);
 }

@@ -59,6 +59,10 @@ class TcpSocket {
   // many bytes had arrived.
   absl::Status RecvAll(char* dest, size_t n, absl::Time deadline) const;
 
+  // Receives between 1 and `n` (> 0) bytes into `dest`: what has arrived, waiting only until
+  // something has; returns how many. DataLoss if the peer closes first.
+  absl::StatusOr<size_t> RecvSome(char* dest, size_t n, absl::Time deadline) const;
+
   // Wakes and fails any call blocked on this socket, now and later; the descriptor stays open
   // until Close() or destruction.
   void Shutdown() const;

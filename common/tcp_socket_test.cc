@@ -76,6 +76,37 @@ TEST(TcpSocketTest, RecvAll_PeerSendsNothing_DeadlineExceededAtTheDeadline) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
+TEST(TcpSocketTest, RecvSome_WhatHasArrived_ThenDataLossOnClose) {
+  Pair p = Connected();
+  ASSERT_TRUE(p.client.SendAll("abc", 3, Soon()).ok());
+  char buffer[8];
+  // Three bytes have arrived and no more will until the peer sends: it returns them.
+  absl::StatusOr<size_t> got = p.server.RecvSome(buffer, sizeof(buffer), Soon());
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(std::string(buffer, *got), "abc");
+  ASSERT_TRUE(p.client.SendAll("defgh", 5, Soon()).ok());
+  got = p.server.RecvSome(buffer, 2, Soon());  // never more than asked for
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(std::string(buffer, *got), std::string("de", *got));
+  p.client.Close();
+  std::string rest;
+  for (;;) {
+    got = p.server.RecvSome(buffer, sizeof(buffer), Soon());
+    if (!got.ok()) break;
+    rest.append(buffer, *got);
+  }
+  EXPECT_EQ(rest, std::string("defgh").substr(5 - rest.size()));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+}
+
+TEST(TcpSocketTest, RecvSome_PeerSendsNothing_DeadlineExceeded) {
+  Pair p = Connected();
+  char buffer[8];
+  absl::StatusOr<size_t> got =
+      p.server.RecvSome(buffer, sizeof(buffer), absl::Now() + absl::Milliseconds(50));
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+}
+
 TEST(TcpSocketTest, Shutdown_WakesABlockedReceive) {
   Pair p = Connected();
   absl::Status status;
