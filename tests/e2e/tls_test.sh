@@ -9,7 +9,7 @@ source deploy/lib/procs.sh
 dir=${TEST_TMPDIR:-$(mktemp -d)}
 sock=$(mktemp -d /tmp/tessera-sock.XXXXXX)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$sock"; }
+cleanup() { for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done; rm -rf "$sock"; rm -f /dev/shm/tessera-"${job:-}"-*; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; tail -n 5 "$dir"/*.log; exit 1; }
 
