@@ -35,7 +35,8 @@ memcpy: the baselines of step 1 alone, on B bytes in tensors of at most --tensor
 workload's ranks: run.sh's llama figure, whose trainer prints how many bytes each rank holds).
 load: this rank's row block in the N'-rank layout (a different TP degree than the N of the
 save: resharding), destinations pre-allocated and pre-faulted as a resumed model's are; one
-timed client.load(), then every byte is checked.
+timed client.load(), then every byte is checked. With --memcpy-baseline, first step 1's memcpy
+baselines of the same tensors (a restore from memory's baseline, taken in the same minute).
 gpu: the same tensors on the CUDA device. Baseline: device->host copy of every tensor into one
 pinned host buffer (copy_(non_blocking=True) + synchronize; best of 3), i.e. D2H at the
 pinned-memory bandwidth. Tessera: K saves of the CUDA tensors (blocked, and until COMMITTED).
@@ -112,13 +113,14 @@ def make_state(rank, world, mib, tensor_mib, saved_world=None, values=True):
     return state, tensors
 
 
-def barrier(directory, name, rank, world, timeout=600):
+def barrier(directory, name, rank, world, ranks=None, timeout=600):
+    """Waits until every rank of `ranks` (default: all of `world`) has arrived."""
     os.makedirs(directory, exist_ok=True)
     open(os.path.join(directory, "%s.%d" % (name, rank)), "w").close()
     deadline = time.monotonic() + timeout
     while True:
         if all(os.path.exists(os.path.join(directory, "%s.%d" % (name, r)))
-               for r in range(world)):
+               for r in (ranks if ranks is not None else range(world))):
             return
         if time.monotonic() > deadline:
             raise SystemExit("barrier %s: not every rank arrived in %d s" % (name, timeout))
@@ -347,7 +349,14 @@ def do_load(a):
                                 saved_world=a.saved_world, values=False)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     client = connect(a.agent)
-    barrier(a.barrier, "load", a.rank, a.world)
+    baseline = {}
+    if a.memcpy_baseline:
+        # The same bytes copied right before the load, every rank at once: the baseline of a
+        # restore from memory, taken in the same minute (the save's, taken before its steps,
+        # drifts with this machine's memory bandwidth).
+        baseline = {"memcpy_threads": baseline_threads(),
+                    "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world)}
+    barrier(a.barrier, "load", a.rank, a.world, a.barrier_ranks)
     # Read by the device from here to the load's end, every rank's window together: the load's
     # reads, not this process's start (Python and torch come from the disk after the page cache
     # was dropped).
@@ -368,7 +377,7 @@ def do_load(a):
             bad.append(fqn)
     return {"rank": a.rank, "world": a.world, "bytes": total, "step": step, "start": wall0,
             "load_s": dt, "end": wall0 + dt, "mismatched": bad, "sources": client.last_load,
-            "device_read": [device0, device1]}
+            "device_read": [device0, device1], **baseline}
 
 
 def main():
@@ -383,6 +392,11 @@ def main():
     p.add_argument("--tensor-mib", type=int, default=64)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--barrier", required=True)
+    p.add_argument("--memcpy-baseline", action="store_true",
+                   help="load: first the memcpy baselines of the load's bytes, as save's step 1")
+    p.add_argument("--barrier-ranks", default=None,
+                   type=lambda v: [int(x) for x in v.split(",")],
+                   help="load: the ranks that run and meet at the barrier (default: all)")
     p.add_argument("--torch-dir", default="")
     p.add_argument("--torch-runs", type=int, default=3)
     p.add_argument("--out", required=True)

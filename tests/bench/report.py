@@ -514,64 +514,114 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
     return rows
 
 
+def load_runs(raw, prefix, tag):
+    """[[rank's load JSON, ...] per run, in run order] of run.sh's `<prefix>-<tag>-run<i>-<rank>`
+    files (ranks that wrote nothing left out)."""
+    runs = {}
+    for path in glob.glob(os.path.join(raw, "%s-%s-run*-*.json" % (prefix, tag))):
+        m = re.search(r"-run(\d+)-\d+\.json$", path)
+        report = load_json(path)
+        if m and report:
+            runs.setdefault(int(m.group(1)), []).append(report)
+    return [runs[k] for k in sorted(runs)]
+
+
+def median_run(judged_runs):
+    """(the run whose ratio is the median, "median of N runs: ratios a-b") of [(ratio, run)];
+    ratios may be None (not measured)."""
+    measured = sorted((r for r in judged_runs if r[0] is not None), key=lambda r: r[0])
+    if not measured:
+        return judged_runs[0], ""
+    mid = measured[(len(measured) - 1) // 2]  # the lower middle of an even count
+    if len(measured) == 1:
+        return mid, ""
+    return mid, "; median of %d runs: %.2f-%.2f" % (len(measured), measured[0][0],
+                                                      measured[-1][0])
+
+
 def memory_rows(raw, tag, name, ranks, client_memcpy):
-    """Figure 4m: the last saved step loaded on the same layout from the agents' memory tier.
-    Baseline: the slowest rank's memcpy of its bytes with the client's threads (figure 1's,
-    (threads, seconds)). Judged only if every byte came from memory."""
-    threads, memcpy = client_memcpy
-    loads = [load_json(p) for p in
-             sorted(glob.glob(os.path.join(raw, "memload-%s-*.json" % tag)))]
-    loads = [x for x in loads if x]
-    if not loads:
+    """Figure 4m: the last saved step loaded on the same layout from the agents' memory tier,
+    in each of run.sh's runs. Per run: bytes / (first load() call -> last returned), against
+    the slowest rank's memcpy of its bytes with the client's threads, taken by the loading ranks
+    right before the load (bench_rank.py --memcpy-baseline; else figure 1's `client_memcpy`,
+    (threads, seconds)). The row is the run of median ratio. Judged only if every byte of it
+    came from memory."""
+    runs = load_runs(raw, "memload", tag)
+    if not runs:
         return []
-    if len(loads) < ranks or any(x["mismatched"] for x in loads):
-        return [Row("4m memory restore, %s" % name, "failed (see logs/%s)" % tag)]
+    measured = []
+    for loads in runs:
+        if len(loads) < ranks or any(x["mismatched"] for x in loads):
+            return [Row("4m memory restore, %s" % name, "failed (see logs/%s)" % tag)]
+        when, baseline = "figure 1's", client_memcpy
+        if all("memcpy_s" in x for x in loads):
+            when, baseline = "right before the load", memcpy_baselines(loads)["client"]
+        span = max(x["end"] for x in loads) - min(x["start"] for x in loads)
+        ratio = baseline[1] / span if span > 0 and baseline[1] > 0 else None
+        measured.append((ratio, (loads, span, when, baseline)))
+    (ratio, (loads, span, when, (threads, memcpy))), spread_text = median_run(measured)
     disk = sum(x["sources"]["bytes_from_disk"] for x in loads)
     memory = sum(x["sources"]["bytes_from_memory"] for x in loads)
     total = sum(x["bytes"] for x in loads)
-    span = max(x["end"] for x in loads) - min(x["start"] for x in loads)
-    ratio = memcpy / span if span > 0 and memcpy > 0 else None
     judged = disk == 0 and ratio is not None
-    rows = buddy_rows(raw, tag, name)
     return [Row("4m memory restore, %s" % name,
-                "%s (%s in %s; %s from memory, %s from disk)" % (
+                "%s (%s in %s; %s from memory, %s from disk%s)" % (
                     fmt_bw(total / span if span > 0 else None), fmt_size(int(mib(total))),
-                    fmt_s(span), fmt_size(int(mib(memory))), fmt_size(int(mib(disk)))),
-                "memcpy, %d thread%s, %s (%s per rank)" % (
-                    threads, "s" if threads > 1 else "", fmt_s(memcpy),
+                    fmt_s(span), fmt_size(int(mib(memory))), fmt_size(int(mib(disk))),
+                    spread_text),
+                "memcpy (%s), %d thread%s, %s (%s per rank)" % (
+                    when, threads, "s" if threads > 1 else "", fmt_s(memcpy),
                     fmt_bw(total / ranks / memcpy) if memcpy else "-"),
                 ratio, ">= 0.80", (ratio >= 0.8) if judged else None,
-                chart=("memory restore %s" % name, ratio, 0.8, True))] + rows
+                chart=("memory restore %s" % name, ratio, 0.8, True))] + buddy_rows(raw, tag, name)
 
 
 def buddy_rows(raw, tag, name):
-    """Figure 4m, buddy: the ranks whose node was lost restore on a new one; bytes they read
-    from their buddies / (first of their load() calls -> last returned), vs loopback TCP with
-    as many streams. Judged only if they read nothing from disk."""
-    loads = [load_json(p) for p in
-             sorted(glob.glob(os.path.join(raw, "buddyload-%s-*.json" % tag)))]
-    loads = [x for x in loads if x]
-    if not loads:
-        return []
-    moved = [x for x in loads if x["rank"] % 2 == 1]
-    link = load_json(os.path.join(raw, "link-%s.json" % tag))
-    if not moved or any(x["mismatched"] for x in loads):
-        return [Row("4m buddy restore, %s" % name, "failed (see logs/%s)" % tag)]
-    fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
-    by_trainers = sum(x["sources"].get("bytes_fetched_by_client", 0) for x in moved)
-    disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
-    span = max(x["end"] for x in moved) - min(x["start"] for x in moved)
-    bw = fetched / span if span > 0 else None
-    link_bw = link["bytes_per_s"] if link else None
-    ratio = bw / link_bw if bw and link_bw else None
-    return [Row("4m buddy restore, %s" % name,
-                "%s (%d ranks on a new node: %s from buddies in %s, %s of it read by the "
-                "trainers themselves; %s from disk)" % (
-                    fmt_bw(bw), len(moved), fmt_size(int(mib(fetched))), fmt_s(span),
-                    fmt_size(int(mib(by_trainers))), fmt_size(int(mib(disk)))),
-                "loopback TCP %s (%d streams)" % (fmt_bw(link_bw), link["streams"]) if link else "-",
-                ratio, ">= 0.80", (ratio >= 0.8) if ratio is not None and disk == 0 else None,
-                chart=("buddy restore %s" % name, ratio, 0.8, True))]
+    """Figure 4m, buddy: the ranks whose node was lost restore on a new one; per run, bytes they
+    read from their buddies / (first of their load() calls -> last returned), vs loopback TCP
+    with as many streams measured right before (link-<tag>-run<i>.json). Judged with those
+    ranks restoring alone (buddyload: the baseline runs alone, and on a cluster the surviving
+    node's restores run on its own cores); reported, not judged, with every rank restoring at
+    once (buddyshared: both "nodes" on this machine's cores). Each row is the run of median
+    ratio; judged only if it read nothing from disk."""
+    rows = []
+    for prefix, label, judged in (("buddyload", "", True),
+                                  ("buddyshared", ", beside the other node's restores", False)):
+        runs = load_runs(raw, prefix, tag)
+        if not runs:
+            continue
+        figure = "4m buddy restore%s, %s" % (label, name)
+        measured = []
+        for i, loads in enumerate(runs, 1):
+            moved = [x for x in loads if x["rank"] % 2 == 1]
+            if not moved or any(x["mismatched"] for x in loads):
+                measured = None
+                break
+            link = load_json(os.path.join(raw, "link-%s-run%d.json" % (tag, i)))
+            fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
+            span = max(x["end"] for x in moved) - min(x["start"] for x in moved)
+            bw = fetched / span if span > 0 else None
+            link_bw = link["bytes_per_s"] if link else None
+            measured.append((bw / link_bw if bw and link_bw else None, (moved, span, bw, link)))
+        if not measured:
+            rows.append(Row(figure, "failed (see logs/%s)" % tag))
+            continue
+        (ratio, (moved, span, bw, link)), spread_text = median_run(measured)
+        fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
+        by_trainers = sum(x["sources"].get("bytes_fetched_by_client", 0) for x in moved)
+        disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
+        met = (ratio >= 0.8) if judged and ratio is not None and disk == 0 else None
+        rows.append(Row(
+            figure,
+            "%s (%d ranks on a new node: %s from buddies in %s, %s of it read by the "
+            "trainers themselves; %s from disk%s)" % (
+                fmt_bw(bw), len(moved), fmt_size(int(mib(fetched))), fmt_s(span),
+                fmt_size(int(mib(by_trainers))), fmt_size(int(mib(disk))), spread_text),
+            "loopback TCP %s (%d streams)" % (fmt_bw(link["bytes_per_s"]), link["streams"])
+            if link else "-",
+            ratio, ">= 0.80" if judged else "not judged", met,
+            chart=("buddy restore %s" % name, ratio, 0.8, True) if judged else None))
+    return rows
 
 
 LLAMA_STAGED = re.compile(r"rank (\d+): step (\d+) staged: ([\d.]+) ms trainer stall for "

@@ -30,9 +30,11 @@
 #   4 load     bytes / load time onto another TP degree vs the fio read max, caches dropped
 #   4b dcp     dcp.load of DCP's checkpoint onto the same other world size, caches dropped
 #   4m memory  restore from memory: right after the saves, the same layout loads the last step
-#              from its agents' memory tier, vs the memcpy of the same bytes; with 2+ ranks,
+#              from its agents' memory tier, vs the memcpy of the same bytes (taken by the
+#              loading ranks right before); with 2+ ranks,
 #              the odd ranks' "node" is then lost and they restore on a new one from their
-#              buddies' copies, vs loopback TCP bandwidth (link_bw.py)
+#              buddies' copies, vs loopback TCP bandwidth (link_bw.py): judged with those ranks
+#              restoring alone, reported with every rank restoring at once
 #   5 plan     fake agents (in worker processes) through a real coordinator over gRPC: first
 #              and cached plan time, coordinator peak RSS (VmHWM), manifest size, load and
 #              write time; 1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at
@@ -52,6 +54,8 @@
 #                          >= 6 for 5 samples)                  [TESSERA_BENCH_STEPS]
 #   --load-runs=5          loads per configuration, the page cache dropped before each
 #                                                               [TESSERA_BENCH_LOAD_RUNS]
+#   --memory-runs=3        restores from memory (and from buddies) per configuration; each
+#                          row is the run of median ratio      [TESSERA_BENCH_MEMORY_RUNS]
 #   --torch-runs=3         torch.save runs per configuration    [TESSERA_BENCH_TORCH_RUNS]
 #   --llama-size=1G        figure 7: the model with its AdamW state, in all (the quickstart's
 #                          TESSERA_DEMO_MB)                     [TESSERA_BENCH_LLAMA_SIZE]
@@ -98,6 +102,7 @@ SIZES=${TESSERA_BENCH_SIZES:-256M,1G,4G}
 RANKS=${TESSERA_BENCH_RANKS:-1,4}
 STEPS=${TESSERA_BENCH_STEPS:-6}
 LOAD_RUNS=${TESSERA_BENCH_LOAD_RUNS:-5}
+MEMORY_RUNS=${TESSERA_BENCH_MEMORY_RUNS:-3}
 TORCH_RUNS=${TESSERA_BENCH_TORCH_RUNS:-3}
 LLAMA_SIZE=${TESSERA_BENCH_LLAMA_SIZE:-1G}
 LLAMA_LAYOUTS=${TESSERA_BENCH_LLAMA_LAYOUTS:-1x1x1,1x2x2}
@@ -119,6 +124,7 @@ for arg in "$@"; do
     --ranks=*) RANKS=${arg#*=} ;;
     --steps=*) STEPS=${arg#*=} ;;
     --load-runs=*) LOAD_RUNS=${arg#*=} ;;
+    --memory-runs=*) MEMORY_RUNS=${arg#*=} ;;
     --torch-runs=*) TORCH_RUNS=${arg#*=} ;;
     --llama-size=*) LLAMA_SIZE=${arg#*=} ;;
     --llama-layouts=*) LLAMA_LAYOUTS=${arg#*=} ;;
@@ -359,13 +365,16 @@ bench_stop_all() {
 trap bench_stop_all EXIT
 
 # run_ranks MODE JOB WORLD OUTPREFIX [bench_rank.py args...]: one process per rank; waits.
+# With RUN_RANKS set (rank numbers, space-separated), only those ranks run and meet.
 run_ranks() {
-  local mode=$1 job=$2 world=$3 prefix=$4 r rc=0
+  local mode=$1 job=$2 world=$3 prefix=$4 r rc=0 ranks meet=()
   shift 4
+  ranks=${RUN_RANKS:-$(seq 0 $((world - 1)))}
+  [ -z "${RUN_RANKS:-}" ] || meet=(--barrier-ranks="$(echo $RUN_RANKS | tr ' ' ,)")
   RANK_PIDS=()
-  for r in $(seq 0 $((world - 1))); do
+  for r in $ranks; do
     timeout 3600 $PY tests/bench/bench_rank.py "$mode" --agent="$SOCK_DIR/$job-$r.sock" \
-      --rank="$r" --world="$world" --out="$prefix-$r.json" "$@" \
+      --rank="$r" --world="$world" --out="$prefix-$r.json" "${meet[@]}" "$@" \
       </dev/null >"$DIR/logs/$mode-$r.out" 2>&1 &
     RANK_PIDS+=($!)
   done
@@ -431,9 +440,13 @@ if wants stall || wants load || wants dcp || wants memory; then
     fi
     save_sessions "$job" "$OUT/raw/sessions-$tag" || say "$tag: the sessions' phases were not read"
     if wants memory; then
-      # The agents still hold the last step: the same layout loads it from memory.
-      run_ranks load "$job" "$r" "$OUT/raw/memload-$tag" --mib="$mib" --saved-world="$r" \
-        --barrier="$DIR/barrier-memload" || say "$tag: a memory load rank failed (logs in $OUT/logs/$tag)"
+      # The agents still hold the last step: the same layout loads it from memory, MEMORY_RUNS
+      # times, each right after its own memcpy baseline.
+      for i in $(seq 1 "$MEMORY_RUNS"); do
+        run_ranks load "$job" "$r" "$OUT/raw/memload-$tag-run$i" --mib="$mib" --saved-world="$r" \
+          --memcpy-baseline --barrier="$DIR/barrier-memload-$i" ||
+          say "$tag: a memory load rank failed in run $i (logs in $OUT/logs/$tag)"
+      done
       if [ "$r" -gt 1 ]; then
         # Node bench-n1 is lost once its ranks' buddies on bench-n0 hold the last step; its
         # ranks start again on bench-n2 and load it: their files come from the buddies.
@@ -452,10 +465,22 @@ if wants stall || wants load || wants dcp || wants memory; then
           for q in $(seq 1 2 $((r - 1))); do
             wait_registered "$job" "$q" || say "$tag: rank $q's replacement did not register"
           done
-          $PY tests/bench/link_bw.py --streams=$((r / 2)) --mib="$mib" >"$OUT/raw/link-$tag.json" \
-            2>>"$OUT/logs/link.log" || say "$tag: loopback bandwidth not measured"
-          run_ranks load "$job" "$r" "$OUT/raw/buddyload-$tag" --mib="$mib" --saved-world="$r" \
-            --barrier="$DIR/barrier-buddyload" || say "$tag: a buddy restore rank failed (logs in $OUT/logs/$tag)"
+          for i in $(seq 1 "$MEMORY_RUNS"); do
+            $PY tests/bench/link_bw.py --streams=$((r / 2)) --mib="$mib" \
+              >"$OUT/raw/link-$tag-run$i.json" 2>>"$OUT/logs/link.log" ||
+              say "$tag: loopback bandwidth not measured in run $i"
+            # Judged: the new node's ranks restore alone, as the link's baseline runs alone
+            # (on a cluster the surviving node's restores use that node's cores, not these).
+            RUN_RANKS="$(seq 1 2 $((r - 1)))" run_ranks load "$job" "$r" \
+              "$OUT/raw/buddyload-$tag-run$i" --mib="$mib" --saved-world="$r" \
+              --barrier="$DIR/barrier-buddyload-$i" ||
+              say "$tag: a buddy restore rank failed in run $i (logs in $OUT/logs/$tag)"
+            # Reported: every rank restoring at once, as a restarted job does; here the two
+            # "nodes" share the machine's cores.
+            run_ranks load "$job" "$r" "$OUT/raw/buddyshared-$tag-run$i" --mib="$mib" \
+              --saved-world="$r" --barrier="$DIR/barrier-buddyshared-$i" ||
+              say "$tag: a shared buddy restore rank failed in run $i (logs in $OUT/logs/$tag)"
+          done
         fi
         place_rank() { PLACE_WRAP=(); PLACE_ADDR=127.0.0.1; PLACE_NODE=""; }
       fi
