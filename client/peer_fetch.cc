@@ -137,19 +137,23 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       uint64_t at = run_begin;  // the next byte the connection delivers
       // What has arrived goes straight into the slot that holds the piece's first byte, up to
       // that slot's end (the kernel's copy is the only one; it is hashed from there); bytes no
-      // slot holds (padding), into `piece`.
+      // slot holds (padding), into `piece`, up to the next slot's start.
       auto received = [&](uint64_t begin,
                           uint64_t block_end) -> absl::StatusOr<absl::Span<const char>> {
         char* into = piece.get();
         uint64_t most = std::min(kFetchPiece, block_end - begin);
+        uint64_t next_slot = block_end;  // where the padding from `begin` ends
         for (size_t s : by_block[b]) {
           const SlotCopy& slot = slots[s];
           if (slot.offset <= begin && begin < slot.offset + slot.size) {
             into = static_cast<char*>(slot.dst) + (begin - slot.offset);
             most = std::min(most, slot.offset + slot.size - begin);
+            next_slot = block_end;
             break;
           }
+          if (slot.offset > begin) next_slot = std::min(next_slot, slot.offset);
         }
+        most = std::min(most, next_slot - begin);
         ASSIGN_OR_RETURN(const size_t got, socket->RecvSome(into, most, deadline));
         at = begin + got;
         return absl::Span<const char>(into, got);

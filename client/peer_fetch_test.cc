@@ -98,8 +98,8 @@ TEST_F(PeerFetchTest, EverySlotFilledFromTheHolder_EveryBlockChecked) {
 
 TEST_F(PeerFetchTest, BlocksOfManyPieces_SlotsAcrossPieceBoundaries_EveryByteChecked) {
   // A manifest's 4 MiB blocks, each received in several pieces: slots that start and end
-  // inside pieces, one across a block boundary, and a flipped byte in the last block's
-  // middle piece found.
+  // inside pieces, one across a block boundary, padding between them, and a flipped byte in
+  // the middle block found.
   std::vector<BlockCheck> blocks;
   for (uint64_t at = 0; at < held_.size(); at += 4 * kMiB) {
     const uint64_t n = std::min<uint64_t>(4 * kMiB, held_.size() - at);

@@ -124,7 +124,8 @@ absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t reg
   // Each thread takes the next block not yet taken.
   std::atomic<size_t> next{0};
   std::vector<char> bad(blocks.size(), 0);
-  auto in_region = [region](uint64_t begin, uint64_t end) -> absl::StatusOr<absl::Span<const char>> {
+  auto in_region = [region](uint64_t begin,
+                            uint64_t end) -> absl::StatusOr<absl::Span<const char>> {
     return absl::Span<const char>(region + begin, std::min(kVerifiedCopyPiece, end - begin));
   };
   auto worker = [&] {

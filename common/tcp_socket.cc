@@ -204,14 +204,14 @@ absl::Status TcpSocket::RecvAll(char* dest, size_t n, absl::Time deadline) const
 }
 
 absl::StatusOr<size_t> TcpSocket::RecvSome(char* dest, size_t n, absl::Time deadline) const {
+  if (n == 0) return absl::InvalidArgumentError("RecvSome of 0 bytes");  // recv would say EOF
   for (;;) {
     if (absl::Status timed = TimeOutAt(fd_, deadline, "receive from", peer_); !timed.ok()) {
       return timed;
     }
     const ssize_t k = ::recv(fd_, dest, std::min(n, kMaxPerCall), 0);
     if (k == 0) {
-      return absl::DataLossError(absl::StrCat(peer_, " closed the connection with ", n,
-                                              " bytes still expected"));
+      return absl::DataLossError(absl::StrCat(peer_, " closed the connection"));
     }
     if (k < 0) {
       if (errno == EINTR) continue;

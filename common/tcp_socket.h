@@ -59,8 +59,9 @@ class TcpSocket {
   // many bytes had arrived.
   absl::Status RecvAll(char* dest, size_t n, absl::Time deadline) const;
 
-  // Receives between 1 and `n` (> 0) bytes into `dest`: what has arrived, waiting only until
-  // something has; returns how many. DataLoss if the peer closes first.
+  // Receives between 1 and `n` bytes into `dest`: what has arrived, waiting only until
+  // something has; returns how many. DataLoss if the peer closes first; InvalidArgument if `n`
+  // is 0.
   absl::StatusOr<size_t> RecvSome(char* dest, size_t n, absl::Time deadline) const;
 
   // Wakes and fails any call blocked on this socket, now and later; the descriptor stays open

@@ -165,9 +165,9 @@ def parallel_memmove(items, threads):
         w.join()
 
 
-def memcpy_baselines(tensors, total, barrier_dir, rank, world):
-    """{threads: best of 3 seconds} for each of baseline_threads(), every rank copying at
-    once as they do in a save (a barrier before each thread count)."""
+def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None):
+    """{threads: best of 3 seconds} for each of baseline_threads(), every rank (of `ranks`,
+    default all) copying at once as they do in a save (a barrier before each thread count)."""
     dst = torch.empty(total, dtype=torch.uint8)
     dst.fill_(1)  # pre-fault every page
     items = []
@@ -178,7 +178,7 @@ def memcpy_baselines(tensors, total, barrier_dir, rank, world):
         off += n
     out = {}
     for threads in sorted(set(baseline_threads().values())):
-        barrier(barrier_dir, "memcpy-%d" % threads, rank, world)
+        barrier(barrier_dir, "memcpy-%d" % threads, rank, world, ranks)
         best = None
         for _ in range(3):
             t0 = time.perf_counter()
@@ -355,7 +355,8 @@ def do_load(a):
         # restore from memory, taken in the same minute (the save's, taken before its steps,
         # drifts with this machine's memory bandwidth).
         baseline = {"memcpy_threads": baseline_threads(),
-                    "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world)}
+                    "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world,
+                                                 a.barrier_ranks)}
     barrier(a.barrier, "load", a.rank, a.world, a.barrier_ranks)
     # Read by the device from here to the load's end, every rank's window together: the load's
     # reads, not this process's start (Python and torch come from the disk after the page cache

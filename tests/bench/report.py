@@ -516,27 +516,31 @@ def config_rows(raw, mib_per_rank, ranks, fio_w, fio_r, notes):
 
 def load_runs(raw, prefix, tag):
     """[[rank's load JSON, ...] per run, in run order] of run.sh's `<prefix>-<tag>-run<i>-<rank>`
-    files (ranks that wrote nothing left out)."""
+    files, or None if a run of the configuration's memory-runs-<tag>.txt count wrote nothing
+    (every rank of it failed). [] if the configuration ran none."""
     runs = {}
     for path in glob.glob(os.path.join(raw, "%s-%s-run*-*.json" % (prefix, tag))):
         m = re.search(r"-run(\d+)-\d+\.json$", path)
         report = load_json(path)
         if m and report:
             runs.setdefault(int(m.group(1)), []).append(report)
+    count = read_text(os.path.join(raw, "memory-runs-%s.txt" % tag), "").strip()
+    expected = int(count) if count.isdigit() else max(runs, default=0)
+    if any(k not in runs for k in range(1, expected + 1)):
+        return None
     return [runs[k] for k in sorted(runs)]
 
 
 def median_run(judged_runs):
-    """(the run whose ratio is the median, "median of N runs: ratios a-b") of [(ratio, run)];
-    ratios may be None (not measured)."""
-    measured = sorted((r for r in judged_runs if r[0] is not None), key=lambda r: r[0])
-    if not measured:
-        return judged_runs[0], ""
-    mid = measured[(len(measured) - 1) // 2]  # the lower middle of an even count
-    if len(measured) == 1:
+    """(the run whose ratio is the median, "; median of N runs: a-b") of [(ratio, run)]; a run
+    without a ratio (nothing measured) makes the whole None."""
+    if any(r[0] is None for r in judged_runs):
+        return None, ""
+    ordered = sorted(judged_runs, key=lambda r: r[0])
+    mid = ordered[(len(ordered) - 1) // 2]  # the lower middle of an even count
+    if len(ordered) == 1:
         return mid, ""
-    return mid, "; median of %d runs: %.2f-%.2f" % (len(measured), measured[0][0],
-                                                      measured[-1][0])
+    return mid, "; median of %d runs: %.2f-%.2f" % (len(ordered), ordered[0][0], ordered[-1][0])
 
 
 def memory_rows(raw, tag, name, ranks, client_memcpy):
@@ -544,26 +548,32 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
     in each of run.sh's runs. Per run: bytes / (first load() call -> last returned), against
     the slowest rank's memcpy of its bytes with the client's threads, taken by the loading ranks
     right before the load (bench_rank.py --memcpy-baseline; else figure 1's `client_memcpy`,
-    (threads, seconds)). The row is the run of median ratio. Judged only if every byte of it
-    came from memory."""
+    (threads, seconds)). The row is the run of median ratio. Judged only if no run read from
+    disk; failed if any run lacks a rank's report."""
     runs = load_runs(raw, "memload", tag)
-    if not runs:
+    failed = [Row("4m memory restore, %s" % name, "failed (see logs/%s)" % tag)]
+    if runs == []:
         return []
+    if runs is None or any(len(loads) < ranks or any(x["mismatched"] for x in loads)
+                           for loads in runs):
+        return failed + buddy_rows(raw, tag, name)
     measured = []
     for loads in runs:
-        if len(loads) < ranks or any(x["mismatched"] for x in loads):
-            return [Row("4m memory restore, %s" % name, "failed (see logs/%s)" % tag)]
         when, baseline = "figure 1's", client_memcpy
         if all("memcpy_s" in x for x in loads):
             when, baseline = "right before the load", memcpy_baselines(loads)["client"]
         span = max(x["end"] for x in loads) - min(x["start"] for x in loads)
         ratio = baseline[1] / span if span > 0 and baseline[1] > 0 else None
         measured.append((ratio, (loads, span, when, baseline)))
-    (ratio, (loads, span, when, (threads, memcpy))), spread_text = median_run(measured)
-    disk = sum(x["sources"]["bytes_from_disk"] for x in loads)
+    median, spread_text = median_run(measured)
+    if median is None:
+        return failed + buddy_rows(raw, tag, name)
+    ratio, (loads, span, when, (threads, memcpy)) = median
     memory = sum(x["sources"]["bytes_from_memory"] for x in loads)
+    disk = sum(x["sources"]["bytes_from_disk"] for x in loads)
     total = sum(x["bytes"] for x in loads)
-    judged = disk == 0 and ratio is not None
+    # Judged only if no run read from disk.
+    judged = all(sum(x["sources"]["bytes_from_disk"] for x in run[1][0]) == 0 for run in measured)
     return [Row("4m memory restore, %s" % name,
                 "%s (%s in %s; %s from memory, %s from disk%s)" % (
                     fmt_bw(total / span if span > 0 else None), fmt_size(int(mib(total))),
@@ -583,34 +593,39 @@ def buddy_rows(raw, tag, name):
     ranks restoring alone (buddyload: the baseline runs alone, and on a cluster the surviving
     node's restores run on its own cores); reported, not judged, with every rank restoring at
     once (buddyshared: both "nodes" on this machine's cores). Each row is the run of median
-    ratio; judged only if it read nothing from disk."""
+    ratio; judged only if no run read from disk, failed if any run lacks a rank's report."""
     rows = []
     for prefix, label, judged in (("buddyload", "", True),
                                   ("buddyshared", ", beside the other node's restores", False)):
         runs = load_runs(raw, prefix, tag)
-        if not runs:
+        if runs == []:
             continue
         figure = "4m buddy restore%s, %s" % (label, name)
         measured = []
-        for i, loads in enumerate(runs, 1):
+        for i, loads in enumerate(runs or [], 1):
             moved = [x for x in loads if x["rank"] % 2 == 1]
-            if not moved or any(x["mismatched"] for x in loads):
-                measured = None
+            # Every rank of the lost node reported, and nobody read a wrong byte.
+            if len(moved) != loads[0]["world"] // 2 or any(x["mismatched"] for x in loads):
+                measured = []
                 break
             link = load_json(os.path.join(raw, "link-%s-run%d.json" % (tag, i)))
             fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
+            disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
             span = max(x["end"] for x in moved) - min(x["start"] for x in moved)
             bw = fetched / span if span > 0 else None
             link_bw = link["bytes_per_s"] if link else None
-            measured.append((bw / link_bw if bw and link_bw else None, (moved, span, bw, link)))
-        if not measured:
+            measured.append((bw / link_bw if bw and link_bw else None,
+                             (moved, span, bw, link, disk)))
+        median, spread_text = median_run(measured) if measured else (None, "")
+        if median is None:
             rows.append(Row(figure, "failed (see logs/%s)" % tag))
             continue
-        (ratio, (moved, span, bw, link)), spread_text = median_run(measured)
+        ratio, (moved, span, bw, link, _) = median
         fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
         by_trainers = sum(x["sources"].get("bytes_fetched_by_client", 0) for x in moved)
         disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
-        met = (ratio >= 0.8) if judged and ratio is not None and disk == 0 else None
+        clean = all(run[1][4] == 0 for run in measured)  # no run read from disk
+        met = (ratio >= 0.8) if judged and clean else None
         rows.append(Row(
             figure,
             "%s (%d ranks on a new node: %s from buddies in %s, %s of it read by the "

@@ -365,7 +365,8 @@ bench_stop_all() {
 trap bench_stop_all EXIT
 
 # run_ranks MODE JOB WORLD OUTPREFIX [bench_rank.py args...]: one process per rank; waits.
-# With RUN_RANKS set (rank numbers, space-separated), only those ranks run and meet.
+# With RUN_RANKS set (rank numbers, separated by spaces or newlines), only those ranks run
+# and meet. Rank r's output goes to $DIR/logs/<OUTPREFIX's name>-r.out.
 run_ranks() {
   local mode=$1 job=$2 world=$3 prefix=$4 r rc=0 ranks meet=()
   shift 4
@@ -375,7 +376,7 @@ run_ranks() {
   for r in $ranks; do
     timeout 3600 $PY tests/bench/bench_rank.py "$mode" --agent="$SOCK_DIR/$job-$r.sock" \
       --rank="$r" --world="$world" --out="$prefix-$r.json" "${meet[@]}" "$@" \
-      </dev/null >"$DIR/logs/$mode-$r.out" 2>&1 &
+      </dev/null >"$DIR/logs/$(basename "$prefix")-$r.out" 2>&1 &
     RANK_PIDS+=($!)
   done
   for p in "${RANK_PIDS[@]}"; do wait "$p" || rc=1; done
@@ -442,6 +443,7 @@ if wants stall || wants load || wants dcp || wants memory; then
     if wants memory; then
       # The agents still hold the last step: the same layout loads it from memory, MEMORY_RUNS
       # times, each right after its own memcpy baseline.
+      echo "$MEMORY_RUNS" >"$OUT/raw/memory-runs-$tag.txt"
       for i in $(seq 1 "$MEMORY_RUNS"); do
         run_ranks load "$job" "$r" "$OUT/raw/memload-$tag-run$i" --mib="$mib" --saved-world="$r" \
           --memcpy-baseline --barrier="$DIR/barrier-memload-$i" ||
