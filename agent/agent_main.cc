@@ -45,6 +45,7 @@
 #include "agent/save_executor.h"
 #include "agent/staging_pool.h"
 #include "agent/trainer_service.h"
+#include "common/clock.h"
 #include "common/ids.h"
 #include "common/layout.h"
 #include "common/log.h"
@@ -483,22 +484,16 @@ int main(int argc, char** argv) {
         request.set_session_id(session_id);
         request.set_seq(seq);
         for (uint32_t r : ranks) request.add_ranks(r);
-        // Retried for a while: until the coordinator hears it, those ranks have no PIN, and
-        // only the session's PINNING deadline would end the wait.
         tessera::Backoff backoff;
-        const absl::Time give_up = absl::Now() + kRelayReportRetryFor;
-        absl::StatusOr<tessera::v1::RelayFailedResponse> reported =
-            coordinator.RelayFailed(request);
-        while (!reported.ok() && absl::Now() < give_up) {
-          absl::SleepFor(backoff.Next());
-          reported = coordinator.RelayFailed(request);
-        }
+        const absl::Status reported = tessera::ReportRelayFailed(
+            coordinator, request, absl::Now() + kRelayReportRetryFor, backoff,
+            *tessera::RealClock::Get(), [](absl::Duration d) { absl::SleepFor(d); });
         if (reported.ok()) {
           tessera::LogInfo("reported ", ranks.size(), " rank(s) the relay of session ", session_id,
                            " seq ", seq, " missed: the coordinator sends them the command");
         } else {
           tessera::LogWarning("could not report ", ranks.size(), " rank(s) the relay of session ",
-                              session_id, " seq ", seq, " missed: ", reported.status().ToString());
+                              session_id, " seq ", seq, " missed: ", reported.ToString());
         }
       },
       relayer_options);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "agent/report_queue.h"
 #include "common/grpc_reactors.h"
 #include "common/log.h"
 #include "common/relayable.h"
@@ -242,6 +243,17 @@ void CommandRelayer::RelayOne(const v1::Command& command) {
              calls.size(), " agent(s) in ", took, ": ", failed.size(), " failed (first: ",
              first_error, "); reporting them to the coordinator");
   report_failed_(command.session_id(), command.seq(), std::move(failed));
+}
+
+absl::Status ReportRelayFailed(CoordinatorClient& coordinator,
+                               const v1::RelayFailedRequest& request, absl::Time give_up,
+                               Backoff& backoff, const Clock& clock,
+                               absl::FunctionRef<void(absl::Duration)> sleep) {
+  for (;;) {
+    const absl::Status status = coordinator.RelayFailed(request).status();
+    if (!WorthResending(status.code()) || clock.Now() >= give_up) return status;
+    sleep(backoff.Next());
+  }
 }
 
 }  // namespace tessera

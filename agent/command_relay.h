@@ -24,9 +24,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "agent/backoff.h"
+#include "agent/coordinator_client.h"
+#include "common/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/peer.grpc.pb.h"
@@ -149,6 +153,18 @@ class CommandRelayer {
   int calls_pending_ ABSL_GUARDED_BY(mu_) = 0;  // of the command being relayed
   std::thread worker_;  // last: starts once the fields above exist
 };
+
+// A relay's report that `request.ranks()` did not get its command (Coordinator.RelayFailed):
+// until the coordinator hears it those ranks have no PIN, and only the session's PINNING
+// deadline would end the wait. Sends it, and again after each failure worth resending
+// (agent/report_queue.h WorthResending), sleeping `backoff.Next()` between, until it gets
+// through or `clock` passes `give_up`. Returns the last answer: OK, the error that is not
+// worth resending (e.g. FailedPrecondition: the session ended or this incarnation is stale),
+// or the last failure. Blocks; run it where a wait does not hold up other work.
+absl::Status ReportRelayFailed(CoordinatorClient& coordinator,
+                               const v1::RelayFailedRequest& request, absl::Time give_up,
+                               Backoff& backoff, const Clock& clock,
+                               absl::FunctionRef<void(absl::Duration)> sleep);
 
 }  // namespace tessera
 

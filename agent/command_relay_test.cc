@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
+#include "common/clock.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -360,6 +361,98 @@ TEST(CommandRelayerTest, Forward_NoRelayTo_NothingQueuedNorReported) {
   relayer.Forward(Pin(41));  // no relay_to
   relayer.WaitIdleForTesting();
   EXPECT_TRUE(reports.Get().empty());
+}
+
+// A coordinator whose RelayFailed answers come from a script, then OK.
+class ScriptedCoordinator : public CoordinatorClient {
+ public:
+  explicit ScriptedCoordinator(std::vector<absl::Status> answers) : answers_(std::move(answers)) {}
+  absl::StatusOr<v1::RegisterAgentResponse> Register(const v1::RegisterAgentRequest&) override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest&) override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(
+      const v1::SubmitLocalPlanRequest&) override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<v1::ReportChunksResponse> ReportChunks(const v1::ReportChunksRequest&) override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<v1::ReportPhaseResponse> ReportPhase(const v1::ReportPhaseRequest&) override {
+    return absl::UnimplementedError("not here");
+  }
+  absl::StatusOr<v1::RelayFailedResponse> RelayFailed(
+      const v1::RelayFailedRequest& request) override {
+    requests.push_back(request);
+    if (calls_ < answers_.size()) return answers_[calls_++];
+    ++calls_;
+    return v1::RelayFailedResponse();
+  }
+  std::vector<v1::RelayFailedRequest> requests;
+
+ private:
+  std::vector<absl::Status> answers_;
+  size_t calls_ = 0;
+};
+
+v1::RelayFailedRequest MissedRanks() {
+  v1::RelayFailedRequest request;
+  request.set_session_id("s9");
+  request.set_seq(12);
+  request.add_ranks(5);
+  request.add_ranks(6);
+  return request;
+}
+
+TEST(ReportRelayFailedTest, UnreachableTwice_ResentWithBackoff_ThenOk) {
+  ScriptedCoordinator coordinator(
+      {absl::UnavailableError("down"), absl::DeadlineExceededError("slow")});
+  FakeClock clock;
+  Backoff backoff(BackoffOptions{}, /*seed=*/1);
+  std::vector<absl::Duration> slept;
+  absl::Status status =
+      ReportRelayFailed(coordinator, MissedRanks(), clock.Now() + absl::Seconds(30), backoff, clock,
+                        [&](absl::Duration d) {
+                          slept.push_back(d);
+                          clock.Advance(d);
+                        });
+  EXPECT_TRUE(status.ok()) << status;
+  ASSERT_EQ(coordinator.requests.size(), 3u);
+  for (const v1::RelayFailedRequest& sent : coordinator.requests) {
+    EXPECT_TRUE(MessageDifferencer::Equals(sent, MissedRanks())) << sent.DebugString();
+  }
+  ASSERT_EQ(slept.size(), 2u);
+  EXPECT_GT(slept[0], absl::ZeroDuration());
+  EXPECT_LE(slept[0], absl::Milliseconds(100));  // BackoffOptions' initial delay
+}
+
+TEST(ReportRelayFailedTest, SessionEnded_NotResent) {
+  ScriptedCoordinator coordinator({absl::FailedPreconditionError("session s9 ended")});
+  FakeClock clock;
+  Backoff backoff(BackoffOptions{}, 1);
+  int sleeps = 0;
+  absl::Status status =
+      ReportRelayFailed(coordinator, MissedRanks(), clock.Now() + absl::Seconds(30), backoff, clock,
+                        [&](absl::Duration) { ++sleeps; });
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(coordinator.requests.size(), 1u);
+  EXPECT_EQ(sleeps, 0);
+}
+
+TEST(ReportRelayFailedTest, UnreachablePastGiveUp_TheLastFailure) {
+  ScriptedCoordinator coordinator(std::vector<absl::Status>(1000, absl::UnavailableError("down")));
+  FakeClock clock;
+  const absl::Time give_up = clock.Now() + absl::Seconds(30);
+  Backoff backoff(BackoffOptions{}, 1);
+  absl::Status status = ReportRelayFailed(coordinator, MissedRanks(), give_up, backoff, clock,
+                                          [&](absl::Duration d) { clock.Advance(d); });
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
+  EXPECT_GE(clock.Now(), give_up);
+  // Delays of at least half of 0.1, 0.2, 0.4 ... 5 s: it gave up within a handful of tries.
+  EXPECT_GT(coordinator.requests.size(), 3u);
+  EXPECT_LT(coordinator.requests.size(), 30u);
 }
 
 }  // namespace

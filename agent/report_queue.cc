@@ -55,6 +55,21 @@ std::optional<ReportQueue::Report> ReportQueue::Next(uint64_t rpc_id) {
   return Get(out_ref_);
 }
 
+bool WorthResending(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kOk:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kUnimplemented:
+      return false;
+    default:
+      return true;
+  }
+}
+
 ReportQueue::Result ReportQueue::OnResult(uint64_t rpc_id, absl::StatusCode code) {
   if (closed_ || rpc_id == 0 || rpc_id != out_) return Result::kNotOurs;
   out_ = 0;
@@ -67,14 +82,11 @@ ReportQueue::Result ReportQueue::OnResult(uint64_t rpc_id, absl::StatusCode code
       Close();
       ended_on_coordinator_ = true;
       return Result::kSessionEnded;
-    case absl::StatusCode::kInvalidArgument:
-    case absl::StatusCode::kOutOfRange:
-    case absl::StatusCode::kPermissionDenied:
-    case absl::StatusCode::kUnauthenticated:
-    case absl::StatusCode::kUnimplemented:
-      result = Result::kRefused;
-      break;
     default:
+      if (!WorthResending(code)) {
+        result = Result::kRefused;
+        break;
+      }
       pending_.push_front(out_ref_);
       paused_ = true;
       result = Result::kFailed;

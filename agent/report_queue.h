@@ -42,6 +42,12 @@
 
 namespace tessera {
 
+// Whether a report the coordinator answered with `code` may get through if sent again: the
+// table's last row. False for OK, FailedPrecondition and the codes refused for good. The one
+// rule for every report to the coordinator (ReportQueue, agent/command_relay.h
+// ReportRelayFailed).
+bool WorthResending(absl::StatusCode code);
+
 class ReportQueue {
  public:
   // Exactly one of the two is set.
