@@ -529,7 +529,7 @@ int main(int argc, char** argv) {
   identity.set_coordinator(absl::GetFlag(FLAGS_coordinator));
   // With the memory tier saves alternate between two sets of regions: reserve both.
   tessera::TrainerService trainer(&executor, &loader, identity, save_pool->get(),
-                                  memory_on ? 2 : 1);
+                                  memory_on ? 2 : 1, memory);
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(256 << 20);

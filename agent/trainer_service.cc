@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 
 #include "agent/staging_layout.h"
 #include "common/grpc_reactors.h"
@@ -56,12 +57,13 @@ class BeginSaveReactor : public grpc::ServerUnaryReactor {
 
 TrainerService::TrainerService(SaveExecutor* executor, Loader* loader,
                                v1::AgentIdentity identity, StagingPool* staging,
-                               int staging_sets)
+                               int staging_sets, const MemoryTier* memory)
     : executor_(executor),
       loader_(loader),
       identity_(std::move(identity)),
       staging_(staging),
-      staging_sets_(staging_sets) {
+      staging_sets_(staging_sets),
+      memory_(memory) {
   load_worker_ = std::thread([this] { RunLoads(); });
 }
 
@@ -92,6 +94,13 @@ grpc::ServerUnaryReactor* TrainerService::GetInfo(grpc::CallbackServerContext* c
                                                   const v1::GetInfoRequest*,
                                                   v1::AgentIdentity* response) {
   *response = identity_;
+  if (memory_ != nullptr) {
+    if (std::optional<ResidentCheckpoint> resident = memory_->Current(); resident.has_value()) {
+      response->set_resident_shm_name(resident->region.name);
+      response->set_resident_shm_size(resident->region.capacity);
+      response->set_resident_bytes(resident->nbytes);
+    }
+  }
   return FinishUnary(context, absl::OkStatus());
 }
 

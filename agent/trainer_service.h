@@ -16,6 +16,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/loader.h"
+#include "agent/memory_tier.h"
 #include "agent/save_executor.h"
 #include "agent/staging_pool.h"
 #include "tessera/v1/agent.grpc.pb.h"
@@ -24,10 +25,12 @@ namespace tessera {
 
 class TrainerService final : public v1::Agent::CallbackService {
  public:
-  // `executor`, `loader` and `staging` (the save pool) must outlive the service. `identity` is
-  // returned by GetInfo. ReserveStaging makes `staging_sets` sets (2 with the memory tier).
+  // `executor`, `loader`, `staging` (the save pool) and `memory` (null with the memory tier
+  // off) must outlive the service. `identity` is returned by GetInfo, with the region of
+  // `memory`'s resident checkpoint as of the call. ReserveStaging makes `staging_sets` sets
+  // (2 with the memory tier).
   TrainerService(SaveExecutor* executor, Loader* loader, v1::AgentIdentity identity,
-                 StagingPool* staging, int staging_sets);
+                 StagingPool* staging, int staging_sets, const MemoryTier* memory);
   ~TrainerService() override;
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
@@ -62,6 +65,7 @@ class TrainerService final : public v1::Agent::CallbackService {
   const v1::AgentIdentity identity_;
   StagingPool* const staging_;
   const int staging_sets_;
+  const MemoryTier* const memory_;
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> loads_ ABSL_GUARDED_BY(mu_);

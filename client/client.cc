@@ -181,7 +181,12 @@ Client::Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub,
     : options_(std::move(options)),
       copy_threads_(std::min(options_.copy_threads, UsableCpus())),
       stub_(std::move(stub)),
-      identity_(std::move(identity)) {}
+      identity_(std::move(identity)),
+      prefetch_(options_.prefetch_resident && !identity_.resident_shm_name().empty()
+                    ? ResidentPrefetch::Start(identity_.resident_shm_name(),
+                                              identity_.resident_shm_size(),
+                                              identity_.resident_bytes())
+                    : nullptr) {}
 
 Client::~Client() {
   absl::MutexLock lock(&mu_);
@@ -212,8 +217,29 @@ void Client::ReleaseInBackgroundLocked(std::string load_id,
 }
 
 ClientStats Client::stats() const {
-  absl::MutexLock lock(&stats_mu_);
-  return stats_;
+  ClientStats stats;
+  {
+    absl::MutexLock lock(&stats_mu_);
+    stats = stats_;
+  }
+  if (prefetch_ != nullptr) {
+    const ResidentPrefetch::Progress progress = prefetch_->progress();
+    stats.prefetch_bytes = progress.bytes;
+    stats.prefetch_populated_bytes = progress.populated_bytes;
+    stats.prefetch_done = progress.done;
+    stats.prefetch_time = progress.elapsed;
+  }
+  return stats;
+}
+
+void Client::EndResidentMappingLocked() {
+  if (prefetch_ != nullptr) prefetch_->End();
+  resident_taken_ = true;
+  resident_.reset();
+}
+
+bool Client::AwaitPrefetch(absl::Duration timeout) const {
+  return prefetch_ == nullptr || prefetch_->Wait(timeout);
 }
 
 void Client::CountMap() {
@@ -345,6 +371,7 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
 
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();  // the last load's release, before anything stages
+  EndResidentMappingLocked();
   v1::BeginSaveResponse response;
   {
     grpc::ClientContext context;
@@ -407,6 +434,7 @@ absl::Status Client::ReserveStaging(absl::Span<const TensorRef> tensors) {
   request.set_gather_bytes(declared.gather_bytes);
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();  // the last load's release, before anything stages
+  EndResidentMappingLocked();
   v1::ReserveStagingResponse response;
   {
     grpc::ClientContext context;
@@ -548,6 +576,18 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   ASSIGN_OR_RETURN(const uint64_t total, CheckSlots("Load", response.slots(), request.shards(),
                                                     absent, response.shm_size()));
 
+  // The mapping made at Connect serves every load the agent serves from that region (the
+  // Python client's objects take three); the first load served from another ends it.
+  if (prefetch_ != nullptr && !resident_taken_) {
+    resident_ = prefetch_->Take(response.shm_name(), response.shm_size());
+    resident_prefetched_bytes_ = prefetch_->progress().populated_bytes;  // final: Take stopped it
+    resident_taken_ = true;
+  }
+  if (resident_ != nullptr &&
+      (resident_->name() != response.shm_name() || resident_->size() < response.shm_size())) {
+    resident_.reset();
+  }
+
   if (response.has_fetch()) {
     if (!request.client_fetches() || response.unverified_blocks_size() == 0 ||
         !response.shm_name().empty()) {
@@ -609,6 +649,11 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     if (cached != staging_.end()) {
       base = static_cast<char*>((*cached)->data());
       region_pinned = (*cached)->pinned();
+    } else if (resident_ != nullptr) {
+      base = static_cast<char*>(resident_->data());
+      result.prefetched_bytes = resident_prefetched_bytes_;
+      absl::MutexLock lock(&stats_mu_);
+      ++stats_.prefetched_loads;
     } else {
       // Read-only, not pre-faulted: the copy threads fault the pages in as they read them,
       // in parallel and overlapped with the copy, instead of one serial pass before it.

@@ -24,15 +24,19 @@
 // A load: Load(step | -1 for latest, tensors) sends the pieces wanted in the current layout;
 // the agent reads, reshards and verifies them into staging — or, restarting in the layout that
 // saved, hands out its resident copy of the step, verified where it lies (DESIGN.md "Memory
-// tier"); the client maps the region read-only (faulted in by the copy threads, not in
-// advance), or reads it through its cached save mapping if it is one, copies the pieces out
+// tier"); the client reads the region through the mapping Connect made of the agent's
+// resident checkpoint if it is that one, else through its cached save mapping if it is one,
+// else maps it read-only (faulted in by the copy threads, not in advance), copies the pieces out
 // into each TensorRef (host memcpy on the copy threads, or cudaMemcpy host->device), unmaps a
 // load-only mapping and only then releases the region: the agent frees a load region off the
 // trainer's path, whereas an unmap after the release would be the last reference and pay for
 // freeing its pages inside Load.
 //
-// Lifecycle: Connect() once per trainer process (after the agent registered); the Client is
-// kept for the whole run. The staging mappings of the last two saves are cached and reused while
+// Lifecycle: Connect() once per trainer process (after the agent registered), as early as the
+// trainer can: where the agent holds a resident checkpoint, Connect maps it and faults its
+// pages in on a background thread while the trainer builds its model (ClientOptions::
+// prefetch_resident), which a load served in place then reads through. The Client is kept for
+// the whole run. The staging mappings of the last two saves are cached and reused while
 // the agent hands out the same region (the common case), and replaced when it hands out another.
 //
 // Thread-safety: all methods may be called from any thread. Save and Load are serialised by
@@ -57,6 +61,7 @@
 #include "client/describe.h"
 #include "client/device_copy.h"
 #include "client/parallel_copy.h"
+#include "client/resident_prefetch.h"
 #include "tessera/v1/agent.grpc.pb.h"
 
 namespace tessera {
@@ -116,6 +121,13 @@ struct ClientOptions {
   // starts. Set false only if the caller has synchronised the streams that write the tensors.
   // Default: true.
   bool synchronize_device_before_save = true;
+
+  // Map the agent's resident checkpoint at Connect, if it has one, and fault its pages in on a
+  // background thread while the trainer builds its model (client/resident_prefetch.h), for
+  // loads that read it in place. It ends at the first Load the agent serves from another
+  // region, Save or ReserveStaging.
+  // Default: true.
+  bool prefetch_resident = true;
 
   // Largest reply accepted from the agent (a Load reply carries a slot per shard).
   // Default: 256 MiB.
@@ -177,6 +189,10 @@ struct LoadResult {
   // checking) its bytes into `into` after the agent's reply, in the attempt that succeeded;
   // zero where it fetched them from another node itself (bytes_fetched_by_client).
   absl::Duration copy_time;
+  // The load read its region through the mapping made at Connect (ClientOptions::
+  // prefetch_resident), of which this many bytes had been faulted in before the first load
+  // took it; zero otherwise.
+  uint64_t prefetched_bytes = 0;
 };
 
 // Counters for tests and metrics.
@@ -187,6 +203,15 @@ struct ClientStats {
   // Loads whose ReleaseLoad failed after Load returned (the agent frees a load's staging at
   // the next Load anyway).
   uint64_t failed_releases = 0;
+  // The resident checkpoint's mapping made at Connect (ClientOptions::prefetch_resident):
+  // bytes to fault in (0: none was started), faulted in so far, whether it has ended, and how
+  // long it ran (or has been running).
+  uint64_t prefetch_bytes = 0;
+  uint64_t prefetch_populated_bytes = 0;
+  bool prefetch_done = false;
+  absl::Duration prefetch_time;
+  // Loads that read their region through that mapping.
+  uint64_t prefetched_loads = 0;
 };
 
 class Client {
@@ -282,6 +307,12 @@ class Client {
 
   ClientStats stats() const;
 
+  // Blocks until the resident checkpoint's mapping started at Connect has ended (all of it
+  // faulted in, stopped, or failed), or `timeout` passed; returns whether it has ended (true
+  // if none was started). For tests and benchmarks, which must know when it no longer uses a
+  // core; a trainer need not call it.
+  bool AwaitPrefetch(absl::Duration timeout) const;
+
  private:
   Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub, v1::AgentIdentity identity);
 
@@ -328,6 +359,8 @@ class Client {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   void CountMap();
+  // Ends the mapping made at Connect (prefetch_, resident_): the agent may reuse the region.
+  void EndResidentMappingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClientOptions options_;
   // options_.copy_threads capped at UsableCpus() (at Connect).
@@ -344,6 +377,16 @@ class Client {
   DeviceCopier device_ ABSL_GUARDED_BY(mu_);
   // The last load's unmapping and ReleaseLoad, if not yet joined.
   std::thread releaser_ ABSL_GUARDED_BY(mu_);
+  // The resident checkpoint's mapping started at Connect, or null. The first Load takes its
+  // mapping into resident_ if the agent serves it from that region; Save and ReserveStaging
+  // end it. Its progress() is read by stats() without mu_.
+  const std::unique_ptr<ResidentPrefetch> prefetch_;
+  bool resident_taken_ ABSL_GUARDED_BY(mu_) = false;
+  // That mapping, kept while the agent serves loads from its region: until a load is served
+  // from another, or a Save or ReserveStaging (after which the agent may reuse or drop the
+  // region, which this mapping must then not keep alive).
+  std::unique_ptr<MappedStaging> resident_ ABSL_GUARDED_BY(mu_);
+  uint64_t resident_prefetched_bytes_ ABSL_GUARDED_BY(mu_) = 0;
 
   mutable absl::Mutex stats_mu_;
   ClientStats stats_ ABSL_GUARDED_BY(stats_mu_);

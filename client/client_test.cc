@@ -21,6 +21,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "agent/buddy_store.h"
@@ -88,14 +89,13 @@ std::string SocketDir() {
   return "/tmp";
 }
 
-// How many mappings of shared-memory region `name` ("/tessera-...") this process holds.
+// How many mappings of shared-memory region `name` ("/tessera-...") this process holds, the
+// region's name removed ("... (deleted)") or not.
 int MappingsOf(const std::string& name) {
   std::ifstream maps("/proc/self/maps");
   int n = 0;
   for (std::string line; std::getline(maps, line);) {
-    if (line.size() > name.size() && line.compare(line.size() - name.size(), name.size(), name) == 0) {
-      ++n;
-    }
+    if (absl::EndsWith(line, name) || absl::EndsWith(line, name + " (deleted)")) ++n;
   }
   return n;
 }
@@ -1370,6 +1370,122 @@ TEST_F(ClientTest, Load_SaveRegionReused_NoExtraMapping) {
   AwaitReleases(1);
   absl::MutexLock lock(&fake_->mu);
   EXPECT_THAT(fake_->mappings_at_release, ElementsAre(2)) << "the cached save mapping is kept";
+}
+
+// The agent's resident checkpoint, as a restarted trainer's Connect finds it: a region of the
+// fake's pool (the one its loads are served from) named by GetInfo.
+std::string MakeResident(StagingPool* pool, FakeAgent* fake, uint64_t bytes) {
+  absl::StatusOr<std::vector<StagingSlot>> regions = pool->Acquire({bytes});
+  EXPECT_TRUE(regions.ok()) << regions.status();
+  if (!regions.ok()) return "";
+  absl::MutexLock lock(&fake->mu);
+  fake->identity.set_resident_shm_name((*regions)[0].name);
+  fake->identity.set_resident_shm_size((*regions)[0].capacity);
+  fake->identity.set_resident_bytes(bytes);
+  return (*regions)[0].name;
+}
+
+TEST_F(ClientTest, Load_ResidentRegionMappedAtConnect_TheLoadReadsThroughThatMapping) {
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 8 * kMiB);
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  const ClientStats connected = client->stats();
+  EXPECT_EQ(connected.prefetch_bytes, 8 * kMiB);
+  EXPECT_EQ(connected.prefetch_populated_bytes, 8 * kMiB);
+  EXPECT_TRUE(connected.prefetch_done);
+  EXPECT_EQ(MappingsOf(resident), 2) << "the fake's own and the client's";
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->list_blocks = true;  // served in place, checked by the client
+  }
+  std::vector<uint8_t> a(5 * kMiB + 3, 0), b(1000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a), HostRef("b", &b)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->prefetched_bytes, 8 * kMiB);
+  EXPECT_EQ(result->bytes_verified_by_client, a.size() + b.size());
+  EXPECT_EQ(Xxh3(a.data(), a.size()), Xxh3(Pattern(a.size(), 1000).data(), a.size()));
+  EXPECT_EQ(b, Pattern(b.size(), 1001));
+  EXPECT_EQ(client->stats().staging_maps, 0u) << "no mapping made for the load";
+  // Kept for the next load from the region (the Python client's objects take three loads).
+  std::vector<uint8_t> c(2000, 0);
+  result = client->Load(2, {HostRef("c", &c)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->prefetched_bytes, 8 * kMiB);
+  EXPECT_EQ(c, Pattern(c.size(), 1000));
+  EXPECT_EQ(client->stats().staging_maps, 0u);
+  EXPECT_EQ(client->stats().prefetched_loads, 2u);
+  AwaitReleases(2);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    EXPECT_EQ(fake_->region_name, resident);
+    EXPECT_THAT(fake_->mappings_at_release, ElementsAre(2, 2)) << "kept across the loads";
+  }
+  std::vector<uint8_t> a2 = Pattern(10 * kMiB, 1);  // a larger region replaces the resident one
+  ASSERT_TRUE(client->Save(3, {HostRef("a", &a2)}).ok());
+  EXPECT_EQ(MappingsOf(resident), 0) << "the save ended it";
+}
+
+TEST_F(ClientTest, Load_PrefetchOff_NothingMappedAtConnect) {
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  ClientOptions options;
+  options.prefetch_resident = false;
+  std::unique_ptr<Client> client = Connect(options);
+  ASSERT_NE(client, nullptr);
+  EXPECT_TRUE(client->AwaitPrefetch(absl::ZeroDuration())) << "none started";
+  EXPECT_EQ(client->stats().prefetch_bytes, 0u);
+  EXPECT_EQ(MappingsOf(resident), 1) << "the fake's own";
+  std::vector<uint8_t> a(3000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->prefetched_bytes, 0u);
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
+  EXPECT_EQ(client->stats().staging_maps, 1u) << "mapped for the load";
+}
+
+TEST_F(ClientTest, Load_AgentServesAnotherRegion_ResidentMappingDroppedAndThatOneMapped) {
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  // Larger than the resident region: the fake's pool replaces it with a new one.
+  std::vector<uint8_t> a(6 * kMiB, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->prefetched_bytes, 0u);
+  EXPECT_EQ(Xxh3(a.data(), a.size()), Xxh3(Pattern(a.size(), 1000).data(), a.size()));
+  EXPECT_EQ(client->stats().staging_maps, 1u);
+  EXPECT_EQ(MappingsOf(resident), 0) << "the dropped region is no longer kept alive here";
+}
+
+TEST_F(ClientTest, Save_EndsTheResidentMapping_TheAgentMayDropTheRegion) {
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  EXPECT_EQ(MappingsOf(resident), 2);
+  std::vector<uint8_t> a = Pattern(6 * kMiB, 1);  // a larger region replaces the resident one
+  ASSERT_TRUE(client->Save(1, {HostRef("a", &a)}).ok());
+  EXPECT_EQ(MappingsOf(resident), 0);
+  EXPECT_TRUE(client->stats().prefetch_done);
+}
+
+TEST_F(ClientTest, Connect_ResidentRegionGone_LoadMapsWhatTheAgentNames) {
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->identity.set_resident_shm_name("/tessera-clienttest-gone");
+    fake_->identity.set_resident_shm_size(4 * kMiB);
+    fake_->identity.set_resident_bytes(4 * kMiB);
+  }
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  EXPECT_EQ(client->stats().prefetch_populated_bytes, 0u);
+  std::vector<uint8_t> a(3000, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->prefetched_bytes, 0u);
+  EXPECT_EQ(a, Pattern(a.size(), 1000));
 }
 
 TEST_F(ClientTest, Load_CheckpointMissing_NotFoundWithDetailAndNoRelease) {

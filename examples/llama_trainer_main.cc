@@ -288,13 +288,14 @@ int main(int argc, char** argv) {
   std::printf("\n");
   std::printf("rank %u: load sources: memory_bytes=%llu disk_bytes=%llu "
               "memory_blocks_rejected=%llu fetched_from_peers=%llu memory_only=%d "
-              "verified_by_client=%llu fetched_by_client=%llu\n",
+              "verified_by_client=%llu fetched_by_client=%llu prefetched_bytes=%llu\n",
               rank, static_cast<unsigned long long>(loaded->bytes_from_memory),
               static_cast<unsigned long long>(loaded->bytes_from_disk),
               static_cast<unsigned long long>(loaded->memory_blocks_rejected),
               static_cast<unsigned long long>(loaded->bytes_fetched_from_peers),
               loaded->memory_only ? 1 : 0,
               static_cast<unsigned long long>(loaded->bytes_verified_by_client),
-              static_cast<unsigned long long>(loaded->bytes_fetched_by_client));
+              static_cast<unsigned long long>(loaded->bytes_fetched_by_client),
+              static_cast<unsigned long long>(loaded->prefetched_bytes));
   return 0;
 }

@@ -179,8 +179,8 @@ def flip_resident_byte(job, rank, marker, past):
 @unittest.skipUnless(SOCK_DIR and RUN_DIR, "needs the cluster of python_e2e_test.sh")
 class MemoryTierInPlaceTest(unittest.TestCase):
     """pp=2, each stage one tensor of its own (DESIGN.md "Memory tier"): restarted trainers
-    load step 10 from their agents' memory in place, each checking the bytes as it copies
-    them; a byte flipped in rank 0's memory is caught by its trainer, which loads again, and
+    load step 10 from their agents' memory in place, through the mapping their clients made
+    at connect, each checking the bytes as it copies them; a byte flipped in rank 0's memory is caught by its trainer, which loads again, and
     that block comes from disk."""
 
     def test_Restart_CheckedByTheTrainer_FlippedByteReadFromDisk(self):
@@ -194,6 +194,13 @@ class MemoryTierInPlaceTest(unittest.TestCase):
             self.assertEqual(sources["bytes_verified_by_client"], mib, report)
             self.assertEqual(sources["bytes_from_disk"], 0, report)
             self.assertEqual(sources["memory_blocks_rejected"], 0, report)
+            # Its agent's resident copy was mapped at connect and the load read through it.
+            self.assertTrue(report["prefetch_ended"], report)
+            self.assertGreaterEqual(report["stats"]["prefetch_bytes"], mib, report)
+            self.assertEqual(report["stats"]["prefetch_populated_bytes"],
+                             report["stats"]["prefetch_bytes"], report)
+            self.assertEqual(report["stats"]["prefetched_loads"], 1, report)
+            self.assertEqual(report["stats"]["staging_maps"], 0, report)
 
         marker = b"".join(struct.pack("<q", k * 7919) for k in range(16))
         flip_resident_byte("pymem", 0, marker, past=4096)
@@ -205,6 +212,11 @@ class MemoryTierInPlaceTest(unittest.TestCase):
         self.assertTrue(rank1["equal"], rank1)
         self.assertEqual(rank1["sources"]["bytes_verified_by_client"], mib, rank1)
         self.assertEqual(rank1["sources"]["memory_blocks_rejected"], 0, rank1)
+        # Rank 0's check failed on the mapping made at connect; the agent's verified load that
+        # followed came in a load region of its own.
+        self.assertEqual(rank0["stats"]["prefetched_loads"], 1, rank0)
+        self.assertEqual(rank0["stats"]["staging_maps"], 1, rank0)
+        self.assertEqual(rank1["stats"]["prefetched_loads"], 1, rank1)
 
 
 if __name__ == "__main__":

@@ -117,9 +117,11 @@ std::vector<TensorRef> RefsFromList(const py::sequence& refs) {
 // Owns the connection to this rank's agent.
 class PyClient {
  public:
-  static std::unique_ptr<PyClient> Connect(const std::string& socket, double get_info_timeout_s) {
+  static std::unique_ptr<PyClient> Connect(const std::string& socket, double get_info_timeout_s,
+                                           bool prefetch_resident) {
     ClientOptions options;
     if (get_info_timeout_s > 0) options.get_info_timeout = absl::Seconds(get_info_timeout_s);
+    options.prefetch_resident = prefetch_resident;
     absl::StatusOr<std::unique_ptr<Client>> client;
     {
       py::gil_scoped_release release;
@@ -218,7 +220,18 @@ class PyClient {
     out["staging_maps"] = s.staging_maps;
     out["last_copy_threads"] = s.last_copy_threads;
     out["failed_releases"] = s.failed_releases;
+    out["prefetch_bytes"] = s.prefetch_bytes;
+    out["prefetch_populated_bytes"] = s.prefetch_populated_bytes;
+    out["prefetch_done"] = s.prefetch_done;
+    out["prefetch_s"] = absl::ToDoubleSeconds(s.prefetch_time);
+    out["prefetched_loads"] = s.prefetched_loads;
     return out;
+  }
+
+  // Client::AwaitPrefetch, the GIL released.
+  bool AwaitPrefetch(double timeout_s) {
+    py::gil_scoped_release release;
+    return client_->AwaitPrefetch(absl::Seconds(timeout_s));
   }
 
  private:
@@ -250,13 +263,14 @@ PYBIND11_MODULE(_tessera, m) {
 
   py::class_<tessera::PyClient>(m, "_Client")
       .def_static("connect", &tessera::PyClient::Connect, py::arg("socket"),
-                  py::arg("get_info_timeout_s") = 0.0)
+                  py::arg("get_info_timeout_s") = 0.0, py::arg("prefetch_resident") = true)
       .def("identity", &tessera::PyClient::Identity)
       .def("save", &tessera::PyClient::Save, py::arg("step"), py::arg("refs"),
            py::arg("memory_only") = false)
       .def("reserve", &tessera::PyClient::Reserve, py::arg("refs"))
       .def("wait", &tessera::PyClient::Wait, py::arg("step"), py::arg("timeout_s"))
       .def("load", &tessera::PyClient::Load, py::arg("step"), py::arg("refs"))
-      .def("stats", &tessera::PyClient::Stats);
+      .def("stats", &tessera::PyClient::Stats)
+      .def("await_prefetch", &tessera::PyClient::AwaitPrefetch, py::arg("timeout_s"));
   m.def("describe", &tessera::Describe, py::arg("mesh"), py::arg("refs"));
 }

@@ -212,9 +212,10 @@ def do_memsave(client):
 def do_memload(client):
     rank = client.identity["rank"]
     into = torch.zeros(1 << 17, dtype=torch.int64)
+    prefetch_ended = client.await_prefetch(60)
     step = client.load(10, into={"stage%d.w" % rank: into})
-    return {"rank": rank, "step": step, "equal": bool(torch.equal(into, stage_tensor(rank))),
-            "sources": client.last_load}
+    return {"rank": rank, "step": step, "prefetch_ended": prefetch_ended, "equal": bool(torch.equal(into, stage_tensor(rank))),
+            "sources": client.last_load, "stats": client.stats()}
 
 
 def do_dup(client):

@@ -543,6 +543,23 @@ def median_run(judged_runs):
     return mid, "; median of %d runs: %.2f-%.2f" % (len(ordered), ordered[0][0], ordered[-1][0])
 
 
+def prefetch_text(loads):
+    """"; <n> of <m> ranks read through the resident copy mapped at connect: up to <t>, beside
+    a model build of <b> (<w> past it)" for bench_rank.py's load reports (DESIGN.md "Mapping
+    the resident copy ahead"); "" for reports that predate it."""
+    if not all("client" in x and "build_s" in x for x in loads):
+        return ""
+    if not any(x["client"].get("prefetch_bytes", 0) > 0 for x in loads):
+        return "; the resident copy was not mapped at connect"
+    used = sum(1 for x in loads if x["client"].get("prefetched_loads", 0) > 0)
+    mapped = max(x["client"].get("prefetch_s", 0.0) for x in loads)
+    build = max(x["build_s"] for x in loads)
+    past = max(x["prefetch_wait_s"] for x in loads)
+    return "; %d of %d ranks read through their agent's copy mapped at connect, in up to %s " \
+        "beside a model build of %s (%s past it)" % (used, len(loads), fmt_s(mapped),
+                                                     fmt_s(build), fmt_s(past))
+
+
 def memory_rows(raw, tag, name, ranks, client_memcpy):
     """Figure 4m: the last saved step loaded on the same layout from the agents' memory tier,
     in each of run.sh's runs. Per run: bytes / (first load() call -> last returned), against
@@ -575,10 +592,10 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
     # Judged only if no run read from disk.
     judged = all(sum(x["sources"]["bytes_from_disk"] for x in run[1][0]) == 0 for run in measured)
     return [Row("4m memory restore, %s" % name,
-                "%s (%s in %s; %s from memory, %s from disk%s)" % (
+                "%s (%s in %s; %s from memory, %s from disk%s%s)" % (
                     fmt_bw(total / span if span > 0 else None), fmt_size(int(mib(total))),
                     fmt_s(span), fmt_size(int(mib(memory))), fmt_size(int(mib(disk))),
-                    spread_text),
+                    spread_text, prefetch_text(loads)),
                 "memcpy (%s), %d thread%s, %s (%s per rank)" % (
                     when, threads, "s" if threads > 1 else "", fmt_s(memcpy),
                     fmt_bw(total / ranks / memcpy) if memcpy else "-"),

@@ -56,6 +56,8 @@
 #                                                               [TESSERA_BENCH_LOAD_RUNS]
 #   --memory-runs=3        restores from memory (and from buddies) per configuration; each
 #                          row is the run of median ratio      [TESSERA_BENCH_MEMORY_RUNS]
+#                          (TESSERA_BENCH_PREFETCH=0: the restarted trainers' clients do not
+#                          map the resident copy at connect, for a comparison)
 #   --torch-runs=3         torch.save runs per configuration    [TESSERA_BENCH_TORCH_RUNS]
 #   --llama-size=1G        figure 7: the model with its AdamW state, in all (the quickstart's
 #                          TESSERA_DEMO_MB)                     [TESSERA_BENCH_LLAMA_SIZE]

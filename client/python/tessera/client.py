@@ -102,6 +102,10 @@ class Client:
         of the same name (tessera.dtensor, rule 1).
       split_dims: layout dims along which ranks hold different parts of the model; a DTensor
         or a plain tensor next to DTensors is never a replica over them. Default: ("pp",).
+      prefetch_resident: where the agent holds a checkpoint in memory (a restart on the same
+        node), map it now and fault its pages in on a background thread while the trainer
+        builds its model, for a load that reads it in place (DESIGN.md "Mapping the resident
+        copy ahead"). Create the client early to overlap the most. Default: True.
 
     Thread-safety: methods may be called from any thread; save and load are serialised by the
     native client, and all blocking calls release the GIL.
@@ -112,12 +116,13 @@ class Client:
     """
 
     def __init__(self, agent=None, *, connect_timeout=None, mesh_dims=None,
-                 split_dims=DEFAULT_SPLIT_DIMS):
+                 split_dims=DEFAULT_SPLIT_DIMS, prefetch_resident=True):
         agent = agent if agent is not None else os.environ.get("TESSERA_AGENT", "")
         if not agent:
             raise errors.InvalidArgumentError(
                 "no agent socket: pass tessera.Client(agent=...) or set TESSERA_AGENT")
-        self._native = _call(_tessera._Client.connect, agent, float(connect_timeout or 0))
+        self._native = _call(_tessera._Client.connect, agent, float(connect_timeout or 0),
+                             bool(prefetch_resident))
         self._identity = self._native.identity()
         self._layout = JobLayout(self._identity["layout"], self._identity["coords"],
                                  mesh_dims=mesh_dims, split_dims=split_dims)
@@ -139,9 +144,18 @@ class Client:
         return copy.deepcopy(self._identity)
 
     def stats(self):
-        """{"saves", "staging_maps", "last_copy_threads", "failed_releases"} of the native
-        client."""
+        """{"saves", "staging_maps", "last_copy_threads", "failed_releases", and of the agent's
+        resident checkpoint mapped at connect (DESIGN.md "Mapping the resident copy ahead"):
+        "prefetch_bytes" (0: none), "prefetch_populated_bytes", "prefetch_done", "prefetch_s",
+        "prefetched_loads"} of the native client."""
         return self._native.stats()
+
+    def await_prefetch(self, timeout=60.0):
+        """Waits until the agent's resident checkpoint, mapped at connect and faulted in in
+        the background, is done (or was stopped, or there was none); returns whether it is.
+        For benchmarks and tests, which must know when it stops using a core; a trainer need
+        not call it."""
+        return _call(self._native.await_prefetch, float(timeout))
 
     def _refs(self, tensors, for_load):
         if tensors is None:
