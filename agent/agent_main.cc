@@ -51,6 +51,7 @@
 #include "common/log.h"
 #include "common/program.h"
 #include "common/signals.h"
+#include "common/strand.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "storage/fault_injecting_storage.h"
@@ -469,14 +470,19 @@ int main(int argc, char** argv) {
   tessera::Lifeline lifeline(&coordinator, registration, lifeline_options);
   lifeline_for_lease = &lifeline;
 
+  // A relay's RelayFailed reports, one at a time on a thread of their own: each retries for up
+  // to kRelayReportRetryFor while the coordinator is unreachable, which must not hold up the
+  // next relayed command. Declared after the coordinator client they use and before the
+  // relayer that posts them (so it is destroyed first; the pool then runs what it was given).
+  tessera::ThreadPool relay_reports(1);
   // Passes commands with relay_to on to this node's other agents. Declared before the stream
   // that feeds it and after the coordinator client it reports to.
   tessera::CommandRelayerOptions relayer_options;
   relayer_options.channel_credentials = peer_options.channel_credentials;
   tessera::CommandRelayer relayer(
       job, urank,
-      [&coordinator, &job, urank, incarnation](const std::string& session_id, uint64_t seq,
-                                               std::vector<uint32_t> ranks) {
+      [&relay_reports, &coordinator, &job, urank, incarnation](
+          const std::string& session_id, uint64_t seq, std::vector<uint32_t> ranks) {
         tessera::v1::RelayFailedRequest request;
         request.set_job_id(job);
         request.set_rank(urank);
@@ -484,17 +490,21 @@ int main(int argc, char** argv) {
         request.set_session_id(session_id);
         request.set_seq(seq);
         for (uint32_t r : ranks) request.add_ranks(r);
-        tessera::Backoff backoff;
-        const absl::Status reported = tessera::ReportRelayFailed(
-            coordinator, request, absl::Now() + kRelayReportRetryFor, backoff,
-            *tessera::RealClock::Get(), [](absl::Duration d) { absl::SleepFor(d); });
-        if (reported.ok()) {
-          tessera::LogInfo("reported ", ranks.size(), " rank(s) the relay of session ", session_id,
-                           " seq ", seq, " missed: the coordinator sends them the command");
-        } else {
-          tessera::LogWarning("could not report ", ranks.size(), " rank(s) the relay of session ",
-                              session_id, " seq ", seq, " missed: ", reported.ToString());
-        }
+        relay_reports.Post([&coordinator, request = std::move(request)] {
+          tessera::Backoff backoff;
+          const absl::Status reported = tessera::ReportRelayFailed(
+              coordinator, request, absl::Now() + kRelayReportRetryFor, backoff,
+              *tessera::RealClock::Get(), [](absl::Duration d) { absl::SleepFor(d); });
+          if (reported.ok()) {
+            tessera::LogInfo("reported ", request.ranks_size(), " rank(s) the relay of session ",
+                             request.session_id(), " seq ", request.seq(),
+                             " missed: the coordinator sends them the command");
+          } else {
+            tessera::LogWarning("could not report ", request.ranks_size(),
+                                " rank(s) the relay of session ", request.session_id(), " seq ",
+                                request.seq(), " missed: ", reported.ToString());
+          }
+        });
       },
       relayer_options);
 
