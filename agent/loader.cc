@@ -313,6 +313,35 @@ void Loader::SetJobDir(std::string job_dir) {
   job_dir_ = std::move(job_dir);
 }
 
+absl::StatusOr<v1::ListResidentBlocksResponse> Loader::ResidentBlocks() {
+  std::optional<ResidentCheckpoint> resident;
+  if (options_.memory != nullptr) resident = options_.memory->Current();
+  if (!resident.has_value()) {
+    return absl::NotFoundError("this agent holds no checkpoint in memory");
+  }
+  absl::MutexLock lock(&mu_);
+  if (job_dir_.empty()) {
+    return absl::FailedPreconditionError("the agent is not registered with a coordinator yet");
+  }
+  ASSIGN_OR_RETURN(const std::unique_ptr<CheckpointReader> reader, OpenLocked(resident->step));
+  if (reader->manifest().session_id() != resident->session_id) {
+    return absl::NotFoundError(absl::StrCat(
+        "step ", resident->step, " in memory was saved by session ", resident->session_id,
+        ", the committed one by ", reader->manifest().session_id()));
+  }
+  v1::ListResidentBlocksResponse response;
+  response.set_shm_name(resident->region.name);
+  response.set_step(resident->step);
+  for (const BlockCheck& block : reader->ResidentBlocks(
+           resident->file, ResidentBytes{resident->file_offset, nullptr, resident->nbytes})) {
+    v1::BlockCheck* check = response.add_blocks();
+    check->set_offset(block.offset);
+    check->set_length(block.length);
+    check->set_xxh3(block.xxh3);
+  }
+  return response;
+}
+
 absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   absl::MutexLock lock(&mu_);
   if (job_dir_.empty()) {

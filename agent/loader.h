@@ -107,6 +107,14 @@ class Loader {
   // naming tensor, chunk, file and block; ResourceExhausted if staging does not fit.
   absl::StatusOr<v1::LoadResponse> Load(const v1::LoadRequest& request) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The checksum blocks of this agent's resident checkpoint (MemoryTier::Current), from its
+  // manifest: what a load of it served in place would list for the trainer to check, for a
+  // client that checks the copy ahead (Agent.ListResidentBlocks). Reads the manifest only.
+  // Errors: FailedPrecondition before SetJobDir; NotFound if nothing is resident (no memory
+  // tier, or its region was dropped) or the step was saved again by another session since;
+  // the manifest's, as Load's.
+  absl::StatusOr<v1::ListResidentBlocksResponse> ResidentBlocks() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Releases the staging of `load_id`. Idempotent; unknown ids are ignored. Returns at once:
   // unmapping and freeing the region (a few hundred ms per GiB) runs on a background thread,
   // off the trainer's Load and the RPC thread; the next Load waits for it.

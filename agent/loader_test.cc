@@ -28,6 +28,7 @@ namespace tessera {
 namespace {
 
 using ::testing::ElementsAre;
+using ::testing::HasSubstr;
 using testing_checkpoint::GridChunks;
 using testing_checkpoint::RandomTensor;
 using testing_checkpoint::Reference;
@@ -342,6 +343,42 @@ TEST_F(LoaderMemoryTierTest, Load_ClientVerifies_InPlaceWithItsBlocksListedUnrea
   EXPECT_EQ(at, response->slots(0).offset() + kTensorBytes);
   EXPECT_THAT(mismatched, ElementsAre(first_chunk_offset_ + 4096));
   loader.Release(response->load_id());
+}
+
+TEST_F(LoaderMemoryTierTest, ResidentBlocks_ListedAheadAsAnInPlaceLoadListsThem) {
+  Publish(session_id_);
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, LoaderOptions{&memory_});
+  loader.SetJobDir(job_dir_);
+  absl::StatusOr<v1::ListResidentBlocksResponse> listed = loader.ResidentBlocks();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->shm_name(), region_.name);
+  EXPECT_EQ(listed->step(), 7);
+  // The whole tensor's load, served in place, lists the same blocks: a client that checked
+  // them ahead finds each one it is handed.
+  v1::LoadRequest request = Request(Box{{0, 0}, {256, 1024}});
+  request.set_client_verifies(true);
+  absl::StatusOr<v1::LoadResponse> response = loader.Load(request);
+  ASSERT_TRUE(response.ok()) << response.status();
+  ASSERT_EQ(response->unverified_blocks_size(), listed->blocks_size());
+  for (int b = 0; b < listed->blocks_size(); ++b) {
+    EXPECT_EQ(listed->blocks(b).offset(), response->unverified_blocks(b).offset()) << b;
+    EXPECT_EQ(listed->blocks(b).length(), response->unverified_blocks(b).length()) << b;
+    EXPECT_EQ(listed->blocks(b).xxh3(), response->unverified_blocks(b).xxh3()) << b;
+    EXPECT_EQ(Xxh3(region_.data + listed->blocks(b).offset(), listed->blocks(b).length()),
+              listed->blocks(b).xxh3())
+        << b;
+  }
+  loader.Release(response->load_id());
+}
+
+TEST_F(LoaderMemoryTierTest, ResidentBlocks_NothingResidentOrAnotherSession_NotFound) {
+  Loader loader(&storage_, pool_.get(), /*rank=*/0, LoaderOptions{&memory_});
+  loader.SetJobDir(job_dir_);
+  EXPECT_EQ(loader.ResidentBlocks().status().code(), absl::StatusCode::kNotFound);
+  Publish("another-session");
+  absl::Status other = loader.ResidentBlocks().status();
+  EXPECT_EQ(other.code(), absl::StatusCode::kNotFound) << other;
+  EXPECT_THAT(other.message(), HasSubstr("another-session"));
 }
 
 TEST_F(LoaderMemoryTierTest, Load_ClientVerifiesButCopied_AgentVerifiesNoBlocksListed) {

@@ -155,6 +155,18 @@ grpc::ServerUnaryReactor* TrainerService::Load(grpc::CallbackServerContext* cont
   return reactor;
 }
 
+grpc::ServerUnaryReactor* TrainerService::ListResidentBlocks(
+    grpc::CallbackServerContext* context, const v1::ListResidentBlocksRequest*,
+    v1::ListResidentBlocksResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Queue([this, reactor, response] {
+    absl::StatusOr<v1::ListResidentBlocksResponse> listed = loader_->ResidentBlocks();
+    if (listed.ok()) *response = *std::move(listed);
+    reactor->Finish(ToGrpcStatus(listed.status()));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* TrainerService::ReserveStaging(
     grpc::CallbackServerContext* context, const v1::ReserveStagingRequest* request,
     v1::ReserveStagingResponse* response) {

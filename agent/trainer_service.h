@@ -2,8 +2,8 @@
 // a unix socket. Saves go to the SaveExecutor, loads to the Loader.
 //
 // Nothing blocks a gRPC thread: BeginSave, Staged and WaitCommitted finish from the
-// executor's callbacks; Load and ReserveStaging run on this service's own worker thread (reads
-// and faulting in a region can take long).
+// executor's callbacks; Load, ListResidentBlocks and ReserveStaging run on this service's own
+// worker thread (reads, manifests and faulting in a region can take long).
 //
 // Thread-safety: safe for concurrent RPCs.
 #ifndef TESSERA_AGENT_TRAINER_SERVICE_H_
@@ -51,6 +51,9 @@ class TrainerService final : public v1::Agent::CallbackService {
   grpc::ServerUnaryReactor* ReleaseLoad(grpc::CallbackServerContext* context,
                                         const v1::ReleaseLoadRequest* request,
                                         v1::ReleaseLoadResponse* response) override;
+  grpc::ServerUnaryReactor* ListResidentBlocks(grpc::CallbackServerContext* context,
+                                               const v1::ListResidentBlocksRequest* request,
+                                               v1::ListResidentBlocksResponse* response) override;
   grpc::ServerUnaryReactor* ReserveStaging(grpc::CallbackServerContext* context,
                                            const v1::ReserveStagingRequest* request,
                                            v1::ReserveStagingResponse* response) override;

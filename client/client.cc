@@ -36,6 +36,11 @@ constexpr size_t kMaxSaveMappings = 2;
 // enough that the threads' buffers (2 x 8 MiB each) cost little to allocate per load.
 constexpr size_t kBounceBufferBytes = size_t{8} << 20;
 
+// The agent lists its resident checkpoint's blocks from the manifest (a file read) on its
+// load thread: long enough for a large manifest behind another load, short enough that a
+// Save's Take, which waits for the prefetch thread, is not held long by an agent that hangs.
+constexpr absl::Duration kListResidentBlocksTimeout = absl::Seconds(30);
+
 void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
@@ -48,6 +53,12 @@ absl::Status Prefixed(absl::string_view prefix, const absl::Status& status) {
   status.ForEachPayload(
       [&](absl::string_view url, const absl::Cord& payload) { out.SetPayload(url, payload); });
   return out;
+}
+
+// `mapping` is of region `name` and covers its first `size` bytes (region names are never
+// reused: a region that must grow gets a new one).
+bool Maps(const MappedStaging& mapping, const std::string& name, uint64_t size) {
+  return mapping.name() == name && mapping.size() >= size;
 }
 
 bool AnyCuda(absl::Span<const TensorRef> tensors) {
@@ -185,8 +196,33 @@ Client::Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub,
       prefetch_(options_.prefetch_resident && !identity_.resident_shm_name().empty()
                     ? ResidentPrefetch::Start(identity_.resident_shm_name(),
                                               identity_.resident_shm_size(),
-                                              identity_.resident_bytes())
+                                              identity_.resident_bytes(), PrefetchOptions())
                     : nullptr) {}
+
+ResidentPrefetchOptions Client::PrefetchOptions() const {
+  ResidentPrefetchOptions options;
+  // On the prefetch thread, which the destructor joins before stub_ goes.
+  options.list_blocks = [this]() -> absl::StatusOr<std::vector<BlockCheck>> {
+    grpc::ClientContext context;
+    SetTimeout(&context, kListResidentBlocksTimeout);
+    v1::ListResidentBlocksResponse response;
+    RETURN_IF_ERROR(
+        FromGrpcStatus(stub_->ListResidentBlocks(&context, v1::ListResidentBlocksRequest(),
+                                                 &response)));
+    if (response.shm_name() != identity_.resident_shm_name()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("the agent's resident checkpoint is now in ", response.shm_name(),
+                       ", not the region mapped at Connect, ", identity_.resident_shm_name()));
+    }
+    std::vector<BlockCheck> blocks;
+    blocks.reserve(response.blocks_size());
+    for (const v1::BlockCheck& block : response.blocks()) {
+      blocks.push_back(BlockCheck{block.offset(), block.length(), block.xxh3()});
+    }
+    return blocks;
+  };
+  return options;
+}
 
 Client::~Client() {
   absl::MutexLock lock(&mu_);
@@ -204,6 +240,7 @@ void Client::ReleaseInBackgroundLocked(std::string load_id,
       std::thread([this, load_id = std::move(load_id), mapping = std::move(mapping)]() mutable {
         // Unmap before the release: after it our mapping may be the region's last reference.
         mapping.reset();
+        if (load_id.empty()) return;
         v1::ReleaseLoadRequest request;
         request.set_load_id(load_id);
         v1::ReleaseLoadResponse response;
@@ -226,6 +263,8 @@ ClientStats Client::stats() const {
     const ResidentPrefetch::Progress progress = prefetch_->progress();
     stats.prefetch_bytes = progress.bytes;
     stats.prefetch_populated_bytes = progress.populated_bytes;
+    stats.prefetch_checked_bytes = progress.checked_bytes;
+    stats.prefetch_mismatched_blocks = progress.mismatched_blocks;
     stats.prefetch_done = progress.done;
     stats.prefetch_time = progress.elapsed;
   }
@@ -233,9 +272,11 @@ ClientStats Client::stats() const {
 }
 
 void Client::EndResidentMappingLocked() {
-  if (prefetch_ != nullptr) prefetch_->End();
-  resident_taken_ = true;
-  resident_.reset();
+  std::unique_ptr<MappedStaging> mapping = std::move(resident_);
+  resident_checked_.clear();
+  if (mapping == nullptr && prefetch_ != nullptr) mapping = prefetch_->Take().mapping;
+  // Unmapping a populated region takes ~9 ms per 256 MiB of page tables: not on a save's stall.
+  if (mapping != nullptr) ReleaseInBackgroundLocked(/*load_id=*/"", std::move(mapping));
 }
 
 bool Client::AwaitPrefetch(absl::Duration timeout) const {
@@ -578,14 +619,13 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
 
   // The mapping made at Connect serves every load the agent serves from that region (the
   // Python client's objects take three); the first load served from another ends it.
-  if (prefetch_ != nullptr && !resident_taken_) {
-    resident_ = prefetch_->Take(response.shm_name(), response.shm_size());
-    resident_prefetched_bytes_ = prefetch_->progress().populated_bytes;  // final: Take stopped it
-    resident_taken_ = true;
+  if (resident_ == nullptr && prefetch_ != nullptr) {
+    ResidentPrefetch::Taken taken = prefetch_->Take();
+    resident_ = std::move(taken.mapping);
+    resident_checked_ = std::move(taken.checked);
   }
-  if (resident_ != nullptr &&
-      (resident_->name() != response.shm_name() || resident_->size() < response.shm_size())) {
-    resident_.reset();
+  if (resident_ != nullptr && !Maps(*resident_, response.shm_name(), response.shm_size())) {
+    EndResidentMappingLocked();
   }
 
   if (response.has_fetch()) {
@@ -641,17 +681,20 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   std::unique_ptr<MappedStaging> temporary;
   const char* region_base = nullptr;
   bool region_pinned = false;  // page-locked in this process (a save mapping of CUDA saves)
+  bool region_resident = false;  // read through resident_
   if (total > 0) {
     char* base = nullptr;
     auto cached = std::find_if(staging_.begin(), staging_.end(), [&](const auto& m) {
-      return m->name() == response.shm_name() && m->size() >= response.shm_size();
+      return Maps(*m, response.shm_name(), response.shm_size());
     });
     if (cached != staging_.end()) {
       base = static_cast<char*>((*cached)->data());
       region_pinned = (*cached)->pinned();
     } else if (resident_ != nullptr) {
       base = static_cast<char*>(resident_->data());
-      result.prefetched_bytes = resident_prefetched_bytes_;
+      region_resident = true;
+      // Final: the first load's Take stopped it.
+      result.prefetched_bytes = prefetch_->progress().populated_bytes;
       absl::MutexLock lock(&stats_mu_);
       ++stats_.prefetched_loads;
     } else {
@@ -696,13 +739,16 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
       result.bytes_verified_by_client += block.length();
     }
     absl::StatusOr<VerifiedCopyResult> copied =
-        VerifiedCopy(region_base, response.shm_size(), slots, blocks, copy_threads_,
-                     options_.parallel_copy_min_bytes);
+        VerifiedCopy(region_base, response.shm_size(), slots, blocks,
+                     region_resident ? absl::MakeConstSpan(resident_checked_)
+                                     : absl::Span<const BlockCheck>(),
+                     copy_threads_, options_.parallel_copy_min_bytes);
     if (!copied.ok()) {
       return absl::InternalError(
           absl::StrCat("the agent's Load reply: ", copied.status().message()));
     }
     retry->mismatched = copied->mismatched.size();
+    result.checked_ahead_bytes = copied->checked_ahead_bytes;
   } else {
     RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false, region_pinned));
   }

@@ -122,10 +122,11 @@ struct ClientOptions {
   // Default: true.
   bool synchronize_device_before_save = true;
 
-  // Map the agent's resident checkpoint at Connect, if it has one, and fault its pages in on a
-  // background thread while the trainer builds its model (client/resident_prefetch.h), for
-  // loads that read it in place. It ends at the first Load the agent serves from another
-  // region, Save or ReserveStaging.
+  // Map the agent's resident checkpoint at Connect, if it has one, fault its pages in and check
+  // its blocks against the manifest (Agent.ListResidentBlocks) on a background thread while
+  // the trainer builds its model (client/resident_prefetch.h), for loads that read it in
+  // place: they copy the blocks checked ahead without hashing them again. It ends at the first
+  // Load the agent serves from another region, Save or ReserveStaging.
   // Default: true.
   bool prefetch_resident = true;
 
@@ -193,6 +194,8 @@ struct LoadResult {
   // prefetch_resident), of which this many bytes had been faulted in before the first load
   // took it; zero otherwise.
   uint64_t prefetched_bytes = 0;
+  // Of bytes_verified_by_client: blocks that mapping had checked ahead, only copied here.
+  uint64_t checked_ahead_bytes = 0;
 };
 
 // Counters for tests and metrics.
@@ -204,10 +207,13 @@ struct ClientStats {
   // the next Load anyway).
   uint64_t failed_releases = 0;
   // The resident checkpoint's mapping made at Connect (ClientOptions::prefetch_resident):
-  // bytes to fault in (0: none was started), faulted in so far, whether it has ended, and how
-  // long it ran (or has been running).
+  // bytes to fault in (0: none was started), faulted in so far, bytes of blocks checked ahead
+  // that match the manifest and blocks that do not, whether it has ended, and how long it ran
+  // (or has been running).
   uint64_t prefetch_bytes = 0;
   uint64_t prefetch_populated_bytes = 0;
+  uint64_t prefetch_checked_bytes = 0;
+  uint64_t prefetch_mismatched_blocks = 0;
   bool prefetch_done = false;
   absl::Duration prefetch_time;
   // Loads that read their region through that mapping.
@@ -321,7 +327,7 @@ class Client {
   absl::StatusOr<MappedStaging*> SaveMappingLocked(const std::string& name, uint64_t size, bool pin)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // Unmaps `mapping` (may be null), then releases `load_id`, on releaser_.
+  // Unmaps `mapping` (may be null), then releases `load_id` (none if empty), on releaser_.
   void ReleaseInBackgroundLocked(std::string load_id, std::unique_ptr<MappedStaging> mapping)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits for the last load's background release.
@@ -358,8 +364,13 @@ class Client {
   absl::Status CopyToDevicesLocked(const std::vector<CopyItem>& items)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The prefetch's options: list_blocks asks the agent (Agent.ListResidentBlocks), and refuses
+  // a listing of a region other than the one Connect was told of.
+  ResidentPrefetchOptions PrefetchOptions() const;
+
   void CountMap();
-  // Ends the mapping made at Connect (prefetch_, resident_): the agent may reuse the region.
+  // Ends the mapping made at Connect (prefetch_, resident_), unmapping it on releaser_: the
+  // agent may reuse or drop the region.
   void EndResidentMappingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const ClientOptions options_;
@@ -381,12 +392,12 @@ class Client {
   // mapping into resident_ if the agent serves it from that region; Save and ReserveStaging
   // end it. Its progress() is read by stats() without mu_.
   const std::unique_ptr<ResidentPrefetch> prefetch_;
-  bool resident_taken_ ABSL_GUARDED_BY(mu_) = false;
   // That mapping, kept while the agent serves loads from its region: until a load is served
   // from another, or a Save or ReserveStaging (after which the agent may reuse or drop the
   // region, which this mapping must then not keep alive).
   std::unique_ptr<MappedStaging> resident_ ABSL_GUARDED_BY(mu_);
-  uint64_t resident_prefetched_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The blocks of resident_ checked ahead, by offset (ResidentPrefetch::Taken::checked).
+  std::vector<BlockCheck> resident_checked_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex stats_mu_;
   ClientStats stats_ ABSL_GUARDED_BY(stats_mu_);

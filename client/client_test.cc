@@ -134,6 +134,9 @@ class FakeAgent final : public v1::Agent::Service {
   // differs from what its listed XXH3 was taken over (a memory copy that no longer matches).
   bool list_blocks ABSL_GUARDED_BY(mu) = false;
   int corrupt_loads ABSL_GUARDED_BY(mu) = 0;
+  // ListResidentBlocks' answer: the blocks of the resident region identity names, or
+  // UNIMPLEMENTED (an agent without the call) while empty.
+  v1::ListResidentBlocksResponse resident_blocks ABSL_GUARDED_BY(mu);
   // As an agent on a node that replaced a lost one: to a request with client_fetches, the
   // load's bytes are a memory copy held by `holder` (a buddy's bulk port at `holder_address`;
   // the fake keeps the copy there, laid out as its load region would be), each slot one block
@@ -161,6 +164,16 @@ class FakeAgent final : public v1::Agent::Service {
     absl::MutexLock lock(&mu);
     if (!info_status.ok()) return info_status;
     *response = identity;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ListResidentBlocks(grpc::ServerContext*, const v1::ListResidentBlocksRequest*,
+                                  v1::ListResidentBlocksResponse* response) override {
+    absl::MutexLock lock(&mu);
+    if (resident_blocks.shm_name().empty()) {
+      return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not listed by this fake");
+    }
+    *response = resident_blocks;
     return grpc::Status::OK;
   }
 
@@ -1423,7 +1436,86 @@ TEST_F(ClientTest, Load_ResidentRegionMappedAtConnect_TheLoadReadsThroughThatMap
   }
   std::vector<uint8_t> a2 = Pattern(10 * kMiB, 1);  // a larger region replaces the resident one
   ASSERT_TRUE(client->Save(3, {HostRef("a", &a2)}).ok());
+  ASSERT_TRUE(client->Save(4, {HostRef("a", &a2)}).ok());  // joins the first one's unmapping
   EXPECT_EQ(MappingsOf(resident), 0) << "the save ended it";
+}
+
+// Makes `fake` list, for its resident region `resident` (MakeResident), one block where a
+// load of one tensor of `nbytes` bytes finds it (FakeAgent::Layout), hashing to the XXH3 of
+// Pattern(nbytes, 1000) — what that load finds there — with `xxh3_flip` xored in.
+void ListResidentBlock(FakeAgent* fake, const std::string& resident, uint64_t nbytes,
+                       uint64_t xxh3_flip = 0) {
+  absl::MutexLock lock(&fake->mu);
+  fake->resident_blocks.set_shm_name(resident);
+  fake->resident_blocks.set_step(2);
+  v1::BlockCheck* block = fake->resident_blocks.add_blocks();
+  block->set_offset(kSlotGap);
+  block->set_length(nbytes);
+  block->set_xxh3(Xxh3(Pattern(nbytes, 1000).data(), nbytes) ^ xxh3_flip);
+}
+
+TEST_F(ClientTest, Load_ResidentBlocksCheckedAtConnect_TheLoadOnlyCopiesThem) {
+  const uint64_t n = 3 * kMiB + 5;
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  ListResidentBlock(fake_.get(), resident, n);
+  // The region holds the checkpoint's bytes before the trainer connects.
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->list_blocks = true;
+  }
+  std::vector<uint8_t> warm(n, 0);
+  {
+    ClientOptions off;
+    off.prefetch_resident = false;
+    std::unique_ptr<Client> writer = Connect(off);
+    ASSERT_NE(writer, nullptr);
+    ASSERT_TRUE(writer->Load(2, {HostRef("a", &warm)}).ok());  // the fake fills the region
+  }
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  EXPECT_EQ(client->stats().prefetch_checked_bytes, n);
+  EXPECT_EQ(client->stats().prefetch_mismatched_blocks, 0u);
+  std::vector<uint8_t> a(n, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes_verified_by_client, n);
+  EXPECT_EQ(result->checked_ahead_bytes, n);
+  EXPECT_EQ(a, Pattern(n, 1000));
+}
+
+TEST_F(ClientTest, Load_ResidentBlockListedWithAnotherHash_CheckedAgainAsItIsCopied) {
+  const uint64_t n = 2 * kMiB;
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  ListResidentBlock(fake_.get(), resident, n, /*xxh3_flip=*/1);  // another step's bytes
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->list_blocks = true;
+  }
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  EXPECT_EQ(client->stats().prefetch_checked_bytes, 0u);
+  EXPECT_EQ(client->stats().prefetch_mismatched_blocks, 1u);
+  std::vector<uint8_t> a(n, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->bytes_verified_by_client, n);
+  EXPECT_EQ(result->checked_ahead_bytes, 0u);
+  EXPECT_EQ(a, Pattern(n, 1000));
+}
+
+TEST_F(ClientTest, Connect_ResidentBlocksOfAnotherRegion_NothingCheckedAhead) {
+  const uint64_t n = 2 * kMiB;
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  ListResidentBlock(fake_.get(), resident + "-other", n);
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  const ClientStats stats = client->stats();
+  EXPECT_EQ(stats.prefetch_populated_bytes, 4 * kMiB);
+  EXPECT_EQ(stats.prefetch_checked_bytes, 0u);
+  EXPECT_EQ(stats.prefetch_mismatched_blocks, 0u);
 }
 
 TEST_F(ClientTest, Load_PrefetchOff_NothingMappedAtConnect) {
@@ -1466,6 +1558,8 @@ TEST_F(ClientTest, Save_EndsTheResidentMapping_TheAgentMayDropTheRegion) {
   EXPECT_EQ(MappingsOf(resident), 2);
   std::vector<uint8_t> a = Pattern(6 * kMiB, 1);  // a larger region replaces the resident one
   ASSERT_TRUE(client->Save(1, {HostRef("a", &a)}).ok());
+  // Unmapped off the save's path, on the thread the next Save, Load or ReserveStaging joins.
+  ASSERT_TRUE(client->Save(2, {HostRef("a", &a)}).ok());
   EXPECT_EQ(MappingsOf(resident), 0);
   EXPECT_TRUE(client->stats().prefetch_done);
 }

@@ -39,19 +39,21 @@ absl::Status PopulateRead(const char* data, uint64_t len) {
 }
 
 std::unique_ptr<ResidentPrefetch> ResidentPrefetch::Start(std::string name, uint64_t size,
-                                                          uint64_t bytes, uint64_t chunk_bytes) {
-  std::unique_ptr<ResidentPrefetch> prefetch(new ResidentPrefetch(
-      std::move(name), size, std::min(bytes, size), std::max<uint64_t>(chunk_bytes, 1)));
+                                                          uint64_t bytes,
+                                                          ResidentPrefetchOptions options) {
+  options.chunk_bytes = std::max<uint64_t>(options.chunk_bytes, 1);
+  std::unique_ptr<ResidentPrefetch> prefetch(
+      new ResidentPrefetch(std::move(name), size, std::min(bytes, size), std::move(options)));
   prefetch->thread_ = std::thread([p = prefetch.get()] { p->Run(); });
   return prefetch;
 }
 
 ResidentPrefetch::ResidentPrefetch(std::string name, uint64_t size, uint64_t bytes,
-                                   uint64_t chunk_bytes)
+                                   ResidentPrefetchOptions options)
     : name_(std::move(name)),
       size_(size),
       bytes_(bytes),
-      chunk_bytes_(chunk_bytes),
+      options_(std::move(options)),
       start_(absl::Now()) {}
 
 ResidentPrefetch::~ResidentPrefetch() { Stop(); }
@@ -78,14 +80,36 @@ void ResidentPrefetch::Run() {
   }
   absl::Status status;
   for (uint64_t off = 0; off < bytes_ && !stop_.load(std::memory_order_relaxed);) {
-    const uint64_t n = std::min(chunk_bytes_, bytes_ - off);
+    const uint64_t n = std::min(options_.chunk_bytes, bytes_ - off);
     status = PopulateRead(data + off, n);
     if (!status.ok()) break;
     off += n;
     absl::MutexLock lock(&mu_);
     populated_ = off;
   }
+  if (status.ok() && options_.list_blocks && !stop_.load(std::memory_order_relaxed)) Check(data);
   Finish(std::move(status));
+}
+
+void ResidentPrefetch::Check(const char* data) {
+  absl::StatusOr<std::vector<BlockCheck>> blocks = options_.list_blocks();
+  if (!blocks.ok()) {
+    absl::MutexLock lock(&mu_);
+    check_status_ = blocks.status();
+    return;
+  }
+  for (const BlockCheck& block : *blocks) {
+    if (stop_.load(std::memory_order_relaxed)) return;
+    if (block.offset > bytes_ || block.length > bytes_ - block.offset) continue;
+    const bool match = Xxh3(data + block.offset, block.length) == block.xxh3;
+    absl::MutexLock lock(&mu_);
+    if (match) {
+      checked_.push_back(block);
+      checked_bytes_ += block.length;
+    } else {
+      ++mismatched_;
+    }
+  }
 }
 
 void ResidentPrefetch::Finish(absl::Status status) {
@@ -95,27 +119,28 @@ void ResidentPrefetch::Finish(absl::Status status) {
   status_ = std::move(status);
 }
 
-std::unique_ptr<MappedStaging> ResidentPrefetch::Take(const std::string& name, uint64_t size) {
+ResidentPrefetch::Taken ResidentPrefetch::Take() {
   Stop();
-  std::unique_ptr<MappedStaging> mapping;
-  {
-    absl::MutexLock lock(&mu_);
-    mapping = std::move(mapping_);
-  }
-  // Region names start with '/': End's empty name matches none.
-  if (mapping == nullptr || mapping->name() != name || mapping->size() < size) return nullptr;
-  return mapping;
+  absl::MutexLock lock(&mu_);
+  Taken taken;
+  taken.mapping = std::move(mapping_);
+  // Checks of a mapping already handed over are not handed over again.
+  if (taken.mapping != nullptr) taken.checked = std::move(checked_);
+  checked_.clear();
+  return taken;
 }
 
 ResidentPrefetch::Progress ResidentPrefetch::progress() const {
   absl::MutexLock lock(&mu_);
   Progress p;
-  p.region = name_;
   p.bytes = bytes_;
   p.populated_bytes = populated_;
+  p.checked_bytes = checked_bytes_;
+  p.mismatched_blocks = mismatched_;
   p.done = done_;
   p.elapsed = done_ ? elapsed_ : absl::Now() - start_;
   p.status = status_;
+  p.check_status = check_status_;
   return p;
 }
 

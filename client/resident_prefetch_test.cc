@@ -4,11 +4,13 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -65,6 +67,24 @@ uint64_t MappedBytes(const void* data) {
   return 0;
 }
 
+ResidentPrefetchOptions Chunks(uint64_t chunk_bytes) {
+  ResidentPrefetchOptions options;
+  options.chunk_bytes = chunk_bytes;
+  return options;
+}
+
+// Region's blocks of `block` bytes over [0, bytes), with the XXH3 of their contents.
+std::vector<BlockCheck> BlocksOf(const Region& region, uint64_t bytes, uint64_t block) {
+  std::vector<unsigned char> contents(bytes);
+  for (uint64_t i = 0; i < bytes; ++i) contents[i] = static_cast<unsigned char>(i * 7 % 251);
+  std::vector<BlockCheck> blocks;
+  for (uint64_t at = 0; at < bytes; at += block) {
+    const uint64_t n = std::min(block, bytes - at);
+    blocks.push_back(BlockCheck{at, n, Xxh3(contents.data() + at, n)});
+  }
+  return blocks;
+}
+
 bool Matches(const MappedStaging& mapping, uint64_t bytes) {
   const auto* p = static_cast<const unsigned char*>(mapping.data());
   for (uint64_t i = 0; i < bytes; ++i) {
@@ -76,16 +96,16 @@ bool Matches(const MappedStaging& mapping, uint64_t bytes) {
 TEST(ResidentPrefetch, FaultsInTheCheckpointsBytesAndHandsOverTheMapping) {
   Region region(8 * kMiB);
   std::unique_ptr<ResidentPrefetch> prefetch =
-      ResidentPrefetch::Start(region.name(), region.bytes(), 6 * kMiB, kMiB);
+      ResidentPrefetch::Start(region.name(), region.bytes(), 6 * kMiB, Chunks(kMiB));
   ASSERT_TRUE(prefetch->Wait(absl::Minutes(1)));
   const ResidentPrefetch::Progress progress = prefetch->progress();
   EXPECT_TRUE(progress.status.ok()) << progress.status;
-  EXPECT_EQ(progress.region, region.name());
   EXPECT_EQ(progress.bytes, 6 * kMiB);
   EXPECT_EQ(progress.populated_bytes, 6 * kMiB);
 
-  std::unique_ptr<MappedStaging> mapping = prefetch->Take(region.name(), region.bytes());
+  std::unique_ptr<MappedStaging> mapping = prefetch->Take().mapping;
   ASSERT_NE(mapping, nullptr);
+  EXPECT_EQ(mapping->name(), region.name());
   EXPECT_EQ(mapping->size(), region.bytes());
   // The checkpoint's 6 MiB are mapped, not the region's last 2 (the kernel's fault-around
   // maps at most 64 KiB beyond).
@@ -93,14 +113,14 @@ TEST(ResidentPrefetch, FaultsInTheCheckpointsBytesAndHandsOverTheMapping) {
   EXPECT_GE(mapped, 6 * kMiB);
   EXPECT_LE(mapped, 6 * kMiB + 64 * 1024);
   EXPECT_TRUE(Matches(*mapping, region.bytes()));
-  EXPECT_EQ(prefetch->Take(region.name(), region.bytes()), nullptr) << "handed over once";
+  EXPECT_EQ(prefetch->Take().mapping, nullptr) << "handed over once";
 }
 
 TEST(ResidentPrefetch, TakenAtOnce_StopsAndStillHandsOverAUsableMapping) {
   Region region(32 * kMiB);
   std::unique_ptr<ResidentPrefetch> prefetch =
-      ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes(), 4096);
-  std::unique_ptr<MappedStaging> mapping = prefetch->Take(region.name(), region.bytes());
+      ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes(), Chunks(4096));
+  std::unique_ptr<MappedStaging> mapping = prefetch->Take().mapping;
   ASSERT_NE(mapping, nullptr);
   const ResidentPrefetch::Progress progress = prefetch->progress();
   EXPECT_TRUE(progress.done) << "Take ends it";
@@ -108,22 +128,63 @@ TEST(ResidentPrefetch, TakenAtOnce_StopsAndStillHandsOverAUsableMapping) {
   EXPECT_TRUE(Matches(*mapping, region.bytes())) << "the rest faults in as it is read";
 }
 
-TEST(ResidentPrefetch, AnotherRegionOrTooSmall_NotHandedOverAndUnmapped) {
+TEST(ResidentPrefetch, NotTaken_DestructorStopsAndUnmaps) {
+  Region region(32 * kMiB);
+  // Destroyed while it may still be mapping or populating, a page per call: it stops, joins
+  // its thread and unmaps.
+  ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes(), Chunks(4096)).reset();
+  std::ifstream maps("/proc/self/maps");
+  for (std::string line; std::getline(maps, line);) {
+    EXPECT_EQ(line.find(region.name()), std::string::npos) << "still mapped: " << line;
+  }
+}
+
+TEST(ResidentPrefetch, ListedBlocks_ThoseThatMatchHandedOverAsChecked) {
+  Region region(8 * kMiB);
+  std::vector<BlockCheck> listed = BlocksOf(region, 8 * kMiB, kMiB);
+  listed[2].xxh3 ^= 1;  // not what the region holds
+  // The checkpoint's bytes are its first 6 MiB: blocks 6 and 7 lie beyond them.
+  ResidentPrefetchOptions options;
+  options.list_blocks = [listed]() -> absl::StatusOr<std::vector<BlockCheck>> { return listed; };
+  std::unique_ptr<ResidentPrefetch> prefetch =
+      ResidentPrefetch::Start(region.name(), region.bytes(), 6 * kMiB, options);
+  ASSERT_TRUE(prefetch->Wait(absl::Minutes(1)));
+  const ResidentPrefetch::Progress progress = prefetch->progress();
+  EXPECT_TRUE(progress.check_status.ok()) << progress.check_status;
+  EXPECT_EQ(progress.populated_bytes, 6 * kMiB);
+  EXPECT_EQ(progress.checked_bytes, 5 * kMiB);
+  EXPECT_EQ(progress.mismatched_blocks, 1u);
+
+  ResidentPrefetch::Taken taken = prefetch->Take();
+  ASSERT_NE(taken.mapping, nullptr);
+  std::vector<uint64_t> offsets;
+  for (const BlockCheck& block : taken.checked) {
+    offsets.push_back(block.offset / kMiB);
+    EXPECT_EQ(block.length, kMiB);
+    EXPECT_EQ(block.xxh3, listed[block.offset / kMiB].xxh3);
+  }
+  EXPECT_EQ(offsets, (std::vector<uint64_t>{0, 1, 3, 4, 5}));
+  EXPECT_TRUE(prefetch->Take().checked.empty()) << "handed over once";
+}
+
+TEST(ResidentPrefetch, ListingFails_MappedAndFaultedInNothingChecked) {
   Region region(4 * kMiB);
-  std::unique_ptr<ResidentPrefetch> other =
-      ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes());
-  ASSERT_TRUE(other->Wait(absl::Minutes(1)));
-  EXPECT_EQ(other->Take("/tessera-prefetchtest-another", region.bytes()), nullptr);
-
-  std::unique_ptr<ResidentPrefetch> small =
-      ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes());
-  EXPECT_EQ(small->Take(region.name(), region.bytes() + 4096), nullptr);
-
-  std::unique_ptr<ResidentPrefetch> ended =
-      ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes());
-  ended->End();
-  EXPECT_EQ(ended->Take(region.name(), region.bytes()), nullptr);
-  EXPECT_TRUE(ended->progress().done);
+  ResidentPrefetchOptions options;
+  options.list_blocks = []() -> absl::StatusOr<std::vector<BlockCheck>> {
+    return absl::UnimplementedError("an agent without ListResidentBlocks");
+  };
+  std::unique_ptr<ResidentPrefetch> prefetch =
+      ResidentPrefetch::Start(region.name(), region.bytes(), region.bytes(), options);
+  ASSERT_TRUE(prefetch->Wait(absl::Minutes(1)));
+  const ResidentPrefetch::Progress progress = prefetch->progress();
+  EXPECT_TRUE(progress.status.ok()) << progress.status;
+  EXPECT_EQ(progress.check_status.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(progress.populated_bytes, region.bytes());
+  EXPECT_EQ(progress.checked_bytes, 0u);
+  ResidentPrefetch::Taken taken = prefetch->Take();
+  ASSERT_NE(taken.mapping, nullptr);
+  EXPECT_TRUE(taken.checked.empty());
+  EXPECT_TRUE(Matches(*taken.mapping, region.bytes()));
 }
 
 TEST(ResidentPrefetch, RegionGone_EndsWithNotFound) {
@@ -133,7 +194,7 @@ TEST(ResidentPrefetch, RegionGone_EndsWithNotFound) {
   const ResidentPrefetch::Progress progress = prefetch->progress();
   EXPECT_EQ(progress.status.code(), absl::StatusCode::kNotFound) << progress.status;
   EXPECT_EQ(progress.populated_bytes, 0u);
-  EXPECT_EQ(prefetch->Take("/tessera-prefetchtest-no-such-region", 4 * kMiB), nullptr);
+  EXPECT_EQ(prefetch->Take().mapping, nullptr);
 }
 
 TEST(ResidentPrefetch, MoreBytesThanTheRegion_ClippedToIt) {

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "client/parallel_copy.h"
 #include "common/status.h"
 
 namespace tessera {
@@ -108,19 +109,78 @@ absl::StatusOr<bool> CopyAndCheckBlock(PieceSource source, absl::Span<const Slot
   return hasher.Digest() == block.xxh3;
 }
 
+namespace {
+
+// For each of `blocks`, whether `checked_ahead` holds the same block: both sorted by offset.
+std::vector<char> CheckedAhead(absl::Span<const BlockCheck> blocks,
+                               absl::Span<const BlockCheck> checked_ahead) {
+  std::vector<char> ahead(blocks.size(), 0);
+  auto it = checked_ahead.begin();
+  for (size_t b = 0; b < blocks.size() && it != checked_ahead.end(); ++b) {
+    while (it != checked_ahead.end() && it->offset < blocks[b].offset) ++it;
+    if (it != checked_ahead.end() && it->offset == blocks[b].offset &&
+        it->length == blocks[b].length && it->xxh3 == blocks[b].xxh3) {
+      ahead[b] = 1;
+    }
+  }
+  return ahead;
+}
+
+// The bytes of `block` that the slots `block_slots` hold, appended to `items` as copies from
+// `region`; an item that continues the last one in both region and slot extends it.
+void AppendBlockCopies(const char* region, absl::Span<const SlotCopy> slots,
+                       const BlockCheck& block, const std::vector<size_t>& block_slots,
+                       std::vector<CopyItem>& items) {
+  for (size_t s : block_slots) {
+    const SlotCopy& slot = slots[s];
+    const uint64_t from = std::max(block.offset, slot.offset);
+    const uint64_t to = std::min(End(block), slot.offset + slot.size);
+    if (from >= to) continue;
+    char* dst = static_cast<char*>(slot.dst) + (from - slot.offset);
+    const char* src = region + from;
+    if (!items.empty()) {
+      CopyItem& last = items.back();
+      if (static_cast<char*>(last.dst) + last.size == dst &&
+          static_cast<const char*>(last.src) + last.size == src) {
+        last.size += to - from;
+        continue;
+      }
+    }
+    items.push_back(CopyItem{dst, src, to - from});
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t region_size,
                                                 absl::Span<const SlotCopy> slots,
                                                 absl::Span<const BlockCheck> blocks,
+                                                absl::Span<const BlockCheck> checked_ahead,
                                                 int max_threads, uint64_t parallel_min_bytes) {
   ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> by_block,
                    SlotsByBlock(region_size, slots, blocks));
   VerifiedCopyResult result;
   if (blocks.empty()) return result;
-  uint64_t total = 0;
-  for (const BlockCheck& block : blocks) total += block.length;
+  // Blocks checked ahead are only copied, as a plain load copies (ParallelCopy: long runs
+  // split evenly across the threads), before the others are copied and checked.
+  const std::vector<char> ahead = CheckedAhead(blocks, checked_ahead);
+  std::vector<CopyItem> ahead_copies;
+  uint64_t total = 0;  // bytes of the blocks to hash
+  size_t to_hash = 0;  // and how many
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (ahead[b]) {
+      result.checked_ahead_bytes += blocks[b].length;
+      AppendBlockCopies(region, slots, blocks[b], by_block[b], ahead_copies);
+    } else {
+      total += blocks[b].length;
+      ++to_hash;
+    }
+  }
+  result.threads = ParallelCopy(ahead_copies, max_threads, parallel_min_bytes);
+  if (total == 0) return result;
   const int threads = (max_threads <= 1 || total <= parallel_min_bytes)
                           ? 1
-                          : static_cast<int>(std::min<uint64_t>(max_threads, blocks.size()));
+                          : static_cast<int>(std::min<uint64_t>(max_threads, to_hash));
   // Each thread takes the next block not yet taken.
   std::atomic<size_t> next{0};
   std::vector<char> bad(blocks.size(), 0);
@@ -131,6 +191,7 @@ absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t reg
   auto worker = [&] {
     StreamingHasher hasher;
     for (size_t b = next.fetch_add(1); b < blocks.size(); b = next.fetch_add(1)) {
+      if (ahead[b]) continue;
       // The region is at hand: the source cannot fail.
       if (!*CopyAndCheckBlock(in_region, slots, blocks[b], by_block[b], hasher)) bad[b] = 1;
     }
@@ -142,7 +203,7 @@ absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t reg
   for (size_t b = 0; b < blocks.size(); ++b) {
     if (bad[b]) result.mismatched.push_back(b);
   }
-  result.threads = threads;
+  result.threads = std::max(result.threads, threads);
   return result;
 }
 

@@ -13,6 +13,11 @@
 // What is checked is the region, a piece right after the piece was copied out: the agent keeps
 // the region unwritten while the load holds it, so the copy holds the bytes that were hashed.
 //
+// Checked ahead: a block the caller already found to hash to the same XXH3 at the same place
+// in the same region (client/resident_prefetch.h, while the trainer built its model) is only
+// copied. The rule is the block's identity — offset, length and XXH3 all equal — so a region
+// the agent rewrote since (another step, other bytes) never passes on an older check.
+//
 // Thread-safety: a pure function over caller memory; the destinations must not overlap the
 // region or each other.
 #ifndef TESSERA_CLIENT_VERIFIED_COPY_H_
@@ -44,7 +49,8 @@ struct VerifiedCopyResult {
   // Indices into `blocks` whose bytes do not hash to their xxh3, ascending. Destinations that
   // overlap them hold unverified bytes: the caller must not use them.
   std::vector<size_t> mismatched;
-  int threads = 0;  // threads that copied (0: no blocks)
+  int threads = 0;  // threads that copied (0: nothing copied)
+  uint64_t checked_ahead_bytes = 0;  // of the blocks' bytes, those only copied (checked ahead)
 };
 
 // Where a block's bytes come from, one piece at a time and in order: asked for the bytes
@@ -77,10 +83,14 @@ absl::StatusOr<bool> CopyAndCheckBlock(PieceSource source, absl::Span<const Slot
 // takes the next whole block; one thread when the blocks total at most `parallel_min_bytes`).
 // `blocks` must be sorted by offset, not overlap, and lie inside [0, region_size); every byte
 // of every slot must lie in some block (bytes no block covers would be copied unchecked).
+// A block equal to one of `checked_ahead` (offset, length and XXH3; sorted by offset) is
+// copied without being hashed — the caller found these bytes of this region to match before
+// — as ParallelCopy copies (client/parallel_copy.h), ahead of the blocks it hashes.
 // Errors: InvalidArgument naming the block or slot that breaks this; nothing is copied then.
 absl::StatusOr<VerifiedCopyResult> VerifiedCopy(const char* region, uint64_t region_size,
                                                 absl::Span<const SlotCopy> slots,
                                                 absl::Span<const BlockCheck> blocks,
+                                                absl::Span<const BlockCheck> checked_ahead,
                                                 int max_threads, uint64_t parallel_min_bytes);
 
 }  // namespace tessera

@@ -47,7 +47,7 @@ TEST(VerifiedCopy, CopiesEverySlot_AllBlocksMatch) {
                                        {b.data(), a.size(), b.size()}};
   absl::StatusOr<VerifiedCopyResult> result =
       VerifiedCopy(region.data(), region.size(), slots,
-                   BlocksOver(region, 0, region.size(), block), /*max_threads=*/1, 0);
+                   BlocksOver(region, 0, region.size(), block), {}, /*max_threads=*/1, 0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(result->mismatched, IsEmpty());
   EXPECT_EQ(result->threads, 1);
@@ -117,7 +117,7 @@ TEST(VerifiedCopy, FlippedByte_ThatBlockOnly) {
   region[2 * block + 7] ^= 1;  // in block 2, after the checksums were taken
   std::vector<char> into(region.size(), 0);
   absl::StatusOr<VerifiedCopyResult> result =
-      VerifiedCopy(region.data(), region.size(), {{into.data(), 0, into.size()}}, blocks, 1, 0);
+      VerifiedCopy(region.data(), region.size(), {{into.data(), 0, into.size()}}, blocks, {}, 1, 0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(result->mismatched, ElementsAre(2u));
 }
@@ -130,13 +130,13 @@ TEST(VerifiedCopy, BlockWiderThanSlot_WholeBlockChecked) {
   std::vector<char> into(500, 0);
   const std::vector<SlotCopy> slots = {{into.data(), 1200, into.size()}};
   absl::StatusOr<VerifiedCopyResult> result =
-      VerifiedCopy(region.data(), region.size(), slots, blocks, 1, 0);
+      VerifiedCopy(region.data(), region.size(), slots, blocks, {}, 1, 0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(result->mismatched, IsEmpty());
   EXPECT_EQ(into, Slice(region, 1200, into.size()));
 
   region[2900] ^= 1;
-  result = VerifiedCopy(region.data(), region.size(), slots, blocks, 1, 0);
+  result = VerifiedCopy(region.data(), region.size(), slots, blocks, {}, 1, 0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(result->mismatched, ElementsAre(0u));
 }
@@ -146,7 +146,7 @@ TEST(VerifiedCopy, TwoSlotsShareABlock_BothCopied) {
   std::vector<char> a(100, 0), b(300, 0);
   const std::vector<SlotCopy> slots = {{b.data(), 4200, b.size()}, {a.data(), 4096, a.size()}};
   absl::StatusOr<VerifiedCopyResult> result = VerifiedCopy(
-      region.data(), region.size(), slots, BlocksOver(region, 4096, 8192, 4096), 1, 0);
+      region.data(), region.size(), slots, BlocksOver(region, 4096, 8192, 4096), {}, 1, 0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_THAT(result->mismatched, IsEmpty());
   EXPECT_EQ(a, Slice(region, 4096, a.size()));
@@ -160,7 +160,7 @@ TEST(VerifiedCopy, Threads_TakeWholeBlocks_ByteExact) {
   region[30 * block] ^= 1;  // in the second thread's half
   std::vector<char> into(region.size(), 0);
   absl::StatusOr<VerifiedCopyResult> result =
-      VerifiedCopy(region.data(), region.size(), {{into.data(), 0, into.size()}}, blocks,
+      VerifiedCopy(region.data(), region.size(), {{into.data(), 0, into.size()}}, blocks, {},
                    /*max_threads=*/2, /*parallel_min_bytes=*/0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->threads, 2);
@@ -177,7 +177,7 @@ TEST(VerifiedCopy, DestinationsNotAlignedLikeTheRegion_ByteExact) {
     std::fill(buffer.begin(), buffer.end(), 0);
     absl::StatusOr<VerifiedCopyResult> result = VerifiedCopy(
         region.data(), region.size(), {{buffer.data() + skew, 0, region.size()}},
-        BlocksOver(region, 0, region.size(), block), 1, 0);
+        BlocksOver(region, 0, region.size(), block), {}, 1, 0);
     ASSERT_TRUE(result.ok()) << result.status();
     EXPECT_THAT(result->mismatched, IsEmpty());
     EXPECT_EQ(std::vector<char>(buffer.begin() + skew, buffer.begin() + skew + region.size()),
@@ -188,12 +188,34 @@ TEST(VerifiedCopy, DestinationsNotAlignedLikeTheRegion_ByteExact) {
   }
 }
 
+TEST(VerifiedCopy, BlocksCheckedAhead_OnlyCopied_AnyOtherIdentityStillHashed) {
+  const uint64_t block = kVerifiedCopyPiece + 100;
+  std::vector<char> region = RandomBytes(4 * block, 10);
+  const std::vector<BlockCheck> blocks = BlocksOver(region, 0, region.size(), block);
+  // Checked ahead: block 1 as the load lists it; block 2 with another XXH3 (another step's
+  // bytes there); block 3 at its offset but shorter.
+  std::vector<BlockCheck> ahead = {blocks[1], blocks[2], blocks[3]};
+  ahead[1].xxh3 ^= 1;
+  ahead[2].length -= 1;
+  // Flipped after the checks: the copy of block 1 is not hashed again, so it is not caught;
+  // blocks 2 and 3 are.
+  for (int b = 1; b < 4; ++b) region[b * block + 5] ^= 1;
+  std::vector<char> into(region.size(), 0);
+  absl::StatusOr<VerifiedCopyResult> result =
+      VerifiedCopy(region.data(), region.size(), {{into.data(), 0, into.size()}}, blocks, ahead,
+                   /*max_threads=*/2, /*parallel_min_bytes=*/0);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_THAT(result->mismatched, ElementsAre(2u, 3u));
+  EXPECT_EQ(result->checked_ahead_bytes, block);
+  EXPECT_EQ(into, region);
+}
+
 TEST(VerifiedCopy, SmallTotal_OneThread) {
   std::vector<char> region = RandomBytes(4096, 6);
   std::vector<char> into(region.size(), 0);
   absl::StatusOr<VerifiedCopyResult> result = VerifiedCopy(
       region.data(), region.size(), {{into.data(), 0, into.size()}},
-      BlocksOver(region, 0, region.size(), 1024), /*max_threads=*/4, /*parallel_min_bytes=*/4096);
+      BlocksOver(region, 0, region.size(), 1024), {}, /*max_threads=*/4, /*parallel_min_bytes=*/4096);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->threads, 1);
   EXPECT_EQ(into, region);
@@ -207,7 +229,7 @@ TEST(VerifiedCopy, SlotBytesInNoBlock_InvalidArgument_NothingCopied) {
   const std::vector<BlockCheck> later = BlocksOver(region, 2048, 3072, 1024);
   blocks.insert(blocks.end(), later.begin(), later.end());
   absl::StatusOr<VerifiedCopyResult> result = VerifiedCopy(
-      region.data(), region.size(), {{into.data(), 500, into.size()}}, blocks, 1, 0);
+      region.data(), region.size(), {{into.data(), 500, into.size()}}, blocks, {}, 1, 0);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(result.status().message(), HasSubstr("slot 0"));
   EXPECT_THAT(result.status().message(), HasSubstr("from 1024"));
@@ -219,18 +241,18 @@ TEST(VerifiedCopy, BadBlocks_InvalidArgument) {
   std::vector<char> into(16, 0);
   const std::vector<SlotCopy> slots = {{into.data(), 0, into.size()}};
   absl::StatusOr<VerifiedCopyResult> outside =
-      VerifiedCopy(region.data(), region.size(), slots, {{0, 4096, 0}, {4096, 1, 0}}, 1, 0);
+      VerifiedCopy(region.data(), region.size(), slots, {{0, 4096, 0}, {4096, 1, 0}}, {}, 1, 0);
   EXPECT_EQ(outside.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(outside.status().message(), HasSubstr("block 1"));
   EXPECT_THAT(outside.status().message(), HasSubstr("outside the 4096-byte region"));
   absl::StatusOr<VerifiedCopyResult> overlapping =
-      VerifiedCopy(region.data(), region.size(), slots, {{0, 100, 0}, {50, 100, 0}}, 1, 0);
+      VerifiedCopy(region.data(), region.size(), slots, {{0, 100, 0}, {50, 100, 0}}, {}, 1, 0);
   EXPECT_EQ(overlapping.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(overlapping.status().message(), HasSubstr("overlaps or precedes block 0"));
 }
 
 TEST(VerifiedCopy, NoBlocksNoSlots_NothingToDo) {
-  absl::StatusOr<VerifiedCopyResult> result = VerifiedCopy(nullptr, 0, {}, {}, 2, 0);
+  absl::StatusOr<VerifiedCopyResult> result = VerifiedCopy(nullptr, 0, {}, {}, {}, 2, 0);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->threads, 0);
   EXPECT_THAT(result->mismatched, IsEmpty());

@@ -21,6 +21,7 @@ namespace tessera {
 namespace {
 
 using format_internal::BlockBegin;
+using format_internal::BlockCount;
 using format_internal::BlockEnd;
 using format_internal::FindBadBlock;
 using format_internal::ReadChunkBytes;
@@ -90,6 +91,18 @@ struct WorkItem {
   char* dest;
   std::vector<ByteRun> runs;  // by increasing chunk_offset, all within one window
 };
+
+// Sorts `blocks` by offset and drops repeats (blocks listed twice, from two requests or two
+// entries touching one chunk).
+void SortByOffsetOnce(std::vector<BlockCheck>& blocks) {
+  std::sort(blocks.begin(), blocks.end(),
+            [](const BlockCheck& a, const BlockCheck& b) { return a.offset < b.offset; });
+  blocks.erase(std::unique(blocks.begin(), blocks.end(),
+                           [](const BlockCheck& a, const BlockCheck& b) {
+                             return a.offset == b.offset;
+                           }),
+               blocks.end());
+}
 
 // Where chunk body bytes [begin, end) lie in `resident` (may be null), from its first byte, or
 // nullopt if it does not hold all of them. Reads no byte: ResidentBytes::data may be null.
@@ -687,6 +700,27 @@ absl::StatusOr<std::string> CheckpointReader::ContiguousFile(
   return *file;
 }
 
+std::vector<BlockCheck> CheckpointReader::ResidentBlocks(absl::string_view file,
+                                                        const ResidentBytes& resident) const {
+  std::vector<BlockCheck> blocks;
+  for (const v1::TensorEntry& tensor : manifest_.tensors()) {
+    for (const v1::ChunkEntry& chunk : tensor.chunks()) {
+      if (chunk.file() != file) continue;
+      for (uint64_t b = 0; b < BlockCount(chunk); ++b) {
+        const uint64_t begin = BlockBegin(chunk, b);
+        const uint64_t end = BlockEnd(chunk, b);
+        const std::optional<uint64_t> at = ResidentOffset(&resident, chunk, begin, end);
+        if (at.has_value()) {
+          blocks.push_back(BlockCheck{*at, end - begin, chunk.block_xxh3(static_cast<int>(b))});
+        }
+      }
+    }
+  }
+  // Chunks are in tensor order, not file order.
+  SortByOffsetOnce(blocks);
+  return blocks;
+}
+
 absl::StatusOr<std::vector<ReadResult>> CheckpointReader::LocateInMemory(
     absl::Span<const ReadRequest> requests, absl::string_view file, const ResidentBytes& resident,
     ReadStats* stats, std::vector<BlockCheck>* unverified) const {
@@ -728,13 +762,7 @@ absl::StatusOr<std::vector<ReadResult>> CheckpointReader::Locate(
     for (size_t w = 0; w < work.size() && status.ok(); ++w) {
       status = VerifyWorkItemInPlace(work[w], resident, counters, unverified);
     }
-    std::sort(unverified->begin(), unverified->end(),
-              [](const BlockCheck& a, const BlockCheck& b) { return a.offset < b.offset; });
-    unverified->erase(std::unique(unverified->begin(), unverified->end(),
-                                  [](const BlockCheck& a, const BlockCheck& b) {
-                                    return a.offset == b.offset;
-                                  }),
-                      unverified->end());
+    SortByOffsetOnce(*unverified);
     uint64_t listed = 0;
     for (const BlockCheck& block : *unverified) listed += block.length;
     counters.bytes_from_memory.store(listed);

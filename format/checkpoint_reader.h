@@ -239,6 +239,15 @@ class CheckpointReader {
       const ResidentBytes& resident, ReadStats* stats = nullptr,
       std::vector<BlockCheck>* unverified = nullptr) const;
 
+  // Every checksum block of data file `file` that lies whole in `resident`, once each, by
+  // increasing offset from ResidentBytes::data, with the manifest's XXH3: what a load served
+  // from `resident` in place may list for its trainer to check (LocateInMemory's
+  // `unverified`), listed before any load, for a trainer that checks its agent's resident copy
+  // ahead of loading it (client/resident_prefetch.h). Reads no byte: ResidentBytes::data may
+  // be null.
+  std::vector<BlockCheck> ResidentBlocks(absl::string_view file,
+                                         const ResidentBytes& resident) const;
+
   // LocateInMemory, verifying, for a copy the caller may write (one it fetched from another
   // node and hands out only afterwards): a block that does not match is read from `file` over
   // it, checked again and counted (stats->memory_blocks_rejected, bytes_read; bytes_from_memory

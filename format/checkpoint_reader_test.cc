@@ -531,6 +531,51 @@ TEST_P(CheckpointReaderTest, Read_ResidentCopyCoversPartOfFile_RestReadFromFile)
   EXPECT_EQ(stats.memory_blocks_rejected, 0u);
 }
 
+TEST_P(CheckpointReaderTest, ResidentBlocks_EveryWholeBlockOfTheFileInRegionOrder) {
+  // The file of wq's chunk 1, resident up to the last byte of its last chunk exclusive: that
+  // chunk's last block is not listed, every other block of every chunk in the file is, once.
+  const std::string file = manifest_.tensors(0).chunks(1).file();
+  const v1::ChunkEntry* last = nullptr;
+  for (const v1::TensorEntry& t : manifest_.tensors()) {
+    for (const v1::ChunkEntry& c : t.chunks()) {
+      if (c.file() == file && (last == nullptr || c.offset() > last->offset())) last = &c;
+    }
+  }
+  ASSERT_NE(last, nullptr);
+  const v1::ChunkEntry& cut = *last;
+  ResidentCopies memory(dir_, manifest_);
+  memory.Keep(file, 0, cut.offset() + cut.nbytes() - 1);
+  memory.Refresh();
+  const ResidentBytes& resident = memory.files()->at(file);
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+
+  const std::vector<BlockCheck> blocks = reader->ResidentBlocks(file, resident);
+  uint64_t expected_bytes = 0;
+  size_t expected_blocks = 0;
+  std::set<uint64_t> chunk_offsets;  // a chunk listed under two entries counts once
+  for (const v1::TensorEntry& t : manifest_.tensors()) {
+    for (const v1::ChunkEntry& c : t.chunks()) {
+      if (c.file() != file || !chunk_offsets.insert(c.offset()).second) continue;
+      expected_bytes += c.nbytes();
+      expected_blocks += c.block_xxh3_size();
+    }
+  }
+  const uint64_t cut_block = cut.nbytes() - (cut.block_xxh3_size() - 1) * uint64_t{cut.block_size()};
+  ASSERT_GT(expected_blocks, 2u);
+  EXPECT_EQ(blocks.size(), expected_blocks - 1);
+  uint64_t listed = 0;
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    if (b > 0) EXPECT_GT(blocks[b].offset, blocks[b - 1].offset) << b;
+    ASSERT_LE(blocks[b].offset + blocks[b].length, resident.size) << b;
+    // Where it lies and what it must hash to: the intact copy's bytes hash to it.
+    EXPECT_EQ(Xxh3(resident.data + blocks[b].offset, blocks[b].length), blocks[b].xxh3) << b;
+    listed += blocks[b].length;
+  }
+  EXPECT_EQ(listed, expected_bytes - cut_block);
+  EXPECT_TRUE(reader->ResidentBlocks("no-such-file.safetensors", resident).empty());
+}
+
 TEST_P(CheckpointReaderTest, LocateInMemory_Unverified_ListsEachBlockOnceHashesNone) {
   // wq's top-left chunk: 4 x 6 f32, 96 bytes in blocks of 64.
   const v1::ChunkEntry* chunk = nullptr;

@@ -180,8 +180,9 @@ def flip_resident_byte(job, rank, marker, past):
 class MemoryTierInPlaceTest(unittest.TestCase):
     """pp=2, each stage one tensor of its own (DESIGN.md "Memory tier"): restarted trainers
     load step 10 from their agents' memory in place, through the mapping their clients made
-    at connect, each checking the bytes as it copies them; a byte flipped in rank 0's memory is caught by its trainer, which loads again, and
-    that block comes from disk."""
+    and checked at connect, so that the load only copies; a byte flipped in rank 0's memory
+    is caught by its trainer (at connect, then again as it copies that block), which loads
+    again, and that block comes from disk."""
 
     def test_Restart_CheckedByTheTrainer_FlippedByteReadFromDisk(self):
         mib = 1 << 20
@@ -201,6 +202,11 @@ class MemoryTierInPlaceTest(unittest.TestCase):
                              report["stats"]["prefetch_bytes"], report)
             self.assertEqual(report["stats"]["prefetched_loads"], 1, report)
             self.assertEqual(report["stats"]["staging_maps"], 0, report)
+            # Its blocks were checked at connect, against the manifest the agent listed them
+            # from, and only copied by the load.
+            self.assertGreaterEqual(report["stats"]["prefetch_checked_bytes"], mib, report)
+            self.assertEqual(report["stats"]["prefetch_mismatched_blocks"], 0, report)
+            self.assertEqual(sources["bytes_checked_ahead"], mib, report)
 
         marker = b"".join(struct.pack("<q", k * 7919) for k in range(16))
         flip_resident_byte("pymem", 0, marker, past=4096)
@@ -217,6 +223,11 @@ class MemoryTierInPlaceTest(unittest.TestCase):
         self.assertEqual(rank0["stats"]["prefetched_loads"], 1, rank0)
         self.assertEqual(rank0["stats"]["staging_maps"], 1, rank0)
         self.assertEqual(rank1["stats"]["prefetched_loads"], 1, rank1)
+        # Found at connect already: that block was not taken as checked, the rest were.
+        self.assertEqual(rank0["stats"]["prefetch_mismatched_blocks"], 1, rank0)
+        self.assertEqual(rank0["sources"]["bytes_checked_ahead"], 0, rank0)  # the agent's
+        self.assertEqual(rank1["stats"]["prefetch_mismatched_blocks"], 0, rank1)
+        self.assertEqual(rank1["sources"]["bytes_checked_ahead"], mib, rank1)
 
 
 if __name__ == "__main__":

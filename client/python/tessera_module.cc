@@ -192,7 +192,7 @@ class PyClient {
 
   // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
   // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
-  // "bytes_verified_by_client", "bytes_fetched_by_client"}).
+  // "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;
@@ -210,6 +210,7 @@ class PyClient {
     sources["bytes_fetched_from_peers"] = r.bytes_fetched_from_peers;
     sources["bytes_verified_by_client"] = r.bytes_verified_by_client;
     sources["bytes_fetched_by_client"] = r.bytes_fetched_by_client;
+    sources["bytes_checked_ahead"] = r.checked_ahead_bytes;
     return py::make_tuple(r.step, absent, sources);
   }
 
@@ -222,6 +223,8 @@ class PyClient {
     out["failed_releases"] = s.failed_releases;
     out["prefetch_bytes"] = s.prefetch_bytes;
     out["prefetch_populated_bytes"] = s.prefetch_populated_bytes;
+    out["prefetch_checked_bytes"] = s.prefetch_checked_bytes;
+    out["prefetch_mismatched_blocks"] = s.prefetch_mismatched_blocks;
     out["prefetch_done"] = s.prefetch_done;
     out["prefetch_s"] = absl::ToDoubleSeconds(s.prefetch_time);
     out["prefetched_loads"] = s.prefetched_loads;

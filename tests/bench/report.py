@@ -544,9 +544,10 @@ def median_run(judged_runs):
 
 
 def prefetch_text(loads):
-    """"; <n> of <m> ranks read through the resident copy mapped at connect: up to <t>, beside
-    a model build of <b> (<w> past it)" for bench_rank.py's load reports (DESIGN.md "Mapping
-    the resident copy ahead"); "" for reports that predate it."""
+    """"; <n> of <m> ranks read through the resident copy mapped at connect, in up to <t> beside
+    a model build of <b> (<w> past it), <p> % of its bytes checked there" for bench_rank.py's
+    load reports (DESIGN.md "Mapping and checking the resident copy ahead"); "" for reports
+    that predate it."""
     if not all("client" in x and "build_s" in x for x in loads):
         return ""
     if not any(x["client"].get("prefetch_bytes", 0) > 0 for x in loads):
@@ -555,9 +556,14 @@ def prefetch_text(loads):
     mapped = max(x["client"].get("prefetch_s", 0.0) for x in loads)
     build = max(x["build_s"] for x in loads)
     past = max(x["prefetch_wait_s"] for x in loads)
-    return "; %d of %d ranks read through their agent's copy mapped at connect, in up to %s " \
+    text = "; %d of %d ranks read through their agent's copy mapped at connect, in up to %s " \
         "beside a model build of %s (%s past it)" % (used, len(loads), fmt_s(mapped),
                                                      fmt_s(build), fmt_s(past))
+    if any("prefetch_checked_bytes" in x["client"] for x in loads):
+        checked = sum(x["client"]["prefetch_checked_bytes"] for x in loads)
+        total = sum(x["client"]["prefetch_bytes"] for x in loads)
+        text += ", %.0f %% of its bytes checked there" % (100.0 * checked / max(total, 1))
+    return text
 
 
 def memory_rows(raw, tag, name, ranks, client_memcpy):
@@ -573,7 +579,7 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
         return []
     if runs is None or any(len(loads) < ranks or any(x["mismatched"] for x in loads)
                            for loads in runs):
-        return failed + buddy_rows(raw, tag, name)
+        return failed + buddy_rows(raw, tag, name, ranks)
     measured = []
     for loads in runs:
         when, baseline = "figure 1's", client_memcpy
@@ -584,7 +590,7 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
         measured.append((ratio, (loads, span, when, baseline)))
     median, spread_text = median_run(measured)
     if median is None:
-        return failed + buddy_rows(raw, tag, name)
+        return failed + buddy_rows(raw, tag, name, ranks)
     ratio, (loads, span, when, (threads, memcpy)) = median
     memory = sum(x["sources"]["bytes_from_memory"] for x in loads)
     disk = sum(x["sources"]["bytes_from_disk"] for x in loads)
@@ -600,18 +606,21 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
                     when, threads, "s" if threads > 1 else "", fmt_s(memcpy),
                     fmt_bw(total / ranks / memcpy) if memcpy else "-"),
                 ratio, ">= 0.80", (ratio >= 0.8) if judged else None,
-                chart=("memory restore %s" % name, ratio, 0.8, True))] + buddy_rows(raw, tag, name)
+                chart=("memory restore %s" % name, ratio, 0.8, True))] + buddy_rows(raw, tag, name, ranks)
 
 
-def buddy_rows(raw, tag, name):
+def buddy_rows(raw, tag, name, ranks):
     """Figure 4m, buddy: the ranks whose node was lost restore on a new one; per run, bytes they
     read from their buddies / (first of their load() calls -> last returned), vs loopback TCP
     with as many streams measured right before (link-<tag>-run<i>.json). Judged with those
     ranks restoring alone (buddyload: the baseline runs alone, and on a cluster the surviving
     node's restores run on its own cores); reported, not judged, with every rank restoring at
     once (buddyshared: both "nodes" on this machine's cores). Each row is the run of median
-    ratio; judged only if no run read from disk, failed if any run lacks a rank's report."""
+    ratio; judged only if no run read from disk, failed if any run lacks a rank's report.
+    None with one rank: run.sh restores from buddies only with ranks on two nodes."""
     rows = []
+    if ranks < 2:
+        return rows
     for prefix, label, judged in (("buddyload", "", True),
                                   ("buddyshared", ", beside the other node's restores", False)):
         runs = load_runs(raw, prefix, tag)

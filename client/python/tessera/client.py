@@ -24,7 +24,7 @@ INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
 _NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0,
                "bytes_fetched_from_peers": 0, "bytes_verified_by_client": 0,
-               "bytes_fetched_by_client": 0}
+               "bytes_fetched_by_client": 0, "bytes_checked_ahead": 0}
 
 
 def padded(data):
@@ -131,10 +131,11 @@ class Client:
         self.last_absent = []
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
         # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
-        # "bytes_verified_by_client", "bytes_fetched_by_client"}, whole checksum blocks
-        # counted; bytes_verified_by_client: bytes this process checked as it copied them (a
-        # load served in place into host memory); bytes_fetched_by_client: of those, bytes it
-        # read from another node's agent itself (a lost node's buddy copy).
+        # "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead"}, whole
+        # checksum blocks counted; bytes_verified_by_client: bytes this process checked (a load
+        # served in place into host memory); bytes_fetched_by_client: of those, bytes it read
+        # from another node's agent itself (a lost node's buddy copy); bytes_checked_ahead: of
+        # those, bytes it checked after connect, while the model was built, and only copied.
         self.last_load = dict(_NO_SOURCES)
 
     @property
@@ -145,9 +146,10 @@ class Client:
 
     def stats(self):
         """{"saves", "staging_maps", "last_copy_threads", "failed_releases", and of the agent's
-        resident checkpoint mapped at connect (DESIGN.md "Mapping the resident copy ahead"):
-        "prefetch_bytes" (0: none), "prefetch_populated_bytes", "prefetch_done", "prefetch_s",
-        "prefetched_loads"} of the native client."""
+        resident checkpoint mapped at connect (DESIGN.md "Mapping and checking the resident copy ahead"):
+        "prefetch_bytes" (0: none), "prefetch_populated_bytes", "prefetch_checked_bytes",
+        "prefetch_mismatched_blocks", "prefetch_done", "prefetch_s", "prefetched_loads"} of the
+        native client."""
         return self._native.stats()
 
     def await_prefetch(self, timeout=60.0):
