@@ -37,8 +37,8 @@ constexpr size_t kMaxSaveMappings = 2;
 constexpr size_t kBounceBufferBytes = size_t{8} << 20;
 
 // The agent lists its resident checkpoint's blocks from the manifest (a file read) on its
-// load thread: long enough for a large manifest behind another load, short enough that a
-// Save's Take, which waits for the prefetch thread, is not held long by an agent that hangs.
+// load thread: long enough for a large manifest behind another load. (A Save, or the
+// destructor, cancels the call rather than wait for it: Client::CancelListing.)
 constexpr absl::Duration kListResidentBlocksTimeout = absl::Seconds(30);
 
 void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
@@ -199,16 +199,25 @@ Client::Client(ClientOptions options, std::unique_ptr<v1::Agent::Stub> stub,
                                               identity_.resident_bytes(), PrefetchOptions())
                     : nullptr) {}
 
-ResidentPrefetchOptions Client::PrefetchOptions() const {
+ResidentPrefetchOptions Client::PrefetchOptions() {
   ResidentPrefetchOptions options;
   // On the prefetch thread, which the destructor joins before stub_ goes.
   options.list_blocks = [this]() -> absl::StatusOr<std::vector<BlockCheck>> {
     grpc::ClientContext context;
     SetTimeout(&context, kListResidentBlocksTimeout);
+    {
+      absl::MutexLock lock(&listing_mu_);
+      if (listing_cancelled_) return absl::CancelledError("the resident mapping has ended");
+      listing_ = &context;
+    }
     v1::ListResidentBlocksResponse response;
-    RETURN_IF_ERROR(
-        FromGrpcStatus(stub_->ListResidentBlocks(&context, v1::ListResidentBlocksRequest(),
-                                                 &response)));
+    const grpc::Status status =
+        stub_->ListResidentBlocks(&context, v1::ListResidentBlocksRequest(), &response);
+    {
+      absl::MutexLock lock(&listing_mu_);
+      listing_ = nullptr;
+    }
+    RETURN_IF_ERROR(FromGrpcStatus(status));
     if (response.shm_name() != identity_.resident_shm_name()) {
       return absl::FailedPreconditionError(
           absl::StrCat("the agent's resident checkpoint is now in ", response.shm_name(),
@@ -225,6 +234,7 @@ ResidentPrefetchOptions Client::PrefetchOptions() const {
 }
 
 Client::~Client() {
+  CancelListing();  // prefetch_'s thread is joined after this body: not for a slow agent
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();
 }
@@ -265,6 +275,7 @@ ClientStats Client::stats() const {
     stats.prefetch_populated_bytes = progress.populated_bytes;
     stats.prefetch_checked_bytes = progress.checked_bytes;
     stats.prefetch_mismatched_blocks = progress.mismatched_blocks;
+    stats.prefetch_check_status = progress.check_status;
     stats.prefetch_done = progress.done;
     stats.prefetch_time = progress.elapsed;
   }
@@ -272,11 +283,18 @@ ClientStats Client::stats() const {
 }
 
 void Client::EndResidentMappingLocked() {
-  std::unique_ptr<MappedStaging> mapping = std::move(resident_);
-  resident_checked_.clear();
+  CancelListing();
+  std::unique_ptr<MappedStaging> mapping = std::move(resident_.mapping);
+  resident_.checked.clear();
   if (mapping == nullptr && prefetch_ != nullptr) mapping = prefetch_->Take().mapping;
   // Unmapping a populated region takes ~9 ms per 256 MiB of page tables: not on a save's stall.
   if (mapping != nullptr) ReleaseInBackgroundLocked(/*load_id=*/"", std::move(mapping));
+}
+
+void Client::CancelListing() {
+  absl::MutexLock lock(&listing_mu_);
+  listing_cancelled_ = true;
+  if (listing_ != nullptr) listing_->TryCancel();
 }
 
 bool Client::AwaitPrefetch(absl::Duration timeout) const {
@@ -619,12 +637,9 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
 
   // The mapping made at Connect serves every load the agent serves from that region (the
   // Python client's objects take three); the first load served from another ends it.
-  if (resident_ == nullptr && prefetch_ != nullptr) {
-    ResidentPrefetch::Taken taken = prefetch_->Take();
-    resident_ = std::move(taken.mapping);
-    resident_checked_ = std::move(taken.checked);
-  }
-  if (resident_ != nullptr && !Maps(*resident_, response.shm_name(), response.shm_size())) {
+  if (resident_.mapping == nullptr && prefetch_ != nullptr) resident_ = prefetch_->Take();
+  if (resident_.mapping != nullptr &&
+      !Maps(*resident_.mapping, response.shm_name(), response.shm_size())) {
     EndResidentMappingLocked();
   }
 
@@ -681,7 +696,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   std::unique_ptr<MappedStaging> temporary;
   const char* region_base = nullptr;
   bool region_pinned = false;  // page-locked in this process (a save mapping of CUDA saves)
-  bool region_resident = false;  // read through resident_
+  bool region_resident = false;  // read through resident_.mapping
   if (total > 0) {
     char* base = nullptr;
     auto cached = std::find_if(staging_.begin(), staging_.end(), [&](const auto& m) {
@@ -690,8 +705,8 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     if (cached != staging_.end()) {
       base = static_cast<char*>((*cached)->data());
       region_pinned = (*cached)->pinned();
-    } else if (resident_ != nullptr) {
-      base = static_cast<char*>(resident_->data());
+    } else if (resident_.mapping != nullptr) {
+      base = static_cast<char*>(resident_.mapping->data());
       region_resident = true;
       // Final: the first load's Take stopped it.
       result.prefetched_bytes = prefetch_->progress().populated_bytes;
@@ -740,7 +755,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     }
     absl::StatusOr<VerifiedCopyResult> copied =
         VerifiedCopy(region_base, response.shm_size(), slots, blocks,
-                     region_resident ? absl::MakeConstSpan(resident_checked_)
+                     region_resident ? absl::MakeConstSpan(resident_.checked)
                                      : absl::Span<const BlockCheck>(),
                      copy_threads_, options_.parallel_copy_min_bytes);
     if (!copied.ok()) {

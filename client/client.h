@@ -214,6 +214,8 @@ struct ClientStats {
   uint64_t prefetch_populated_bytes = 0;
   uint64_t prefetch_checked_bytes = 0;
   uint64_t prefetch_mismatched_blocks = 0;
+  // Why nothing was checked ahead (the agent's listing failed or was cancelled); OK otherwise.
+  absl::Status prefetch_check_status;
   bool prefetch_done = false;
   absl::Duration prefetch_time;
   // Loads that read their region through that mapping.
@@ -366,9 +368,11 @@ class Client {
 
   // The prefetch's options: list_blocks asks the agent (Agent.ListResidentBlocks), and refuses
   // a listing of a region other than the one Connect was told of.
-  ResidentPrefetchOptions PrefetchOptions() const;
+  ResidentPrefetchOptions PrefetchOptions();
 
   void CountMap();
+  // Cancels the prefetch's ListResidentBlocks call in flight, and any it would make.
+  void CancelListing() ABSL_LOCKS_EXCLUDED(listing_mu_);
   // Ends the mapping made at Connect (prefetch_, resident_), unmapping it on releaser_: the
   // agent may reuse or drop the region.
   void EndResidentMappingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -388,16 +392,20 @@ class Client {
   DeviceCopier device_ ABSL_GUARDED_BY(mu_);
   // The last load's unmapping and ReleaseLoad, if not yet joined.
   std::thread releaser_ ABSL_GUARDED_BY(mu_);
+  // The prefetch thread's ListResidentBlocks call in flight, if any (declared before
+  // prefetch_, whose thread uses them until it is joined): ending the mapping cancels it, so
+  // that a Save does not wait in its stall for the agent's answer (a large manifest).
+  absl::Mutex listing_mu_;
+  grpc::ClientContext* listing_ ABSL_GUARDED_BY(listing_mu_) = nullptr;
+  bool listing_cancelled_ ABSL_GUARDED_BY(listing_mu_) = false;
   // The resident checkpoint's mapping started at Connect, or null. The first Load takes its
   // mapping into resident_ if the agent serves it from that region; Save and ReserveStaging
   // end it. Its progress() is read by stats() without mu_.
   const std::unique_ptr<ResidentPrefetch> prefetch_;
   // That mapping, kept while the agent serves loads from its region: until a load is served
   // from another, or a Save or ReserveStaging (after which the agent may reuse or drop the
-  // region, which this mapping must then not keep alive).
-  std::unique_ptr<MappedStaging> resident_ ABSL_GUARDED_BY(mu_);
-  // The blocks of resident_ checked ahead, by offset (ResidentPrefetch::Taken::checked).
-  std::vector<BlockCheck> resident_checked_ ABSL_GUARDED_BY(mu_);
+  // region, which this mapping must then not keep alive), with the blocks checked ahead.
+  ResidentPrefetch::Taken resident_ ABSL_GUARDED_BY(mu_);
 
   mutable absl::Mutex stats_mu_;
   ClientStats stats_ ABSL_GUARDED_BY(stats_mu_);

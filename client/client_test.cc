@@ -137,6 +137,10 @@ class FakeAgent final : public v1::Agent::Service {
   // ListResidentBlocks' answer: the blocks of the resident region identity names, or
   // UNIMPLEMENTED (an agent without the call) while empty.
   v1::ListResidentBlocksResponse resident_blocks ABSL_GUARDED_BY(mu);
+  // While set, ListResidentBlocks waits (for it to be cleared, or the call to be cancelled)
+  // once it has set listing_entered.
+  bool hold_listing ABSL_GUARDED_BY(mu) = false;
+  bool listing_entered ABSL_GUARDED_BY(mu) = false;
   // As an agent on a node that replaced a lost one: to a request with client_fetches, the
   // load's bytes are a memory copy held by `holder` (a buddy's bulk port at `holder_address`;
   // the fake keeps the copy there, laid out as its load region would be), each slot one block
@@ -167,9 +171,16 @@ class FakeAgent final : public v1::Agent::Service {
     return grpc::Status::OK;
   }
 
-  grpc::Status ListResidentBlocks(grpc::ServerContext*, const v1::ListResidentBlocksRequest*,
+  grpc::Status ListResidentBlocks(grpc::ServerContext* context,
+                                  const v1::ListResidentBlocksRequest*,
                                   v1::ListResidentBlocksResponse* response) override {
     absl::MutexLock lock(&mu);
+    listing_entered = true;
+    // A synchronous handler learns of a cancellation only by asking.
+    auto released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !hold_listing; };
+    while (!mu.AwaitWithTimeout(absl::Condition(&released), absl::Milliseconds(5))) {
+      if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    }
     if (resident_blocks.shm_name().empty()) {
       return grpc::Status(grpc::StatusCode::UNIMPLEMENTED, "not listed by this fake");
     }
@@ -1516,6 +1527,32 @@ TEST_F(ClientTest, Connect_ResidentBlocksOfAnotherRegion_NothingCheckedAhead) {
   EXPECT_EQ(stats.prefetch_populated_bytes, 4 * kMiB);
   EXPECT_EQ(stats.prefetch_checked_bytes, 0u);
   EXPECT_EQ(stats.prefetch_mismatched_blocks, 0u);
+}
+
+TEST_F(ClientTest, Save_WhileTheAgentListsResidentBlocks_CancelsTheListing) {
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  ListResidentBlock(fake_.get(), resident, 2 * kMiB);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_listing = true;
+  }
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->mu.Await(absl::Condition(&fake_->listing_entered));
+  }
+  // The save ends the resident mapping: it cancels the call the prefetch thread waits in
+  // (else it would wait for the agent, here for the call's deadline).
+  std::vector<uint8_t> a = Pattern(6 * kMiB, 1);
+  ASSERT_TRUE(client->Save(1, {HostRef("a", &a)}).ok());
+  const ClientStats stats = client->stats();
+  EXPECT_TRUE(stats.prefetch_done);
+  EXPECT_EQ(stats.prefetch_check_status.code(), absl::StatusCode::kCancelled)
+      << stats.prefetch_check_status;
+  EXPECT_EQ(stats.prefetch_checked_bytes, 0u);
+  absl::MutexLock lock(&fake_->mu);
+  fake_->hold_listing = false;
 }
 
 TEST_F(ClientTest, Load_PrefetchOff_NothingMappedAtConnect) {

@@ -206,6 +206,7 @@ class MemoryTierInPlaceTest(unittest.TestCase):
             # from, and only copied by the load.
             self.assertGreaterEqual(report["stats"]["prefetch_checked_bytes"], mib, report)
             self.assertEqual(report["stats"]["prefetch_mismatched_blocks"], 0, report)
+            self.assertEqual(report["stats"]["prefetch_check_error"], "OK", report)
             self.assertEqual(sources["bytes_checked_ahead"], mib, report)
 
         marker = b"".join(struct.pack("<q", k * 7919) for k in range(16))

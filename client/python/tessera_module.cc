@@ -225,6 +225,7 @@ class PyClient {
     out["prefetch_populated_bytes"] = s.prefetch_populated_bytes;
     out["prefetch_checked_bytes"] = s.prefetch_checked_bytes;
     out["prefetch_mismatched_blocks"] = s.prefetch_mismatched_blocks;
+    out["prefetch_check_error"] = std::string(s.prefetch_check_status.ToString());
     out["prefetch_done"] = s.prefetch_done;
     out["prefetch_s"] = absl::ToDoubleSeconds(s.prefetch_time);
     out["prefetched_loads"] = s.prefetched_loads;

@@ -148,8 +148,8 @@ class Client:
         """{"saves", "staging_maps", "last_copy_threads", "failed_releases", and of the agent's
         resident checkpoint mapped at connect (DESIGN.md "Mapping and checking the resident copy ahead"):
         "prefetch_bytes" (0: none), "prefetch_populated_bytes", "prefetch_checked_bytes",
-        "prefetch_mismatched_blocks", "prefetch_done", "prefetch_s", "prefetched_loads"} of the
-        native client."""
+        "prefetch_mismatched_blocks", "prefetch_check_error" ("OK", or why nothing was checked
+        there), "prefetch_done", "prefetch_s", "prefetched_loads"} of the native client."""
         return self._native.stats()
 
     def await_prefetch(self, timeout=60.0):
