@@ -566,6 +566,18 @@ def prefetch_text(loads):
     return text
 
 
+def copy_text(loads):
+    """"; per rank, copying <a>-<b> of loads of <c>-<d>": how much of each rank's load() was
+    its client's own mapping and copying after the agent's replies (last_load's
+    copy_seconds); "" for reports that predate it."""
+    if not all("copy_seconds" in x["sources"] for x in loads):
+        return ""
+    copies = [x["sources"]["copy_seconds"] for x in loads]
+    totals = [x["load_s"] for x in loads]
+    return "; per rank, copying %s-%s of loads of %s-%s" % (
+        fmt_s(min(copies)), fmt_s(max(copies)), fmt_s(min(totals)), fmt_s(max(totals)))
+
+
 def memory_rows(raw, tag, name, ranks, client_memcpy):
     """Figure 4m: the last saved step loaded on the same layout from the agents' memory tier,
     in each of run.sh's runs. Per run: bytes / (first load() call -> last returned), against
@@ -598,10 +610,10 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
     # Judged only if no run read from disk.
     judged = all(sum(x["sources"]["bytes_from_disk"] for x in run[1][0]) == 0 for run in measured)
     return [Row("4m memory restore, %s" % name,
-                "%s (%s in %s; %s from memory, %s from disk%s%s)" % (
+                "%s (%s in %s; %s from memory, %s from disk%s%s%s)" % (
                     fmt_bw(total / span if span > 0 else None), fmt_size(int(mib(total))),
                     fmt_s(span), fmt_size(int(mib(memory))), fmt_size(int(mib(disk))),
-                    spread_text, prefetch_text(loads)),
+                    spread_text, copy_text(loads), prefetch_text(loads)),
                 "memcpy (%s), %d thread%s, %s (%s per rank)" % (
                     when, threads, "s" if threads > 1 else "", fmt_s(memcpy),
                     fmt_bw(total / ranks / memcpy) if memcpy else "-"),
