@@ -127,6 +127,11 @@ def barrier(directory, name, rank, world, ranks=None, timeout=600):
         time.sleep(0.001)
 
 
+# Rounds of the memcpy baseline's copy started together at a barrier, as a load's ranks start
+# theirs, before a restore from memory (memcpy_baselines).
+TOGETHER_ROUNDS = 3
+
+
 def usable_cpus():
     return len(os.sched_getaffinity(0))
 
@@ -165,9 +170,12 @@ def parallel_memmove(items, threads):
         w.join()
 
 
-def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None):
+def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, together=None):
     """{threads: best of 3 seconds} for each of baseline_threads(), every rank (of `ranks`,
-    default all) copying at once as they do in a save (a barrier before each thread count)."""
+    default all) copying at once as they do in a save (a barrier before each thread count).
+    With `together` (a list), then `TOGETHER_ROUNDS` more copies with the client's threads,
+    a barrier before each, as the ranks start a load: [wall start, wall end] of each appended
+    to it (report.py's span of a round: the first start to the last end over the ranks)."""
     dst = torch.empty(total, dtype=torch.uint8)
     dst.fill_(1)  # pre-fault every page
     items = []
@@ -186,6 +194,13 @@ def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None):
             dt = time.perf_counter() - t0
             best = dt if best is None else min(best, dt)
         out[str(threads)] = best
+    if together is not None:
+        threads = baseline_threads()["client"]
+        for i in range(TOGETHER_ROUNDS):
+            barrier(barrier_dir, "memcpy-together-%d" % i, rank, world, ranks)
+            t0 = time.time()
+            parallel_memmove(items, threads)
+            together.append([t0, time.time()])
     del dst
     return out
 
@@ -364,9 +379,11 @@ def do_load(a):
         # The same bytes copied right before the load, every rank at once: the baseline of a
         # restore from memory, taken in the same minute (the save's, taken before its steps,
         # drifts with this machine's memory bandwidth).
+        together = []
         baseline = {"memcpy_threads": baseline_threads(),
                     "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world,
-                                                 a.barrier_ranks)}
+                                                 a.barrier_ranks, together),
+                    "memcpy_together": together}
     barrier(a.barrier, "load", a.rank, a.world, a.barrier_ranks)
     # Read by the device from here to the load's end, every rank's window together: the load's
     # reads, not this process's start (Python and torch come from the disk after the page cache
