@@ -1,0 +1,105 @@
+"""report.py's figure 4m rows from memory, on reports written as bench_rank.py writes them."""
+
+import json
+import os
+import sys
+import tempfile
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import report  # noqa: E402  (tests/bench is not a package)
+import testlib  # noqa: E402
+
+MIB = 1 << 20
+TAG = "256M-x2"
+
+
+def load_report(rank, start, load_s, copy_s, memcpy_s, together, memory=256 * MIB, disk=0):
+    """One rank's `bench_rank.py load --memcpy-baseline` report (the fields report.py reads)."""
+    return {"rank": rank, "world": 2, "bytes": memory + disk, "step": 3, "start": start,
+            "load_s": load_s, "end": start + load_s, "mismatched": [],
+            "sources": {"bytes_from_memory": memory, "bytes_from_disk": disk,
+                        "memory_blocks_rejected": 0, "bytes_fetched_from_peers": 0,
+                        "bytes_verified_by_client": memory, "bytes_fetched_by_client": 0,
+                        "bytes_checked_ahead": memory, "copy_seconds": copy_s},
+            "memcpy_threads": {"one": 1, "client": 2, "all_cores": 2},
+            "memcpy_s": {"1": 2 * memcpy_s, "2": memcpy_s},
+            "memcpy_together": together}
+
+
+class MemoryRows(unittest.TestCase):
+    def setUp(self):
+        self.raw = tempfile.mkdtemp()
+        with open(os.path.join(self.raw, "memory-runs-%s.txt" % TAG), "w") as f:
+            f.write("3\n")
+
+    def write_run(self, run, reports):
+        for r in reports:
+            path = os.path.join(self.raw, "memload-%s-run%d-%d.json" % (TAG, run, r["rank"]))
+            with open(path, "w") as f:
+                json.dump(r, f)
+
+    def test_row_is_the_median_run_with_its_copies_and_the_baseline_started_together(self):
+        # Runs whose spans are 0.100, 0.050 and 0.080 s against a 0.040 s memcpy (the slowest
+        # rank's): ratios 0.40, 0.80, 0.50; the median run is the third.
+        for run, span in ((1, 0.100), (2, 0.050), (3, 0.080)):
+            together = [[10.0, 10.045], [11.0, 11.060], [12.0, 12.050]]
+            self.write_run(run, [
+                load_report(0, 100.0, span, span - 0.010, 0.030, together),
+                load_report(1, 100.0 + span / 2, span / 2, span / 2 - 0.005, 0.040,
+                            [[10.005, 10.055], [11.002, 11.050], [12.0, 12.040]]),
+            ])
+        rows = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))
+        row = rows[0]
+        self.assertEqual(row.figure, "4m memory restore, 256 MiB x 2 ranks")
+        # Two ranks: the buddy restores (alone, and beside the other node's) were due and no
+        # report of theirs was written.
+        self.assertEqual([(r.figure, r.tessera) for r in rows[1:]],
+                         [("4m buddy restore, 256 MiB x 2 ranks", "failed (see logs/256M-x2)"),
+                          ("4m buddy restore, beside the other node's restores, 256 MiB x 2 "
+                           "ranks", "failed (see logs/256M-x2)")])
+        self.assertAlmostEqual(row.ratio, 0.040 / 0.080)
+        self.assertIs(row.met, False)
+        self.assertIn("median of 3 runs: 0.40-0.80", row.tessera)
+        # Each rank's copy within its load, in the median run: 35.0 and 70.0 ms of 40.0 and
+        # 80.0 ms.
+        self.assertIn("per rank, copying 35.0 ms-70.0 ms of loads of 40.0 ms-80.0 ms",
+                      row.tessera)
+        # Rounds spanned 55, 60 and 50 ms (first start to last end over the ranks; rank 0's
+        # own: 45, 60, 50): median 55 ms, which a bare copy would score 0.040 / 0.055 = 0.73
+        # against.
+        self.assertIn("2 threads, 40.0 ms", row.baseline)
+        self.assertIn("the same copies started together, as the loads are: 55.0 ms "
+                      "(3 rounds' median; 0.73)", row.baseline)
+
+    def test_reports_without_copy_times_or_rounds_leave_them_out(self):
+        for run in (1, 2, 3):
+            reports = [load_report(r, 100.0, 0.050, 0.040, 0.045, []) for r in (0, 1)]
+            for r in reports:
+                del r["sources"]["copy_seconds"]
+                del r["memcpy_together"]
+            self.write_run(run, reports)
+        row = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))[0]
+        self.assertAlmostEqual(row.ratio, 0.045 / 0.050)
+        self.assertIs(row.met, True)
+        self.assertNotIn("copying", row.tessera)
+        self.assertNotIn("started together", row.baseline)
+
+    def test_a_run_that_read_from_disk_is_not_judged(self):
+        for run in (1, 2, 3):
+            self.write_run(run, [load_report(r, 100.0, 0.050, 0.040, 0.045, [],
+                                             memory=128 * MIB, disk=128 * MIB if run == 2 else 0)
+                                 for r in (0, 1)])
+        row = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))[0]
+        self.assertIsNone(row.met)
+
+    def test_a_missing_rank_report_fails_the_row(self):
+        for run in (1, 2, 3):
+            ranks = (0,) if run == 3 else (0, 1)
+            self.write_run(run, [load_report(r, 100.0, 0.050, 0.040, 0.045, []) for r in ranks])
+        rows = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))
+        self.assertEqual(rows[0].tessera, "failed (see logs/%s)" % TAG)
+
+
+if __name__ == "__main__":
+    testlib.main()
