@@ -192,7 +192,8 @@ class PyClient {
 
   // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
   // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
-  // "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead", "copy_seconds"}).
+  // "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead",
+  // "copy_seconds"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;

@@ -591,9 +591,9 @@ def together_text(loads, memcpy):
     rounds = [x.get("memcpy_together") for x in loads]
     if not all(rounds) or len({len(r) for r in rounds}) != 1:
         return ""
-    spans = sorted(max(r[i][1] for r in rounds) - min(r[i][0] for r in rounds)
-                   for i in range(len(rounds[0])))
-    mid = spans[(len(spans) - 1) // 2]
+    spans = [max(r[i][1] for r in rounds) - min(r[i][0] for r in rounds)
+             for i in range(len(rounds[0]))]
+    mid, _ = median_p90(spans)
     return "; the same copies started together, as the loads are: %s (%d rounds' median; " \
         "%.2f)" % (fmt_s(mid), len(spans), memcpy / mid if mid > 0 else 0.0)
 

@@ -132,11 +132,11 @@ class Client:
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
         # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
         # "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead",
-        # "copy_seconds"}, whole
-        # checksum blocks counted; bytes_verified_by_client: bytes this process checked (a load
-        # served in place into host memory); bytes_fetched_by_client: of those, bytes it read
-        # from another node's agent itself (a lost node's buddy copy); bytes_checked_ahead: of
-        # those, bytes it checked after connect, while the model was built, and only copied;
+        # "copy_seconds"}, whole checksum blocks counted; bytes_verified_by_client: bytes this
+        # process checked (a load served in place into host memory); bytes_fetched_by_client:
+        # of those, bytes it read from another node's agent itself (a lost node's buddy copy);
+        # bytes_checked_ahead: of those, bytes it checked after connect, while the model was
+        # built, and only copied;
         # copy_seconds: seconds this process spent mapping and copying (and checking) after the
         # agent's replies (LoadResult.copy_time; 0 for bytes it fetched from another node).
         self.last_load = dict(_NO_SOURCES)
