@@ -3,24 +3,18 @@
 // every read, as a load makes them; 0: kept) and over the bulk port (agent/memory_bulk.h, new
 // connections every read), against the physical limit on the same machine in the same run —
 // plain loopback TCP sockets moving the same bytes from memory into a preallocated buffer over
-// as many connections (the kernel's two copies, nothing else). Server and client share this
-// process, as two agents share a node's cores. The destination is faulted in once, so page
-// faults are not measured. BM_PutMemoryCopy compares the two ways of replicating a copy to a
-// buddy (gRPC against the bulk port). BM_FetchVerified is a lost node's trainer reading the
-// same copy itself (client/peer_fetch.h): what has arrived (up to 1 MiB a time) received
-// straight into the destination and hashed there, every 4 MiB block checked.
+// as many connections (the kernel's two copies, nothing else; tests/bench/loopback_link.h).
+// Server and client share this process, as two agents share a node's cores. The destination is
+// faulted in once, so page faults are not measured. BM_PutMemoryCopy compares the two ways of
+// replicating a copy to a buddy (gRPC against the bulk port). BM_FetchVerified is a lost node's
+// trainer reading the same copy itself (client/peer_fetch.h): what has arrived (up to 1 MiB a
+// time) received straight into the destination and hashed there, every 4 MiB block checked —
+// held to the same sockets with the receivers hashing what arrives (BM_LoopbackTcp/n/1).
 //
 //   bazel run -c opt //agent:peer_memory_benchmark
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cstring>
 #include <memory>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "agent/buddy_store.h"
@@ -31,6 +25,7 @@
 #include "client/peer_fetch.h"
 #include "common/checksum.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/bench/loopback_link.h"
 
 namespace tessera {
 namespace {
@@ -200,48 +195,31 @@ void BM_PutMemoryCopy(benchmark::State& state) {
 }
 BENCHMARK(BM_PutMemoryCopy)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
 
+// Plain loopback TCP sockets (tests/bench/loopback_link.h, as figure 4m's baseline); second
+// argument 1: each receiver also hashes what arrived, up to 1 MiB a time, right after it
+// arrived — the limit of any reader that checks every byte it receives (BM_FetchVerified), on
+// the same cores that make the loopback link's two copies.
 void BM_LoopbackTcp(benchmark::State& state) {
-  const int streams = static_cast<int>(state.range(0));
-  const uint64_t per_stream = kBytes / streams;
-  const char* payload = Payload()->data();
+  LoopbackTransfer transfer;
+  transfer.streams = static_cast<int>(state.range(0));
+  transfer.bytes_per_stream = kBytes / transfer.streams;
+  transfer.src = Payload()->data();
+  transfer.dst = Dest();
+  transfer.check = state.range(1) != 0;
   for (auto _ : state) {
-    int listener = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(addr);
-    bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-    getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len);
-    listen(listener, streams);
-    std::vector<std::thread> threads;
-    for (int i = 0; i < streams; ++i) {
-      threads.emplace_back([&addr, payload, per_stream, i] {
-        int s = socket(AF_INET, SOCK_STREAM, 0);
-        connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr));
-        for (uint64_t sent = 0; sent < per_stream;) {
-          ssize_t n = send(s, payload + i * per_stream + sent, per_stream - sent, 0);
-          if (n <= 0) break;
-          sent += n;
-        }
-        close(s);
-      });
-      int conn = accept(listener, nullptr, nullptr);
-      threads.emplace_back([conn, per_stream, i] {
-        char* dest = Dest() + i * per_stream;
-        for (uint64_t got = 0; got < per_stream;) {
-          ssize_t n = recv(conn, dest + got, per_stream - got, 0);
-          if (n <= 0) break;
-          got += n;
-        }
-        close(conn);
-      });
+    absl::StatusOr<absl::Duration> took = TimeLoopbackTransfer(transfer);
+    if (!took.ok()) {
+      state.SkipWithError(took.status().ToString().c_str());
+      break;
     }
-    for (std::thread& t : threads) t.join();
-    close(listener);
+    state.SetIterationTime(absl::ToDoubleSeconds(*took));
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
 }
-BENCHMARK(BM_LoopbackTcp)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_LoopbackTcp)
+    ->ArgsProduct({{1, 2, 4}, {0, 1}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 }  // namespace tessera

@@ -66,7 +66,11 @@ bench_rank.py / tessera-plan-load / tessera-llama-trainer:
            their buddies' memory / (first of their load() calls -> last returned); the row
            says how much of it the trainers read from the buddies themselves (their load's
            bytes_fetched_by_client; the rest their agents read). Baseline: loopback TCP with
-           as many parallel streams (link_bw.py, best of 3).
+           as many parallel streams, from memory into memory (tessera-link-bw, best of 3:
+           tests/bench/loopback_link.h). Reported beside it, not judged: the same sockets
+           with the receivers hashing what arrives (--check) — how far any reader that
+           checks every byte it receives gets on these cores, where the link is the CPUs'
+           own copies.
   llama    (7) the quickstart's model through tessera-llama-trainer (C++ client), distributed
            optimizer. stall: the slowest rank's printed stall per steady save vs the slowest
            rank's memcpy of its printed bytes (bench_rank.py memcpy, every rank at once, the
@@ -645,7 +649,8 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
 def buddy_rows(raw, tag, name, ranks):
     """Figure 4m, buddy: the ranks whose node was lost restore on a new one; per run, bytes they
     read from their buddies / (first of their load() calls -> last returned), vs loopback TCP
-    with as many streams measured right before (link-<tag>-run<i>.json). Judged with those
+    with as many streams measured right before (link-<tag>-run<i>.json; beside it, not
+    judged, the same with the receivers checking what arrives: linkcheck-...). Judged with those
     ranks restoring alone (buddyload: the baseline runs alone, and on a cluster the surviving
     node's restores run on its own cores); reported, not judged, with every rank restoring at
     once (buddyshared: both "nodes" on this machine's cores). Each row is the run of median
@@ -668,18 +673,19 @@ def buddy_rows(raw, tag, name, ranks):
                 measured = []
                 break
             link = load_json(os.path.join(raw, "link-%s-run%d.json" % (tag, i)))
+            checked = load_json(os.path.join(raw, "linkcheck-%s-run%d.json" % (tag, i)))
             fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
             disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
             span = max(x["end"] for x in moved) - min(x["start"] for x in moved)
             bw = fetched / span if span > 0 else None
             link_bw = link["bytes_per_s"] if link else None
             measured.append((bw / link_bw if bw and link_bw else None,
-                             (moved, span, bw, link, disk)))
+                             (moved, span, bw, link, disk, checked)))
         median, spread_text = median_run(measured) if measured else (None, "")
         if median is None:
             rows.append(Row(figure, "failed (see logs/%s)" % tag))
             continue
-        ratio, (moved, span, bw, link, _) = median
+        ratio, (moved, span, bw, link, _, checked) = median
         fetched = sum(x["sources"]["bytes_fetched_from_peers"] for x in moved)
         by_trainers = sum(x["sources"].get("bytes_fetched_by_client", 0) for x in moved)
         disk = sum(x["sources"]["bytes_from_disk"] for x in moved)
@@ -691,11 +697,22 @@ def buddy_rows(raw, tag, name, ranks):
             "trainers themselves; %s from disk%s)" % (
                 fmt_bw(bw), len(moved), fmt_size(int(mib(fetched))), fmt_s(span),
                 fmt_size(int(mib(by_trainers))), fmt_size(int(mib(disk))), spread_text),
-            "loopback TCP %s (%d streams)" % (fmt_bw(link["bytes_per_s"]), link["streams"])
-            if link else "-",
+            link_text(link, checked),
             ratio, ">= 0.80" if judged else "not judged", met,
             chart=("buddy restore %s" % name, ratio, 0.8, True) if judged else None))
     return rows
+
+
+def link_text(link, checked):
+    """The buddy row's baseline: the loopback link, and beside it (if measured) the same link
+    with the receivers checking what arrives, as a fraction of it."""
+    if not link:
+        return "-"
+    text = "loopback TCP %s (%d streams)" % (fmt_bw(link["bytes_per_s"]), link["streams"])
+    if checked:
+        text += "; its receivers checking what arrives (XXH3): %s (%.2f of it), not judged" % (
+            fmt_bw(checked["bytes_per_s"]), checked["bytes_per_s"] / link["bytes_per_s"])
+    return text
 
 
 LLAMA_STAGED = re.compile(r"rank (\d+): step (\d+) staged: ([\d.]+) ms trainer stall for "

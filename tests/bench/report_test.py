@@ -27,17 +27,23 @@ def load_report(rank, start, load_s, copy_s, memcpy_s, together, memory=256 * MI
             "memcpy_together": together}
 
 
-class MemoryRows(unittest.TestCase):
+class RawDir(unittest.TestCase):
+    """A run.sh raw/ directory of a configuration whose memory restores ran three times."""
+
     def setUp(self):
         self.raw = tempfile.mkdtemp()
         with open(os.path.join(self.raw, "memory-runs-%s.txt" % TAG), "w") as f:
             f.write("3\n")
 
+    def write(self, name, content):
+        with open(os.path.join(self.raw, name), "w") as f:
+            json.dump(content, f)
+
+
+class MemoryRows(RawDir):
     def write_run(self, run, reports):
         for r in reports:
-            path = os.path.join(self.raw, "memload-%s-run%d-%d.json" % (TAG, run, r["rank"]))
-            with open(path, "w") as f:
-                json.dump(r, f)
+            self.write("memload-%s-run%d-%d.json" % (TAG, run, r["rank"]), r)
 
     def test_row_is_the_median_run_with_its_copies_and_the_baseline_started_together(self):
         # Runs whose spans are 0.100, 0.050 and 0.080 s against a 0.040 s memcpy (the slowest
@@ -99,6 +105,59 @@ class MemoryRows(unittest.TestCase):
             self.write_run(run, [load_report(r, 100.0, 0.050, 0.040, 0.045, []) for r in ranks])
         rows = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))
         self.assertEqual(rows[0].tessera, "failed (see logs/%s)" % TAG)
+
+
+def buddy_report(start, load_s, fetched=256 * MIB, disk=0):
+    """Rank 1's report of a restore from its buddy on a new node (bench_rank.py load)."""
+    r = load_report(1, start, load_s, 0.0, 0.0, [], memory=fetched, disk=disk)
+    r["sources"]["bytes_fetched_from_peers"] = fetched
+    r["sources"]["bytes_fetched_by_client"] = fetched
+    return r
+
+
+class BuddyRows(RawDir):
+    def write_run(self, run, prefix, load_s, link_mib_s, checked_mib_s, disk=0):
+        self.write("%s-%s-run%d-1.json" % (prefix, TAG, run),
+                   buddy_report(50.0, load_s, disk=disk))
+        self.write("%s-%s-run%d-0.json" % (prefix, TAG, run),
+                   load_report(0, 50.0, 0.1, 0.0, 0.0, []))
+        self.write("link-%s-run%d.json" % (TAG, run),
+                   {"streams": 1, "bytes": 256 * MIB, "seconds": 256.0 / link_mib_s,
+                    "bytes_per_s": link_mib_s * MIB, "checked": False})
+        if checked_mib_s:
+            self.write("linkcheck-%s-run%d.json" % (TAG, run),
+                       {"streams": 1, "bytes": 256 * MIB, "seconds": 256.0 / checked_mib_s,
+                        "bytes_per_s": checked_mib_s * MIB, "checked": True})
+
+    def test_judged_against_the_link_with_the_checking_receivers_beside_it(self):
+        # 256 MiB in 0.25, 0.19 and 0.16 s against a link of 1600 MiB/s: ratios 0.64, 0.84
+        # and 1.00; the median run is the second.
+        for run, load_s, checked in ((1, 0.25, 1200), (2, 0.19, 1280), (3, 0.16, 1000)):
+            self.write_run(run, "buddyload", load_s, 1600, checked)
+        rows = report.buddy_rows(self.raw, TAG, "256 MiB x 2 ranks", 2)
+        row = rows[0]
+        self.assertEqual(row.figure, "4m buddy restore, 256 MiB x 2 ranks")
+        # The restores beside the other node's were due too and wrote nothing.
+        self.assertEqual(rows[1].tessera, "failed (see logs/%s)" % TAG)
+        self.assertAlmostEqual(row.ratio, 256 / 0.19 / 1600)
+        self.assertIs(row.met, True)
+        self.assertIn("1 ranks on a new node: 256 MiB from buddies in 190.0 ms", row.tessera)
+        self.assertIn("median of 3 runs: 0.64-1.00", row.tessera)
+        self.assertEqual(row.baseline, "loopback TCP 1600 MiB/s (1 streams); its receivers "
+                                       "checking what arrives (XXH3): 1280 MiB/s (0.80 of "
+                                       "it), not judged")
+
+    def test_without_the_checking_measurement_the_link_alone(self):
+        for run in (1, 2, 3):
+            self.write_run(run, "buddyload", 0.20, 1600, None)
+        row = report.buddy_rows(self.raw, TAG, "256 MiB x 2 ranks", 2)[0]
+        self.assertEqual(row.baseline, "loopback TCP 1600 MiB/s (1 streams)")
+
+    def test_a_run_that_read_from_disk_is_not_judged(self):
+        for run in (1, 2, 3):
+            self.write_run(run, "buddyload", 0.20, 1600, 1200, disk=MIB if run == 3 else 0)
+        row = report.buddy_rows(self.raw, TAG, "256 MiB x 2 ranks", 2)[0]
+        self.assertIsNone(row.met)
 
 
 if __name__ == "__main__":

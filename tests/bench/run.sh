@@ -33,8 +33,8 @@
 #              from its agents' memory tier, vs the memcpy of the same bytes (taken by the
 #              loading ranks right before); with 2+ ranks,
 #              the odd ranks' "node" is then lost and they restore on a new one from their
-#              buddies' copies, vs loopback TCP bandwidth (link_bw.py): judged with those ranks
-#              restoring alone, reported with every rank restoring at once
+#              buddies' copies, vs loopback TCP bandwidth (tessera-link-bw): judged with those
+#              ranks restoring alone, reported with every rank restoring at once
 #   5 plan     fake agents (in worker processes) through a real coordinator over gRPC: first
 #              and cached plan time, coordinator peak RSS (VmHWM), manifest size, load and
 #              write time; 1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at
@@ -177,7 +177,7 @@ if [ "$BUILD" = 1 ]; then
   say "building"
   $BAZEL build //server:tessera-coordinator //agent:tessera-agent //client/python:site \
     //client/cli:tessera //examples:tessera-llama-trainer //tests/bench:tessera-plan-load \
-    >"$OUT/logs/build.log" 2>&1 \
+    //tests/bench:tessera-link-bw >"$OUT/logs/build.log" 2>&1 \
     || { tail -n 30 "$OUT/logs/build.log" >&2; exit 1; }
 fi
 BIN=${BIN:-$($BAZEL info bazel-bin 2>/dev/null)}
@@ -470,9 +470,13 @@ if wants stall || wants load || wants dcp || wants memory; then
             wait_registered "$job" "$q" || say "$tag: rank $q's replacement did not register"
           done
           for i in $(seq 1 "$MEMORY_RUNS"); do
-            $PY tests/bench/link_bw.py --streams=$((r / 2)) --mib="$mib" \
+            # The link, then the same with its receivers checking what arrives (reported).
+            "$BIN/tests/bench/tessera-link-bw" --streams=$((r / 2)) --mib="$mib" \
               >"$OUT/raw/link-$tag-run$i.json" 2>>"$OUT/logs/link.log" ||
               say "$tag: loopback bandwidth not measured in run $i"
+            "$BIN/tests/bench/tessera-link-bw" --streams=$((r / 2)) --mib="$mib" --check \
+              >"$OUT/raw/linkcheck-$tag-run$i.json" 2>>"$OUT/logs/link.log" ||
+              say "$tag: loopback bandwidth with checking receivers not measured in run $i"
             # Judged: the new node's ranks restore alone, as the link's baseline runs alone
             # (on a cluster the surviving node's restores use that node's cores, not these).
             RUN_RANKS="$(seq 1 2 $((r - 1)))" run_ranks load "$job" "$r" \

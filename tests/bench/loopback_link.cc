@@ -1,0 +1,113 @@
+#include "tests/bench/loopback_link.h"
+
+#include <algorithm>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "common/checksum.h"
+#include "common/status.h"
+#include "common/tcp_socket.h"
+
+namespace tessera {
+namespace {
+
+// The most a checking receiver takes before it hashes: client/peer_fetch.cc kFetchPiece's size,
+// so that the hash reads what the kernel just wrote, from the core's cache.
+constexpr uint64_t kCheckedPiece = uint64_t{1} << 20;
+
+// Receives `n` bytes into `dst`, hashing each piece right after it arrived when `check`.
+absl::Status Receive(const TcpSocket& socket, char* dst, uint64_t n, bool check,
+                     absl::Time deadline) {
+  if (!check) return socket.RecvAll(dst, n, deadline);
+  StreamingHasher hasher;
+  for (uint64_t got = 0; got < n;) {
+    ASSIGN_OR_RETURN(const size_t k,
+                     socket.RecvSome(dst + got, std::min(kCheckedPiece, n - got), deadline));
+    hasher.Update(dst + got, k);
+    got += k;
+  }
+  // The digest is the reader's to compare; computing it is the work measured.
+  volatile uint64_t digest = hasher.Digest();
+  (void)digest;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Duration> TimeLoopbackTransfer(const LoopbackTransfer& transfer,
+                                                    absl::Duration timeout) {
+  if (transfer.streams < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("streams is ", transfer.streams));
+  }
+  if (transfer.bytes_per_stream > 0 && (transfer.src == nullptr || transfer.dst == nullptr)) {
+    return absl::InvalidArgumentError("no source or destination for the bytes");
+  }
+  ASSIGN_OR_RETURN(const TcpSocket listener, TcpSocket::Listen("127.0.0.1:0", transfer.streams));
+  const std::string address = absl::StrCat("127.0.0.1:", listener.port());
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + timeout;
+
+  absl::Mutex mu;
+  absl::Status first_error;
+  std::vector<const TcpSocket*> open;  // shut down on the first error
+  auto fail = [&](absl::Status error) {
+    absl::MutexLock lock(&mu);
+    if (!first_error.ok()) return;
+    first_error = std::move(error);
+    for (const TcpSocket* socket : open) socket->Shutdown();
+    listener.Shutdown();
+  };
+  auto run = [&](const TcpSocket& socket, auto body) {
+    {
+      absl::MutexLock lock(&mu);
+      if (!first_error.ok()) return;
+      open.push_back(&socket);
+    }
+    if (absl::Status status = body(); !status.ok()) fail(std::move(status));
+    absl::MutexLock lock(&mu);
+    open.erase(std::find(open.begin(), open.end(), &socket));
+  };
+
+  std::vector<std::thread> threads;
+  for (int i = 0; i < transfer.streams; ++i) {
+    const uint64_t at = static_cast<uint64_t>(i) * transfer.bytes_per_stream;
+    threads.emplace_back([&, i, at] {
+      absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
+      if (!socket.ok()) return fail(socket.status());
+      run(*socket, [&]() -> absl::Status {
+        // Connections are accepted in whatever order they arrive: each first says its stream.
+        const uint32_t stream = static_cast<uint32_t>(i);
+        RETURN_IF_ERROR(
+            socket->SendAll(reinterpret_cast<const char*>(&stream), sizeof(stream), deadline));
+        return socket->SendAll(transfer.src + at, transfer.bytes_per_stream, deadline);
+      });
+    });
+  }
+  for (int i = 0; i < transfer.streams; ++i) {
+    absl::StatusOr<TcpSocket> accepted = listener.Accept();
+    if (!accepted.ok()) {
+      fail(accepted.status());
+      break;
+    }
+    threads.emplace_back([&, socket = std::move(*accepted)]() {
+      run(socket, [&]() -> absl::Status {
+        uint32_t stream = 0;
+        RETURN_IF_ERROR(socket.RecvAll(reinterpret_cast<char*>(&stream), sizeof(stream), deadline));
+        if (stream >= static_cast<uint32_t>(transfer.streams)) {
+          return absl::DataLossError(absl::StrCat("a connection said it is stream ", stream));
+        }
+        const uint64_t at = uint64_t{stream} * transfer.bytes_per_stream;
+        return Receive(socket, transfer.dst + at, transfer.bytes_per_stream, transfer.check,
+                       deadline);
+      });
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const absl::Duration elapsed = absl::Now() - start;
+  RETURN_IF_ERROR(first_error);
+  return elapsed;
+}
+
+}  // namespace tessera
