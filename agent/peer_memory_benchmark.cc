@@ -207,12 +207,12 @@ void BM_LoopbackTcp(benchmark::State& state) {
   transfer.dst = Dest();
   transfer.check = state.range(1) != 0;
   for (auto _ : state) {
-    absl::StatusOr<absl::Duration> took = TimeLoopbackTransfer(transfer);
+    absl::StatusOr<LoopbackResult> took = TimeLoopbackTransfer(transfer);
     if (!took.ok()) {
       state.SkipWithError(took.status().ToString().c_str());
       break;
     }
-    state.SetIterationTime(absl::ToDoubleSeconds(*took));
+    state.SetIterationTime(absl::ToDoubleSeconds(took->elapsed));
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
 }

@@ -1,7 +1,9 @@
 #include "tests/bench/loopback_link.h"
 
 #include <algorithm>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,10 +19,11 @@ namespace {
 // so that the hash reads what the kernel just wrote, from the core's cache.
 constexpr uint64_t kCheckedPiece = uint64_t{1} << 20;
 
-// Receives `n` bytes into `dst`, hashing each piece right after it arrived when `check`.
-absl::Status Receive(const TcpSocket& socket, char* dst, uint64_t n, bool check,
+// Receives `n` bytes into `dst`; with `xxh3`, hashes each piece right after it arrived and
+// sets *xxh3 to the digest of all.
+absl::Status Receive(const TcpSocket& socket, char* dst, uint64_t n, uint64_t* xxh3,
                      absl::Time deadline) {
-  if (!check) return socket.RecvAll(dst, n, deadline);
+  if (xxh3 == nullptr) return socket.RecvAll(dst, n, deadline);
   StreamingHasher hasher;
   for (uint64_t got = 0; got < n;) {
     ASSIGN_OR_RETURN(const size_t k,
@@ -28,15 +31,13 @@ absl::Status Receive(const TcpSocket& socket, char* dst, uint64_t n, bool check,
     hasher.Update(dst + got, k);
     got += k;
   }
-  // The digest is the reader's to compare; computing it is the work measured.
-  volatile uint64_t digest = hasher.Digest();
-  (void)digest;
+  *xxh3 = hasher.Digest();
   return absl::OkStatus();
 }
 
 }  // namespace
 
-absl::StatusOr<absl::Duration> TimeLoopbackTransfer(const LoopbackTransfer& transfer,
+absl::StatusOr<LoopbackResult> TimeLoopbackTransfer(const LoopbackTransfer& transfer,
                                                     absl::Duration timeout) {
   if (transfer.streams < 1) {
     return absl::InvalidArgumentError(absl::StrCat("streams is ", transfer.streams));
@@ -49,9 +50,12 @@ absl::StatusOr<absl::Duration> TimeLoopbackTransfer(const LoopbackTransfer& tran
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + timeout;
 
+  LoopbackResult result;
+  if (transfer.check) result.xxh3.resize(transfer.streams);
   absl::Mutex mu;
   absl::Status first_error;
-  std::vector<const TcpSocket*> open;  // shut down on the first error
+  std::vector<bool> taken(transfer.streams, false);  // streams a connection said it is
+  std::vector<const TcpSocket*> open;                // shut down on the first error
   auto fail = [&](absl::Status error) {
     absl::MutexLock lock(&mu);
     if (!first_error.ok()) return;
@@ -95,19 +99,25 @@ absl::StatusOr<absl::Duration> TimeLoopbackTransfer(const LoopbackTransfer& tran
       run(socket, [&]() -> absl::Status {
         uint32_t stream = 0;
         RETURN_IF_ERROR(socket.RecvAll(reinterpret_cast<char*>(&stream), sizeof(stream), deadline));
-        if (stream >= static_cast<uint32_t>(transfer.streams)) {
-          return absl::DataLossError(absl::StrCat("a connection said it is stream ", stream));
+        {
+          absl::MutexLock lock(&mu);
+          if (stream >= taken.size() || taken[stream]) {
+            return absl::DataLossError(
+                absl::StrCat("a connection said it is stream ", stream, " of ", taken.size(),
+                             stream < taken.size() ? ", which another connection is" : ""));
+          }
+          taken[stream] = true;
         }
         const uint64_t at = uint64_t{stream} * transfer.bytes_per_stream;
-        return Receive(socket, transfer.dst + at, transfer.bytes_per_stream, transfer.check,
-                       deadline);
+        return Receive(socket, transfer.dst + at, transfer.bytes_per_stream,
+                       transfer.check ? &result.xxh3[stream] : nullptr, deadline);
       });
     });
   }
   for (std::thread& t : threads) t.join();
-  const absl::Duration elapsed = absl::Now() - start;
+  result.elapsed = absl::Now() - start;
   RETURN_IF_ERROR(first_error);
-  return elapsed;
+  return result;
 }
 
 }  // namespace tessera

@@ -16,6 +16,7 @@
 #define TESSERA_TESTS_BENCH_LOOPBACK_LINK_H_
 
 #include <cstdint>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -35,10 +36,19 @@ struct LoopbackTransfer {
   bool check = false;
 };
 
-// How long moving every stream's bytes took: from the first connect to the last byte received.
-// Errors: InvalidArgument if streams < 1 or src/dst is null while there are bytes to move; the
-// first socket error (common/tcp_socket.h), the other streams shut down, after `timeout`.
-absl::StatusOr<absl::Duration> TimeLoopbackTransfer(const LoopbackTransfer& transfer,
+struct LoopbackResult {
+  // From the first connect to the last byte received.
+  absl::Duration elapsed;
+  // With `check`: the XXH3-64 of what each stream received, by stream; else empty.
+  std::vector<uint64_t> xxh3;
+};
+
+// Moves every stream's bytes at once and times it.
+// Errors: InvalidArgument if streams < 1, or src or dst is null while there are bytes to move;
+// else the first error any stream met, after which the others are shut down: common/
+// tcp_socket.h's (DeadlineExceeded once `timeout` has passed), or DataLoss for a connection
+// that names no stream of this transfer or one already taken (another process's).
+absl::StatusOr<LoopbackResult> TimeLoopbackTransfer(const LoopbackTransfer& transfer,
                                                     absl::Duration timeout = absl::Minutes(2));
 
 }  // namespace tessera

@@ -1,7 +1,9 @@
 #include "tests/bench/loopback_link.h"
 
 #include <string>
+#include <vector>
 
+#include "common/checksum.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
@@ -23,13 +25,32 @@ TEST_P(LoopbackLinkTest, EveryStreamDeliversItsPartWhole) {
   transfer.src = src.data();
   transfer.dst = dst.data();
   transfer.check = GetParam();
-  absl::StatusOr<absl::Duration> took = TimeLoopbackTransfer(transfer);
+  absl::StatusOr<LoopbackResult> took = TimeLoopbackTransfer(transfer);
   ASSERT_TRUE(took.ok()) << took.status();
-  EXPECT_GT(*took, absl::ZeroDuration());
+  EXPECT_GT(took->elapsed, absl::ZeroDuration());
   EXPECT_TRUE(dst == src);
+  // Checking receivers hashed exactly what their stream carried; others hashed nothing.
+  std::vector<uint64_t> expected;
+  if (GetParam()) {
+    for (int i = 0; i < kStreams; ++i)
+      expected.push_back(Xxh3(src.data() + i * kPerStream, kPerStream));
+  }
+  EXPECT_EQ(took->xxh3, expected);
 }
 
 INSTANTIATE_TEST_SUITE_P(PlainAndChecked, LoopbackLinkTest, ::testing::Bool());
+
+TEST(LoopbackLink, EndsAtItsTimeoutWithDeadlineExceeded) {
+  std::string src(1 << 20, 'x'), dst(src.size(), '\0');
+  LoopbackTransfer transfer;
+  transfer.streams = 2;
+  transfer.bytes_per_stream = src.size() / 2;
+  transfer.src = src.data();
+  transfer.dst = dst.data();
+  // No connection can start: every stream fails at once, and the call returns, not hangs.
+  EXPECT_EQ(TimeLoopbackTransfer(transfer, absl::ZeroDuration()).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+}
 
 TEST(LoopbackLink, RejectsNoStreamsAndMissingBuffers) {
   LoopbackTransfer none;

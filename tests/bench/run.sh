@@ -181,8 +181,10 @@ if [ "$BUILD" = 1 ]; then
     || { tail -n 30 "$OUT/logs/build.log" >&2; exit 1; }
 fi
 BIN=${BIN:-$($BAZEL info bazel-bin 2>/dev/null)}
-for b in server/tessera-coordinator agent/tessera-agent client/python/site/tessera/_tessera.so \
-    client/cli/tessera; do
+NEEDED="server/tessera-coordinator agent/tessera-agent client/python/site/tessera/_tessera.so
+  client/cli/tessera"
+wants memory && NEEDED="$NEEDED tests/bench/tessera-link-bw"  # the buddy restore's baseline
+for b in $NEEDED; do
   [ -e "$BIN/$b" ] || { echo "run.sh: $BIN/$b is missing (build first)" >&2; exit 1; }
 done
 export PYTHONPATH="$BIN/client/python/site"
