@@ -3,11 +3,12 @@
 
   report.py RESULTS_DIR [--steps K]
 
-Every row is figure, Tessera, baseline, ratio, target, met? (DESIGN.md "Performance
-targets", issue 14). Every Tessera figure is the median of its runs with the p90 beside it
-(median_p90: the steady-state saves, steps >= 2; the load runs; the torch.save runs); a
-baseline is the best of its runs, the physical limit. Definitions, as measured by
-bench_rank.py / tessera-plan-load / tessera-llama-trainer:
+Every row is figure, Tessera, baseline, ratio, target, met? (DESIGN.md "Performance targets",
+issue 14). Every Tessera figure is the median of its runs with the p90 beside it (median_p90:
+the steady-state saves, steps >= 2; the load runs; the torch.save runs); a baseline is the best
+of its runs, the physical limit. A judged ratio prints with two decimals, or more where two
+would read as the other judgment (ratio_figure). Definitions, as measured by bench_rank.py /
+tessera-plan-load / tessera-llama-trainer:
   fio      the disk's limit: run.sh's sweep of bs x iodepth x numjobs (libaio, O_DIRECT where
            the file system takes it), each point's aggregate bandwidth (writes include their
            final fsync; reads follow dropping the page cache). The fastest point of each
@@ -327,6 +328,27 @@ def fio_ratio(bw, limit):
     return bw / limit["bw"] if bw and limit else None
 
 
+JUDGED_TARGET = re.compile(r"^(>=|<=|>|<) ?([\d.]+)")
+
+
+def ratio_figure(ratio, target, met):
+    """`ratio` as the table prints it: two decimals, or as many more (up to 4) as it takes for a
+    judged ratio to read as its judgment — 0.798 against ">= 0.80" prints "0.798", not "0.80"
+    beside a "no"."""
+    bound = JUDGED_TARGET.match(target)
+    text = "%.2f" % ratio
+    for digits in (3, 4):
+        if met is None or bound is None:
+            break
+        shown, limit = float(text), float(bound.group(2))
+        reads = {">=": shown >= limit, "<=": shown <= limit, ">": shown > limit,
+                 "<": shown < limit}[bound.group(1)]
+        if reads == met:
+            break
+        text = "%.*f" % (digits, ratio)
+    return text
+
+
 class Row:
     def __init__(self, figure, tessera="-", baseline="-", ratio=None, target="-", met=None,
                  ratio_text=None, chart=None):
@@ -336,7 +358,8 @@ class Row:
         self.chart = chart  # (label, ratio, target, higher_is_better) for the chart
 
     def cells(self):
-        ratio = self.ratio_text or ("-" if self.ratio is None else "%.2f" % self.ratio)
+        ratio = self.ratio_text or ("-" if self.ratio is None else
+                                    ratio_figure(self.ratio, self.target, self.met))
         met = {True: "yes", False: "**no**", None: "-"}[self.met]
         return [self.figure, self.tessera, self.baseline, ratio, self.target, met]
 

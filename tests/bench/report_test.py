@@ -160,5 +160,22 @@ class BuddyRows(RawDir):
         self.assertIsNone(row.met)
 
 
+class RatioFigures(unittest.TestCase):
+    def ratio_cell(self, ratio, target, met):
+        return report.Row("f", ratio=ratio, target=target, met=met).cells()[3]
+
+    def test_a_judged_ratio_never_reads_as_the_other_judgment(self):
+        # 0.7981 rounds to 0.80, which would read as met beside "no".
+        self.assertEqual(self.ratio_cell(0.7981, ">= 0.80", False), "0.798")
+        self.assertEqual(self.ratio_cell(0.7996, ">= 0.80", False), "0.7996")  # 0.800: met
+        self.assertEqual(self.ratio_cell(1.1549, "<= 1.15", False), "1.155")
+        self.assertEqual(self.ratio_cell(0.8049, ">= 0.80", True), "0.80")
+        self.assertEqual(self.ratio_cell(0.61, ">= 0.80", False), "0.61")
+
+    def test_unjudged_ratios_keep_two_decimals(self):
+        self.assertEqual(self.ratio_cell(0.7981, "not judged", None), "0.80")
+        self.assertEqual(self.ratio_cell(0.7981, ">= 0.80", None), "0.80")
+
+
 if __name__ == "__main__":
     testlib.main()
