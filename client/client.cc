@@ -672,14 +672,16 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
           "the agent's Load reply names a copy of ", response.fetch().copy().nbytes(),
           " bytes but places its slots in ", response.shm_size()));
     }
+    const absl::Time fetch_start = absl::Now();
     absl::StatusOr<VerifiedCopyResult> fetched =
         FetchVerified(response.fetch().job_id(), response.fetch().copy(), slots, blocks,
-                      kFetchStreams, std::min(deadline, absl::Now() + kFetchTimeout));
+                      kFetchStreams, std::min(deadline, fetch_start + kFetchTimeout));
     if (!fetched.ok()) {
       retry->fetch_error = fetched.status();
       retry->fetch_holder = response.fetch().copy().bulk_address();
       return result;
     }
+    result.fetch_time = absl::Now() - fetch_start;
     retry->mismatched = fetched->mismatched.size();
     for (const BlockCheck& block : blocks) result.bytes_verified_by_client += block.length;
     result.bytes_fetched_by_client = result.bytes_verified_by_client;  // the blocks it read

@@ -190,6 +190,10 @@ struct LoadResult {
   // checking) its bytes into `into` after the agent's reply, in the attempt that succeeded;
   // zero where it fetched them from another node itself (bytes_fetched_by_client).
   absl::Duration copy_time;
+  // Time this client spent fetching from another node into `into` and checking what arrived
+  // (bytes_fetched_by_client; client/peer_fetch.h), in the attempt that succeeded; zero
+  // where it fetched nothing.
+  absl::Duration fetch_time;
   // The load read its region through the mapping made at Connect (ClientOptions::
   // prefetch_resident), of which this many bytes had been faulted in before the first load
   // took it; zero otherwise.

@@ -1257,6 +1257,8 @@ TEST_F(ClientFetchTest, Load_CopyOnAnotherNode_ReadFromItsHolderStraightIntoTheT
   EXPECT_EQ(result->bytes_verified_by_client, a.size() + b.size());
   EXPECT_EQ(result->bytes_fetched_by_client, a.size() + b.size());  // the blocks, no gaps
   EXPECT_EQ(result->memory_blocks_rejected, 0u);
+  EXPECT_GT(result->fetch_time, absl::ZeroDuration());
+  EXPECT_EQ(result->copy_time, absl::ZeroDuration());  // nothing went through a load region
   AwaitReleases(1);
   absl::MutexLock lock(&fake_->mu);
   ASSERT_EQ(fake_->load_requests.size(), 1u);

@@ -7,7 +7,7 @@
 # again on bud-n2, a node that never held anything, and loads the latest step:
 # - rank 1 byte for byte, every byte read by its trainer from rank 0's agent
 #   (bytes_fetched_by_client = bytes_fetched_from_peers = its bytes), checked by it, none
-#   from disk;
+#   from disk, its time fetching reported (fetch_seconds);
 # - rank 0 byte for byte from its own agent's memory, nothing fetched.
 set -uo pipefail
 source deploy/lib/procs.sh
@@ -80,7 +80,9 @@ for rank in (0, 1):
     if rank == 1 and not (fetched == report["bytes"] and fetched == s["bytes_fetched_from_peers"]):
         bad.append("rank 1: its trainer read %d bytes from the buddy, the load %d from peers"
                    % (fetched, s["bytes_fetched_from_peers"]))
-    if rank == 0 and (fetched or s["bytes_fetched_from_peers"]):
+    if rank == 1 and not s["fetch_seconds"] > 0:
+        bad.append("rank 1: its load reports no time fetching: %s" % s)
+    if rank == 0 and (fetched or s["bytes_fetched_from_peers"] or s["fetch_seconds"]):
         bad.append("rank 0 fetched from another node: %s" % s)
 sys.exit("\n".join(bad) if bad else 0)
 PY

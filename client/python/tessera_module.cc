@@ -193,7 +193,7 @@ class PyClient {
   // Returns (step loaded, indices of `refs` recorded absent, {"bytes_from_memory",
   // "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
   // "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead",
-  // "copy_seconds"}).
+  // "copy_seconds", "fetch_seconds"}).
   py::tuple Load(int64_t step, const py::sequence& refs) {
     std::vector<TensorRef> into = RefsFromList(refs);
     absl::StatusOr<LoadResult> result;
@@ -213,6 +213,7 @@ class PyClient {
     sources["bytes_fetched_by_client"] = r.bytes_fetched_by_client;
     sources["bytes_checked_ahead"] = r.checked_ahead_bytes;
     sources["copy_seconds"] = absl::ToDoubleSeconds(r.copy_time);
+    sources["fetch_seconds"] = absl::ToDoubleSeconds(r.fetch_time);
     return py::make_tuple(r.step, absent, sources);
   }
 

@@ -66,7 +66,8 @@ tessera-plan-load / tessera-llama-trainer:
            hold the last step, restart on a new node id and load it: bytes they read from
            their buddies' memory / (first of their load() calls -> last returned); the row
            says how much of it the trainers read from the buddies themselves (their load's
-           bytes_fetched_by_client; the rest their agents read). Baseline: loopback TCP with
+           bytes_fetched_by_client; the rest their agents read) and, per rank, how much of
+           its load() the trainer spent fetching (fetch_seconds). Baseline: loopback TCP with
            as many parallel streams, from memory into memory (tessera-link-bw, best of 3:
            tests/bench/loopback_link.h). Reported beside it, not judged: the same sockets
            with the receivers hashing what arrives (--check) — how far any reader that
@@ -598,16 +599,17 @@ def prefetch_text(loads):
     return text
 
 
-def copy_text(loads):
+def copy_text(loads, key="copy_seconds", doing="copying"):
     """"; per rank, copying <a>-<b> of loads of <c>-<d>": how much of each rank's load() was
     its client's own mapping and copying after the agent's replies (last_load's
-    copy_seconds); "" for reports that predate it."""
-    if not all("copy_seconds" in x["sources"] for x in loads):
+    copy_seconds) — or, with key="fetch_seconds", its fetching from another node; "" for
+    reports that predate it."""
+    if not all(key in x["sources"] for x in loads):
         return ""
-    copies = [x["sources"]["copy_seconds"] for x in loads]
+    spent = [x["sources"][key] for x in loads]
     totals = [x["load_s"] for x in loads]
-    return "; per rank, copying %s-%s of loads of %s-%s" % (
-        fmt_s(min(copies)), fmt_s(max(copies)), fmt_s(min(totals)), fmt_s(max(totals)))
+    return "; per rank, %s %s-%s of loads of %s-%s" % (
+        doing, fmt_s(min(spent)), fmt_s(max(spent)), fmt_s(min(totals)), fmt_s(max(totals)))
 
 
 def together_text(loads, memcpy):
@@ -717,9 +719,10 @@ def buddy_rows(raw, tag, name, ranks):
         rows.append(Row(
             figure,
             "%s (%d ranks on a new node: %s from buddies in %s, %s of it read by the "
-            "trainers themselves; %s from disk%s)" % (
+            "trainers themselves; %s from disk%s%s)" % (
                 fmt_bw(bw), len(moved), fmt_size(int(mib(fetched))), fmt_s(span),
-                fmt_size(int(mib(by_trainers))), fmt_size(int(mib(disk))), spread_text),
+                fmt_size(int(mib(by_trainers))), fmt_size(int(mib(disk))), spread_text,
+                copy_text(moved, "fetch_seconds", "fetching")),
             link_text(link, checked),
             ratio, ">= 0.80" if judged else "not judged", met,
             chart=("buddy restore %s" % name, ratio, 0.8, True) if judged else None))

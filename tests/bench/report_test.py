@@ -112,6 +112,8 @@ def buddy_report(start, load_s, fetched=256 * MIB, disk=0):
     r = load_report(1, start, load_s, 0.0, 0.0, [], memory=fetched, disk=disk)
     r["sources"]["bytes_fetched_from_peers"] = fetched
     r["sources"]["bytes_fetched_by_client"] = fetched
+    r["sources"]["copy_seconds"] = 0.0
+    r["sources"]["fetch_seconds"] = load_s - 0.010
     return r
 
 
@@ -143,6 +145,9 @@ class BuddyRows(RawDir):
         self.assertIs(row.met, True)
         self.assertIn("1 ranks on a new node: 256 MiB from buddies in 190.0 ms", row.tessera)
         self.assertIn("median of 3 runs: 0.64-1.00", row.tessera)
+        # Rank 1 (the lost node's one rank) fetched for 180 of its 190 ms.
+        self.assertIn("per rank, fetching 180.0 ms-180.0 ms of loads of 190.0 ms-190.0 ms",
+                      row.tessera)
         self.assertEqual(row.baseline, "loopback TCP 1600 MiB/s (1 streams); its receivers "
                                        "checking what arrives (XXH3): 1280 MiB/s (0.80 of "
                                        "it), not judged")

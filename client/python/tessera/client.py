@@ -24,7 +24,8 @@ INDEX_FORMAT = "tessera.objects.index/1"
 _MAX_NAME_BYTES = 1000
 _NO_SOURCES = {"bytes_from_memory": 0, "bytes_from_disk": 0, "memory_blocks_rejected": 0,
                "bytes_fetched_from_peers": 0, "bytes_verified_by_client": 0,
-               "bytes_fetched_by_client": 0, "bytes_checked_ahead": 0, "copy_seconds": 0.0}
+               "bytes_fetched_by_client": 0, "bytes_checked_ahead": 0, "copy_seconds": 0.0,
+               "fetch_seconds": 0.0}
 
 
 def padded(data):
@@ -132,13 +133,15 @@ class Client:
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
         # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
         # "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead",
-        # "copy_seconds"}, whole checksum blocks counted; bytes_verified_by_client: bytes this
-        # process checked (a load served in place into host memory); bytes_fetched_by_client:
-        # of those, bytes it read from another node's agent itself (a lost node's buddy copy);
-        # bytes_checked_ahead: of those, bytes it checked after connect, while the model was
-        # built, and only copied;
+        # "copy_seconds", "fetch_seconds"}, whole checksum blocks counted;
+        # bytes_verified_by_client: bytes this process checked (a load served in place into
+        # host memory); bytes_fetched_by_client: of those, bytes it read from another node's
+        # agent itself (a lost node's buddy copy); bytes_checked_ahead: of those, bytes it
+        # checked after connect, while the model was built, and only copied;
         # copy_seconds: seconds this process spent mapping and copying (and checking) after the
-        # agent's replies (LoadResult.copy_time; 0 for bytes it fetched from another node).
+        # agent's replies (LoadResult.copy_time; 0 for bytes it fetched from another node);
+        # fetch_seconds: seconds it spent fetching those and checking them as they arrived
+        # (LoadResult.fetch_time).
         self.last_load = dict(_NO_SOURCES)
 
     @property
