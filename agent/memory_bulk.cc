@@ -8,6 +8,8 @@
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
 #include "common/log.h"
+#include "common/socket_group.h"
+#include "common/threads.h"
 #include "grpcpp/grpcpp.h"
 
 namespace tessera {
@@ -157,21 +159,14 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
                                 int streams) {
   const absl::Time deadline = absl::Now() + timeout;
   const std::vector<std::pair<uint64_t, uint64_t>> parts = ReadParts(copy.nbytes(), streams);
-  std::vector<absl::Status> results(parts.size());
-  auto read = [&](size_t i) {
+  SocketGroup group;
+  RunOnThreads(parts.size(), [&](size_t i) {
     const auto [begin, end] = parts[i];
     absl::StatusOr<TcpSocket> socket = OpenBulkRead(address, job, copy, begin, end, deadline);
-    results[i] = socket.ok() ? socket->RecvAll(dest + begin, end - begin, deadline)
-                             : socket.status();
-  };
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < parts.size(); ++i) threads.emplace_back(read, i);
-  read(0);
-  for (std::thread& t : threads) t.join();
-  for (const absl::Status& result : results) {
-    if (!result.ok()) return result;
-  }
-  return absl::OkStatus();
+    if (!socket.ok()) return group.Fail(socket.status());
+    group.Run(*socket, [&] { return socket->RecvAll(dest + begin, end - begin, deadline); });
+  });
+  return group.first_error();
 }
 
 absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,

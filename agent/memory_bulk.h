@@ -113,10 +113,11 @@ class MemoryBulkServer {
 // Reads the whole copy `copy` of checkpoint `job` into `dest` (copy.nbytes() bytes, which the
 // caller bounds) from the bulk port at `address`, over up to `streams` connections at once,
 // each over its own consecutive part (ReadParts). On error `dest` holds unspecified bytes.
-// Errors (the first failed part's): the holder's, as PeerMemory.ReadMemoryCopy's (NotFound,
-// FailedPrecondition, OutOfRange); DataLoss if it sent another size or closed early;
-// Unavailable if it cannot be reached or reset the connection; DeadlineExceeded past
-// `timeout`; InvalidArgument for an address that does not parse.
+// Errors (the first failed part's, which ends the other parts at once: common/socket_group.h):
+// the holder's, as PeerMemory.ReadMemoryCopy's (NotFound, FailedPrecondition, OutOfRange);
+// DataLoss if it sent another size or closed early; Unavailable if it cannot be reached or
+// reset the connection; DeadlineExceeded past `timeout`; InvalidArgument for an address that
+// does not parse.
 absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
                                 const v1::MemoryCopy& copy, char* dest, absl::Duration timeout,
                                 int streams = kMemoryCopyReadStreams);

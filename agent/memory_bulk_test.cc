@@ -12,6 +12,7 @@
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
 #include "common/bulk_wire.h"
+#include "common/fake_bulk_holder.h"
 #include "common/tcp_socket.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -319,6 +320,18 @@ TEST_F(MemoryBulkTest, Read_HolderClosesEarly_DataLossNamingTheBytes) {
   holder.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
   EXPECT_NE(status.message().find("after 600 of 1000 bytes"), std::string::npos) << status;
+}
+
+TEST_F(MemoryBulkTest, Read_OneStreamFails_TheOthersEndAtOnce) {
+  // The first part's read closes after 1 MiB, once the second's is waiting for bytes its
+  // holder never sends; the read has no deadline: it returns only because the failed stream
+  // shuts the other one down.
+  FakeBulkHolder holder(held_, /*cut_after=*/1 << 20, /*stall_from=*/1);
+  std::string dest(held_.size(), '\0');
+  absl::Status status = ReadMemoryCopyBulk(holder.address(), kJob, Copy("data-00003", held_.size()),
+                                           dest.data(), absl::InfiniteDuration(), 2);
+  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+  EXPECT_EQ(holder.connections(), 2);
 }
 
 TEST_F(MemoryBulkTest, Read_HolderNeverAnswers_DeadlineExceeded) {

@@ -31,7 +31,7 @@
 #include "agent/staging_pool.h"
 #include "client/bounce_copy.h"
 #include "client/describe.h"
-#include "client/fake_bulk_holder.h"
+#include "common/fake_bulk_holder.h"
 #include "client/parallel_copy.h"
 #include "common/checksum.h"
 #include "common/dtype.h"

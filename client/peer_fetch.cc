@@ -1,18 +1,16 @@
 #include "client/peer_fetch.h"
 
 #include <algorithm>
-#include <atomic>
 #include <memory>
 #include <optional>
-#include <thread>
 #include <utility>
 #include <vector>
 
-#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
-#include "absl/synchronization/mutex.h"
 #include "common/bulk_wire.h"
+#include "common/socket_group.h"
 #include "common/status.h"
+#include "common/threads.h"
 
 namespace tessera {
 namespace {
@@ -49,53 +47,7 @@ std::vector<Share> Shares(absl::Span<const BlockCheck> blocks, int streams) {
 // request round trip each (hundreds for a model of many odd-sized tensors).
 constexpr uint64_t kMaxSkippedGap = kVerifiedCopyPiece;
 
-// The most bytes one receive takes before they are hashed: what has arrived, up to this, into
-// the slot that holds the first of them. agent/peer_memory_benchmark (256 MiB over 2 and 4
-// connections, the 2-core VM, three runs of medians of 3, the three builds alternating) took
-// 58.2-66.7 and 59.3-65.2 ms receiving fixed 64 KiB pieces, 51.8-55.8 and 53.5-55.4 ms with
-// fixed 1 MiB pieces, 52.5-56.2 and 53.3-56.6 ms receiving what had arrived up to 1 MiB (plain
-// loopback sockets: 39.4-43.1 and 35.8-44.4 ms). Smaller caps cost more than they gain in
-// cache (256 KiB: 58.8 and 57.0 ms). Receiving up to a slot's end rather than a fixed piece
-// means a piece never crosses into the next tensor, so only padding goes through `piece`.
-constexpr uint64_t kFetchPiece = uint64_t{1} << 20;
-
 uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
-
-// The connections of one fetch. The first error wins and shuts the others down, so that no
-// stream waits out its deadline on a holder that another stream already found dead.
-class Streams {
- public:
-  // Registers `socket` while its stream reads it; false if the fetch has already failed.
-  bool Open(const TcpSocket* socket) {
-    absl::MutexLock lock(&mu_);
-    if (!first_error_.ok()) return false;
-    open_.push_back(socket);
-    return true;
-  }
-  void Close(const TcpSocket* socket) {
-    absl::MutexLock lock(&mu_);
-    open_.erase(std::find(open_.begin(), open_.end(), socket));
-  }
-  void Fail(absl::Status error) {
-    absl::MutexLock lock(&mu_);
-    if (!first_error_.ok()) return;
-    first_error_ = std::move(error);
-    for (const TcpSocket* socket : open_) socket->Shutdown();
-  }
-  bool failed() {
-    absl::MutexLock lock(&mu_);
-    return !first_error_.ok();
-  }
-  absl::Status first_error() {
-    absl::MutexLock lock(&mu_);
-    return first_error_;
-  }
-
- private:
-  absl::Mutex mu_;
-  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
-  std::vector<const TcpSocket*> open_ ABSL_GUARDED_BY(mu_);
-};
 
 }  // namespace
 
@@ -109,13 +61,13 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
   if (blocks.empty()) return result;
   const std::vector<Share> shares = Shares(blocks, max_streams);
   std::vector<char> bad(blocks.size(), 0);  // each written by one stream, read after the joins
-  Streams streams;
+  SocketGroup group;                        // the first error ends every stream
   auto fetch = [&](size_t i) {
     const Share& share = shares[i];
-    auto piece = std::make_unique<char[]>(kFetchPiece);
+    auto piece = std::make_unique<char[]>(kReceiveThenHashBytes);
     StreamingHasher hasher;
     size_t b = share.first;
-    while (b < share.last && !streams.failed()) {
+    while (b < share.last && !group.failed()) {
       // One connection per run of blocks no more than kMaxSkippedGap apart.
       size_t end = b + 1;
       while (end < share.last && blocks[end].offset - End(blocks[end - 1]) <= kMaxSkippedGap) {
@@ -127,12 +79,12 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       if (run_end > run_begin) {  // blocks of no bytes need no connection
         absl::StatusOr<TcpSocket> opened =
             OpenBulkRead(copy.bulk_address(), job, copy, run_begin, run_end, deadline);
-        if (!opened.ok()) return streams.Fail(opened.status());
+        if (!opened.ok()) return group.Fail(opened.status());
         socket.emplace(*std::move(opened));
-        if (!streams.Open(&*socket)) return;
+        if (!group.Open(*socket)) return;
       }
       absl::Cleanup unregister = [&] {
-        if (socket.has_value()) streams.Close(&*socket);
+        if (socket.has_value()) group.Close(*socket);
       };
       uint64_t at = run_begin;  // the next byte the connection delivers
       // What has arrived goes straight into the slot that holds the piece's first byte, up to
@@ -141,7 +93,7 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       auto received = [&](uint64_t begin,
                           uint64_t block_end) -> absl::StatusOr<absl::Span<const char>> {
         char* into = piece.get();
-        uint64_t most = std::min(kFetchPiece, block_end - begin);
+        uint64_t most = std::min(kReceiveThenHashBytes, block_end - begin);
         uint64_t next_slot = block_end;  // where the padding from `begin` ends
         for (size_t s : by_block[b]) {
           const SlotCopy& slot = slots[s];
@@ -161,24 +113,21 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       for (; b < end; ++b) {
         absl::Status skipped;
         while (skipped.ok() && at < blocks[b].offset) {  // the gap before this block: dropped
-          const uint64_t n = std::min(kFetchPiece, blocks[b].offset - at);
+          const uint64_t n = std::min(kReceiveThenHashBytes, blocks[b].offset - at);
           skipped = socket->RecvAll(piece.get(), n, deadline);
           at += n;
         }
         absl::StatusOr<bool> matched =
             skipped.ok() ? CopyAndCheckBlock(received, slots, blocks[b], by_block[b], hasher)
                          : skipped;
-        if (!matched.ok()) return streams.Fail(matched.status());
+        if (!matched.ok()) return group.Fail(matched.status());
         if (!*matched) bad[b] = 1;
-        if (streams.failed()) return;
+        if (group.failed()) return;
       }
     }
   };
-  std::vector<std::thread> threads;
-  for (size_t i = 1; i < shares.size(); ++i) threads.emplace_back(fetch, i);
-  fetch(0);
-  for (std::thread& t : threads) t.join();
-  RETURN_IF_ERROR(streams.first_error());
+  RunOnThreads(shares.size(), fetch);
+  RETURN_IF_ERROR(group.first_error());
   for (size_t b = 0; b < blocks.size(); ++b) {
     if (bad[b]) result.mismatched.push_back(b);
   }

@@ -9,7 +9,7 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
-#include "client/fake_bulk_holder.h"
+#include "common/fake_bulk_holder.h"
 #include "common/checksum.h"
 #include "gtest/gtest.h"
 

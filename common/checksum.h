@@ -38,6 +38,16 @@ std::vector<uint64_t> BlockChecksums(const void* data, size_t size, uint32_t blo
 // a replica from the same computation over its staged bytes.
 uint64_t ChunkDigest(const std::vector<uint64_t>& block_xxh3);
 
+// The most bytes a reader that checks what it receives takes in one receive before it hashes
+// them (client/peer_fetch.h FetchVerified; the link it is judged against,
+// tests/bench/loopback_link.h): what the kernel just wrote is hashed from the core's cache.
+// agent/peer_memory_benchmark (256 MiB over 2 and 4 connections, the 2-core VM, three runs of
+// medians of 3, the builds alternating) took 58.2-66.7 and 59.3-65.2 ms receiving fixed 64 KiB
+// pieces, 51.8-55.8 and 53.5-55.4 ms with fixed 1 MiB pieces, 52.5-56.2 and 53.3-56.6 ms
+// receiving what had arrived up to 1 MiB (plain loopback sockets: 39.4-43.1 and 35.8-44.4
+// ms). Smaller caps cost more than they gain in cache (256 KiB: 58.8 and 57.0 ms).
+inline constexpr uint64_t kReceiveThenHashBytes = uint64_t{1} << 20;
+
 // Incremental XXH3-64: Update() any split of the bytes gives the same Digest() as Xxh3().
 class StreamingHasher {
  public:

@@ -9,25 +9,23 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/checksum.h"
+#include "common/socket_group.h"
 #include "common/status.h"
 #include "common/tcp_socket.h"
 
 namespace tessera {
 namespace {
 
-// The most a checking receiver takes before it hashes: client/peer_fetch.cc kFetchPiece's size,
-// so that the hash reads what the kernel just wrote, from the core's cache.
-constexpr uint64_t kCheckedPiece = uint64_t{1} << 20;
-
-// Receives `n` bytes into `dst`; with `xxh3`, hashes each piece right after it arrived and
-// sets *xxh3 to the digest of all.
+// Receives `n` bytes into `dst`; with `xxh3`, hashes each piece right after it arrived (at most
+// kReceiveThenHashBytes, as the trainer's fetch does) and sets *xxh3 to the digest of all.
 absl::Status Receive(const TcpSocket& socket, char* dst, uint64_t n, uint64_t* xxh3,
                      absl::Time deadline) {
   if (xxh3 == nullptr) return socket.RecvAll(dst, n, deadline);
   StreamingHasher hasher;
   for (uint64_t got = 0; got < n;) {
-    ASSIGN_OR_RETURN(const size_t k,
-                     socket.RecvSome(dst + got, std::min(kCheckedPiece, n - got), deadline));
+    ASSIGN_OR_RETURN(
+        const size_t k,
+        socket.RecvSome(dst + got, std::min(kReceiveThenHashBytes, n - got), deadline));
     hasher.Update(dst + got, k);
     got += k;
   }
@@ -52,35 +50,19 @@ absl::StatusOr<LoopbackResult> TimeLoopbackTransfer(const LoopbackTransfer& tran
 
   LoopbackResult result;
   if (transfer.check) result.xxh3.resize(transfer.streams);
+  SocketGroup
+      group;  // the connections, and the listener while it accepts: the first error ends all
+  group.Open(listener);
   absl::Mutex mu;
-  absl::Status first_error;
   std::vector<bool> taken(transfer.streams, false);  // streams a connection said it is
-  std::vector<const TcpSocket*> open;                // shut down on the first error
-  auto fail = [&](absl::Status error) {
-    absl::MutexLock lock(&mu);
-    if (!first_error.ok()) return;
-    first_error = std::move(error);
-    for (const TcpSocket* socket : open) socket->Shutdown();
-    listener.Shutdown();
-  };
-  auto run = [&](const TcpSocket& socket, auto body) {
-    {
-      absl::MutexLock lock(&mu);
-      if (!first_error.ok()) return;
-      open.push_back(&socket);
-    }
-    if (absl::Status status = body(); !status.ok()) fail(std::move(status));
-    absl::MutexLock lock(&mu);
-    open.erase(std::find(open.begin(), open.end(), &socket));
-  };
 
   std::vector<std::thread> threads;
   for (int i = 0; i < transfer.streams; ++i) {
     const uint64_t at = static_cast<uint64_t>(i) * transfer.bytes_per_stream;
     threads.emplace_back([&, i, at] {
       absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
-      if (!socket.ok()) return fail(socket.status());
-      run(*socket, [&]() -> absl::Status {
+      if (!socket.ok()) return group.Fail(socket.status());
+      group.Run(*socket, [&]() -> absl::Status {
         // Connections are accepted in whatever order they arrive: each first says its stream.
         const uint32_t stream = static_cast<uint32_t>(i);
         RETURN_IF_ERROR(
@@ -92,11 +74,11 @@ absl::StatusOr<LoopbackResult> TimeLoopbackTransfer(const LoopbackTransfer& tran
   for (int i = 0; i < transfer.streams; ++i) {
     absl::StatusOr<TcpSocket> accepted = listener.Accept();
     if (!accepted.ok()) {
-      fail(accepted.status());
+      group.Fail(accepted.status());
       break;
     }
     threads.emplace_back([&, socket = std::move(*accepted)]() {
-      run(socket, [&]() -> absl::Status {
+      group.Run(socket, [&]() -> absl::Status {
         uint32_t stream = 0;
         RETURN_IF_ERROR(socket.RecvAll(reinterpret_cast<char*>(&stream), sizeof(stream), deadline));
         {
@@ -114,9 +96,10 @@ absl::StatusOr<LoopbackResult> TimeLoopbackTransfer(const LoopbackTransfer& tran
       });
     });
   }
+  group.Close(listener);
   for (std::thread& t : threads) t.join();
   result.elapsed = absl::Now() - start;
-  RETURN_IF_ERROR(first_error);
+  RETURN_IF_ERROR(group.first_error());
   return result;
 }
 

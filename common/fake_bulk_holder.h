@@ -6,8 +6,8 @@
 // Serve for the one exception, which makes a cut-and-stall test independent of that order).
 //
 // Thread-safety: serves on its own thread; address() and connections() may be called from any.
-#ifndef TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
-#define TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
+#ifndef TESSERA_COMMON_FAKE_BULK_HOLDER_H_
+#define TESSERA_COMMON_FAKE_BULK_HOLDER_H_
 
 #include <algorithm>
 #include <atomic>
@@ -93,4 +93,4 @@ class FakeBulkHolder {
 
 }  // namespace tessera
 
-#endif  // TESSERA_CLIENT_FAKE_BULK_HOLDER_H_
+#endif  // TESSERA_COMMON_FAKE_BULK_HOLDER_H_
