@@ -2,11 +2,13 @@
 // (DESIGN.md "Memory tier"): each sender's last committed data file, in this agent's heap,
 // so a replacement of the sender's node can restore from it (PeerMemory.ReadMemoryCopy).
 //
-// One copy per writer rank: a newer one replaces it once it arrived whole. Bounded by a byte
-// budget that counts everything held and being received: the copy a sender replaces stays
-// (readable) while its successor arrives only if both fit; otherwise it is let go when the
-// successor's room is reserved (its memory is freed when a read still holding it ends). If
-// the successor then does not arrive whole, the store holds no copy of that sender.
+// One copy per writer rank: a newer one replaces it once it arrived whole (an older step that
+// arrives after a newer one is not kept). Bounded by a byte budget that counts everything held
+// and every buffer being received — a sender's earlier put too, until its receive ends (a
+// sender that gave up on it may already be sending the next): the copy a sender replaces
+// stays (readable) while its successor arrives only if both fit; otherwise it is let go when
+// the successor's room is reserved (its memory is freed when a read still holding it ends).
+// If the successor then does not arrive whole, the store holds no copy of that sender.
 //
 // Thread-safety: all methods are safe for concurrent use.
 #ifndef TESSERA_AGENT_BUDDY_STORE_H_
@@ -49,20 +51,21 @@ class BuddyStore {
   explicit BuddyStore(uint64_t budget_bytes) : budget_bytes_(budget_bytes) {}
 
   // Reserves room for `copy` (copy.writer_rank names the sender) and returns a buffer to
-  // receive it into; the room counts until Keep or Abandon of that writer.
+  // receive it into; the room counts until Keep or Abandon of that buffer.
   // Lets go of the writer's held copy first if the two would not fit together (logged).
-  // Errors: ResourceExhausted if it would not fit the budget beside the other senders' copies,
-  // held or being received.
+  // Errors: ResourceExhausted if it would not fit the budget beside the other senders' held
+  // copies and every copy being received.
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> Reserve(const v1::MemoryCopy& copy)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Keeps `bytes` as the copy of copy.writer_rank, replacing the one held (its region name, if
-  // any, is cleared: the bytes live in this agent's heap).
+  // Keeps `bytes` (a buffer Reserve returned for `copy`) as the copy of copy.writer_rank,
+  // replacing the one held unless that one is of a later step (then `bytes` is dropped,
+  // logged). Its region name, if any, is cleared: the bytes live in this agent's heap.
   void Keep(v1::MemoryCopy copy, std::shared_ptr<const MemoryBuffer> bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Gives back the room reserved for a copy of `writer_rank` that did not arrive whole.
-  void Abandon(uint32_t writer_rank) ABSL_LOCKS_EXCLUDED(mu_);
+  // Gives back the room reserved for `buffer` (Reserve's) whose copy did not arrive whole.
+  void Abandon(const MemoryBuffer* buffer) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The copy of `file` of checkpoint (step, session_id), if held.
   std::optional<HeldCopy> Find(int64_t step, absl::string_view session_id,
@@ -75,7 +78,8 @@ class BuddyStore {
   const uint64_t budget_bytes_;
   mutable absl::Mutex mu_;
   std::map<uint32_t, HeldCopy> copies_ ABSL_GUARDED_BY(mu_);  // by writer rank
-  std::map<uint32_t, uint64_t> incoming_ ABSL_GUARDED_BY(mu_);  // reserved, by writer rank
+  // Bytes reserved for each buffer being received.
+  std::map<const MemoryBuffer*, uint64_t> incoming_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

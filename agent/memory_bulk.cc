@@ -149,7 +149,7 @@ void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put)
     return;
   }
   // The sender gave way to a newer save (BuddyReplicator::GiveWay), went away or stalled.
-  store_->Abandon(put.copy().writer_rank());
+  store_->Abandon(room->get());
   LogInfo("memory copy of ", put.copy().file(), " of step ", put.copy().step(), " from rank ",
           put.copy().writer_rank(), " not kept: ", status.ToString());
 }

@@ -82,7 +82,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
 
   void GiveBackRoom() {
     if (buffer_ != nullptr && !kept_) {
-      store_->Abandon(copy_.writer_rank());
+      store_->Abandon(buffer_.get());
       buffer_.reset();
     }
   }

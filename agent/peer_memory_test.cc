@@ -237,35 +237,70 @@ TEST_F(PeerMemoryTest, Put_GapInTheChunks_InvalidArgumentAndTheRoomGivenBack) {
 
 TEST(BuddyStore, Reserve_CopiesBeingReceivedCountAgainstTheBudget) {
   BuddyStore store(/*budget_bytes=*/1000);
-  ASSERT_TRUE(store.Reserve(Copy(7, "a", 600, 1)).ok());
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> a = store.Reserve(Copy(7, "a", 600, 1));
+  ASSERT_TRUE(a.ok());
   // Writer 2's copy would fit beside what is held (nothing) but not beside writer 1's in flight.
   EXPECT_EQ(store.Reserve(Copy(7, "b", 600, 2)).status().code(),
             absl::StatusCode::kResourceExhausted);
-  // Writer 1 replacing its own reservation is not counted twice.
-  EXPECT_TRUE(store.Reserve(Copy(8, "a", 900, 1)).ok());
-  store.Abandon(1);
+  store.Abandon(a->get());
   EXPECT_TRUE(store.Reserve(Copy(7, "b", 600, 2)).ok());
+}
+
+TEST(BuddyStore, Reserve_AWritersEarlierPutStillArriving_CountsBesideItsNextOne) {
+  // A sender that gave up on step 7's put sends step 8's while step 7's receive has not yet
+  // seen the connection end: both buffers exist, and both count.
+  BuddyStore store(/*budget_bytes=*/1000);
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> step7 = store.Reserve(Copy(7, "a", 400, 1));
+  ASSERT_TRUE(step7.ok());
+  EXPECT_EQ(store.Reserve(Copy(8, "a", 700, 1)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> step8 = store.Reserve(Copy(8, "a", 400, 1));
+  ASSERT_TRUE(step8.ok());
+  // Step 7's receive ends: its room, not step 8's, is given back.
+  store.Abandon(step7->get());
+  EXPECT_EQ(store.Reserve(Copy(8, "b", 700, 2)).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_TRUE(store.Reserve(Copy(8, "b", 600, 2)).ok());
+}
+
+TEST(BuddyStore, Keep_AnEarlierStepArrivingAfterALaterOne_NotKept) {
+  BuddyStore store(/*budget_bytes=*/1000);
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> step7 = store.Reserve(Copy(7, "a", 400, 1));
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> step8 = store.Reserve(Copy(8, "a", 400, 1));
+  ASSERT_TRUE(step7.ok() && step8.ok());
+  store.Keep(Copy(8, "a", 400, 1), *step8);
+  store.Keep(Copy(7, "a", 400, 1), *step7);
+  EXPECT_TRUE(store.Find(8, "s8", "a").has_value());
+  EXPECT_FALSE(store.Find(7, "s7", "a").has_value());
+  // Neither copy's room is still counted as arriving: 600 fit beside step 8's 400.
+  EXPECT_TRUE(store.Reserve(Copy(8, "b", 600, 2)).ok());
+}
+
+// Reserves room for `copy` in `store` and keeps it there, as a whole arrival does.
+void ReserveAndKeep(BuddyStore& store, const v1::MemoryCopy& copy) {
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> room = store.Reserve(copy);
+  ASSERT_TRUE(room.ok()) << room.status();
+  store.Keep(copy, *std::move(room));
 }
 
 TEST(BuddyStore, Reserve_TheCopyBeingReplacedCountsTooUntilItIsReplaced) {
   BuddyStore store(/*budget_bytes=*/1300);
-  ASSERT_TRUE(store.Reserve(Copy(7, "a", 600, 1)).ok());
-  store.Keep(Copy(7, "a", 600, 1), std::make_shared<MemoryBuffer>(600));
+  ReserveAndKeep(store, Copy(7, "a", 600, 1));
   // Step 8's copy fits beside step 7's (1,200 of 1,300): step 7 stays readable until then.
-  ASSERT_TRUE(store.Reserve(Copy(8, "a", 600, 1)).ok());
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> step8 = store.Reserve(Copy(8, "a", 600, 1));
+  ASSERT_TRUE(step8.ok());
   EXPECT_TRUE(store.Find(7, "s7", "a").has_value());
   // Writer 2's 200 bytes do not fit beside both of writer 1's.
   EXPECT_EQ(store.Reserve(Copy(8, "b", 200, 2)).status().code(),
             absl::StatusCode::kResourceExhausted);
-  store.Keep(Copy(8, "a", 600, 1), std::make_shared<MemoryBuffer>(600));
+  store.Keep(Copy(8, "a", 600, 1), *step8);
   EXPECT_FALSE(store.Find(7, "s7", "a").has_value());
   EXPECT_TRUE(store.Find(8, "s8", "a").has_value());
 }
 
 TEST(BuddyStore, Reserve_ReplacementThatFitsOnlyAlone_DropsTheOlderCopyFirst) {
   BuddyStore store(/*budget_bytes=*/1000);
-  ASSERT_TRUE(store.Reserve(Copy(7, "a", 600, 1)).ok());
-  store.Keep(Copy(7, "a", 600, 1), std::make_shared<MemoryBuffer>(600));
+  ReserveAndKeep(store, Copy(7, "a", 600, 1));
   // Both copies of writer 1 would take 1,200 of 1,000 bytes: step 7's is let go for step 8's,
   // so what the store holds never exceeds its budget.
   ASSERT_TRUE(store.Reserve(Copy(8, "a", 600, 1)).ok());
