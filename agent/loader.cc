@@ -80,6 +80,16 @@ absl::Status MemoryCopyLost(const CheckpointReader& reader,
                                 "disk instead (step -1: the latest)"));
 }
 
+// A memory-only checkpoint whose copies the coordinator could not locate (`error`): not lost
+// for all this agent knows — the load may be tried again.
+absl::Status MemoryCopiesUnknown(int64_t step, const absl::Status& error) {
+  return absl::UnavailableError(
+      absl::StrCat("step ", step,
+                   " is a memory-only checkpoint and the coordinator could not say which agents "
+                   "hold it (",
+                   error.ToString(), "): try the load again"));
+}
+
 // Drops from `copies` those held behind a bulk port the trainer could not read from
 // (LoadRequest.unreadable_holders), logging each.
 void SkipUnreadableHolders(const google::protobuf::RepeatedPtrField<std::string>& unreadable,
@@ -122,8 +132,8 @@ uint64_t Loader::MaxFetchBytes() const {
 
 absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& reader,
                                                     const std::vector<ReadRequest>& reads,
-                                                    const MemoryCopies& copies,
-                                                    bool client_verifies, bool client_fetches) {
+                                                    MemoryCopies& copies, bool client_verifies,
+                                                    bool client_fetches) {
   ASSIGN_OR_RETURN(const std::string file, reader.ContiguousFile(reads));
   RETURN_IF_ERROR(copies.status());
   // A copy on this node (a peer's region, or one this agent holds as a buddy) is read where it
@@ -154,6 +164,7 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       return staged;
     }
   }
+  absl::flat_hash_set<size_t> unreadable;  // indices into *copies
   for (const v1::MemoryCopy* copy : remote) {
     absl::StatusOr<std::vector<StagingSlot>> region = absl::UnknownError("not acquired");
     absl::Time fetch_start = absl::InfiniteFuture();
@@ -165,7 +176,10 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
     };
     if (!ReadRemoteCopy(*copy, file_size, MaxFetchBytes(), in_load_region, options_.fetch_copy)
              .ok()) {
-      if (region.ok()) staging_->ReleaseAll();
+      if (region.ok()) {  // the holder, not this agent, failed
+        staging_->ReleaseAll();
+        unreadable.insert(static_cast<size_t>(copy - copies->data()));
+      }
       continue;
     }
     char* data = static_cast<char*>((*region)[0].data);
@@ -186,6 +200,14 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
     staged->shm_size = (*region)[0].capacity;
     staged->fetched_from_peers = copy->nbytes();
     return staged;
+  }
+  // The copying path reads from the next holder of each file, or from disk, not from these.
+  if (!unreadable.empty()) {
+    std::vector<v1::MemoryCopy> readable;
+    for (size_t i = 0; i < copies->size(); ++i) {
+      if (!unreadable.contains(i)) readable.push_back(std::move((*copies)[i]));
+    }
+    *copies = std::move(readable);
   }
   return absl::FailedPreconditionError(
       absl::StrCat("no agent on another node could send its memory copy of ", file));
@@ -270,7 +292,7 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
       if (options_.fetch_copy) {
         staged.fetched_from_peers = FetchNeeded(reader, reads, *copies, resident);
       }
-    } else {
+    } else if (reader.on_disk()) {
       LogWarning("memory copies of step ", step, " unknown (", copies.status().ToString(),
                  "): reading what this agent does not hold from disk");
     }
@@ -281,6 +303,7 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
     const absl::flat_hash_set<std::string> missing = FilesNotInView(reader, reads, resident);
     if (!missing.empty()) {
       release();
+      if (options_.find_copies && !copies.ok()) return MemoryCopiesUnknown(step, copies.status());
       return MemoryCopyLost(reader, missing);
     }
   }
@@ -400,7 +423,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   // agent's own copy in place, asked once otherwise.
   MemoryCopies copies = absl::FailedPreconditionError("no coordinator to ask for memory copies");
   bool copies_asked = false;
-  auto find_copies = [&]() -> const MemoryCopies& {
+  auto find_copies = [&]() -> MemoryCopies& {
     if (!copies_asked && options_.find_copies) {
       copies = options_.find_copies(step, (*reader)->manifest().session_id(),
                                     FilesRead(**reader, reads));

@@ -181,7 +181,9 @@ class Loader {
 
   // Copying: a new load region (this load's), each read's destination set in it, filled by
   // CheckpointReader::Read from disk and what memory holds (`held`: this agent's own copy).
-  // Errors: as Acquire and Read (the region is then released).
+  // Errors: as Acquire and Read (the region is then released); for a memory-only checkpoint
+  // with files no copy in `copies` holds, NotFound + MEMORY_COPY_LOST — or Unavailable if
+  // `copies` is the coordinator's error (where the copies are is not known).
   absl::StatusOr<Staged> StageCopy(const CheckpointReader& reader, int64_t step,
                                    std::vector<ReadRequest>& reads,
                                    std::optional<HeldCheckpoint> held, const MemoryCopies& copies);
@@ -191,15 +193,16 @@ class Loader {
   // into a new load region (LoaderOptions::fetch_copy) and served there as a resident copy is
   // (LocateInMemory): one copy into the region, verified where it lies, a block that does not
   // match read from the file over it (RepairInMemory). Errors:
-  // FailedPrecondition if it does not apply or no holder could send it; LocateInMemory's
-  // (the region is then released and the copying path serves the load, fetching again);
-  // Acquire's.
+  // FailedPrecondition if it does not apply or no holder could send it (each holder that
+  // could not is dropped from `copies`, so the copying path does not read it again);
+  // LocateInMemory's (the region is then released and the copying path serves the load,
+  // fetching again); Acquire's.
   // With `client_fetches` (the trainer reads it itself; implies `client_verifies`), a holder
   // with a bulk port is not read here: the copy is located (LocateInMemory, listing its
   // blocks, reading nothing) and named (Staged::client_fetch), no region made.
   absl::StatusOr<Staged> StageFetched(const CheckpointReader& reader,
                                       const std::vector<ReadRequest>& reads,
-                                      const MemoryCopies& copies, bool client_verifies,
+                                      MemoryCopies& copies, bool client_verifies,
                                       bool client_fetches);
 
   // Reads into `view` the copies held on other nodes of the files `reads` need and `view`

@@ -685,6 +685,43 @@ TEST_F(LoaderFetchTest, Load_MemoryOnlyAndAHolderTheTrainerCouldNotRead_TriedAga
   loader->Release(response->load_id());
 }
 
+TEST_F(LoaderFetchTest, Load_MemoryOnlyAndTheCoordinatorCannotSayWhereItsCopiesAre_Unavailable) {
+  // Step 7 as a memory-only commit this agent holds nothing of; the coordinator gave its
+  // manifest but cannot answer where the copies are (it restarted and this agent has not
+  // registered again yet, or it is unreachable): the step is not lost, the load is retried.
+  LoaderOptions options = FetchOptions();
+  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
+  options.find_copies =
+      [](int64_t, const std::string&,
+         const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    return absl::NotFoundError("job \"job\" has no agent of rank 0");
+  };
+  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
+  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
+  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
+  ASSERT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();
+  EXPECT_NE(GetErrorCode(response.status()), v1::ERROR_CODE_MEMORY_COPY_LOST);
+  EXPECT_NE(response.status().message().find("has no agent of rank 0"), std::string::npos)
+      << response.status();
+  EXPECT_EQ(fetches_, 0);
+}
+
+TEST_F(LoaderFetchTest, Load_AHolderThatCouldNotBeRead_NotReadAgainByTheCopyingPath) {
+  LoaderOptions options = FetchOptions();
+  options.fetch_copy = [this](const v1::MemoryCopy&, char*) {
+    ++fetches_;
+    return absl::UnavailableError("node-b:7001 reset the connection");
+  };
+  std::unique_ptr<Loader> loader = NewLoader(options, job_dir_);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 1);
+  EXPECT_EQ(response->bytes_from_disk(), kTensorBytes);
+  EXPECT_EQ(response->bytes_fetched_from_peers(), 0u);
+  loader->Release(response->load_id());
+}
+
 TEST_F(LoaderFetchTest, Load_ClientFetchesButTheHolderHasNoBulkPort_FetchedHere) {
   std::unique_ptr<Loader> loader = NewLoader(FetchOptions(), job_dir_);
   absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/true));
