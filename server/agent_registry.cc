@@ -17,7 +17,7 @@ absl::Status LayoutMismatch(absl::string_view message) {
 }  // namespace
 
 AgentRegistry::AgentRegistry(const Clock* clock, AgentRegistryOptions options)
-    : clock_(clock), options_(options) {}
+    : clock_(clock), options_(options), made_(clock->Now()) {}
 
 absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
     const v1::RegisterAgentRequest& request) {
@@ -127,6 +127,11 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
   }
   for (v1::MemoryCopy& copy : buddy_copies) held_here(copy);
   Job& job = jobs_.at(job_id);
+  if (now - made_ < options_.lease) {
+    job.heard_while_young.insert(rank);
+  } else if (!job.heard_while_young.empty()) {
+    job.heard_while_young.clear();  // no longer asked for
+  }
   job.IndexCopies(rank, *agent, /*add=*/false);
   agent->resident = std::move(resident);
   agent->buddy_copies = std::move(buddy_copies);
@@ -186,6 +191,13 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
   out.set_node_id(agent.registration.node_id());
   out.set_incarnation(agent.registration.incarnation());
   return out;
+}
+
+bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
+  if (clock_->Now() - made_ >= options_.lease) return false;
+  absl::MutexLock lock(&mu_);
+  const Job* job = JobLocked(job_id);
+  return job == nullptr || job->heard_while_young.size() < job->layout.world_size();
 }
 
 std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_id, int64_t step,

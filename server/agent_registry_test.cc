@@ -238,6 +238,27 @@ TEST_F(AgentRegistryTest, MemoryCopies_ForgottenOnLossRestartOrAHeartbeatWithout
   EXPECT_FALSE(registry_.ListAgents("job")->at(1).has_resident());
 }
 
+TEST_F(AgentRegistryTest, MayMissCopies_UntilEveryRankHeartbeatedOrALeasePassed) {
+  // A registry just made (a coordinator that restarted) knows no copy until heartbeats state
+  // them: the job's 8 ranks are heard one by one.
+  EXPECT_TRUE(registry_.MayMissCopies("job"));  // not even registered yet
+  for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  EXPECT_TRUE(registry_.MayMissCopies("job")) << "registered, but no copy stated";
+  for (uint32_t r = 0; r < 7; ++r) ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0).ok());
+  EXPECT_TRUE(registry_.MayMissCopies("job")) << "rank 7 not heard";
+  ASSERT_TRUE(registry_.Heartbeat("job", 7, 8, 0).ok());
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+
+  // Another job, of which rank 1 is never heard: known complete once a lease has passed
+  // since the registry was made (rank 1 would be expired by then, its copies left out).
+  ASSERT_TRUE(registry_.Register(Registration(0, 1, "other")).ok());
+  ASSERT_TRUE(registry_.Heartbeat("other", 0, 1, 0).ok());
+  EXPECT_TRUE(registry_.MayMissCopies("other"));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_FALSE(registry_.MayMissCopies("other"));
+  EXPECT_FALSE(registry_.MayMissCopies("never-registered"));
+}
+
 TEST_F(AgentRegistryTest, MemoryCopies_BuddyCopiesListedWithTheirHolder) {
   v1::RegisterAgentRequest holder = Registration(0, 1);
   holder.set_peer_address("10.0.0.1:7000");

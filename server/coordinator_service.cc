@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
@@ -90,8 +92,29 @@ grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
                                                         request->session_id(), files)) {
       *response->add_copies() = std::move(copy);
     }
+    status = UnknownHolders(*request, *response);
+    if (!status.ok()) response->clear_copies();
   }
   return FinishUnary(context, status);
+}
+
+absl::Status CoordinatorService::UnknownHolders(const v1::FindMemoryCopiesRequest& request,
+                                                const v1::FindMemoryCopiesResponse& found) const {
+  if (!registry_->MayMissCopies(request.job_id())) return absl::OkStatus();
+  absl::flat_hash_set<absl::string_view> held;
+  for (const v1::MemoryCopy& copy : found.copies()) held.insert(copy.file());
+  std::string unknown = request.files().empty() ? "the checkpoint's files" : "";
+  for (const std::string& file : request.files()) {
+    if (!held.contains(file)) {
+      unknown = file;
+      break;
+    }
+  }
+  if (unknown.empty()) return absl::OkStatus();
+  return absl::UnavailableError(
+      absl::StrCat("the coordinator started less than a lease ago and not every agent of job ",
+                   request.job_id(), " has stated its memory copies yet: who holds ", unknown,
+                   " of step ", request.step(), " is not known; ask again"));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RelayFailed(grpc::CallbackServerContext* context,

@@ -137,6 +137,48 @@ TEST_F(CoordinatorServiceTest, Heartbeat_Unregistered_NotFound) {
 
 // CommandStreams sends a PIN's assignment as the plan's encoded bytes: what goes on the wire
 // must parse as the same Command with the assignment parsed.
+TEST_F(CoordinatorServiceTest, FindMemoryCopies_BeforeEveryAgentStatedItsCopies_Unavailable) {
+  // A coordinator just (re)started: rank 0 asks where data-00001 is before rank 1, its holder,
+  // has heartbeated. "Nobody holds it" would call a memory-only step lost; it is not known.
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(client_->Register(Registration(r, 10 + r)).ok());
+  v1::FindMemoryCopiesRequest find;
+  find.set_job_id("job");
+  find.set_rank(0);
+  find.set_incarnation(10);
+  find.set_step(7);
+  find.set_session_id("s7");
+  find.add_files("data-00001");
+  absl::StatusOr<v1::FindMemoryCopiesResponse> found = client_->FindMemoryCopies(find);
+  ASSERT_EQ(found.status().code(), absl::StatusCode::kUnavailable) << found.status();
+  EXPECT_NE(found.status().message().find("data-00001"), std::string::npos) << found.status();
+
+  // Every rank heartbeats, rank 1 stating its copy: the answer names it.
+  for (uint32_t r = 0; r < 4; ++r) {
+    v1::HeartbeatRequest beat;
+    beat.set_job_id("job");
+    beat.set_rank(r);
+    beat.set_incarnation(10 + r);
+    if (r == 1) {
+      v1::MemoryCopy* copy = beat.mutable_resident();
+      copy->set_step(7);
+      copy->set_session_id("s7");
+      copy->set_file("data-00001");
+      copy->set_nbytes(4096);
+    }
+    ASSERT_TRUE(client_->Heartbeat(beat).ok());
+  }
+  found = client_->FindMemoryCopies(find);
+  ASSERT_TRUE(found.ok()) << found.status();
+  ASSERT_EQ(found->copies_size(), 1);
+  EXPECT_EQ(found->copies(0).rank(), 1u);
+
+  // A file nobody states: once every rank was heard, no holder is the answer.
+  find.set_files(0, "data-00002");
+  found = client_->FindMemoryCopies(find);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->copies_size(), 0);
+}
+
 TEST(PinWithEncodedAssignment, SerializesAsTheParsedCommand) {
   v1::RankAssignment assignment;
   assignment.set_file("data-00001.safetensors");

@@ -262,15 +262,22 @@ int AdminCommands::Checkpoints(const std::string& job) {
   for (size_t c : {0, 3, 4, 5}) table.AlignRight(c);
   // Newest first: the first disk checkpoint listed is the latest (a memory-only commit never is).
   bool latest_seen = false;
-  std::vector<std::string> lost;
+  std::vector<std::string> notes;  // printed after the table
   for (const v1::CheckpointInfo& c : response.checkpoints()) {
     std::string status = "disk";
     if (c.memory_only()) {
-      status = c.files_not_in_memory().empty() ? "memory-only" : "memory-only, LOST";
+      status = "memory-only";
       if (!c.files_not_in_memory().empty()) {
-        lost.push_back(absl::StrCat("step ", c.step(), ": no live agent holds ",
-                                    absl::StrJoin(c.files_not_in_memory(), ", "),
-                                    " in memory; it can no longer be loaded"));
+        status = "memory-only, LOST";
+        notes.push_back(absl::StrCat("step ", c.step(), ": no live agent holds ",
+                                     absl::StrJoin(c.files_not_in_memory(), ", "),
+                                     " in memory; it can no longer be loaded"));
+      } else if (c.memory_copies_unknown()) {
+        status = "memory-only, copies unknown";
+        notes.push_back(absl::StrCat("step ", c.step(),
+                                     ": the coordinator started less than a lease ago and not "
+                                     "every agent has stated its memory copies yet; list again "
+                                     "in a few seconds"));
       }
     } else if (!latest_seen) {
       status = "disk, latest";
@@ -281,7 +288,7 @@ int AdminCommands::Checkpoints(const std::string& job) {
                   c.session_id(), c.memory_only() ? "-" : c.dir()});
   }
   table.Print(out_);
-  for (const std::string& line : lost) out_ << line << '\n';
+  for (const std::string& line : notes) out_ << line << '\n';
   return kExitOk;
 }
 

@@ -377,6 +377,21 @@ TEST_F(AdminCommandsTest, Checkpoints_MemoryOnly_ListedAsSuchNeverLatest) {
                              "can no longer be loaded\n"));
 }
 
+TEST_F(AdminCommandsTest, Checkpoints_MemoryOnlyCopiesNotYetKnown_SaidSoNotLost) {
+  v1::CheckpointInfo* memory = fake_.checkpoints.add_checkpoints();
+  memory->set_step(5);
+  memory->set_session_id("s5");
+  memory->set_memory_only(true);
+  memory->set_memory_copies_unknown(true);
+  EXPECT_EQ(Commands().Checkpoints("demo"), kExitOk);
+  const std::string out = out_.str();
+  EXPECT_THAT(out, ::testing::ContainsRegex("\n +5  memory-only, copies unknown .* s5 +-\n"));
+  EXPECT_THAT(out, HasSubstr("step 5: the coordinator started less than a lease ago and not "
+                             "every agent has stated its memory copies yet; list again in a "
+                             "few seconds\n"));
+  EXPECT_THAT(out, ::testing::Not(HasSubstr("LOST")));
+}
+
 TEST_F(AdminCommandsTest, Abort_SendsReason_PrintsOutcome) {
   fake_.session = Status(v1::SESSION_STATE_PERSISTING, 0);
   EXPECT_EQ(Commands().Abort("demo", "maintenance"), kExitOk) << err_.str();

@@ -83,7 +83,11 @@ std::vector<v1::CheckpointInfo> ListCheckpointsWithMemory(
     v1::CheckpointInfo info = memory->info();
     const std::vector<std::string> missing = FilesNotInMemory(
         memory->manifest(), registry.MemoryCopies(job_id, info.step(), info.session_id()));
-    for (const std::string& file : missing) info.add_files_not_in_memory(file);
+    if (!missing.empty() && registry.MayMissCopies(job_id)) {
+      info.set_memory_copies_unknown(true);  // not "lost": their holders may not have spoken
+    } else {
+      for (const std::string& file : missing) info.add_files_not_in_memory(file);
+    }
     list.push_back(std::move(info));
   }
   list.insert(list.end(), disk.begin(), disk.end());

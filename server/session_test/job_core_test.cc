@@ -2823,6 +2823,26 @@ TEST_F(MemoryOnlyTest, MemoryOnly_EveryChunkReported_CommittedWithoutDiskNeverLa
   EXPECT_THAT(List()[0].files_not_in_memory(), IsEmpty());
 }
 
+// A coordinator that has not heard every agent since it started cannot tell a memory-only
+// step whose holders have not spoken yet from a lost one: it says it does not know.
+TEST_F(MemoryOnlyTest, MemoryOnly_NotEveryAgentHeardSinceTheStart_CopiesUnknownNotLost) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SaveInMemory(2);
+  ASSERT_EQ(Status(id).state(), v1::SESSION_STATE_COMMITTED);
+  std::vector<v1::CheckpointInfo> list = List();
+  ASSERT_THAT(list, SizeIs(1));
+  EXPECT_TRUE(list[0].memory_only());
+  EXPECT_TRUE(list[0].memory_copies_unknown());
+  EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
+
+  // Every agent heartbeats, none stating a copy: now the files are known to be in none.
+  HeartbeatAll();
+  list = List();
+  EXPECT_FALSE(list[0].memory_copies_unknown());
+  EXPECT_THAT(list[0].files_not_in_memory(), SizeIs(3));
+}
+
 // A memory-only PERSIST writes nothing to storage, so the writer bound (a bound on concurrent
 // disk writers) does not hold it back: every rank gets its PERSIST at once.
 TEST_F(MemoryOnlyTest, MemoryOnly_WriterBound_EveryPersistAtOnce) {

@@ -27,17 +27,6 @@ COORD_LOG="$DIR/logs/coordinator.log"
 FSYNC_FAULT=eio:syncdir_after_dir_rename=3
 CRASH_FAULT=crash_after_dir_rename
 
-# restart_coordinator [FLAGS...]: SIGTERM the coordinator (it must exit 0 within 10 s), start
-# it again on the same RocksDB and port with COORD_FLAGS and FLAGS, wait until every agent
-# registered with it.
-restart_coordinator() {
-  local r
-  if [ -n "$COORD_PID" ]; then stop_coordinator || fail "the coordinator did not stop cleanly"; fi
-  for r in 0 1 2 3; do mark_agent_log "$JOB" "$r"; done
-  start_coordinator "${COORD_FLAGS[@]}" "$@" || fail "coordinator restart"
-  for r in 0 1 2 3; do wait_registered "$JOB" "$r" || fail "agent $r did not register again"; done
-}
-
 # restart_agents [FLAGS...]: every agent restarted with FLAGS (restart_agent).
 restart_agents() {
   local r

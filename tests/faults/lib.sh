@@ -179,6 +179,20 @@ restart_agent() {
   wait_registered "$JOB" "$r" || fail "agent $r did not register"
 }
 
+# restart_coordinator [FLAGS...]: SIGTERM the coordinator (it must exit 0 within 10 s), start
+# it again on the same RocksDB and port with COORD_FLAGS (if set) and FLAGS, and wait until
+# every agent of LAYOUT registered with it.
+restart_coordinator() {
+  local r world
+  world=$(world_size "$LAYOUT")
+  if [ -n "$COORD_PID" ]; then stop_coordinator || fail "the coordinator did not stop cleanly"; fi
+  for r in $(seq 0 $((world - 1))); do mark_agent_log "$JOB" "$r"; done
+  start_coordinator ${COORD_FLAGS[@]+"${COORD_FLAGS[@]}"} "$@" || fail "coordinator restart"
+  for r in $(seq 0 $((world - 1))); do
+    wait_registered "$JOB" "$r" || fail "agent $r did not register again"
+  done
+}
+
 # finish: every agent and the coordinator exit 0 on SIGTERM within 10 s.
 finish() {
   local r

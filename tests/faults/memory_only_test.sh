@@ -8,6 +8,8 @@
 #   returned; the agents commit it in memory; `tessera checkpoints` lists it as memory-only
 #   while latest on disk stays step 4; restarted trainers load the newest commit (-2): step 5,
 #   byte for byte, every byte from memory;
+# - coordinator_restarted: the coordinator restarted on its RocksDB: step 5 is listed and held
+#   again once the agents have stated their copies, and reloads from memory;
 # - agents_killed: every agent SIGKILLed and restarted: step 5 is listed LOST, loading it fails
 #   with MEMORY_COPY_LOST naming the missing data files, and the disk's latest (step 4)
 #   verifies and loads byte for byte;
@@ -28,14 +30,17 @@ checkpoints_json() {
   "$CLI" checkpoints --json --coordinator="$COORD" "$JOB" >"$DIR/logs/checkpoints.json" 2>/dev/null
 }
 # listed STEP KIND: the listing's newest entry is STEP, of KIND: "memory" (memory-only, every
-# file in memory), "lost" (memory-only, some file in none) or "disk".
+# file in memory), "lost" (memory-only, some file in none), "unknown" (memory-only, not every
+# agent has stated its copies since the coordinator started) or "disk".
 listed() {
   checkpoints_json || return 1
   python3 - "$DIR/logs/checkpoints.json" "$1" "$2" <<'PY'
 import json, sys
 c = json.load(open(sys.argv[1])).get("checkpoints", [])
 first = c[0] if c else {}
-kind = ("lost" if first.get("files_not_in_memory") else "memory") if first.get("memory_only") else "disk"
+kind = "disk"
+if first.get("memory_only"):
+    kind = "lost" if first.get("files_not_in_memory") else "unknown" if first.get("memory_copies_unknown") else "memory"
 sys.exit(0 if str(first.get("step")) == sys.argv[2] and kind == sys.argv[3] else 1)
 PY
 }
@@ -91,6 +96,22 @@ done
 [ "$(sum_sources memory_bytes)" -gt 0 ] || fail "nothing came from memory"
 [ "$(sum_sources memory_blocks_rejected)" -eq 0 ] || fail "memory blocks rejected"
 echo "ok: trainer_killed -> step 5 listed memory-only, latest on disk step 4; step 5 reloaded byte for byte, $(sum_sources memory_bytes) bytes from memory, 0 from disk"
+
+# --- coordinator_restarted --------------------------------------------------------------------
+# The coordinator stops and starts again on its RocksDB: step 5 stays listed (its copies
+# unknown, never LOST, until every agent has stated them again), then held, and it loads from
+# memory as before.
+restart_coordinator
+wait_until 30 listed 5 memory ||
+  fail "step 5 is not listed as held in memory after a coordinator restart: $(cat "$DIR/logs/checkpoints.json")"
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=load --load_step=-2 "${MODEL[@]}" ||
+  fail "loading the newest commit after a coordinator restart failed: $(grep -h 'FAIL\|rror' "$DIR"/logs/trainer-"$JOB"-*.out | head -n 3)"
+for r in 0 1 2 3; do
+  grep -q "loaded step 5 " "$DIR/logs/trainer-$JOB-$r.out" ||
+    fail "rank $r did not load step 5 after the coordinator restarted"
+done
+[ "$(sum_sources disk_bytes)" -eq 0 ] || fail "$(sum_sources disk_bytes) bytes of step 5 came from disk"
+echo "ok: coordinator_restarted -> step 5 still listed, held and reloaded from memory, $(sum_sources memory_bytes) bytes"
 
 # --- agents_killed ----------------------------------------------------------------------------
 for r in 0 1 2 3; do kill -KILL "${AGENT_PIDS[$r]}"; done
