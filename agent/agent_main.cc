@@ -207,6 +207,10 @@ int main(int argc, char** argv) {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
+  // A restarted coordinator is reached within a second of it listening (gRPC's backoff grows
+  // to 120 s): it counts on hearing every agent again within one lease (DESIGN.md
+  // "Memory-only saves", coordinator restart).
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator), *credentials, channel_args);
   tessera::GrpcCoordinatorClient coordinator(channel);
@@ -379,11 +383,13 @@ int main(int argc, char** argv) {
       request.set_step(step);
     };
     loader_options.find_copies = [&coordinator, query](int64_t step, const std::string& session_id,
-                                                       const std::vector<std::string>& files)
+                                                       const std::vector<std::string>& files,
+                                                       bool memory_only)
         -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
       tessera::v1::FindMemoryCopiesRequest request;
       query(request, step);
       request.set_session_id(session_id);
+      request.set_memory_only(memory_only);
       for (const std::string& file : files) request.add_files(file);
       absl::StatusOr<tessera::v1::FindMemoryCopiesResponse> found =
           coordinator.FindMemoryCopies(request);

@@ -13,8 +13,8 @@ absl::StatusOr<std::shared_ptr<MemoryBuffer>> BuddyStore::Reserve(const v1::Memo
   absl::MutexLock lock(&mu_);
   const uint32_t writer = copy.writer_rank();
   uint64_t others = 0;
-  for (const auto& [w, held] : copies_) others += w == writer ? 0 : held.copy.nbytes();
-  for (const auto& [arriving, bytes] : incoming_) others += bytes;
+  for (const auto& [w, held] : copies_) others += w == writer ? 0 : held.held.copy.nbytes();
+  for (const auto& [buffer, arriving] : incoming_) others += arriving.bytes;
   if (copy.nbytes() > budget_bytes_ || others > budget_bytes_ - copy.nbytes()) {
     return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
                      absl::StrCat("a memory copy of ", copy.nbytes(), " bytes for rank ", writer,
@@ -26,28 +26,33 @@ absl::StatusOr<std::shared_ptr<MemoryBuffer>> BuddyStore::Reserve(const v1::Memo
   // keeps the bytes until it ends).
   auto held = copies_.find(writer);
   if (held != copies_.end() &&
-      held->second.copy.nbytes() > budget_bytes_ - copy.nbytes() - others) {
-    LogInfo("the buddy copy of step ", held->second.copy.step(), " for rank ", writer,
+      held->second.held.copy.nbytes() > budget_bytes_ - copy.nbytes() - others) {
+    LogInfo("the buddy copy of step ", held->second.held.copy.step(), " for rank ", writer,
             " is let go for step ", copy.step(), "'s: both do not fit the buddy budget of ",
             budget_bytes_, " bytes");
     copies_.erase(held);
   }
-  incoming_[buffer.get()] = copy.nbytes();
+  incoming_[buffer.get()] = Arriving{copy.nbytes(), ++reservations_};
   return buffer;
 }
 
 void BuddyStore::Keep(v1::MemoryCopy copy, std::shared_ptr<const MemoryBuffer> bytes) {
   absl::MutexLock lock(&mu_);
-  incoming_.erase(bytes.get());
+  uint64_t reserved = ++reservations_;  // a buffer never reserved counts as the newest
+  if (auto arriving = incoming_.find(bytes.get()); arriving != incoming_.end()) {
+    reserved = arriving->second.reserved;
+    incoming_.erase(arriving);
+  }
   const uint32_t writer = copy.writer_rank();
   auto held = copies_.find(writer);
-  if (held != copies_.end() && held->second.copy.step() > copy.step()) {
-    LogInfo("the buddy copy of step ", copy.step(), " for rank ", writer, " arrived after step ",
-            held->second.copy.step(), "'s: not kept");
+  if (held != copies_.end() && held->second.reserved > reserved) {
+    LogInfo("the buddy copy of step ", copy.step(), " for rank ", writer,
+            " arrived after the copy of step ", held->second.held.copy.step(),
+            " the sender sent after it: not kept");
     return;
   }
   copy.clear_region();
-  copies_[writer] = HeldCopy{std::move(copy), std::move(bytes)};
+  copies_[writer] = Held{HeldCopy{std::move(copy), std::move(bytes)}, reserved};
 }
 
 void BuddyStore::Abandon(const MemoryBuffer* buffer) {
@@ -59,9 +64,9 @@ std::optional<HeldCopy> BuddyStore::Find(int64_t step, absl::string_view session
                                          absl::string_view file) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [writer, held] : copies_) {
-    if (held.copy.step() == step && held.copy.session_id() == session_id &&
-        held.copy.file() == file) {
-      return held;
+    const v1::MemoryCopy& copy = held.held.copy;
+    if (copy.step() == step && copy.session_id() == session_id && copy.file() == file) {
+      return held.held;
     }
   }
   return std::nullopt;
@@ -70,7 +75,7 @@ std::optional<HeldCopy> BuddyStore::Find(int64_t step, absl::string_view session
 std::vector<v1::MemoryCopy> BuddyStore::Copies() const {
   absl::MutexLock lock(&mu_);
   std::vector<v1::MemoryCopy> out;
-  for (const auto& [writer, held] : copies_) out.push_back(held.copy);
+  for (const auto& [writer, held] : copies_) out.push_back(held.held.copy);
   return out;
 }
 }  // namespace tessera

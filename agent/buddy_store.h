@@ -2,10 +2,11 @@
 // (DESIGN.md "Memory tier"): each sender's last committed data file, in this agent's heap,
 // so a replacement of the sender's node can restore from it (PeerMemory.ReadMemoryCopy).
 //
-// One copy per writer rank: a newer one replaces it once it arrived whole (an older step that
-// arrives after a newer one is not kept). Bounded by a byte budget that counts everything held
-// and every buffer being received — a sender's earlier put too, until its receive ends (a
-// sender that gave up on it may already be sending the next): the copy a sender replaces
+// One copy per writer rank: a newer one replaces it once it arrived whole (newer: reserved
+// later — a sender sends its saves in order, whatever their steps, e.g. after a rollback; a
+// put that completes after one reserved later is not kept). Bounded by a byte budget that counts
+// everything held and every buffer being received — a sender's earlier put too, until its receive
+// ends (a sender that gave up on it may already be sending the next): the copy a sender replaces
 // stays (readable) while its successor arrives only if both fit; otherwise it is let go when
 // the successor's room is reserved (its memory is freed when a read still holding it ends).
 // If the successor then does not arrive whole, the store holds no copy of that sender.
@@ -59,7 +60,7 @@ class BuddyStore {
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Keeps `bytes` (a buffer Reserve returned for `copy`) as the copy of copy.writer_rank,
-  // replacing the one held unless that one is of a later step (then `bytes` is dropped,
+  // replacing the one held unless that one was reserved later (then `bytes` is dropped,
   // logged). Its region name, if any, is cleared: the bytes live in this agent's heap.
   void Keep(v1::MemoryCopy copy, std::shared_ptr<const MemoryBuffer> bytes)
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -77,9 +78,18 @@ class BuddyStore {
  private:
   const uint64_t budget_bytes_;
   mutable absl::Mutex mu_;
-  std::map<uint32_t, HeldCopy> copies_ ABSL_GUARDED_BY(mu_);  // by writer rank
-  // Bytes reserved for each buffer being received.
-  std::map<const MemoryBuffer*, uint64_t> incoming_ ABSL_GUARDED_BY(mu_);
+  // A copy held or being received, and when its room was reserved (order of Reserve calls).
+  struct Held {
+    HeldCopy held;
+    uint64_t reserved = 0;
+  };
+  struct Arriving {
+    uint64_t bytes = 0;
+    uint64_t reserved = 0;
+  };
+  uint64_t reservations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<uint32_t, Held> copies_ ABSL_GUARDED_BY(mu_);                   // by writer rank
+  std::map<const MemoryBuffer*, Arriving> incoming_ ABSL_GUARDED_BY(mu_);  // by buffer
 };
 
 }  // namespace tessera

@@ -5,6 +5,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
@@ -90,6 +91,15 @@ absl::Status MemoryCopiesUnknown(int64_t step, const absl::Status& error) {
                    error.ToString(), "): try the load again"));
 }
 
+// A memory-only checkpoint whose data file `copy` (held by another agent) this agent could
+// not read: it may still be held — the load may be tried again.
+absl::Status MemoryCopyUnread(int64_t step, const v1::MemoryCopy& copy) {
+  return absl::UnavailableError(absl::StrCat(
+      "step ", step, " is a memory-only checkpoint and rank ", copy.rank(), " on ",
+      copy.node_id(), " holds ", copy.file(),
+      ", but it could not be read from there (see this agent's log): try the load again"));
+}
+
 // Drops from `copies` those held behind a bulk port the trainer could not read from
 // (LoadRequest.unreadable_holders), logging each.
 void SkipUnreadableHolders(const google::protobuf::RepeatedPtrField<std::string>& unreadable,
@@ -164,7 +174,19 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
       return staged;
     }
   }
-  absl::flat_hash_set<size_t> unreadable;  // indices into *copies
+  // Holders that could not be read, by index into *copies: on every return, dropped from it
+  // if the checkpoint is on disk, so that the copying path reads from the next holder or from
+  // disk, not from them again. A memory-only checkpoint's holder may have its only copy: the
+  // copying path asks it once more.
+  absl::flat_hash_set<size_t> unreadable;
+  absl::Cleanup drop_unreadable = [&] {
+    if (unreadable.empty() || !reader.on_disk()) return;
+    std::vector<v1::MemoryCopy> readable;
+    for (size_t i = 0; i < copies->size(); ++i) {
+      if (!unreadable.contains(i)) readable.push_back(std::move((*copies)[i]));
+    }
+    *copies = std::move(readable);
+  };
   for (const v1::MemoryCopy* copy : remote) {
     absl::StatusOr<std::vector<StagingSlot>> region = absl::UnknownError("not acquired");
     absl::Time fetch_start = absl::InfiniteFuture();
@@ -200,14 +222,6 @@ absl::StatusOr<Loader::Staged> Loader::StageFetched(const CheckpointReader& read
     staged->shm_size = (*region)[0].capacity;
     staged->fetched_from_peers = copy->nbytes();
     return staged;
-  }
-  // The copying path reads from the next holder of each file, or from disk, not from these.
-  if (!unreadable.empty()) {
-    std::vector<v1::MemoryCopy> readable;
-    for (size_t i = 0; i < copies->size(); ++i) {
-      if (!unreadable.contains(i)) readable.push_back(std::move((*copies)[i]));
-    }
-    *copies = std::move(readable);
   }
   return absl::FailedPreconditionError(
       absl::StrCat("no agent on another node could send its memory copy of ", file));
@@ -304,6 +318,13 @@ absl::StatusOr<Loader::Staged> Loader::StageCopy(const CheckpointReader& reader,
     if (!missing.empty()) {
       release();
       if (options_.find_copies && !copies.ok()) return MemoryCopiesUnknown(step, copies.status());
+      if (copies.ok()) {
+        for (const v1::MemoryCopy& copy : *copies) {
+          if (missing.contains(copy.file()) && copy.rank() != rank_) {
+            return MemoryCopyUnread(step, copy);
+          }
+        }
+      }
       return MemoryCopyLost(reader, missing);
     }
   }
@@ -426,7 +447,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   auto find_copies = [&]() -> MemoryCopies& {
     if (!copies_asked && options_.find_copies) {
       copies = options_.find_copies(step, (*reader)->manifest().session_id(),
-                                    FilesRead(**reader, reads));
+                                    FilesRead(**reader, reads), !(*reader)->on_disk());
       if (copies.ok() && (*reader)->on_disk()) {
         SkipUnreadableHolders(request.unreadable_holders(), *copies);
       }

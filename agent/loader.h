@@ -61,10 +61,12 @@ struct LoaderOptions {
   const BuddyStore* buddies = nullptr;
   // The memory copies of checkpoint (step, session id) that the job's agents hold, of the
   // data files `files` (Coordinator.FindMemoryCopies; the load passes the files its reads
-  // touch, sorted); those on `node_id` are read from memory too. An error only costs reads.
+  // touch, sorted, and whether the checkpoint is memory-only); those on `node_id` are read
+  // from memory too. An error only costs reads — for a memory-only checkpoint, the load.
   // Default: none (this agent's own tier alone).
   std::function<absl::StatusOr<std::vector<v1::MemoryCopy>>(
-      int64_t step, const std::string& session_id, const std::vector<std::string>& files)>
+      int64_t step, const std::string& session_id, const std::vector<std::string>& files,
+      bool memory_only)>
       find_copies;
   // This agent's node (RegisterAgentRequest.node_id). Default: "".
   std::string node_id;
@@ -182,8 +184,9 @@ class Loader {
   // Copying: a new load region (this load's), each read's destination set in it, filled by
   // CheckpointReader::Read from disk and what memory holds (`held`: this agent's own copy).
   // Errors: as Acquire and Read (the region is then released); for a memory-only checkpoint
-  // with files no copy in `copies` holds, NotFound + MEMORY_COPY_LOST — or Unavailable if
-  // `copies` is the coordinator's error (where the copies are is not known).
+  // with files this agent could not get, NotFound + MEMORY_COPY_LOST if no copy in `copies`
+  // is of them — else Unavailable: `copies` is the coordinator's error (where the copies are
+  // is not known), or another agent holds one that could not be read.
   absl::StatusOr<Staged> StageCopy(const CheckpointReader& reader, int64_t step,
                                    std::vector<ReadRequest>& reads,
                                    std::optional<HeldCheckpoint> held, const MemoryCopies& copies);
@@ -193,8 +196,9 @@ class Loader {
   // into a new load region (LoaderOptions::fetch_copy) and served there as a resident copy is
   // (LocateInMemory): one copy into the region, verified where it lies, a block that does not
   // match read from the file over it (RepairInMemory). Errors:
-  // FailedPrecondition if it does not apply or no holder could send it (each holder that
-  // could not is dropped from `copies`, so the copying path does not read it again);
+  // FailedPrecondition if it does not apply or no holder could send it (for a checkpoint on
+  // disk, each holder that could not is dropped from `copies`, so the copying path does not
+  // read it again);
   // LocateInMemory's (the region is then released and the copying path serves the load,
   // fetching again); Acquire's.
   // With `client_fetches` (the trainer reads it itself; implies `client_verifies`), a holder

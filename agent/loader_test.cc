@@ -441,14 +441,15 @@ TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) 
   LoaderOptions options;
   options.node_id = "node-a";
   int asked = 0;
-  options.find_copies =
-      [&](int64_t step, const std::string& session,
-          const std::vector<std::string>& files) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [&](int64_t step, const std::string& session,
+                            const std::vector<std::string>& files,
+                            bool memory_only) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     ++asked;
     EXPECT_EQ(step, 7);
     EXPECT_EQ(session, session_id_);
     // Only the files the load reads are asked for: here the one the tensor lies in.
     EXPECT_THAT(files, ElementsAre(PeerCopy("node-a")[0].file()));
+    EXPECT_FALSE(memory_only);  // a checkpoint on disk
     return PeerCopy("node-a");
   };
   const v1::LoadResponse response = LoadAll(options);
@@ -460,20 +461,23 @@ TEST_F(LoaderMemoryTierTest, Load_HeldByAPeerOnThisNode_EveryByteFromItsMemory) 
 TEST_F(LoaderMemoryTierTest, Load_PeerOnAnotherNodeOrCoordinatorDown_EveryByteFromDisk) {
   LoaderOptions options;
   options.node_id = "node-a";
-  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-b"); };
+  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&,
+                            bool) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    return PeerCopy("node-b");
+  };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
-  options.find_copies =
-      [&](int64_t, const std::string&,
-          const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&,
+                            bool) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     return absl::UnavailableError("coordinator down");
   };
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
 
   // The peer's region is gone (its agent died): disk too.
-  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&)
-      -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return PeerCopy("node-a"); };
+  options.find_copies = [&](int64_t, const std::string&, const std::vector<std::string>&,
+                            bool) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    return PeerCopy("node-a");
+  };
   save_pool_->ReleaseAll();
   region_ = ResidentRegion();
   EXPECT_EQ(LoadAll(options).bytes_from_disk(), kTensorBytes);
@@ -486,8 +490,10 @@ class LoaderFetchTest : public LoaderMemoryTierTest {
   LoaderOptions FetchOptions() {
     LoaderOptions options;
     options.node_id = "node-a";
-    options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&)
-        -> absl::StatusOr<std::vector<v1::MemoryCopy>> { return RemoteCopy(); };
+    options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&,
+                                 bool) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+      return RemoteCopy();
+    };
     options.fetch_copy = [this](const v1::MemoryCopy& copy, char* dest) {
       ++fetches_;
       EXPECT_EQ(copy.nbytes(), file_size_);
@@ -691,9 +697,9 @@ TEST_F(LoaderFetchTest, Load_MemoryOnlyAndTheCoordinatorCannotSayWhereItsCopiesA
   // registered again yet, or it is unreachable): the step is not lost, the load is retried.
   LoaderOptions options = FetchOptions();
   options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
-  options.find_copies =
-      [](int64_t, const std::string&,
-         const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [](int64_t, const std::string&, const std::vector<std::string>&,
+                           bool memory_only) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+    EXPECT_TRUE(memory_only);  // the coordinator then gives no answer it may not know whole
     return absl::NotFoundError("job \"job\" has no agent of rank 0");
   };
   const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
@@ -722,6 +728,47 @@ TEST_F(LoaderFetchTest, Load_AHolderThatCouldNotBeRead_NotReadAgainByTheCopyingP
   loader->Release(response->load_id());
 }
 
+TEST_F(LoaderFetchTest, Load_MemoryOnlyHolderFailsOnce_AskedAgainByTheCopyingPath) {
+  // The holder may have the step's only copy: one failed read does not give it up.
+  LoaderOptions options = FetchOptions();
+  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
+  const FetchMemoryCopy fetch = options.fetch_copy;
+  options.fetch_copy = [this, fetch](const v1::MemoryCopy& copy, char* dest) {
+    if (fetches_ == 0) {
+      ++fetches_;
+      return absl::UnavailableError("node-b:7001 reset the connection");
+    }
+    return fetch(copy, dest);
+  };
+  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
+  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
+  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
+  ASSERT_TRUE(response.ok()) << response.status();
+  EXPECT_EQ(fetches_, 2);
+  EXPECT_EQ(response->bytes_from_memory(), kTensorBytes);
+  loader->Release(response->load_id());
+}
+
+TEST_F(LoaderFetchTest, Load_MemoryOnlyHolderCannotBeRead_UnavailableNamingItNotLost) {
+  LoaderOptions options = FetchOptions();
+  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
+  options.fetch_copy = [this](const v1::MemoryCopy&, char*) {
+    ++fetches_;
+    return absl::UnavailableError("node-b:7001 reset the connection");
+  };
+  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
+  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
+  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
+  ASSERT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();
+  EXPECT_NE(GetErrorCode(response.status()), v1::ERROR_CODE_MEMORY_COPY_LOST);
+  EXPECT_NE(response.status().message().find("rank 1 on node-b holds data-0.safetensors"),
+            std::string::npos)
+      << response.status();
+  EXPECT_EQ(fetches_, 2);
+}
+
 TEST_F(LoaderFetchTest, Load_ClientFetchesButTheHolderHasNoBulkPort_FetchedHere) {
   std::unique_ptr<Loader> loader = NewLoader(FetchOptions(), job_dir_);
   absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/true));
@@ -743,9 +790,8 @@ TEST_F(LoaderFetchTest, Load_ColumnHalf_FetchedOnceAndCopied) {
 
 TEST_F(LoaderFetchTest, Load_AlsoHeldOnThisNode_ReadFromThereNotFetched) {
   LoaderOptions options = FetchOptions();
-  options.find_copies =
-      [this](int64_t, const std::string&,
-             const std::vector<std::string>&) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
+  options.find_copies = [this](int64_t, const std::string&, const std::vector<std::string>&,
+                               bool) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     std::vector<v1::MemoryCopy> copies = RemoteCopy();
     copies.push_back(PeerCopy("node-a")[0]);
     return copies;

@@ -263,7 +263,7 @@ TEST(BuddyStore, Reserve_AWritersEarlierPutStillArriving_CountsBesideItsNextOne)
   EXPECT_TRUE(store.Reserve(Copy(8, "b", 600, 2)).ok());
 }
 
-TEST(BuddyStore, Keep_AnEarlierStepArrivingAfterALaterOne_NotKept) {
+TEST(BuddyStore, Keep_APutArrivingAfterOneReservedLater_NotKept) {
   BuddyStore store(/*budget_bytes=*/1000);
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> step7 = store.Reserve(Copy(7, "a", 400, 1));
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> step8 = store.Reserve(Copy(8, "a", 400, 1));
@@ -281,6 +281,15 @@ void ReserveAndKeep(BuddyStore& store, const v1::MemoryCopy& copy) {
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> room = store.Reserve(copy);
   ASSERT_TRUE(room.ok()) << room.status();
   store.Keep(copy, *std::move(room));
+}
+
+TEST(BuddyStore, Keep_AnEarlierStepSentLater_ReplacesTheCopy) {
+  // The job rolled back from step 300 and saves step 250: the sender's newest copy is 250's.
+  BuddyStore store(/*budget_bytes=*/1000);
+  ReserveAndKeep(store, Copy(300, "a", 400, 1));
+  ReserveAndKeep(store, Copy(250, "a", 400, 1));
+  EXPECT_TRUE(store.Find(250, "s250", "a").has_value());
+  EXPECT_FALSE(store.Find(300, "s300", "a").has_value());
 }
 
 TEST(BuddyStore, Reserve_TheCopyBeingReplacedCountsTooUntilItIsReplaced) {

@@ -17,7 +17,12 @@ absl::Status LayoutMismatch(absl::string_view message) {
 }  // namespace
 
 AgentRegistry::AgentRegistry(const Clock* clock, AgentRegistryOptions options)
-    : clock_(clock), options_(options), made_(clock->Now()) {}
+    : clock_(clock), options_(options), serving_since_(clock->Now()) {}
+
+void AgentRegistry::StartServing() {
+  absl::MutexLock lock(&mu_);
+  serving_since_ = clock_->Now();
+}
 
 absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
     const v1::RegisterAgentRequest& request) {
@@ -127,7 +132,7 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
   }
   for (v1::MemoryCopy& copy : buddy_copies) held_here(copy);
   Job& job = jobs_.at(job_id);
-  if (now - made_ < options_.lease) {
+  if (now - serving_since_ < options_.lease) {
     job.heard_while_young.insert(rank);
   } else if (!job.heard_while_young.empty()) {
     job.heard_while_young.clear();  // no longer asked for
@@ -194,8 +199,9 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 }
 
 bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
-  if (clock_->Now() - made_ >= options_.lease) return false;
+  const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
+  if (now - serving_since_ >= options_.lease) return false;
   const Job* job = JobLocked(job_id);
   return job == nullptr || job->heard_while_young.size() < job->layout.world_size();
 }

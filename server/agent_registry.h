@@ -96,11 +96,16 @@ class AgentRegistry {
                                            absl::Span<const std::string> files = {}) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Whether MemoryCopies may lack copies that live agents of `job_id` hold: while this
-  // registry is younger than one lease (a coordinator that restarted learns the copies only
-  // from heartbeats) and not every rank of the job's mesh has heartbeated since it was made.
-  // Past one lease an agent not heard from is expired, and its copies are left out anyway.
+  // Whether MemoryCopies may lack copies that live agents of `job_id` hold: for one lease
+  // after StartServing (a coordinator that restarted learns the copies only from heartbeats)
+  // until every rank of the job's mesh has heartbeated. Past one lease an agent not heard from
+  // is expired, and its copies are left out anyway.
   bool MayMissCopies(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Starts MayMissCopies' window now (else it starts when the registry is made): when agents
+  // can first reach the coordinator, after it recovered its sessions. Ranks heard before
+  // count.
+  void StartServing() ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK if `incarnation` is the registered one for (job, rank). Errors as Heartbeat.
   absl::Status CheckIncarnation(const std::string& job_id, uint32_t rank,
@@ -171,7 +176,7 @@ class AgentRegistry {
     mutable absl::Time buddies_valid_until = absl::InfinitePast();
     // Data file -> the ranks whose resident or buddy copies are of it (any step).
     absl::flat_hash_map<std::string, absl::btree_set<uint32_t>> holders;
-    // Ranks that heartbeated while the registry was younger than one lease (MayMissCopies).
+    // Ranks that heartbeated during MayMissCopies' window.
     absl::btree_set<uint32_t> heard_while_young;
 
     // Adds `agent`'s copies (rank `rank`) to `holders`, or removes them.
@@ -189,7 +194,7 @@ class AgentRegistry {
 
   const Clock* const clock_;
   const AgentRegistryOptions options_;
-  const absl::Time made_;  // when this registry started knowing nothing
+  absl::Time serving_since_ ABSL_GUARDED_BY(mu_);  // MayMissCopies' window starts here
   mutable absl::Mutex mu_;
   // Mutable so that const lookups can share FindLocked with Heartbeat.
   mutable absl::btree_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);

@@ -259,6 +259,17 @@ TEST_F(AgentRegistryTest, MayMissCopies_UntilEveryRankHeartbeatedOrALeasePassed)
   EXPECT_FALSE(registry_.MayMissCopies("never-registered"));
 }
 
+TEST_F(AgentRegistryTest, MayMissCopies_TheWindowStartsWhenServingStarts) {
+  // Recovering the sessions took a lease: agents could not reach the coordinator yet.
+  clock_.Advance(absl::Seconds(10));
+  registry_.StartServing();
+  for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
+  EXPECT_TRUE(registry_.MayMissCopies("job"));
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+}
+
 TEST_F(AgentRegistryTest, MemoryCopies_BuddyCopiesListedWithTheirHolder) {
   v1::RegisterAgentRequest holder = Registration(0, 1);
   holder.set_peer_address("10.0.0.1:7000");

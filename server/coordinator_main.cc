@@ -219,6 +219,7 @@ int main(int argc, char** argv) {
   builder.RegisterService(&admin);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || bound_port == 0) return Fail(absl::StrCat("cannot listen on ", listen));
+  registry.StartServing();  // agents can reach it from now: their copies arrive from now
   tessera::LogInfo("listening on ", listen, " (port ", bound_port, "); state in ",
                    store_options.path, "; checkpoints under ", session_options.storage_root,
                    token.empty() ? "" : "; admin token required");

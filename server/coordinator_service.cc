@@ -100,7 +100,9 @@ grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
 
 absl::Status CoordinatorService::UnknownHolders(const v1::FindMemoryCopiesRequest& request,
                                                 const v1::FindMemoryCopiesResponse& found) const {
-  if (!registry_->MayMissCopies(request.job_id())) return absl::OkStatus();
+  if (!request.memory_only() || !registry_->MayMissCopies(request.job_id())) {
+    return absl::OkStatus();
+  }
   absl::flat_hash_set<absl::string_view> held;
   for (const v1::MemoryCopy& copy : found.copies()) held.insert(copy.file());
   std::string unknown = request.files().empty() ? "the checkpoint's files" : "";

@@ -73,9 +73,10 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                         v1::RelayFailedResponse* response) override;
 
  private:
-  // Unavailable naming a file of `request` that `found` (the registry's answer) has no holder
-  // of, while the registry may not know every copy yet (AgentRegistry::MayMissCopies): no
-  // holder then is not the answer "none". Else OK.
+  // For a memory-only checkpoint's question: Unavailable naming a file of `request` that
+  // `found` (the registry's answer) has no holder of, while the registry may not know every
+  // copy yet (AgentRegistry::MayMissCopies): no holder then is not the answer "none". Else OK
+  // (a checkpoint on disk reads what no copy is known of from disk).
   absl::Status UnknownHolders(const v1::FindMemoryCopiesRequest& request,
                               const v1::FindMemoryCopiesResponse& found) const;
 

@@ -7,8 +7,8 @@
 #include "agent/coordinator_client.h"
 #include "common/status.h"
 #include "grpcpp/grpcpp.h"
-#include "server/command_streams.h"
 #include "gtest/gtest.h"
+#include "server/command_streams.h"
 
 namespace tessera {
 namespace {
@@ -30,8 +30,8 @@ class CoordinatorServiceTest : public ::testing::Test {
     CoordinatorServiceOptions options;
     options.coordinator_incarnation = 77;
     options.storage_root = "/ckpt";
-    service_ = std::make_unique<CoordinatorService>(&registry_, nullptr, nullptr, nullptr,
-                                                    &clock_, options);
+    service_ = std::make_unique<CoordinatorService>(&registry_, nullptr, nullptr, nullptr, &clock_,
+                                                    options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -134,10 +134,10 @@ TEST_F(CoordinatorServiceTest, Heartbeat_Unregistered_NotFound) {
   EXPECT_EQ(client_->Heartbeat(beat).status().code(), absl::StatusCode::kNotFound);
 }
 
-
 // CommandStreams sends a PIN's assignment as the plan's encoded bytes: what goes on the wire
 // must parse as the same Command with the assignment parsed.
-TEST_F(CoordinatorServiceTest, FindMemoryCopies_BeforeEveryAgentStatedItsCopies_Unavailable) {
+TEST_F(CoordinatorServiceTest,
+       FindMemoryCopies_MemoryOnlyBeforeEveryAgentStatedItsCopies_Unavailable) {
   // A coordinator just (re)started: rank 0 asks where data-00001 is before rank 1, its holder,
   // has heartbeated. "Nobody holds it" would call a memory-only step lost; it is not known.
   for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(client_->Register(Registration(r, 10 + r)).ok());
@@ -148,7 +148,13 @@ TEST_F(CoordinatorServiceTest, FindMemoryCopies_BeforeEveryAgentStatedItsCopies_
   find.set_step(7);
   find.set_session_id("s7");
   find.add_files("data-00001");
+  // For a checkpoint on disk the copies known are the answer: what none is known of is read
+  // from disk.
   absl::StatusOr<v1::FindMemoryCopiesResponse> found = client_->FindMemoryCopies(find);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->copies_size(), 0);
+  find.set_memory_only(true);
+  found = client_->FindMemoryCopies(find);
   ASSERT_EQ(found.status().code(), absl::StatusCode::kUnavailable) << found.status();
   EXPECT_NE(found.status().message().find("data-00001"), std::string::npos) << found.status();
 
@@ -199,7 +205,8 @@ TEST(PinWithEncodedAssignment, SerializesAsTheParsedCommand) {
     const std::string bytes = empty ? "" : assignment.SerializeAsString();
 
     v1::Command parsed;
-    ASSERT_TRUE(parsed.ParseFromString(PinWithEncodedAssignment(header, bytes).SerializeAsString()));
+    ASSERT_TRUE(
+        parsed.ParseFromString(PinWithEncodedAssignment(header, bytes).SerializeAsString()));
     EXPECT_EQ(parsed.session_id(), "s-1");
     EXPECT_EQ(parsed.seq(), 42u);
     EXPECT_TRUE(parsed.pin().plan_cached());

@@ -8,8 +8,9 @@
 #   returned; the agents commit it in memory; `tessera checkpoints` lists it as memory-only
 #   while latest on disk stays step 4; restarted trainers load the newest commit (-2): step 5,
 #   byte for byte, every byte from memory;
-# - coordinator_restarted: the coordinator restarted on its RocksDB: step 5 is listed and held
-#   again once the agents have stated their copies, and reloads from memory;
+# - coordinator_restarted: the coordinator restarted on its RocksDB: until the agents have
+#   stated their copies again step 5 is listed with its copies unknown and a load needing
+#   another agent's copy fails Unavailable (never LOST); then it is held and reloads from memory;
 # - agents_killed: every agent SIGKILLed and restarted: step 5 is listed LOST, loading it fails
 #   with MEMORY_COPY_LOST naming the missing data files, and the disk's latest (step 4)
 #   verifies and loads byte for byte;
@@ -98,9 +99,34 @@ done
 echo "ok: trainer_killed -> step 5 listed memory-only, latest on disk step 4; step 5 reloaded byte for byte, $(sum_sources memory_bytes) bytes from memory, 0 from disk"
 
 # --- coordinator_restarted --------------------------------------------------------------------
-# The coordinator stops and starts again on its RocksDB: step 5 stays listed (its copies
-# unknown, never LOST, until every agent has stated them again), then held, and it loads from
-# memory as before.
+# The coordinator stops and starts again on its RocksDB, telling agents to heartbeat every 15 s:
+# they register again at once but state no copies for 15 s. Until they do, step 5
+# is listed with its copies unknown — never LOST — and a rank whose load needs another rank's
+# file fails Unavailable (retry), never MEMORY_COPY_LOST. Restarted again as before, step 5 is
+# held and loads from memory.
+stop_coordinator || fail "the coordinator did not stop cleanly"
+declare -A registrations
+for r in 0 1 2 3; do
+  registrations[$r]=$(count_lines "$DIR/logs/agent-$JOB-$r.log" "registered with coordinator")
+done
+start_coordinator --heartbeat_interval_ms=15000 --lease_ms=60000 || fail "coordinator restart"
+registered_again() {
+  local r
+  for r in 0 1 2 3; do
+    [ "$(count_lines "$DIR/logs/agent-$JOB-$r.log" "registered with coordinator \\(lease 60000 ms, heartbeat 15000 ms\\)")" -gt 0 ] &&
+      [ "$(count_lines "$DIR/logs/agent-$JOB-$r.log" "registered with coordinator")" -gt "${registrations[$r]}" ] ||
+      return 1
+  done
+}
+wait_until 30 registered_again || fail "the agents did not register with the restarted coordinator"
+listed 5 unknown ||
+  fail "step 5 is not listed with its copies unknown before the agents stated them: $(cat "$DIR/logs/checkpoints.json")"
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=load --load_step=-2 "${MODEL[@]}" &&
+  fail "every rank loaded step 5 before the agents stated their copies (no rank needed another's file?)"
+grep -l "UNAVAILABLE: step 5 is a memory-only checkpoint and the coordinator could not say which agents hold it" \
+  "$DIR"/logs/trainer-"$JOB"-*.out >/dev/null ||
+  fail "no rank's load failed Unavailable for copies not yet known: $(tail -q -n 1 "$DIR"/logs/trainer-"$JOB"-*.out)"
+grep -l "MEMORY_COPY_LOST" "$DIR"/logs/trainer-"$JOB"-*.out && fail "a rank was told step 5 is lost"
 restart_coordinator
 wait_until 30 listed 5 memory ||
   fail "step 5 is not listed as held in memory after a coordinator restart: $(cat "$DIR/logs/checkpoints.json")"
@@ -111,7 +137,7 @@ for r in 0 1 2 3; do
     fail "rank $r did not load step 5 after the coordinator restarted"
 done
 [ "$(sum_sources disk_bytes)" -eq 0 ] || fail "$(sum_sources disk_bytes) bytes of step 5 came from disk"
-echo "ok: coordinator_restarted -> step 5 still listed, held and reloaded from memory, $(sum_sources memory_bytes) bytes"
+echo "ok: coordinator_restarted -> until the agents stated their copies step 5 was listed with its copies unknown and a load needing another's copy failed Unavailable (not LOST); then held and reloaded from memory, $(sum_sources memory_bytes) bytes"
 
 # --- agents_killed ----------------------------------------------------------------------------
 for r in 0 1 2 3; do kill -KILL "${AGENT_PIDS[$r]}"; done
