@@ -522,6 +522,17 @@ class LoaderFetchTest : public LoaderMemoryTierTest {
     return loader;
   }
 
+  // A loader of rank 0 for which step 7 is a memory-only commit: the coordinator gives its
+  // manifest, and the job directory has no step directory.
+  std::unique_ptr<Loader> NewMemoryOnlyLoader(LoaderOptions options) {
+    options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> {
+      return manifest_;
+    };
+    const std::string dir = JoinPath(job_dir_, "memory-only-job");
+    EXPECT_TRUE(storage_.CreateDirs(dir).ok());
+    return NewLoader(options, dir);
+  }
+
   // The whole tensor, for a trainer that checks what it copies and, with `fetches`, reads a
   // copy on another node itself.
   v1::LoadRequest TrainerRequest(bool fetches) const {
@@ -677,10 +688,7 @@ TEST_F(LoaderFetchTest, Load_MemoryOnlyAndAHolderTheTrainerCouldNotRead_TriedAga
   // its only copy, so it is asked again.
   holder_bulk_ = "node-b:7002";
   LoaderOptions options = FetchOptions();
-  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
-  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
-  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
-  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  std::unique_ptr<Loader> loader = NewMemoryOnlyLoader(options);
   v1::LoadRequest request = TrainerRequest(/*fetches=*/false);
   request.add_unreadable_holders("node-b:7002");
   absl::StatusOr<v1::LoadResponse> response = loader->Load(request);
@@ -696,15 +704,12 @@ TEST_F(LoaderFetchTest, Load_MemoryOnlyAndTheCoordinatorCannotSayWhereItsCopiesA
   // manifest but cannot answer where the copies are (it restarted and this agent has not
   // registered again yet, or it is unreachable): the step is not lost, the load is retried.
   LoaderOptions options = FetchOptions();
-  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
   options.find_copies = [](int64_t, const std::string&, const std::vector<std::string>&,
                            bool memory_only) -> absl::StatusOr<std::vector<v1::MemoryCopy>> {
     EXPECT_TRUE(memory_only);  // the coordinator then gives no answer it may not know whole
     return absl::NotFoundError("job \"job\" has no agent of rank 0");
   };
-  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
-  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
-  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  std::unique_ptr<Loader> loader = NewMemoryOnlyLoader(options);
   absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
   ASSERT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();
   EXPECT_NE(GetErrorCode(response.status()), v1::ERROR_CODE_MEMORY_COPY_LOST);
@@ -731,7 +736,6 @@ TEST_F(LoaderFetchTest, Load_AHolderThatCouldNotBeRead_NotReadAgainByTheCopyingP
 TEST_F(LoaderFetchTest, Load_MemoryOnlyHolderFailsOnce_AskedAgainByTheCopyingPath) {
   // The holder may have the step's only copy: one failed read does not give it up.
   LoaderOptions options = FetchOptions();
-  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
   const FetchMemoryCopy fetch = options.fetch_copy;
   options.fetch_copy = [this, fetch](const v1::MemoryCopy& copy, char* dest) {
     if (fetches_ == 0) {
@@ -740,9 +744,7 @@ TEST_F(LoaderFetchTest, Load_MemoryOnlyHolderFailsOnce_AskedAgainByTheCopyingPat
     }
     return fetch(copy, dest);
   };
-  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
-  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
-  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  std::unique_ptr<Loader> loader = NewMemoryOnlyLoader(options);
   absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
   ASSERT_TRUE(response.ok()) << response.status();
   EXPECT_EQ(fetches_, 2);
@@ -752,14 +754,11 @@ TEST_F(LoaderFetchTest, Load_MemoryOnlyHolderFailsOnce_AskedAgainByTheCopyingPat
 
 TEST_F(LoaderFetchTest, Load_MemoryOnlyHolderCannotBeRead_UnavailableNamingItNotLost) {
   LoaderOptions options = FetchOptions();
-  options.memory_manifest = [this](int64_t) -> absl::StatusOr<v1::Manifest> { return manifest_; };
   options.fetch_copy = [this](const v1::MemoryCopy&, char*) {
     ++fetches_;
     return absl::UnavailableError("node-b:7001 reset the connection");
   };
-  const std::string memory_only_dir = JoinPath(job_dir_, "memory-only-job");
-  ASSERT_TRUE(storage_.CreateDirs(memory_only_dir).ok());
-  std::unique_ptr<Loader> loader = NewLoader(options, memory_only_dir);
+  std::unique_ptr<Loader> loader = NewMemoryOnlyLoader(options);
   absl::StatusOr<v1::LoadResponse> response = loader->Load(TrainerRequest(/*fetches=*/false));
   ASSERT_EQ(response.status().code(), absl::StatusCode::kUnavailable) << response.status();
   EXPECT_NE(GetErrorCode(response.status()), v1::ERROR_CODE_MEMORY_COPY_LOST);
