@@ -382,10 +382,10 @@ int main(int argc, char** argv) {
       request.set_incarnation(incarnation);
       request.set_step(step);
     };
-    loader_options.find_copies = [&coordinator, query](int64_t step, const std::string& session_id,
-                                                       const std::vector<std::string>& files,
-                                                       bool memory_only)
-        -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
+    loader_options.find_copies =
+        [&coordinator, query](
+            int64_t step, const std::string& session_id, const std::vector<std::string>& files,
+            bool memory_only) -> absl::StatusOr<std::vector<tessera::v1::MemoryCopy>> {
       tessera::v1::FindMemoryCopiesRequest request;
       query(request, step);
       request.set_session_id(session_id);

@@ -95,8 +95,8 @@ absl::Status MemoryCopiesUnknown(int64_t step, const absl::Status& error) {
 // not read: it may still be held — the load may be tried again.
 absl::Status MemoryCopyUnread(int64_t step, const v1::MemoryCopy& copy) {
   return absl::UnavailableError(absl::StrCat(
-      "step ", step, " is a memory-only checkpoint and rank ", copy.rank(), " on ",
-      copy.node_id(), " holds ", copy.file(),
+      "step ", step, " is a memory-only checkpoint and rank ", copy.rank(), " on ", copy.node_id(),
+      " holds ", copy.file(),
       ", but it could not be read from there (see this agent's log): try the load again"));
 }
 

@@ -205,9 +205,8 @@ class Loader {
   // with a bulk port is not read here: the copy is located (LocateInMemory, listing its
   // blocks, reading nothing) and named (Staged::client_fetch), no region made.
   absl::StatusOr<Staged> StageFetched(const CheckpointReader& reader,
-                                      const std::vector<ReadRequest>& reads,
-                                      MemoryCopies& copies, bool client_verifies,
-                                      bool client_fetches);
+                                      const std::vector<ReadRequest>& reads, MemoryCopies& copies,
+                                      bool client_verifies, bool client_fetches);
 
   // Reads into `view` the copies held on other nodes of the files `reads` need and `view`
   // lacks (options_.fetch_copy). Returns the bytes read.
