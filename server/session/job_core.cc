@@ -360,6 +360,13 @@ void JobCore::Fold(absl::Time now, Effects& out) {
     }
     last_final_ = Final(session);
     RememberFinal(*last_final_);
+    last_final_seqs_.assign(latest_.size(), 0);
+    for (const Outgoing& o : out.commands) {
+      if (o.command.session_id() == session.session_id() && o.rank < last_final_seqs_.size() &&
+          (o.command.has_abort() || o.command.has_committed())) {
+        last_final_seqs_[o.rank] = o.command.seq();
+      }
+    }
     record_.add_recent_session_ids(session.session_id());
     while (static_cast<size_t>(record_.recent_session_ids_size()) > kRecentFinals) {
       record_.mutable_recent_session_ids()->erase(record_.mutable_recent_session_ids()->begin());
@@ -410,7 +417,11 @@ v1::Command JobCore::Final(const v1::SessionRecord& session) {
 std::optional<Outgoing> JobCore::CurrentCommand(uint32_t rank) const {
   if (current_ == nullptr) {
     if (!last_final_.has_value()) return std::nullopt;
-    return Outgoing{rank, *last_final_, nullptr};
+    Outgoing replay{rank, *last_final_, nullptr};
+    if (rank < last_final_seqs_.size() && last_final_seqs_[rank] != 0) {
+      replay.command.set_seq(last_final_seqs_[rank]);
+    }
+    return replay;
   }
   if (rank >= latest_.size()) return std::nullopt;
   return latest_[rank];

@@ -186,6 +186,9 @@ class JobCore {
   std::vector<uint64_t> last_plan_fingerprints_;
   // The last ended session: its outcome (COMMITTED or ABORT) and its final status.
   std::optional<v1::Command> last_final_;
+  // Index = rank: the seq each rank was sent last_final_ under (0: none sent). Its replay
+  // carries the same, so an agent that gets both the send and the replay handles it once.
+  std::vector<uint64_t> last_final_seqs_;
   std::optional<v1::SessionStatus> last_ended_;
   // The outcomes of the last kRecentFinals ended sessions (the last one included), newest last:
   // a rank that reports for one of them missed its verdict and is sent it again (Remind).

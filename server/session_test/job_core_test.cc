@@ -953,6 +953,38 @@ TEST_F(SessionManagerTest, Save_PlanRejected_AbortsBeforeAnyCopy) {
   EXPECT_THAT(RanksSent(v1::Command::kPin, retry), ElementsAre(0, 1, 2, 3));
 }
 
+// A stream that opens while a session's verdict is being sent gets it twice: from the send
+// and as the replay of the rank's current command. The replay carries the seq that rank was
+// sent, so its agent handles the verdict once (R1), whichever way the session ended.
+TEST_F(SessionManagerTest, Replay_AfterASessionEnds_CarriesTheSeqEachRankWasSent) {
+  StartJob("pp=2,dp=2");
+  for (uint32_t r = 0; r < 4; ++r) plans_[r] = {Whole("layers.0.w", {4, 4}, {"dp"})};
+  const std::string aborted = SubmitAll(7);
+  ASSERT_FALSE(aborted.empty());
+  auto verdict_seq = [&](uint32_t r, const std::string& id) -> std::optional<uint64_t> {
+    for (const v1::Command& c : CommandsTo(r, id)) {
+      if (c.has_abort() || c.has_committed()) return c.seq();
+    }
+    return std::nullopt;
+  };
+  for (uint32_t r = 0; r < 4; ++r) {
+    std::optional<v1::Command> replay = manager().CurrentCommand(kJob, r);
+    ASSERT_TRUE(replay.has_value() && replay->has_abort()) << "rank " << r;
+    EXPECT_EQ(replay->seq(), verdict_seq(r, aborted)) << "rank " << r;
+  }
+
+  for (uint32_t r = 0; r < 4; ++r) {
+    plans_[r] = {Whole(absl::StrCat("layers.", mesh_->Coords(r)[0], ".w"), {4, 4}, {"dp"})};
+  }
+  const std::string committed = SaveAndCommit(8);
+  ASSERT_EQ(State(committed), v1::SESSION_STATE_COMMITTED);
+  for (uint32_t r = 0; r < 4; ++r) {
+    std::optional<v1::Command> replay = manager().CurrentCommand(kJob, r);
+    ASSERT_TRUE(replay.has_value() && replay->has_committed()) << "rank " << r;
+    EXPECT_EQ(replay->seq(), verdict_seq(r, committed)) << "rank " << r;
+  }
+}
+
 TEST_F(SessionManagerTest, Save_NodeBudgetTooSmall_AdmissionDenied) {
   // All four ranks on one node that may pin 100 bytes; they need far more.
   StartJob("tp=2,dp=2", [](uint32_t) { return AgentSetup{"node-0", 100}; });
