@@ -9,6 +9,7 @@
 #include "common/bulk_wire.h"
 #include "common/log.h"
 #include "common/socket_group.h"
+#include "common/status.h"
 #include "common/threads.h"
 #include "grpcpp/grpcpp.h"
 
@@ -162,9 +163,12 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
   SocketGroup group;
   RunOnThreads(parts.size(), [&](size_t i) {
     const auto [begin, end] = parts[i];
-    absl::StatusOr<TcpSocket> socket = OpenBulkRead(address, job, copy, begin, end, deadline);
+    absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
     if (!socket.ok()) return group.Fail(socket.status());
-    group.Run(*socket, [&] { return socket->RecvAll(dest + begin, end - begin, deadline); });
+    group.Run(*socket, [&] {
+      RETURN_IF_ERROR(RequestBulkRead(*socket, address, job, copy, begin, end, deadline));
+      return socket->RecvAll(dest + begin, end - begin, deadline);
+    });
   });
   return group.first_error();
 }

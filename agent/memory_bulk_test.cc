@@ -324,14 +324,18 @@ TEST_F(MemoryBulkTest, Read_HolderClosesEarly_DataLossNamingTheBytes) {
 
 TEST_F(MemoryBulkTest, Read_OneStreamFails_TheOthersEndAtOnce) {
   // The first part's read closes after 1 MiB, once the second's is waiting for bytes its
-  // holder never sends; the read has no deadline: it returns only because the failed stream
-  // shuts the other one down.
-  FakeBulkHolder holder(held_, /*cut_after=*/1 << 20, /*stall_from=*/1);
-  std::string dest(held_.size(), '\0');
-  absl::Status status = ReadMemoryCopyBulk(holder.address(), kJob, Copy("data-00003", held_.size()),
-                                           dest.data(), absl::InfiniteDuration(), 2);
-  EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
-  EXPECT_EQ(holder.connections(), 2);
+  // holder never sends — or, `stall_unanswered`, for the holder's answer to its request; the
+  // read has no deadline: it returns only because the failed stream shuts the other one down.
+  for (bool stall_unanswered : {false, true}) {
+    SCOPED_TRACE(stall_unanswered ? "request unanswered" : "bytes never sent");
+    FakeBulkHolder holder(held_, /*cut_after=*/1 << 20, /*stall_from=*/1, stall_unanswered);
+    std::string dest(held_.size(), '\0');
+    absl::Status status =
+        ReadMemoryCopyBulk(holder.address(), kJob, Copy("data-00003", held_.size()), dest.data(),
+                           absl::InfiniteDuration(), 2);
+    EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+    EXPECT_EQ(holder.connections(), 2);
+  }
 }
 
 TEST_F(MemoryBulkTest, Read_HolderNeverAnswers_DeadlineExceeded) {

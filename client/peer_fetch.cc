@@ -77,8 +77,7 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       const uint64_t run_end = End(blocks[end - 1]);
       std::optional<TcpSocket> socket;
       if (run_end > run_begin) {  // blocks of no bytes need no connection
-        absl::StatusOr<TcpSocket> opened =
-            OpenBulkRead(copy.bulk_address(), job, copy, run_begin, run_end, deadline);
+        absl::StatusOr<TcpSocket> opened = TcpSocket::Connect(copy.bulk_address(), deadline);
         if (!opened.ok()) return group.Fail(opened.status());
         socket.emplace(*std::move(opened));
         if (!group.Open(*socket)) return;
@@ -86,6 +85,11 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       absl::Cleanup unregister = [&] {
         if (socket.has_value()) group.Close(*socket);
       };
+      if (socket.has_value()) {
+        absl::Status asked =
+            RequestBulkRead(*socket, copy.bulk_address(), job, copy, run_begin, run_end, deadline);
+        if (!asked.ok()) return group.Fail(std::move(asked));
+      }
       uint64_t at = run_begin;  // the next byte the connection delivers
       // What has arrived goes straight into the slot that holds the piece's first byte, up to
       // that slot's end (the kernel's copy is the only one; it is hashed from there); bytes no

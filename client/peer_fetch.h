@@ -48,8 +48,8 @@ inline constexpr absl::Duration kFetchTimeout = absl::Minutes(2);
 // hold unverified bytes.
 // Errors: InvalidArgument naming the block or slot that breaks the rule, before anything is
 // read; else the first error any connection met, which ends the others at once
-// (common/bulk_wire.h OpenBulkRead's; DataLoss if the holder closes early; DeadlineExceeded
-// past `deadline`) — the destinations then hold unspecified bytes.
+// (TcpSocket::Connect's or common/bulk_wire.h RequestBulkRead's; DataLoss if the holder closes
+// early; DeadlineExceeded past `deadline`) — the destinations then hold unspecified bytes.
 absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
                                                  absl::Span<const SlotCopy> slots,
                                                  absl::Span<const BlockCheck> blocks,

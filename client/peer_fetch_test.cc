@@ -9,8 +9,8 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
-#include "common/fake_bulk_holder.h"
 #include "common/checksum.h"
+#include "common/fake_bulk_holder.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -203,15 +203,19 @@ TEST_F(PeerFetchTest, TheHolderClosesPartway_DataLoss) {
 
 TEST_F(PeerFetchTest, OneStreamFails_TheOthersEndAtOnce) {
   // The first share's read closes after 4 MiB, long after the second's has been waiting for
-  // bytes its holder never sends; the fetch has no deadline: it returns only because the
-  // failed stream shuts the other one down.
-  FakeBulkHolder holder(held_, /*cut_after=*/4 * kMiB, /*stall_from=*/1);
-  copy_.set_bulk_address(holder.address());
-  Destinations d({{0, held_.size()}});
-  absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks_, 2, absl::InfiniteFuture());
-  EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
-  EXPECT_EQ(holder.connections(), 2);
+  // bytes its holder never sends — or, `stall_unanswered`, for the holder's answer to its
+  // request; the fetch has no deadline: it returns only because the failed stream shuts the
+  // other one down.
+  for (bool stall_unanswered : {false, true}) {
+    SCOPED_TRACE(stall_unanswered ? "request unanswered" : "bytes never sent");
+    FakeBulkHolder holder(held_, /*cut_after=*/4 * kMiB, /*stall_from=*/1, stall_unanswered);
+    copy_.set_bulk_address(holder.address());
+    Destinations d({{0, held_.size()}});
+    absl::StatusOr<VerifiedCopyResult> fetched =
+        FetchVerified(kJob, copy_, d.slots, blocks_, 2, absl::InfiniteFuture());
+    EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
+    EXPECT_EQ(holder.connections(), 2);
+  }
 }
 
 TEST_F(PeerFetchTest, ASlotNoBlockCovers_InvalidArgumentBeforeAnyConnection) {

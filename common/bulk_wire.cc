@@ -69,22 +69,20 @@ v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1
   return request;
 }
 
-absl::StatusOr<TcpSocket> OpenBulkRead(const std::string& address, const std::string& job,
-                                       const v1::MemoryCopy& copy, uint64_t begin, uint64_t end,
-                                       absl::Time deadline) {
+absl::Status RequestBulkRead(const TcpSocket& socket, const std::string& address,
+                             const std::string& job, const v1::MemoryCopy& copy, uint64_t begin,
+                             uint64_t end, absl::Time deadline) {
   v1::BulkRequest request;
   *request.mutable_read() = MemoryCopyReadRequest(job, copy, begin, end);
-  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
-  if (!socket.ok()) return socket.status();
-  if (absl::Status sent = SendBulkFrame(*socket, request, deadline); !sent.ok()) return sent;
-  absl::StatusOr<uint64_t> offered = RecvBulkStatus(*socket, address, deadline);
+  if (absl::Status sent = SendBulkFrame(socket, request, deadline); !sent.ok()) return sent;
+  absl::StatusOr<uint64_t> offered = RecvBulkStatus(socket, address, deadline);
   if (!offered.ok()) return offered.status();
   if (*offered != end - begin) {
     return absl::DataLossError(
         absl::StrCat(address, " offers ", *offered, " bytes of the memory copy of ", copy.file(),
                      " where bytes [", begin, ", ", end, ") were asked for"));
   }
-  return socket;
+  return absl::OkStatus();
 }
 
 }  // namespace tessera

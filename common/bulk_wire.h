@@ -46,14 +46,15 @@ absl::StatusOr<uint64_t> RecvBulkStatus(const TcpSocket& socket, const std::stri
 v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1::MemoryCopy& copy,
                                                 uint64_t begin, uint64_t end);
 
-// Asks the bulk port at `address` for bytes [begin, end) of `copy` of job `job`: on success
-// the returned socket delivers exactly end - begin bytes of the copy, in order (RecvAll).
-// Errors: the holder's (as PeerMemory.ReadMemoryCopy's: NotFound, FailedPrecondition,
-// OutOfRange); DataLoss if it offers another byte count; InvalidArgument for an address that
-// does not parse; Unavailable if it cannot be reached; DeadlineExceeded.
-absl::StatusOr<TcpSocket> OpenBulkRead(const std::string& address, const std::string& job,
-                                       const v1::MemoryCopy& copy, uint64_t begin, uint64_t end,
-                                       absl::Time deadline);
+// Asks the bulk port at `address`, over `socket` (connected to it), for bytes [begin, end) of
+// `copy` of job `job`: on success the socket delivers exactly end - begin bytes of the copy,
+// in order (RecvAll). A caller that splits one transfer over several connections registers
+// each with its SocketGroup before asking, so that a holder that never answers is ended by
+// another part's error too. Errors: the holder's (as PeerMemory.ReadMemoryCopy's: NotFound,
+// FailedPrecondition, OutOfRange); DataLoss if it offers another byte count; DeadlineExceeded.
+absl::Status RequestBulkRead(const TcpSocket& socket, const std::string& address,
+                             const std::string& job, const v1::MemoryCopy& copy, uint64_t begin,
+                             uint64_t end, absl::Time deadline);
 
 }  // namespace tessera
 

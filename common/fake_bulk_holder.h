@@ -1,9 +1,10 @@
 // FakeBulkHolder: a holder's bulk port played by a test (proto/tessera/v1/peer.proto "Bulk
 // transfers", reads only). It serves reads of a byte string, counts connections, and can
 // misbehave as a failing holder does: close a read after `cut_after` bytes, or — for reads
-// from `stall_from` on — send the status and then nothing, holding the connection open until
-// it is destroyed. It serves one connection at a time, in the order it accepts them (see
-// Serve for the one exception, which makes a cut-and-stall test independent of that order).
+// from `stall_from` on — send the status and then nothing (or, `stall_unanswered`, not even
+// the status), holding the connection open until it is destroyed. It serves one connection at a
+// time, in the order it accepts them (see Serve for the one exception, which makes a
+// cut-and-stall test independent of that order).
 //
 // Thread-safety: serves on its own thread; address() and connections() may be called from any.
 #ifndef TESSERA_COMMON_FAKE_BULK_HOLDER_H_
@@ -27,8 +28,11 @@ namespace tessera {
 class FakeBulkHolder {
  public:
   explicit FakeBulkHolder(std::string bytes, uint64_t cut_after = UINT64_MAX,
-                          uint64_t stall_from = UINT64_MAX)
-      : bytes_(std::move(bytes)), cut_after_(cut_after), stall_from_(stall_from) {
+                          uint64_t stall_from = UINT64_MAX, bool stall_unanswered = false)
+      : bytes_(std::move(bytes)),
+        cut_after_(cut_after),
+        stall_from_(stall_from),
+        stall_unanswered_(stall_unanswered) {
     absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 16);
     EXPECT_TRUE(listener.ok()) << listener.status();
     listener_ = *std::move(listener);
@@ -61,7 +65,9 @@ class FakeBulkHolder {
     if (!RecvBulkFrame(c, &request, soon).ok()) return;
     const v1::ReadMemoryCopyRequest& read = request.read();
     if (read.offset() >= stall_from_) {
-      if (!SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) return;
+      if (!stall_unanswered_ && !SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) {
+        return;
+      }
       stalled_.push_back(std::move(c));
       for (auto& [held, held_read] : held_back_) Send(held, held_read);
       held_back_.clear();
@@ -84,6 +90,7 @@ class FakeBulkHolder {
   const std::string bytes_;
   const uint64_t cut_after_;
   const uint64_t stall_from_;
+  const bool stall_unanswered_;
   TcpSocket listener_;
   std::atomic<int> connections_{0};
   std::vector<TcpSocket> stalled_;  // the serving thread's, as is held_back_
