@@ -101,7 +101,9 @@ class FakeCoordinator : public CoordinatorClient {
   uint64_t last_incarnation_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t last_pinned_ ABSL_GUARDED_BY(mu_) = 0;
   std::optional<v1::MemoryCopy> last_resident_ ABSL_GUARDED_BY(mu_);
-  uint32_t lease_ms_ ABSL_GUARDED_BY(mu_) = 100;
+  // No lease unless a test grants one: the Lifeline checks its lease against the real clock, and
+  // a thread descheduled past it on a loaded machine would register once more than asserted.
+  uint32_t lease_ms_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t interval_ms_ ABSL_GUARDED_BY(mu_) = 1;
   std::deque<absl::Status> register_errors_ ABSL_GUARDED_BY(mu_);
   std::deque<absl::Status> heartbeat_errors_ ABSL_GUARDED_BY(mu_);

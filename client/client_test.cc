@@ -1336,7 +1336,9 @@ TEST_F(ClientFetchTest, Load_HolderStalls_TheLoadEndsAtItsTimeoutItsRetryInclude
     fake_->holder_address = stalling.address();
   }
   ClientOptions options;
-  options.load_timeout = absl::Milliseconds(300);
+  // Long enough for the load request and the connection on a loaded machine (the holder must
+  // have been reached once).
+  options.load_timeout = absl::Seconds(2);
   std::unique_ptr<Client> client = Connect(options);
   ASSERT_NE(client, nullptr);
   std::vector<uint8_t> a(3000, 0);

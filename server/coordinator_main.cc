@@ -3,6 +3,7 @@
 // period, the state store is closed, and the process exits 0. A restart on the same --db_path
 // resumes unfinished sessions (SessionManager::Recover).
 #include <signal.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
@@ -13,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "storage/fault_injecting_storage.h"
 #include "storage/posix_storage.h"
@@ -91,6 +93,9 @@ ABSL_FLAG(std::string, inject_storage_fault, "",
           "(storage/fault_injecting_storage.h), e.g. eio:syncdir_after_dir_rename=3 (the 3 "
           "directory fsyncs after the first directory rename fail) or crash_after_dir_rename "
           "(SIGKILL right after it)");
+ABSL_FLAG(std::string, inject_plan_hold, "",
+          "fault injection for tests only: JOB:PATH — job JOB's global plans wait to be decided "
+          "(on the job's own strand) until the file PATH exists, at most 5 minutes");
 ABSL_FLAG(int32_t, shutdown_grace_ms, 2000,
           "on SIGTERM, how long in-flight RPCs may take before they are cancelled");
 
@@ -180,6 +185,23 @@ int main(int argc, char** argv) {
         raise(SIGKILL);
       }
     };
+  }
+  if (const std::string hold = absl::GetFlag(FLAGS_inject_plan_hold); !hold.empty()) {
+    const size_t colon = hold.find(':');
+    if (colon == std::string::npos || colon == 0 || colon + 1 == hold.size()) {
+      return Fail(absl::StrCat("--inject_plan_hold: expected JOB:PATH, got \"", hold, "\""));
+    }
+    manager_options.before_plan_decided =
+        [job = hold.substr(0, colon), path = hold.substr(colon + 1)](const std::string& job_id) {
+          if (job_id != job) return;
+          tessera::LogWarning("fault injection: holding the plan of job ", job, " until ", path,
+                              " exists");
+          const absl::Time give_up = absl::Now() + absl::Minutes(5);
+          while (access(path.c_str(), F_OK) != 0 && absl::Now() < give_up) {
+            absl::SleepFor(absl::Milliseconds(10));
+          }
+          tessera::LogWarning("fault injection: the plan of job ", job, " goes on");
+        };
   }
   tessera::StorageCommitEdge commit_edge(&storage, session_options.storage_root);
   tessera::SessionManager sessions(store->get(), &registry, &streams,

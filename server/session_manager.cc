@@ -213,6 +213,7 @@ class SessionManager::Port : public EffectsPort {
     Job* job = job_;
     m->Busy(+1);
     job->strand.Post([m, job, work = std::move(work)]() mutable {
+      if (m->options_.before_plan_decided) m->options_.before_plan_decided(work.job_id);
       PlanVerdict verdict = DecidePlan(work, m->plan_cache_, *m->registry_,
                                        m->options_.session.planner);
       if (!work.plans.empty()) {  // freed off the job's strand: the PINs do not wait for it

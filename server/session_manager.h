@@ -70,6 +70,9 @@ struct SessionManagerOptions {
   // Called after a transition is durable, before its commands go out: the coordinator's
   // --crash_in_state fault injection. Default: none.
   std::function<void(v1::SessionState)> on_state_persisted;
+  // Called on a job's strand before its global plan is decided: the coordinator's
+  // --inject_plan_hold fault injection. Default: none.
+  std::function<void(const std::string& job_id)> before_plan_decided;
   // Disk clean-up (retention, removing an aborted save's directory) starts this long after it
   // is due, and then only while no job's trainers are blocked in a save, unless it has waited
   // cleanup_max_wait (DESIGN.md "Disk clean-up waits for the trainers"). Defaults: 50 ms, 10 s.
