@@ -51,7 +51,9 @@ v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1
 // in order (RecvAll). A caller that splits one transfer over several connections registers
 // each with its SocketGroup before asking, so that a holder that never answers is ended by
 // another part's error too. Errors: the holder's (as PeerMemory.ReadMemoryCopy's: NotFound,
-// FailedPrecondition, OutOfRange); DataLoss if it offers another byte count; DeadlineExceeded.
+// FailedPrecondition, OutOfRange); DataLoss if it offers another byte count; RecvBulkFrame's
+// (InvalidArgument for a malformed answer; the socket's: DataLoss if the holder closed,
+// Unavailable, DeadlineExceeded).
 absl::Status RequestBulkRead(const TcpSocket& socket, const std::string& address,
                              const std::string& job, const v1::MemoryCopy& copy, uint64_t begin,
                              uint64_t end, absl::Time deadline);

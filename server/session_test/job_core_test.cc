@@ -983,6 +983,18 @@ TEST_F(SessionManagerTest, Replay_AfterASessionEnds_CarriesTheSeqEachRankWasSent
     ASSERT_TRUE(replay.has_value() && replay->has_committed()) << "rank " << r;
     EXPECT_EQ(replay->seq(), verdict_seq(r, committed)) << "rank " << r;
   }
+
+  // A session the coordinator recovered mid-flight, then ended.
+  const std::string recovered = SubmitAll(9);
+  ASSERT_EQ(State(recovered), v1::SESSION_STATE_PINNING);
+  RestartCoordinator();
+  FinishSave(recovered);
+  for (uint32_t r = 0; r < 4; ++r) {
+    std::optional<v1::Command> replay = manager().CurrentCommand(kJob, r);
+    ASSERT_TRUE(replay.has_value() && replay->has_committed()) << "rank " << r;
+    EXPECT_EQ(replay->session_id(), recovered);
+    EXPECT_EQ(replay->seq(), verdict_seq(r, recovered)) << "rank " << r;
+  }
 }
 
 TEST_F(SessionManagerTest, Save_NodeBudgetTooSmall_AdmissionDenied) {

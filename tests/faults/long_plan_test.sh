@@ -9,10 +9,12 @@
 # - once A's plan is held, B's writers are let go; once B committed, A's plan is let go and
 #   validated, which takes seconds on 2 cores.
 # Asserted, from the coordinator's log (events, not timings): B's save COMMITTED while A's
-# strand was busy with its plan — B's reports, commit and store writes did not wait for A's
-# planning; A's plan is then validated; B's trainers all succeed, and no agent of B lost its
-# lease, A's validation included (lease 6 s, heartbeats every second: no lease expiry or
-# AGENT_LOST in the coordinator's log, no failed heartbeat or lapsed lease in B's agent logs).
+# strand was taken by its plan — B's reports, commit and store writes do not queue behind
+# another job's strand; A's plan is then validated; B's trainers all succeed, and no agent of
+# B lost its lease while A's validation kept both cores busy (lease 6 s, heartbeats every
+# second: no lease expiry or AGENT_LOST in the coordinator's log, no failed heartbeat or
+# lapsed lease in B's agent logs). While held, A's strand sleeps: the commit shows that jobs'
+# strands are apart; the load of A's validation meets B's agents in the lease checks.
 # Every wait is bounded.
 LEASE_MS=6000
 source tests/faults/lib.sh
@@ -23,7 +25,7 @@ RELEASE="$DIR/release-writes"
 RELEASE_PLAN="$DIR/release-plan"
 FLOOD_JOB="flood$$"
 FLOOD_PID=""
-trap '[ -n "$FLOOD_PID" ] && kill -KILL "$FLOOD_PID" 2>/dev/null; stop_all' EXIT
+trap 'touch "$RELEASE_PLAN"; [ -n "$FLOOD_PID" ] && kill -KILL "$FLOOD_PID" 2>/dev/null; stop_all' EXIT
 
 start_coordinator --heartbeat_interval_ms=1000 --inject_plan_hold="$FLOOD_JOB:$RELEASE_PLAN" ||
   fail "coordinator"
