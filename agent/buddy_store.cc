@@ -1,5 +1,7 @@
 #include "agent/buddy_store.h"
 
+#include <new>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,18 +10,36 @@
 
 namespace tessera {
 
+absl::StatusOr<std::shared_ptr<MemoryBuffer>> MemoryBuffer::Make(uint64_t size) {
+  std::unique_ptr<char[]> data(new (std::nothrow) char[size]);  // untouched until written
+  if (data == nullptr && size > 0) {
+    return absl::ResourceExhaustedError(absl::StrCat("cannot allocate ", size, " bytes"));
+  }
+  return std::shared_ptr<MemoryBuffer>(new MemoryBuffer(std::move(data), size));
+}
+
 absl::StatusOr<std::shared_ptr<MemoryBuffer>> BuddyStore::Reserve(const v1::MemoryCopy& copy) {
-  auto buffer = std::make_shared<MemoryBuffer>(copy.nbytes());  // untouched until received
-  absl::MutexLock lock(&mu_);
   const uint32_t writer = copy.writer_rank();
+  auto refused = [&](const std::string& why) {
+    return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
+                     absl::StrCat("a memory copy of ", copy.nbytes(), " bytes for rank ", writer,
+                                  " is refused: ", why));
+  };
+  // The size comes from the sender: checked against the whole budget before anything is
+  // allocated (the allocation is made outside the lock).
+  if (copy.nbytes() > budget_bytes_) {
+    return refused(absl::StrCat("the buddy budget is ", budget_bytes_, " bytes"));
+  }
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> made = MemoryBuffer::Make(copy.nbytes());
+  if (!made.ok()) return refused(std::string(made.status().message()));
+  std::shared_ptr<MemoryBuffer> buffer = *std::move(made);
+  absl::MutexLock lock(&mu_);
   uint64_t others = 0;
   for (const auto& [w, held] : copies_) others += w == writer ? 0 : held.held.copy.nbytes();
   for (const auto& [buffer, arriving] : incoming_) others += arriving.bytes;
-  if (copy.nbytes() > budget_bytes_ || others > budget_bytes_ - copy.nbytes()) {
-    return MakeError(absl::StatusCode::kResourceExhausted, v1::ERROR_CODE_ADMISSION_DENIED,
-                     absl::StrCat("a memory copy of ", copy.nbytes(), " bytes for rank ", writer,
-                                  " does not fit the buddy budget of ", budget_bytes_,
-                                  " bytes beside ", others, " held or being received"));
+  if (others > budget_bytes_ - copy.nbytes()) {
+    return refused(absl::StrCat("it does not fit the buddy budget of ", budget_bytes_,
+                                " bytes beside ", others, " held or being received"));
   }
   // The copy being replaced stays readable while its successor arrives if both fit; else it
   // is let go now, so what this store holds stays within its budget (a read in progress

@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -32,12 +33,18 @@ namespace tessera {
 // Bytes in memory, uninitialized when made.
 class MemoryBuffer {
  public:
-  explicit MemoryBuffer(uint64_t size) : data_(new char[size]), size_(size) {}
+  // A buffer of `size` bytes. Errors: ResourceExhausted if they cannot be allocated (sizes
+  // come from peers: a failed allocation is an answer, not the process's end).
+  static absl::StatusOr<std::shared_ptr<MemoryBuffer>> Make(uint64_t size);
+
   char* data() { return data_.get(); }
   const char* data() const { return data_.get(); }
   uint64_t size() const { return size_; }
 
  private:
+  MemoryBuffer(std::unique_ptr<char[]> data, uint64_t size)
+      : data_(std::move(data)), size_(size) {}
+
   std::unique_ptr<char[]> data_;
   uint64_t size_;
 };
@@ -55,7 +62,8 @@ class BuddyStore {
   // receive it into; the room counts until Keep or Abandon of that buffer.
   // Lets go of the writer's held copy first if the two would not fit together (logged).
   // Errors: ResourceExhausted if it would not fit the budget beside the other senders' held
-  // copies and every copy being received.
+  // copies and every copy being received, or could not be allocated (nothing is allocated for
+  // a copy larger than the whole budget).
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> Reserve(const v1::MemoryCopy& copy)
       ABSL_LOCKS_EXCLUDED(mu_);
 

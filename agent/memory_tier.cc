@@ -126,7 +126,9 @@ uint64_t AddRemoteCopies(const std::vector<v1::MemoryCopy>& copies, uint32_t sel
     }
     std::shared_ptr<MemoryBuffer> bytes;
     auto in_heap = [&bytes](uint64_t nbytes) -> absl::StatusOr<char*> {
-      bytes = std::make_shared<MemoryBuffer>(nbytes);
+      absl::StatusOr<std::shared_ptr<MemoryBuffer>> made = MemoryBuffer::Make(nbytes);
+      if (!made.ok()) return made.status();
+      bytes = *std::move(made);
       return bytes->data();
     };
     if (!ReadRemoteCopy(copy, file->second, max_bytes - fetched, in_heap, fetch).ok()) continue;

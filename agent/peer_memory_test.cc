@@ -1,6 +1,8 @@
 #include "agent/peer_memory.h"
 
 #include <atomic>
+#include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,11 +15,14 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
 #include "common/status.h"
+#include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
 namespace {
+
+using ::testing::HasSubstr;
 
 constexpr char kJob[] = "job";
 
@@ -209,6 +214,21 @@ TEST_F(PeerMemoryTest, Put_OverTheBuddyBudget_RefusedAndNothingHeld) {
   EXPECT_TRUE(store_->Copies().empty());
 }
 
+TEST_F(PeerMemoryTest, Put_ASizeNoMemoryHolds_RefusedAndTheAgentServesOn) {
+  Start(/*budget=*/std::numeric_limits<uint64_t>::max());  // the size passes the budget
+  v1::MemoryCopyChunk chunk;
+  *chunk.mutable_copy() = Copy(7, "data-00001", uint64_t{1} << 62, 1);
+  chunk.set_job_id(kJob);
+  chunk.set_data("first bytes");
+  EXPECT_EQ(PutOneChunk(chunk), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(store_->Copies().empty());
+  const std::string bytes = Pattern(1000, 'n');  // the server is still there, and takes this
+  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00001", bytes.size(), 1), bytes.data(),
+                             absl::Seconds(30))
+                  .ok());
+  EXPECT_EQ(store_->Copies().size(), 1u);
+}
+
 TEST_F(PeerMemoryTest, Put_FromAnotherJob_FailedPreconditionAndNothingHeld) {
   Start(/*budget=*/1 << 20);
   const std::string bytes = Pattern(1000, 'j');
@@ -244,6 +264,24 @@ TEST(BuddyStore, Reserve_CopiesBeingReceivedCountAgainstTheBudget) {
             absl::StatusCode::kResourceExhausted);
   store.Abandon(a->get());
   EXPECT_TRUE(store.Reserve(Copy(7, "b", 600, 2)).ok());
+}
+
+TEST(BuddyStore, Reserve_ASizeNoMemoryHolds_RefusedNotAllocated) {
+  // The size is the sender's word: larger than the budget, refused before any allocation
+  // (else `new` of 2^62 bytes throws and ends the agent).
+  BuddyStore store(/*budget_bytes=*/1000);
+  absl::StatusOr<std::shared_ptr<MemoryBuffer>> huge =
+      store.Reserve(Copy(7, "a", uint64_t{1} << 62, 1));
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("buddy budget is 1000 bytes"));
+  // Within a budget larger than memory: the allocation fails, and that is the answer.
+  BuddyStore unbounded(/*budget_bytes=*/std::numeric_limits<uint64_t>::max());
+  huge = unbounded.Reserve(Copy(7, "a", uint64_t{1} << 62, 1));
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kResourceExhausted) << huge.status();
+  EXPECT_THAT(std::string(huge.status().message()), HasSubstr("cannot allocate"));
+  // Nothing was counted: the whole budget is free.
+  EXPECT_TRUE(store.Reserve(Copy(7, "a", 1000, 1)).ok());
+  EXPECT_TRUE(unbounded.Reserve(Copy(7, "a", 1000, 1)).ok());
 }
 
 TEST(BuddyStore, Reserve_AWritersEarlierPutStillArriving_CountsBesideItsNextOne) {
