@@ -635,9 +635,18 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
   ASSIGN_OR_RETURN(const uint64_t total, CheckSlots("Load", response.slots(), request.shards(),
                                                     absent, response.shm_size()));
 
+  // A load of no tensors only asks which step (the Python client's latest()): the mapping made
+  // at Connect goes on being faulted in and checked for the load that follows.
+  if (into.empty()) return result;
+
   // The mapping made at Connect serves every load the agent serves from that region (the
-  // Python client's objects take three); the first load served from another ends it.
-  if (resident_.mapping == nullptr && prefetch_ != nullptr) resident_ = prefetch_->Take();
+  // Python client's objects take three); the first load served from another ends it. Taken
+  // here, its check stops: a listing still awaited would be of no use (and the agent answers
+  // it only after this load), so it is cancelled, not waited for.
+  if (resident_.mapping == nullptr && prefetch_ != nullptr) {
+    CancelListing();
+    resident_ = prefetch_->Take();
+  }
   if (resident_.mapping != nullptr &&
       !Maps(*resident_.mapping, response.shm_name(), response.shm_size())) {
     EndResidentMappingLocked();

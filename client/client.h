@@ -314,7 +314,8 @@ class Client {
   // Load returns once `into` is filled: unmapping the load region (~9 ms per 256 MiB of
   // page tables) and ReleaseLoad then run on a background thread, which the next Save, Load
   // or ReserveStaging (and the destructor) waits for; a failed release is counted in
-  // ClientStats::failed_releases.
+  // ClientStats::failed_releases. With `into` empty, a load only resolves the step
+  // (LoadResult::step): the resident copy's mapping made at Connect is left to go on.
   absl::StatusOr<LoadResult> Load(int64_t step, absl::Span<const TensorRef> into);
 
   ClientStats stats() const;

@@ -256,6 +256,12 @@ class FakeAgent final : public v1::Agent::Service {
     }
     std::vector<v1::StagingSlot> slots;
     const uint64_t total = Layout(shards, &slots);
+    if (shards.empty()) {  // which step: as an agent, from its resident set, rewriting nothing
+      response->set_load_id(absl::StrCat("load-", load_requests.size()));
+      response->set_step(request->step() < 0 ? 42 : request->step());
+      response->set_shm_name(region_.name);
+      return grpc::Status::OK;
+    }
     if (holder != nullptr && request->client_fetches()) {
       return LoadFetchedLocked(*request, absent, slots, total, response);
     }
@@ -425,6 +431,14 @@ class ClientTest : public ::testing::Test {
     ASSERT_TRUE(fake_->mu.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(60)))
         << "no ReleaseLoad " << n << " in 60 s";
   }
+
+  // A resident region of 4 MiB holding a checkpoint of one tensor of `n` bytes (at most
+  // 4 MiB less the fake's slot gap) before the trainer connects, its one block listed
+  // (ListResidentBlock): a load of that tensor fills it, as the agent's save did.
+  void MakeCheckedResident(uint64_t n);
+  // Connects while the fake holds ListResidentBlocks: returns once the client's prefetch
+  // waits in that call (until hold_listing is cleared or the call cancelled).
+  std::unique_ptr<Client> ConnectWhileTheListingIsHeld();
 
   std::unique_ptr<Client> Connect(ClientOptions options = {}) {
     absl::StatusOr<std::unique_ptr<Client>> client = Client::Connect(socket_, options);
@@ -1469,23 +1483,36 @@ void ListResidentBlock(FakeAgent* fake, const std::string& resident, uint64_t nb
   block->set_xxh3(Xxh3(Pattern(nbytes, 1000).data(), nbytes) ^ xxh3_flip);
 }
 
-TEST_F(ClientTest, Load_ResidentBlocksCheckedAtConnect_TheLoadOnlyCopiesThem) {
-  const uint64_t n = 3 * kMiB + 5;
+void ClientTest::MakeCheckedResident(uint64_t n) {
   const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
   ListResidentBlock(fake_.get(), resident, n);
-  // The region holds the checkpoint's bytes before the trainer connects.
   {
     absl::MutexLock lock(&fake_->mu);
     fake_->list_blocks = true;
   }
   std::vector<uint8_t> warm(n, 0);
+  ClientOptions off;
+  off.prefetch_resident = false;
+  std::unique_ptr<Client> writer = Connect(off);
+  ASSERT_NE(writer, nullptr);
+  ASSERT_TRUE(writer->Load(2, {HostRef("a", &warm)}).ok());  // the fake fills the region
+}
+
+std::unique_ptr<Client> ClientTest::ConnectWhileTheListingIsHeld() {
   {
-    ClientOptions off;
-    off.prefetch_resident = false;
-    std::unique_ptr<Client> writer = Connect(off);
-    ASSERT_NE(writer, nullptr);
-    ASSERT_TRUE(writer->Load(2, {HostRef("a", &warm)}).ok());  // the fake fills the region
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_listing = true;
   }
+  std::unique_ptr<Client> client = Connect();
+  if (client == nullptr) return nullptr;
+  absl::MutexLock lock(&fake_->mu);
+  fake_->mu.Await(absl::Condition(&fake_->listing_entered));
+  return client;
+}
+
+TEST_F(ClientTest, Load_ResidentBlocksCheckedAtConnect_TheLoadOnlyCopiesThem) {
+  const uint64_t n = 3 * kMiB + 5;
+  ASSERT_NO_FATAL_FAILURE(MakeCheckedResident(n));
   std::unique_ptr<Client> client = Connect();
   ASSERT_NE(client, nullptr);
   ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
@@ -1536,16 +1563,8 @@ TEST_F(ClientTest, Connect_ResidentBlocksOfAnotherRegion_NothingCheckedAhead) {
 TEST_F(ClientTest, Save_WhileTheAgentListsResidentBlocks_CancelsTheListing) {
   const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
   ListResidentBlock(fake_.get(), resident, 2 * kMiB);
-  {
-    absl::MutexLock lock(&fake_->mu);
-    fake_->hold_listing = true;
-  }
-  std::unique_ptr<Client> client = Connect();
+  std::unique_ptr<Client> client = ConnectWhileTheListingIsHeld();
   ASSERT_NE(client, nullptr);
-  {
-    absl::MutexLock lock(&fake_->mu);
-    fake_->mu.Await(absl::Condition(&fake_->listing_entered));
-  }
   // The save ends the resident mapping: it cancels the call the prefetch thread waits in
   // (else it would wait for the agent, here for the call's deadline).
   std::vector<uint8_t> a = Pattern(6 * kMiB, 1);
@@ -1557,6 +1576,50 @@ TEST_F(ClientTest, Save_WhileTheAgentListsResidentBlocks_CancelsTheListing) {
   EXPECT_EQ(stats.prefetch_checked_bytes, 0u);
   absl::MutexLock lock(&fake_->mu);
   fake_->hold_listing = false;
+}
+
+TEST_F(ClientTest, Load_WhileTheAgentListsResidentBlocks_CancelsTheListing) {
+  const std::string resident = MakeResident(pool_.get(), fake_.get(), 4 * kMiB);
+  ListResidentBlock(fake_.get(), resident, 2 * kMiB);
+  std::unique_ptr<Client> client = ConnectWhileTheListingIsHeld();
+  ASSERT_NE(client, nullptr);
+  // The load takes the mapping, and the check stops there: the listing it waits for could
+  // spare the load no hash, so the load cancels it rather than wait (here, for its deadline).
+  std::vector<uint8_t> a(2 * kMiB, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->prefetched_bytes, 4 * kMiB) << "read through the mapping made at connect";
+  EXPECT_EQ(result->checked_ahead_bytes, 0u);
+  const ClientStats stats = client->stats();
+  EXPECT_TRUE(stats.prefetch_done);
+  EXPECT_EQ(stats.prefetch_check_status.code(), absl::StatusCode::kCancelled)
+      << stats.prefetch_check_status;
+  absl::MutexLock lock(&fake_->mu);
+  fake_->hold_listing = false;
+}
+
+TEST_F(ClientTest, Load_OfNoTensors_TheResidentCheckGoesOnForTheNextLoad) {
+  const uint64_t n = 3 * kMiB + 5;
+  ASSERT_NO_FATAL_FAILURE(MakeCheckedResident(n));
+  std::unique_ptr<Client> client = ConnectWhileTheListingIsHeld();
+  ASSERT_NE(client, nullptr);
+  // Which step is latest (the Python client's latest(), a resumed trainer's first question):
+  // answered without taking the mapping or stopping its check.
+  absl::StatusOr<LoadResult> latest = client->Load(kLatestStep, {});
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_EQ(latest->step, 42);
+  EXPECT_FALSE(client->stats().prefetch_done) << "the check still waits for its listing";
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_listing = false;
+  }
+  ASSERT_TRUE(client->AwaitPrefetch(absl::Minutes(1)));
+  EXPECT_EQ(client->stats().prefetch_checked_bytes, n);
+  std::vector<uint8_t> a(n, 0);
+  absl::StatusOr<LoadResult> result = client->Load(2, {HostRef("a", &a)});
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->checked_ahead_bytes, n);
+  EXPECT_EQ(a, Pattern(n, 1000));
 }
 
 TEST_F(ClientTest, Load_PrefetchOff_NothingMappedAtConnect) {

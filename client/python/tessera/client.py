@@ -319,7 +319,9 @@ class Client:
                         for n, b in zip(names, blobs)}
 
     def latest(self):
-        """The newest committed step of the job, or None if there is none.
+        """The latest step on disk, or None if there is none: what load("latest") loads (a
+        newer memory-only commit is load("newest")'s). It loads nothing, and leaves the
+        resident copy's mapping made at connect to go on for the load that follows.
 
         Raises: UnavailableError; DeadlineExceededError.
         """
