@@ -65,6 +65,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
       job.layout = *layout;
       job.agents.clear();
       job.holders.clear();
+      job.unstated.clear();
     }
   }
   if (!inserted && !job.layout.SameMesh(request.layout())) {
@@ -85,6 +86,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   job.IndexCopies(rank, agent, /*add=*/false);
   agent.resident.reset();  // its next heartbeat states what it holds
   agent.buddy_copies.clear();
+  job.unstated.insert(rank);  // until then, MayMissCopies
   job.buddies.reset();
   return result;
 }
@@ -132,6 +134,7 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
   }
   for (v1::MemoryCopy& copy : buddy_copies) held_here(copy);
   Job& job = jobs_.at(job_id);
+  job.unstated.erase(rank);
   if (now - serving_since_ < options_.lease) {
     job.heard_while_young.insert(rank);
   } else if (!job.heard_while_young.empty()) {
@@ -172,7 +175,10 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
     absl::btree_map<std::string, std::vector<uint32_t>> nodes;
     j.buddies_valid_until = absl::InfiniteFuture();
     for (const auto& [r, agent] : j.agents) {
-      if (now - agent.last_heartbeat > options_.lease) continue;
+      // An agent with the memory tier off neither holds nor sends copies.
+      if (!agent.registration.memory_tier() || now - agent.last_heartbeat > options_.lease) {
+        continue;
+      }
       nodes[agent.registration.node_id()].push_back(r);
       j.buddies_valid_until = std::min(j.buddies_valid_until, agent.last_heartbeat + options_.lease);
     }
@@ -201,8 +207,13 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
-  if (now - serving_since_ >= options_.lease) return false;
   const Job* job = JobLocked(job_id);
+  if (job != nullptr) {
+    for (uint32_t rank : job->unstated) {
+      if (now - job->agents.at(rank).last_heartbeat <= options_.lease) return true;
+    }
+  }
+  if (now - serving_since_ >= options_.lease) return false;
   return job == nullptr || job->heard_while_young.size() < job->layout.world_size();
 }
 

@@ -87,7 +87,8 @@ class AgentRegistry {
   // Memory tier: the copies of checkpoint (step, session_id) that live agents of `job_id`
   // hold — their own and those they hold as buddies — by holder rank, with rank, node_id and
   // peer_address filled in (writer_rank too, for an agent's own). An agent that re-registered
-  // has none until its next heartbeat states them; an expired agent's are left out.
+  // has none until its next heartbeat states them (MayMissCopies meanwhile); an expired
+  // agent's are left out.
   // With `files`, only copies of those data files: found through an index by file, so a
   // load's question costs what its files have holders, not the job's agent count (at 16,384
   // agents restarting, every one of them asks).
@@ -96,10 +97,12 @@ class AgentRegistry {
                                            absl::Span<const std::string> files = {}) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Whether MemoryCopies may lack copies that live agents of `job_id` hold: for one lease
-  // after StartServing (a coordinator that restarted learns the copies only from heartbeats)
-  // until every rank of the job's mesh has heartbeated. Past one lease an agent not heard from
-  // is expired, and its copies are left out anyway.
+  // Whether MemoryCopies may lack copies that live agents of `job_id` hold: while an agent
+  // that registered (again — after a failed heartbeat, or restarted) is live and has not
+  // heartbeated since, and for one lease after StartServing (a coordinator that restarted
+  // learns the copies only from heartbeats) until every rank of the job's mesh has
+  // heartbeated. Past one lease an agent not heard from is expired, and its copies are left
+  // out anyway.
   bool MayMissCopies(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts MayMissCopies' window now (else it starts when the registry is made): when agents
@@ -116,8 +119,8 @@ class AgentRegistry {
 
   // Memory tier: the agent (job, rank) replicates its resident copy to — the agent of the
   // same position (by rank) on the next node in a ring over the nodes of the job's live agents
-  // (by node id), or the next node's last if it has fewer; nullopt if they are on one node, or
-  // the agent is unknown or expired. Follows registrations and lease expiries: a node whose
+  // with the memory tier on (by node id), or the next node's last if it has fewer; nullopt if
+  // they are on one node, or the agent is unknown, expired or has the tier off. Follows registrations and lease expiries: a node whose
   // agents expired leaves the ring until they heartbeat again or are replaced.
   std::optional<v1::MemoryBuddy> BuddyOf(const std::string& job_id, uint32_t rank) const
       ABSL_LOCKS_EXCLUDED(mu_);
@@ -178,6 +181,8 @@ class AgentRegistry {
     absl::flat_hash_map<std::string, absl::btree_set<uint32_t>> holders;
     // Ranks that heartbeated during MayMissCopies' window.
     absl::btree_set<uint32_t> heard_while_young;
+    // Ranks registered and not heard from since: what they hold is not known yet.
+    absl::btree_set<uint32_t> unstated;
 
     // Adds `agent`'s copies (rank `rank`) to `holders`, or removes them.
     void IndexCopies(uint32_t rank, const Agent& agent, bool add);

@@ -18,6 +18,7 @@ v1::RegisterAgentRequest Registration(uint32_t rank, uint64_t incarnation,
   r.mutable_coord()->set_rank(rank);
   r.set_incarnation(incarnation);
   r.set_node_id("node0");
+  r.set_memory_tier(true);
   for (auto [name, degree] : {std::pair{"pp", 2}, {"tp", 2}, {"dp", 2}}) {
     v1::MeshDim* dim = r.mutable_layout()->add_dims();
     dim->set_name(name);
@@ -259,11 +260,42 @@ TEST_F(AgentRegistryTest, MayMissCopies_UntilEveryRankHeartbeatedOrALeasePassed)
   EXPECT_FALSE(registry_.MayMissCopies("never-registered"));
 }
 
+// Past the restart window: an agent that registered again (a heartbeat failed; or it
+// restarted) still holds what it held, or may, until its next heartbeat says — not none.
+TEST_F(AgentRegistryTest, MayMissCopies_WhileALiveAgentRegisteredAgainIsNotYetHeard) {
+  clock_.Advance(absl::Seconds(10));  // the registry's restart window is over
+  for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  for (uint32_t r = 0; r < 8; ++r) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(7, "s7", "/x")).ok());
+  }
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+  ASSERT_TRUE(registry_.Register(Registration(3, 4)).ok());  // same incarnation, copy intact
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 7u);
+  EXPECT_TRUE(registry_.MayMissCopies("job")) << "rank 3 has not said what it holds";
+  ASSERT_TRUE(registry_.Heartbeat("job", 3, 4, 0, Copy(7, "s7", "/x")).ok());
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 8u);
+
+  // A restarted agent (new incarnation) likewise, until it says it holds nothing.
+  ASSERT_TRUE(registry_.Register(Registration(5, 60)).ok());
+  EXPECT_TRUE(registry_.MayMissCopies("job"));
+  ASSERT_TRUE(registry_.Heartbeat("job", 5, 60, 0).ok());
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 7u);
+
+  // One that registered and then went silent for a lease is expired: its copies are none.
+  ASSERT_TRUE(registry_.Register(Registration(6, 7)).ok());
+  EXPECT_TRUE(registry_.MayMissCopies("job"));
+  clock_.Advance(absl::Seconds(11));
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+}
+
 TEST_F(AgentRegistryTest, MayMissCopies_TheWindowStartsWhenServingStarts) {
   // Recovering the sessions took a lease: agents could not reach the coordinator yet.
   clock_.Advance(absl::Seconds(10));
   registry_.StartServing();
-  for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  // Only rank 0 has registered (a rank registered and silent counts as unknown on its own).
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
   EXPECT_TRUE(registry_.MayMissCopies("job"));
   clock_.Advance(absl::Seconds(10));
@@ -399,6 +431,23 @@ TEST_F(AgentRegistryTest, BuddyOf_ExpiredAgentsLeaveTheRing_BackWhenTheyHeartbea
   ASSERT_TRUE(registry_.Heartbeat("job", 1, 2, 0).ok());
   EXPECT_EQ(buddy(0), 1u);
   EXPECT_EQ(buddy(1), 2u);
+}
+
+// An agent with the memory tier off would refuse every copy (it serves no PeerMemory): its
+// node's tier-on agents still pair, and the ring passes its node by.
+TEST_F(AgentRegistryTest, BuddyOf_AgentsWithTheTierOffLeftOut) {
+  for (const auto& [rank, node] : std::vector<std::pair<uint32_t, std::string>>{
+           {0, "node-a"}, {1, "node-b"}, {2, "node-c"}, {3, "node-c"}}) {
+    v1::RegisterAgentRequest r = Registration(rank, rank + 1);
+    r.set_node_id(node);
+    r.set_memory_tier(rank != 1 && rank != 2);  // node-b's agent and one of node-c's: off
+    ASSERT_TRUE(registry_.Register(r).ok());
+  }
+  auto buddy = [&](uint32_t rank) { return registry_.BuddyOf("job", rank)->rank(); };
+  EXPECT_EQ(buddy(0), 3u);  // a -> c's tier-on agent, b passed by
+  EXPECT_EQ(buddy(3), 0u);  // c -> a
+  EXPECT_FALSE(registry_.BuddyOf("job", 1).has_value());
+  EXPECT_FALSE(registry_.BuddyOf("job", 2).has_value());
 }
 
 TEST_F(AgentRegistryTest, BuddyOf_OneNode_None) {

@@ -11,7 +11,8 @@
 # - coordinator_restarted: the coordinator restarted on its RocksDB: until the agents have
 #   stated their copies again step 5 is listed with its copies unknown and a load needing
 #   another agent's copy fails Unavailable (never LOST); then it is held and reloads from memory;
-# - agents_killed: every agent SIGKILLed and restarted: step 5 is listed LOST, loading it fails
+# - agents_killed: every agent SIGKILLed and restarted: once their first heartbeats said they
+#   hold nothing (until then its copies are unknown), step 5 is listed LOST, loading it fails
 #   with MEMORY_COPY_LOST naming the missing data files, and the disk's latest (step 4)
 #   verifies and loads byte for byte;
 # - tier_disabled: agents with --memory_tier=false refuse a memory-only save before anything
@@ -142,7 +143,9 @@ echo "ok: coordinator_restarted -> until the agents stated their copies step 5 w
 # --- agents_killed ----------------------------------------------------------------------------
 for r in 0 1 2 3; do kill -KILL "${AGENT_PIDS[$r]}"; done
 for r in 0 1 2 3; do restart_agent "$r"; done
-listed 5 lost || fail "step 5 is not listed as lost: $(cat "$DIR/logs/checkpoints.json")"
+# Registered again, an agent counts as holding what it does not know yet ("copies unknown")
+# until its first heartbeat says it holds nothing.
+wait_until 30 listed 5 lost || fail "step 5 is not listed as lost: $(cat "$DIR/logs/checkpoints.json")"
 "$CLI" checkpoints --coordinator="$COORD" "$JOB" >"$DIR/logs/checkpoints.txt" 2>&1 ||
   fail "tessera checkpoints failed"
 grep -q "memory-only, LOST" "$DIR/logs/checkpoints.txt" ||
@@ -168,7 +171,7 @@ run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=7 --persist_every=2 \
 grep -q "runs with --memory_tier=false; nothing was staged" "$DIR/logs/trainer-$JOB-0.out" ||
   fail "the refusal does not say why: $(tail -n 2 "$DIR/logs/trainer-$JOB-0.out")"
 [ "$(disk_steps)" = "2 4 " ] || fail "steps on disk: $(disk_steps), expected 2 and 4"
-listed 5 lost || fail "the refused save changed the listing: $(cat "$DIR/logs/checkpoints.json")"
+wait_until 30 listed 5 lost || fail "the refused save changed the listing: $(cat "$DIR/logs/checkpoints.json")"
 echo "ok: tier_disabled -> MEMORY_ONLY_REFUSED before staging; step 4 stays latest"
 
 finish
