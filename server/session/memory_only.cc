@@ -100,6 +100,10 @@ std::vector<v1::CheckpointInfo> ListCheckpointsWithMemory(
 
 absl::StatusOr<v1::Manifest> MemoryManifest(const std::optional<v1::MemoryCheckpointRecord>& memory,
                                             const std::string& job_id, int64_t step) {
+  if (step < -1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step ", step, " is neither a step nor -1 (the memory-only commit, whatever its step)"));
+  }
   if (memory.has_value() && (step < 0 || memory->info().step() == step)) {
     return memory->manifest();
   }

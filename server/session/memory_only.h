@@ -63,8 +63,8 @@ std::vector<v1::CheckpointInfo> ListCheckpointsWithMemory(
     const std::string& job_id);
 
 // The manifest of the job's memory-only commit of `step` (-1: whatever its step).
-// Errors: NotFound + CHECKPOINT_NOT_FOUND naming the job and step (and the memory-only step
-// the job has, if another) if it has none of that step.
+// Errors: InvalidArgument if `step` < -1; NotFound + CHECKPOINT_NOT_FOUND naming the job and
+// step (and the memory-only step the job has, if another) if it has none of that step.
 absl::StatusOr<v1::Manifest> MemoryManifest(const std::optional<v1::MemoryCheckpointRecord>& memory,
                                             const std::string& job_id, int64_t step);
 

@@ -3004,6 +3004,10 @@ TEST_F(MemoryOnlyTest, MemoryOnly_NewerCommits_Supersede) {
   EXPECT_EQ(manager().GetMemoryCheckpoint(kJob, 2).status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(manager().GetMemoryCheckpoint(kJob, 2).status().message()),
               HasSubstr("its memory-only commit is step 3"));
+  // Neither a step nor -1: refused, not read as "whatever its step".
+  const absl::Status bad = manager().GetMemoryCheckpoint(kJob, -7).status();
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("step -7"));
 
   // A disk commit deletes it: the agents' memory holds that one now.
   SaveAndCommit(4);
