@@ -207,7 +207,10 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
-  const Job* job = JobLocked(job_id);
+  return MayMissCopiesLocked(JobLocked(job_id), now);
+}
+
+bool AgentRegistry::MayMissCopiesLocked(const Job* job, absl::Time now) const {
   if (job != nullptr) {
     for (uint32_t rank : job->unstated) {
       if (now - job->agents.at(rank).last_heartbeat <= options_.lease) return true;
@@ -219,11 +222,15 @@ bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
 
 std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_id, int64_t step,
                                                         const std::string& session_id,
-                                                        absl::Span<const std::string> files) const {
+                                                        absl::Span<const std::string> files,
+                                                        bool* may_miss) const {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
   std::vector<v1::MemoryCopy> copies;
   auto job = jobs_.find(job_id);
+  if (may_miss != nullptr) {
+    *may_miss = MayMissCopiesLocked(job == jobs_.end() ? nullptr : &job->second, now);
+  }
   if (job == jobs_.end()) return copies;
   const absl::flat_hash_set<absl::string_view> file_set(files.begin(), files.end());
   auto wanted = [&](const v1::MemoryCopy& c) {

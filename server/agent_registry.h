@@ -92,9 +92,13 @@ class AgentRegistry {
   // With `files`, only copies of those data files: found through an index by file, so a
   // load's question costs what its files have holders, not the job's agent count (at 16,384
   // agents restarting, every one of them asks).
+  // With `may_miss`, also MayMissCopies(job_id), under the same lock: an agent's heartbeat
+  // between the two questions would otherwise make a copy it states missing from the first
+  // and "none missing" the second's answer.
   std::vector<v1::MemoryCopy> MemoryCopies(const std::string& job_id, int64_t step,
                                            const std::string& session_id,
-                                           absl::Span<const std::string> files = {}) const
+                                           absl::Span<const std::string> files = {},
+                                           bool* may_miss = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Whether MemoryCopies may lack copies that live agents of `job_id` hold: while an agent
@@ -188,6 +192,9 @@ class AgentRegistry {
     void IndexCopies(uint32_t rank, const Agent& agent, bool add);
   };
 
+  // MayMissCopies' answer for `job` (null: not registered) at `now`.
+  bool MayMissCopiesLocked(const Job* job, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Errors as CheckIncarnation.
   absl::StatusOr<Agent*> FindLocked(const std::string& job_id, uint32_t rank,
                                     uint64_t incarnation) const

@@ -270,11 +270,14 @@ TEST_F(AgentRegistryTest, MayMissCopies_WhileALiveAgentRegisteredAgainIsNotYetHe
   }
   EXPECT_FALSE(registry_.MayMissCopies("job"));
   ASSERT_TRUE(registry_.Register(Registration(3, 4)).ok());  // same incarnation, copy intact
-  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 7u);
+  bool may_miss = false;  // the copies known, and that they may not be all, in one answer
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7", {}, &may_miss).size(), 7u);
+  EXPECT_TRUE(may_miss);
   EXPECT_TRUE(registry_.MayMissCopies("job")) << "rank 3 has not said what it holds";
   ASSERT_TRUE(registry_.Heartbeat("job", 3, 4, 0, Copy(7, "s7", "/x")).ok());
   EXPECT_FALSE(registry_.MayMissCopies("job"));
-  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 8u);
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7", {}, &may_miss).size(), 8u);
+  EXPECT_FALSE(may_miss);
 
   // A restarted agent (new incarnation) likewise, until it says it holds nothing.
   ASSERT_TRUE(registry_.Register(Registration(5, 60)).ok());

@@ -88,21 +88,19 @@ grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
       registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
   if (status.ok()) {
     const std::vector<std::string> files(request->files().begin(), request->files().end());
+    bool may_miss = false;
     for (v1::MemoryCopy& copy : registry_->MemoryCopies(request->job_id(), request->step(),
-                                                        request->session_id(), files)) {
+                                                        request->session_id(), files, &may_miss)) {
       *response->add_copies() = std::move(copy);
     }
-    status = UnknownHolders(*request, *response);
+    if (request->memory_only() && may_miss) status = UnknownHolders(*request, *response);
     if (!status.ok()) response->clear_copies();
   }
   return FinishUnary(context, status);
 }
 
 absl::Status CoordinatorService::UnknownHolders(const v1::FindMemoryCopiesRequest& request,
-                                                const v1::FindMemoryCopiesResponse& found) const {
-  if (!request.memory_only() || !registry_->MayMissCopies(request.job_id())) {
-    return absl::OkStatus();
-  }
+                                                const v1::FindMemoryCopiesResponse& found) {
   absl::flat_hash_set<absl::string_view> held;
   for (const v1::MemoryCopy& copy : found.copies()) held.insert(copy.file());
   std::string unknown = request.files().empty() ? "the checkpoint's files" : "";
@@ -114,9 +112,10 @@ absl::Status CoordinatorService::UnknownHolders(const v1::FindMemoryCopiesReques
   }
   if (unknown.empty()) return absl::OkStatus();
   return absl::UnavailableError(
-      absl::StrCat("the coordinator started less than a lease ago and not every agent of job ",
-                   request.job_id(), " has stated its memory copies yet: who holds ", unknown,
-                   " of step ", request.step(), " is not known; ask again"));
+      absl::StrCat("not every live agent of job ", request.job_id(),
+                   " has stated its memory copies yet (the coordinator started, or an agent "
+                   "registered again, less than a lease ago): who holds ",
+                   unknown, " of step ", request.step(), " is not known; ask again"));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RelayFailed(grpc::CallbackServerContext* context,

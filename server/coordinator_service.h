@@ -73,12 +73,13 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                         v1::RelayFailedResponse* response) override;
 
  private:
-  // For a memory-only checkpoint's question: Unavailable naming a file of `request` that
-  // `found` (the registry's answer) has no holder of, while the registry may not know every
-  // copy yet (AgentRegistry::MayMissCopies): no holder then is not the answer "none". Else OK
-  // (a checkpoint on disk reads what no copy is known of from disk).
-  absl::Status UnknownHolders(const v1::FindMemoryCopiesRequest& request,
-                              const v1::FindMemoryCopiesResponse& found) const;
+  // For a memory-only checkpoint's question asked while the registry may not know every copy
+  // (AgentRegistry::MayMissCopies, with `found`, the registry's answer): Unavailable naming a
+  // file of `request` that `found` has no holder of — no holder then is not the answer
+  // "none". Else OK. (A checkpoint on disk reads what no copy is known of from disk: not
+  // asked.)
+  static absl::Status UnknownHolders(const v1::FindMemoryCopiesRequest& request,
+                                     const v1::FindMemoryCopiesResponse& found);
 
   AgentRegistry* const registry_;
   SessionManager* const sessions_;

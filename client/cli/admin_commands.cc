@@ -275,9 +275,10 @@ int AdminCommands::Checkpoints(const std::string& job) {
       } else if (c.memory_copies_unknown()) {
         status = "memory-only, copies unknown";
         notes.push_back(absl::StrCat("step ", c.step(),
-                                     ": the coordinator started less than a lease ago and not "
-                                     "every agent has stated its memory copies yet; list again "
-                                     "in a few seconds"));
+                                     ": not every live agent has stated its memory copies "
+                                     "yet (the coordinator started, or an agent registered "
+                                     "again, less than a lease ago); list again in a few "
+                                     "seconds"));
       }
     } else if (!latest_seen) {
       status = "disk, latest";

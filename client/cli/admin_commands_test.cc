@@ -386,9 +386,9 @@ TEST_F(AdminCommandsTest, Checkpoints_MemoryOnlyCopiesNotYetKnown_SaidSoNotLost)
   EXPECT_EQ(Commands().Checkpoints("demo"), kExitOk);
   const std::string out = out_.str();
   EXPECT_THAT(out, ::testing::ContainsRegex("\n +5  memory-only, copies unknown .* s5 +-\n"));
-  EXPECT_THAT(out, HasSubstr("step 5: the coordinator started less than a lease ago and not "
-                             "every agent has stated its memory copies yet; list again in a "
-                             "few seconds\n"));
+  EXPECT_THAT(out, HasSubstr("step 5: not every live agent has stated its memory copies yet "
+                             "(the coordinator started, or an agent registered again, less "
+                             "than a lease ago); list again in a few seconds\n"));
   EXPECT_THAT(out, ::testing::Not(HasSubstr("LOST")));
 }
 

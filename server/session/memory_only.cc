@@ -81,9 +81,11 @@ std::vector<v1::CheckpointInfo> ListCheckpointsWithMemory(
   list.reserve(disk.size() + 1);
   if (memory.has_value()) {
     v1::CheckpointInfo info = memory->info();
-    const std::vector<std::string> missing = FilesNotInMemory(
-        memory->manifest(), registry.MemoryCopies(job_id, info.step(), info.session_id()));
-    if (!missing.empty() && registry.MayMissCopies(job_id)) {
+    bool may_miss = false;
+    const std::vector<std::string> missing =
+        FilesNotInMemory(memory->manifest(), registry.MemoryCopies(job_id, info.step(),
+                                                                   info.session_id(), {}, &may_miss));
+    if (!missing.empty() && may_miss) {
       info.set_memory_copies_unknown(true);  // not "lost": their holders may not have spoken
     } else {
       for (const std::string& file : missing) info.add_files_not_in_memory(file);

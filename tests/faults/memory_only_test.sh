@@ -33,7 +33,7 @@ checkpoints_json() {
 }
 # listed STEP KIND: the listing's newest entry is STEP, of KIND: "memory" (memory-only, every
 # file in memory), "lost" (memory-only, some file in none), "unknown" (memory-only, not every
-# agent has stated its copies since the coordinator started) or "disk".
+# live agent has stated its copies since the coordinator started or it registered) or "disk".
 listed() {
   checkpoints_json || return 1
   python3 - "$DIR/logs/checkpoints.json" "$1" "$2" <<'PY'
