@@ -106,7 +106,7 @@ class AgentRegistry {
   // heartbeated since, and for one lease after StartServing (a coordinator that restarted
   // learns the copies only from heartbeats) until every rank of the job's mesh has
   // heartbeated. Past one lease an agent not heard from is expired, and its copies are left
-  // out anyway.
+  // out anyway. To judge copies found, ask MemoryCopies(..., &may_miss) instead: one lock.
   bool MayMissCopies(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Starts MayMissCopies' window now (else it starts when the registry is made): when agents
@@ -124,8 +124,9 @@ class AgentRegistry {
   // Memory tier: the agent (job, rank) replicates its resident copy to — the agent of the
   // same position (by rank) on the next node in a ring over the nodes of the job's live agents
   // with the memory tier on (by node id), or the next node's last if it has fewer; nullopt if
-  // they are on one node, or the agent is unknown, expired or has the tier off. Follows registrations and lease expiries: a node whose
-  // agents expired leaves the ring until they heartbeat again or are replaced.
+  // they are on one node, or the agent is unknown, expired or has the tier off. Follows
+  // registrations and lease expiries: a node whose agents expired leaves the ring until they
+  // heartbeat again or are replaced.
   std::optional<v1::MemoryBuddy> BuddyOf(const std::string& job_id, uint32_t rank) const
       ABSL_LOCKS_EXCLUDED(mu_);
 

@@ -82,9 +82,9 @@ std::vector<v1::CheckpointInfo> ListCheckpointsWithMemory(
   if (memory.has_value()) {
     v1::CheckpointInfo info = memory->info();
     bool may_miss = false;
-    const std::vector<std::string> missing =
-        FilesNotInMemory(memory->manifest(), registry.MemoryCopies(job_id, info.step(),
-                                                                   info.session_id(), {}, &may_miss));
+    const std::vector<v1::MemoryCopy> copies =
+        registry.MemoryCopies(job_id, info.step(), info.session_id(), {}, &may_miss);
+    const std::vector<std::string> missing = FilesNotInMemory(memory->manifest(), copies);
     if (!missing.empty() && may_miss) {
       info.set_memory_copies_unknown(true);  // not "lost": their holders may not have spoken
     } else {
