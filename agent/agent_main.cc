@@ -101,7 +101,7 @@ ABSL_FLAG(bool, storage_root_mounted, true,
 ABSL_FLAG(std::string, crash_on, "",
           "fault injection for tests: SIGKILL this agent as this step of a save starts (pin: "
           "its staging; copy: its slots go to the trainer; gather; persist: its write; "
-          "commit)");
+          "commit; keep: a committed save is about to be kept in the memory tier)");
 ABSL_FLAG(std::string, freeze_on, "",
           "fault injection for tests: SIGSTOP this agent (the whole process freezes until "
           "SIGCONT), once, at the points of --crash_on");
@@ -138,7 +138,7 @@ constexpr absl::Duration kGiveWayWait = absl::Milliseconds(500);
 // to (Coordinator.RelayFailed), with backoff, before it gives up (logged).
 constexpr absl::Duration kRelayReportRetryFor = absl::Seconds(30);
 
-// --crash_on / --freeze_on: a named step of a save (pin, copy, gather, persist, commit:
+// --crash_on / --freeze_on: a named step of a save (pin, copy, gather, persist, commit, keep:
 // SaveExecutorOptions::at_fault_point) kills or stops this process as it starts (the freeze
 // once). Safe from any thread.
 class FaultPoints {
@@ -283,9 +283,8 @@ int main(int argc, char** argv) {
   const bool memory_on = absl::GetFlag(FLAGS_memory_tier);
   tessera::Lifeline* lifeline_for_lease = nullptr;  // set once the lifeline exists
   tessera::BuddyReplicator* replicator = nullptr;   // likewise
-  tessera::MemoryTier memory_tier([&lifeline_for_lease, &replicator] {
+  tessera::MemoryTier memory_tier([&replicator] {
     if (replicator != nullptr) replicator->OnPublished();
-    if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
   });
   tessera::MemoryTier* const memory = memory_on ? &memory_tier : nullptr;
   tessera::BuddyStore buddy_store(budgets->buddy_bytes);
@@ -356,6 +355,9 @@ int main(int argc, char** argv) {
     addresses.Set(session, a);
   };
   executor_options.memory_tier = memory;
+  executor_options.after_keep = [&lifeline_for_lease] {
+    if (lifeline_for_lease != nullptr) lifeline_for_lease->BeatNow();
+  };
   // A buddy send of an older step holds the staging set the save reuses: it gives way.
   executor_options.before_acquire = [&replicator] {
     if (replicator != nullptr) replicator->GiveWay(kGiveWayWait);
@@ -456,8 +458,11 @@ int main(int argc, char** argv) {
 
   tessera::LifelineOptions lifeline_options;
   if (memory_on) {
-    lifeline_options.fill_heartbeat = [&memory_tier,
+    lifeline_options.fill_heartbeat = [&executor, &memory_tier,
                                        &buddy_store](tessera::v1::HeartbeatRequest& request) {
+      // The last commit handled first: once it is named, the tier has what it kept of it
+      // (SaveExecutor::LastCommittedSession), so the coordinator never reads "none" early.
+      request.set_last_committed_session(executor.LastCommittedSession());
       if (std::optional<tessera::v1::MemoryCopy> own = memory_tier.CurrentCopy()) {
         *request.mutable_resident() = *std::move(own);
       }

@@ -1201,6 +1201,7 @@ void SaveCore::End(Session& s, absl::Status outcome, std::string checkpoint_dir,
   s.waiters.clear();
   if (s.phase == SavePhase::kCommitted) {
     ++committed_;
+    fx.committed = s.id;
     Log(fx, Severity::kInfo,
         absl::StrCat(Describe(s), s.checkpoint_dir.empty()
                                       ? std::string(" committed in memory only")

@@ -108,7 +108,9 @@
 //    this rank wrote its data file straight from staging — hands its staging to the shell as
 //    `resident`, which keeps it for loads of that checkpoint unless another save has acquired
 //    staging since (a verdict that arrives late; StagingPool::Retain refuses it). A session
-//    that failed, never wrote, or only committed (COMMIT_ONLY) hands nothing.
+//    that failed, never wrote, or only committed (COMMIT_ONLY) hands nothing. Every session
+//    that ends COMMITTED is named to the shell (`committed`), which makes it the last commit
+//    this agent handled once `resident` is kept.
 // R12 Memory-only saves (DESIGN.md "Memory-only saves"). A PERSIST with memory_only names no
 //    directory (R4 expects the empty path) and its work writes nothing: it checksums the data
 //    file's chunks in staging and reports them (PersistWork::memory_only). Its COMMITTED names

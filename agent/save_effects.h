@@ -159,11 +159,14 @@ struct SaveEffects {
   std::vector<std::string> cancel_exchanges;
   std::vector<LogLine> logs;
   std::optional<ResidentSave> resident;  // a committed save's staging to keep resident
+  // A session that ended COMMITTED: once `resident` is kept (or was not to be), it is the
+  // agent's last commit handled (HeartbeatRequest.last_committed_session). Empty: none.
+  std::string committed;
   absl::Time next_tick = absl::InfiniteFuture();
 
   bool empty() const {
     return rpcs.empty() && work.empty() && replies.empty() && cancel_exchanges.empty() &&
-           logs.empty() && !resident.has_value();
+           logs.empty() && !resident.has_value() && committed.empty();
   }
 };
 

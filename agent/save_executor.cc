@@ -110,7 +110,15 @@ void SaveExecutor::Drive(const Event& event) {
   for (const std::string& session : out.cancel_exchanges) peers_->CancelSession(session);
   for (const LogLine& line : out.logs) Write(line);
   // Kept before the trainer hears of the commit, so a load it starts next finds it.
+  if (out.resident.has_value() && options_.at_fault_point) options_.at_fault_point("keep");
   const uint64_t kept = out.resident.has_value() ? KeepResident(*out.resident) : 0;
+  if (!out.committed.empty()) {
+    {
+      absl::MutexLock lock(&mu_);
+      last_committed_ = out.committed;
+    }
+    if (options_.after_keep) options_.after_keep();
+  }
   for (auto& reply : out.replies) reply();
   if (kept > 0) {
     // The next save stages in the other set of regions: make it now, while the trainer
@@ -119,6 +127,11 @@ void SaveExecutor::Drive(const Event& event) {
     absl::MutexLock lock(&mu_);
     prepare_bytes_ = kept;
   }
+}
+
+std::string SaveExecutor::LastCommittedSession() const {
+  absl::MutexLock lock(&mu_);
+  return last_committed_;
 }
 
 uint64_t SaveExecutor::KeepResident(const ResidentSave& save) {
@@ -137,6 +150,7 @@ uint64_t SaveExecutor::KeepResident(const ResidentSave& save) {
 
 void SaveExecutor::ApplyLocked(SaveEffects effects, Outbox& out) {
   if (effects.resident.has_value()) out.resident = std::move(effects.resident);
+  if (!effects.committed.empty()) out.committed = std::move(effects.committed);
   for (CoordinatorRpc& rpc : effects.rpcs) rpcs_.push_back(std::move(rpc));
   for (SaveWork& work : effects.work) work_.push_back(std::move(work));
   for (TrainerReply& reply : effects.replies) {

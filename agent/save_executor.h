@@ -63,6 +63,11 @@ struct SaveExecutorOptions {
   // Where committed saves' staging is kept resident for loads (SaveCore R11); must outlive
   // the executor. Default: none (the memory tier is off; staging is reused as is).
   MemoryTier* memory_tier = nullptr;
+  // Called off the lock once a session ended COMMITTED and its save was kept in the memory
+  // tier (or was not to be), and LastCommittedSession names it: agent_main heartbeats at
+  // once, so the coordinator hears the step is held (or not) without a heartbeat interval's
+  // wait. Default: none.
+  std::function<void()> after_keep;
   // Called on the executor's thread before a save acquires staging (PIN): lets go of what
   // holds the staging set that save reuses (agent_main: BuddyReplicator::GiveWay). Default:
   // none.
@@ -70,8 +75,8 @@ struct SaveExecutorOptions {
   // Called off the lock at the points of a save that fault injection names (agent_main's
   // --crash_on): "copy" just before its slots go to the trainer (on COPY, or when pinned:
   // PinCommand.copy_when_pinned); "pin", "gather", "persist" and "commit" on the worker as
-  // that work starts, whether a command or the PIN's write_when_staged started it.
-  // Default: none.
+  // that work starts, whether a command or the PIN's write_when_staged started it; "keep" as
+  // a committed save is about to be kept in the memory tier. Default: none.
   std::function<void(const std::string& point)> at_fault_point;
 };
 
@@ -133,6 +138,12 @@ class SaveExecutor {
   // here between pieces so the trainer's stall is its copy alone. True after Shutdown.
   bool AwaitTrainerFree(absl::Duration timeout) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The last session that ended COMMITTED here, set once the memory tier has its save (or it
+  // was not kept), for the heartbeat (HeartbeatRequest.last_committed_session): one that
+  // reads it and then asks the tier states what the tier kept of that commit. Empty: none
+  // since the agent started.
+  std::string LastCommittedSession() const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Sessions that ended COMMITTED, for tests.
   uint64_t sessions_committed() const ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -143,6 +154,7 @@ class SaveExecutor {
     std::vector<std::string> cancel_exchanges;
     std::vector<LogLine> logs;
     std::optional<ResidentSave> resident;
+    std::string committed;
   };
   using Event = std::function<SaveEffects(SaveCore& core, absl::Time now)>;
 
@@ -175,6 +187,7 @@ class SaveExecutor {
   std::map<uint64_t, StatusDone> staged_calls_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, CommitDone> wait_calls_ ABSL_GUARDED_BY(mu_);
   std::deque<SaveWork> work_ ABSL_GUARDED_BY(mu_);
+  std::string last_committed_ ABSL_GUARDED_BY(mu_);  // LastCommittedSession
   // Bytes of the next save's regions for the worker to make before its next work (0: none).
   uint64_t prepare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CoordinatorRpc> rpcs_ ABSL_GUARDED_BY(mu_);

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -177,6 +178,26 @@ class SaveExecutorTest : public ::testing::Test {
     ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_GATHERED, 1, kBound));
   }
 
+  // Sends `committed` (a COMMITTED command) and waits for the save's outcome.
+  absl::StatusOr<std::string> CommitAndWait(SaveExecutor& executor, const v1::Command& committed) {
+    executor.OnCommand(committed);
+    // Shared with the callback: it may come after a wait that gave up.
+    struct Outcome {
+      absl::Notification done;
+      absl::StatusOr<std::string> dir;
+    };
+    auto outcome = std::make_shared<Outcome>();
+    executor.WaitCommitted(kStep, absl::Now() + kBound,
+                           [outcome](absl::StatusOr<std::string> d) {
+                             outcome->dir = std::move(d);
+                             outcome->done.Notify();
+                           });
+    if (!outcome->done.WaitForNotificationWithTimeout(kBound)) {
+      return absl::DeadlineExceededError("WaitCommitted was not answered");
+    }
+    return outcome->dir;
+  }
+
   v1::Command Persist(uint64_t seq) const {
     v1::Command c = Bare(seq);
     c.mutable_persist()->set_tmp_dir(TmpDirPath(root_, job_, kStep, kSession));
@@ -263,16 +284,47 @@ TEST_F(SaveExecutorTest, ChunkReport_FailsLongerThanRetryWindow_ResentAndSession
   EXPECT_GT(coordinator_.chunk_failures(), 1);
   v1::Command committed = Bare(5);
   committed.mutable_committed()->set_checkpoint_dir(StepDirPath(root_, job_, kStep));
-  executor->OnCommand(committed);
-  absl::Notification done;
-  absl::StatusOr<std::string> dir;
-  executor->WaitCommitted(kStep, absl::Now() + kBound, [&](absl::StatusOr<std::string> d) {
-    dir = std::move(d);
-    done.Notify();
-  });
-  ASSERT_TRUE(done.WaitForNotificationWithTimeout(kBound));
+  absl::StatusOr<std::string> dir = CommitAndWait(*executor, committed);
   ASSERT_TRUE(dir.ok()) << dir.status();
   EXPECT_EQ(*dir, StepDirPath(root_, job_, kStep));
+}
+
+// The heartbeat names the last commit the agent handled (HeartbeatRequest
+// .last_committed_session), and a committed save becomes it only once the memory tier has it:
+// a heartbeat that reads the name and then asks the tier states the kept step, never the one
+// before it (the coordinator would call a memory-only step lost); then the agent heartbeats
+// at once (after_keep).
+TEST_F(SaveExecutorTest, LastCommittedSession_OnceTheMemoryTierHasTheSave) {
+  SaveExecutor* executor_seen = nullptr;
+  std::string named_at_publish = "not called";
+  MemoryTier tier([&] { named_at_publish = executor_seen->LastCommittedSession(); });
+  std::string named_after_keep = "not called";
+  std::optional<ResidentCheckpoint> kept_after_keep;
+  SaveExecutorOptions options;
+  options.memory_tier = &tier;
+  options.after_keep = [&] {  // where the agent heartbeats at once
+    named_after_keep = executor_seen->LastCommittedSession();
+    kept_after_keep = tier.Current();
+  };
+  std::unique_ptr<SaveExecutor> executor = MakeExecutor(options);
+  executor_seen = executor.get();
+  executor->OnRegistered(Registered());
+  SaveUpToPersist(*executor);
+  v1::Command persist = Bare(4);
+  persist.mutable_persist()->set_memory_only(true);
+  executor->OnCommand(persist);
+  ASSERT_TRUE(coordinator_.AwaitPhase(v1::AGENT_PHASE_PERSISTED, 1, kBound));
+  EXPECT_EQ(executor->LastCommittedSession(), "");
+
+  v1::Command committed = Bare(5);
+  committed.mutable_committed();
+  absl::StatusOr<std::string> dir = CommitAndWait(*executor, committed);
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  EXPECT_EQ(named_at_publish, "") << "the commit was named before the tier had its save";
+  EXPECT_EQ(named_after_keep, kSession);
+  ASSERT_TRUE(kept_after_keep.has_value()) << "the committed save was not kept";
+  EXPECT_EQ(kept_after_keep->session_id, kSession);
+  EXPECT_EQ(executor->LastCommittedSession(), kSession);
 }
 
 // Bug 2 (issue 11): an agent that registered again with the same coordinator (a blip that

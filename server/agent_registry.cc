@@ -66,6 +66,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
       job.agents.clear();
       job.holders.clear();
       job.unstated.clear();
+      job.unkept.clear();
     }
   }
   if (!inserted && !job.layout.SameMesh(request.layout())) {
@@ -78,6 +79,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   if (agent.registration.incarnation() != 0 &&
       agent.registration.incarnation() != request.incarnation()) {
     result.replaced_incarnation = agent.registration.incarnation();
+    job.unkept.erase(rank);  // a new process: it holds nothing it has not stated
   }
   agent.registration = request;
   agent.registration.mutable_coord()->clear_index();
@@ -114,7 +116,8 @@ absl::StatusOr<AgentRegistry::Agent*> AgentRegistry::FindLocked(const std::strin
 absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
                                       uint64_t incarnation, uint64_t pinned_bytes,
                                       std::optional<v1::MemoryCopy> resident,
-                                      std::vector<v1::MemoryCopy> buddy_copies) {
+                                      std::vector<v1::MemoryCopy> buddy_copies,
+                                      std::string last_committed_session) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
   const absl::Time now = clock_->Now();
@@ -140,6 +143,9 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
   } else if (!job.heard_while_young.empty()) {
     job.heard_while_young.clear();  // no longer asked for
   }
+  if (!job.unkept.empty() && last_committed_session == job.unkept_session) {
+    job.unkept.erase(rank);  // what it states now is what it kept of that commit
+  }
   job.IndexCopies(rank, *agent, /*add=*/false);
   agent->resident = std::move(resident);
   agent->buddy_copies = std::move(buddy_copies);
@@ -160,6 +166,15 @@ void AgentRegistry::Job::IndexCopies(uint32_t rank, const Agent& agent, bool add
   };
   if (agent.resident.has_value()) index(*agent.resident);
   for (const v1::MemoryCopy& copy : agent.buddy_copies) index(copy);
+}
+
+void AgentRegistry::NoteMemoryCommit(const std::string& job_id, const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  auto job = jobs_.find(job_id);
+  if (job == jobs_.end()) return;
+  job->second.unkept_session = session_id;
+  job->second.unkept.clear();
+  for (const auto& [rank, agent] : job->second.agents) job->second.unkept.insert(rank);
 }
 
 std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
@@ -210,10 +225,18 @@ bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
   return MayMissCopiesLocked(JobLocked(job_id), now);
 }
 
-bool AgentRegistry::MayMissCopiesLocked(const Job* job, absl::Time now) const {
-  if (job != nullptr) {
-    for (uint32_t rank : job->unstated) {
+bool AgentRegistry::MayMissCopiesLocked(const Job* job, absl::Time now,
+                                        const std::string* session_id) const {
+  auto any_live = [&](const absl::btree_set<uint32_t>& ranks) {
+    for (uint32_t rank : ranks) {
       if (now - job->agents.at(rank).last_heartbeat <= options_.lease) return true;
+    }
+    return false;
+  };
+  if (job != nullptr) {
+    if (any_live(job->unstated)) return true;
+    if (session_id != nullptr && *session_id == job->unkept_session && any_live(job->unkept)) {
+      return true;
     }
   }
   if (now - serving_since_ >= options_.lease) return false;
@@ -229,7 +252,8 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
   std::vector<v1::MemoryCopy> copies;
   auto job = jobs_.find(job_id);
   if (may_miss != nullptr) {
-    *may_miss = MayMissCopiesLocked(job == jobs_.end() ? nullptr : &job->second, now);
+    *may_miss =
+        MayMissCopiesLocked(job == jobs_.end() ? nullptr : &job->second, now, &session_id);
   }
   if (job == jobs_.end()) return copies;
   const absl::flat_hash_set<absl::string_view> file_set(files.begin(), files.end());

@@ -75,13 +75,24 @@ class AgentRegistry {
   absl::StatusOr<Registered> Register(const v1::RegisterAgentRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Renews the lease and records what the heartbeat states: pinned bytes, and the memory copy
-  // the agent holds (none if unset). Errors: NotFound if (job, rank) is not registered;
-  // FailedPrecondition + STALE_INCARNATION if `incarnation` is not the registered one.
+  // Renews the lease and records what the heartbeat states: pinned bytes, the memory copy
+  // the agent holds (none if unset), those it holds as a buddy, and the commit it
+  // handled last (HeartbeatRequest.last_committed_session). Errors: NotFound if (job, rank)
+  // is not registered; FailedPrecondition + STALE_INCARNATION if `incarnation` is not the
+  // registered one.
   absl::Status Heartbeat(const std::string& job_id, uint32_t rank, uint64_t incarnation,
                          uint64_t pinned_bytes,
                          std::optional<v1::MemoryCopy> resident = std::nullopt,
-                         std::vector<v1::MemoryCopy> buddy_copies = {})
+                         std::vector<v1::MemoryCopy> buddy_copies = {},
+                         std::string last_committed_session = {}) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The memory-only save `session_id` of `job_id` committed (called before its COMMITTED
+  // commands go out): each agent of the job registered now holds its copy "not yet" until a
+  // heartbeat of it names the session as its last commit handled (or it registers with
+  // another incarnation: a new process holds nothing). Meanwhile, while it is live,
+  // MemoryCopies' may_miss is true for that session. Replaces the job's earlier note; a
+  // coordinator that restarted has none (MayMissCopies' window covers its first lease).
+  void NoteMemoryCommit(const std::string& job_id, const std::string& session_id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
   // Memory tier: the copies of checkpoint (step, session_id) that live agents of `job_id`
@@ -92,9 +103,11 @@ class AgentRegistry {
   // With `files`, only copies of those data files: found through an index by file, so a
   // load's question costs what its files have holders, not the job's agent count (at 16,384
   // agents restarting, every one of them asks).
-  // With `may_miss`, also MayMissCopies(job_id), under the same lock: an agent's heartbeat
-  // between the two questions would otherwise make a copy it states missing from the first
-  // and "none missing" the second's answer.
+  // With `may_miss`, also whether live agents may hold copies of the checkpoint that are not
+  // known yet, under the same lock (an agent's heartbeat between two questions would
+  // otherwise make a copy it states missing from the first and "none missing" the second's
+  // answer): MayMissCopies(job_id), or — for the session of NoteMemoryCommit — a live agent
+  // that has not said it handled that commit yet, whose copy is "not yet", not "never".
   std::vector<v1::MemoryCopy> MemoryCopies(const std::string& job_id, int64_t step,
                                            const std::string& session_id,
                                            absl::Span<const std::string> files = {},
@@ -189,12 +202,19 @@ class AgentRegistry {
     // Ranks registered and not heard from since: what they hold is not known yet.
     absl::btree_set<uint32_t> unstated;
 
+    // NoteMemoryCommit's session, and the ranks that have not said they handled its commit.
+    std::string unkept_session;
+    absl::btree_set<uint32_t> unkept;
+
     // Adds `agent`'s copies (rank `rank`) to `holders`, or removes them.
     void IndexCopies(uint32_t rank, const Agent& agent, bool add);
   };
 
-  // MayMissCopies' answer for `job` (null: not registered) at `now`.
-  bool MayMissCopiesLocked(const Job* job, absl::Time now) const
+  // MayMissCopies' answer for `job` (null: not registered) at `now`; with `session_id`, also
+  // true while a live agent has not said it handled that session's commit (MemoryCopies'
+  // `may_miss`).
+  bool MayMissCopiesLocked(const Job* job, absl::Time now,
+                           const std::string* session_id = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Errors as CheckIncarnation.
   absl::StatusOr<Agent*> FindLocked(const std::string& job_id, uint32_t rank,

@@ -293,6 +293,68 @@ TEST_F(AgentRegistryTest, MayMissCopies_WhileALiveAgentRegisteredAgainIsNotYetHe
   EXPECT_FALSE(registry_.MayMissCopies("job"));
 }
 
+// Between a memory-only commit and an agent's keeping it: until its heartbeat names the
+// commit as the last it handled, its copy is "not yet" (may miss), not "never" — however long
+// ago its last heartbeat was (a save shorter than a heartbeat interval); once it has, what it
+// states is all it has. A restarted agent (new incarnation) holds nothing of it, and an agent
+// that expires holds nothing up.
+TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommit_MayMiss) {
+  clock_.Advance(absl::Seconds(10));  // the registry's restart window is over
+  for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  for (uint32_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(7, "s7", "/x"), {}, "s7").ok());
+  }
+  registry_.NoteMemoryCommit("job", "s8");
+  bool may_miss = false;
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 0u);
+  EXPECT_TRUE(may_miss) << "no agent has handled the commit of s8 yet";
+  for (uint32_t r : {0u, 1u, 3u}) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(8, "s8", "/x"), {}, "s8").ok());
+  }
+  ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0, Copy(7, "s7", "/x"), {}, "s7").ok());
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_TRUE(may_miss) << "rank 2 has not handled the commit of s8";
+  EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7", {}, &may_miss).size(), 1u);
+  EXPECT_FALSE(may_miss) << "s7 is not the commit noted";
+  EXPECT_FALSE(registry_.MayMissCopies("job"));
+
+  // Registered again with its incarnation (a heartbeat failed): still not handled.
+  ASSERT_TRUE(registry_.Register(Registration(2, 3)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0, Copy(7, "s7", "/x"), {}, "s7").ok());
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_TRUE(may_miss);
+  // It handled it without keeping the step: rank 2's file is in no agent.
+  ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0, std::nullopt, {}, "s8").ok());
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_FALSE(may_miss);
+
+  // The next memory-only commit: a restarted agent holds nothing of it.
+  registry_.NoteMemoryCommit("job", "s9");
+  for (uint32_t r : {0u, 1u, 2u}) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(9, "s9", "/x"), {}, "s9").ok());
+  }
+  EXPECT_EQ(registry_.MemoryCopies("job", 9, "s9", {}, &may_miss).size(), 3u);
+  EXPECT_TRUE(may_miss) << "rank 3 has not handled the commit of s9";
+  ASSERT_TRUE(registry_.Register(Registration(3, 40)).ok());
+  ASSERT_TRUE(registry_.Heartbeat("job", 3, 40, 0).ok());
+  EXPECT_EQ(registry_.MemoryCopies("job", 9, "s9", {}, &may_miss).size(), 3u);
+  EXPECT_FALSE(may_miss);
+
+  // And one that expires before it says so holds nothing up.
+  registry_.NoteMemoryCommit("job", "s10");
+  clock_.Advance(absl::Seconds(6));
+  for (uint32_t r : {0u, 1u, 3u}) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r == 3 ? 40 : r + 1, 0, Copy(10, "s10", "/x"), {},
+                                    "s10")
+                    .ok());
+  }
+  EXPECT_EQ(registry_.MemoryCopies("job", 10, "s10", {}, &may_miss).size(), 3u);
+  EXPECT_TRUE(may_miss);
+  clock_.Advance(absl::Seconds(5));  // rank 2's lease (10 s) is over; the others' is not
+  EXPECT_EQ(registry_.MemoryCopies("job", 10, "s10", {}, &may_miss).size(), 3u);
+  EXPECT_FALSE(may_miss);
+}
+
 TEST_F(AgentRegistryTest, MayMissCopies_TheWindowStartsWhenServingStarts) {
   // Recovering the sessions took a lease: agents could not reach the coordinator yet.
   clock_.Advance(absl::Seconds(10));

@@ -66,7 +66,8 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
   absl::Status status = registry_->Heartbeat(
       request->job_id(), request->rank(), request->incarnation(), request->pinned_bytes(),
       std::move(resident),
-      std::vector<v1::MemoryCopy>(request->buddy_copies().begin(), request->buddy_copies().end()));
+      std::vector<v1::MemoryCopy>(request->buddy_copies().begin(), request->buddy_copies().end()),
+      request->last_committed_session());
   if (status.ok()) {
     response->set_lease_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(registry_->options().lease)));
@@ -113,9 +114,10 @@ absl::Status CoordinatorService::UnknownHolders(const v1::FindMemoryCopiesReques
   if (unknown.empty()) return absl::OkStatus();
   return absl::UnavailableError(
       absl::StrCat("not every live agent of job ", request.job_id(),
-                   " has stated its memory copies yet (the coordinator started, or an agent "
-                   "registered again, less than a lease ago): who holds ",
-                   unknown, " of step ", request.step(), " is not known; ask again"));
+                   " has stated its memory copies of step ", request.step(),
+                   " yet (the coordinator started, or an agent registered again, less than a "
+                   "lease ago; or an agent has not handled its commit yet): who holds ",
+                   unknown, " is not known; ask again"));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RelayFailed(grpc::CallbackServerContext* context,

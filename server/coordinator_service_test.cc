@@ -183,6 +183,28 @@ TEST_F(CoordinatorServiceTest,
   found = client_->FindMemoryCopies(find);
   ASSERT_TRUE(found.ok()) << found.status();
   EXPECT_EQ(found->copies_size(), 0);
+
+  // Unless the step committed in memory only and a live agent has not said it handled that
+  // commit (its writer, say, between the commit and keeping the step): not known either.
+  registry_.NoteMemoryCommit("job", "s7");
+  v1::HeartbeatRequest beat;
+  beat.set_job_id("job");
+  beat.set_rank(2);
+  beat.set_incarnation(12);
+  ASSERT_TRUE(client_->Heartbeat(beat).ok());
+  found = client_->FindMemoryCopies(find);
+  ASSERT_EQ(found.status().code(), absl::StatusCode::kUnavailable) << found.status();
+  EXPECT_NE(found.status().message().find("data-00002"), std::string::npos) << found.status();
+  // Once every agent said so (rank 2 kept nothing of it), none holds data-00002.
+  for (uint32_t r = 0; r < 4; ++r) {
+    beat.set_rank(r);
+    beat.set_incarnation(10 + r);
+    beat.set_last_committed_session("s7");
+    ASSERT_TRUE(client_->Heartbeat(beat).ok());
+  }
+  found = client_->FindMemoryCopies(find);
+  ASSERT_TRUE(found.ok()) << found.status();
+  EXPECT_EQ(found->copies_size(), 0);
 }
 
 TEST(PinWithEncodedAssignment, SerializesAsTheParsedCommand) {

@@ -177,6 +177,9 @@ class SessionManager::Port : public EffectsPort {
     }
     m_->Reload(job_);
   }
+  void MemoryCommitted(const std::string& session_id) override {
+    m_->registry_->NoteMemoryCommit(job_->job_id, session_id);
+  }
   void Deliver(std::vector<Outgoing> commands) override {
     const absl::Time start = absl::Now();
     const size_t count = commands.size();

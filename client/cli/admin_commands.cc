@@ -277,8 +277,8 @@ int AdminCommands::Checkpoints(const std::string& job) {
         notes.push_back(absl::StrCat("step ", c.step(),
                                      ": not every live agent has stated its memory copies "
                                      "yet (the coordinator started, or an agent registered "
-                                     "again, less than a lease ago); list again in a few "
-                                     "seconds"));
+                                     "again, less than a lease ago; or an agent has not "
+                                     "handled its commit yet); list again in a few seconds"));
       }
     } else if (!latest_seen) {
       status = "disk, latest";

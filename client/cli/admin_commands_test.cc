@@ -388,7 +388,8 @@ TEST_F(AdminCommandsTest, Checkpoints_MemoryOnlyCopiesNotYetKnown_SaidSoNotLost)
   EXPECT_THAT(out, ::testing::ContainsRegex("\n +5  memory-only, copies unknown .* s5 +-\n"));
   EXPECT_THAT(out, HasSubstr("step 5: not every live agent has stated its memory copies yet "
                              "(the coordinator started, or an agent registered again, less "
-                             "than a lease ago); list again in a few seconds\n"));
+                             "than a lease ago; or an agent has not handled its commit yet); "
+                             "list again in a few seconds\n"));
   EXPECT_THAT(out, ::testing::Not(HasSubstr("LOST")));
 }
 

@@ -29,6 +29,7 @@ void Effects::Append(Effects other) {
   if (other.retention.has_value()) retention = std::move(other.retention);
   remove_dirs.insert(remove_dirs.end(), std::make_move_iterator(other.remove_dirs.begin()),
                      std::make_move_iterator(other.remove_dirs.end()));
+  if (!other.memory_committed.empty()) memory_committed = std::move(other.memory_committed);
   stats.Add(other.stats);
   changed = changed || other.changed;
 }

@@ -19,6 +19,7 @@ bool CarryEffects(Effects effects, EffectsPort& port) {
     }
   }
   port.Observe(effects);
+  if (!effects.memory_committed.empty()) port.MemoryCommitted(effects.memory_committed);
   if (!effects.commands.empty()) port.Deliver(std::move(effects.commands));
   if (effects.plan.has_value()) port.StartPlan(std::move(*effects.plan));
   if (effects.commit.has_value()) port.StartCommit(std::move(*effects.commit));

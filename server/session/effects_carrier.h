@@ -24,6 +24,8 @@ class EffectsPort {
   virtual void Persisted(v1::SessionState state) {}
   // The store refused a batch: the job's core is stale; recover it from the store.
   virtual void Recover() = 0;
+  // A memory-only session committed (Effects::memory_committed). Default: nothing.
+  virtual void MemoryCommitted(const std::string& session_id) {}
   // Makes `commands` the job's current ones (JobCore::Delivered), then sends them.
   virtual void Deliver(std::vector<Outgoing> commands) = 0;
   virtual void StartPlan(PlanWork work) = 0;
@@ -36,8 +38,8 @@ class EffectsPort {
 };
 
 // Carries out `effects` through `port`: Persist; if that fails, Recover and nothing else
-// (returns false: answer the step's caller Unavailable); else Persisted, Observe, Deliver
-// and the work.
+// (returns false: answer the step's caller Unavailable); else Persisted, Observe,
+// MemoryCommitted, Deliver and the work.
 bool CarryEffects(Effects effects, EffectsPort& port);
 
 }  // namespace tessera

@@ -322,6 +322,7 @@ void JobCore::Fold(absl::Time now, Effects& out) {
           *current_->manifest(), session,
           static_cast<uint32_t>(current_->plan()->tensors.size()), absl::ToUnixMillis(now));
       PutMemoryCheckpoint(out.batch, job_id_, *memory_checkpoint_);
+      out.memory_committed = session.session_id();
     } else if (session.state() == v1::SESSION_STATE_COMMITTED) {
       if (memory_checkpoint_.has_value()) {
         // Superseded: the agents' memory holds this newer commit now.

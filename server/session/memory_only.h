@@ -11,6 +11,9 @@
 //     match) the session goes from PERSISTING straight to COMMITTED, and the job records a
 //     MemoryCheckpointRecord — the manifest with every block checksum — in the same batch
 //     (MakeMemoryCheckpoint). It never moves the job's latest, never retires a checkpoint.
+//     Before its COMMITTED commands go out, the shell notes in the registry that no agent has
+//     kept it yet (Effects::memory_committed, AgentRegistry::NoteMemoryCommit): until each
+//     says so, its copies are "not yet" — unknown — rather than lost.
 //
 // Thread-safety: free functions; the registry is thread-safe.
 #ifndef TESSERA_SERVER_SESSION_MEMORY_ONLY_H_

@@ -2779,7 +2779,8 @@ class MemoryOnlyTest : public SessionManagerTest {
     EXPECT_TRUE(list.ok()) << list.status();
     return list.ok() ? *list : std::vector<v1::CheckpointInfo>{};
   }
-  // Every writer of `session_id` states its memory copy of its data file in a heartbeat.
+  // Every agent says it handled the commit of `session_id`, each writer stating its memory
+  // copy of its data file, in a heartbeat.
   void HeartbeatCopies(int64_t step, const std::string& session_id) {
     for (uint32_t r = 0; r < world(); ++r) {
       const v1::RankAssignment a = AssignmentOf(r, session_id);
@@ -2791,7 +2792,14 @@ class MemoryOnlyTest : public SessionManagerTest {
         copy->set_file(a.file());
         copy->set_nbytes(4096);
       }
-      ASSERT_TRUE(registry_.Heartbeat(kJob, r, incarnations_[r], 0, copy).ok());
+      ASSERT_TRUE(registry_.Heartbeat(kJob, r, incarnations_[r], 0, copy, {}, session_id).ok());
+    }
+  }
+  // Every agent says it handled the commit of `session_id` and holds no copy of it.
+  void HeartbeatHandledNothingKept(const std::string& session_id) {
+    for (uint32_t r = 0; r < world(); ++r) {
+      ASSERT_TRUE(
+          registry_.Heartbeat(kJob, r, incarnations_[r], 0, std::nullopt, {}, session_id).ok());
     }
   }
 };
@@ -2842,11 +2850,9 @@ TEST_F(MemoryOnlyTest, MemoryOnly_EveryChunkReported_CommittedWithoutDiskNeverLa
   EXPECT_TRUE(list[0].dir().empty());
   EXPECT_EQ(list[0].session_id(), id);
   EXPECT_EQ(list[0].chunks(), 3u);
-  // No agent has stated a copy yet: no file is in memory.
-  std::vector<std::string> files;
-  for (uint32_t r : Writers(id)) files.push_back(DataFileName(r));
-  ASSERT_THAT(files, SizeIs(3));
-  EXPECT_THAT(list[0].files_not_in_memory(), ::testing::ElementsAreArray(files));
+  // No agent has said it handled the commit yet: where the files are is not known (not lost).
+  EXPECT_TRUE(list[0].memory_copies_unknown());
+  EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
   EXPECT_EQ(list[1].step(), 1);
   EXPECT_FALSE(list[1].memory_only());
   EXPECT_EQ(list[1].dir(), FinalDir(1));
@@ -2862,9 +2868,19 @@ TEST_F(MemoryOnlyTest, MemoryOnly_EveryChunkReported_CommittedWithoutDiskNeverLa
   ASSERT_TRUE(newest.ok()) << newest.status();
   EXPECT_EQ(newest->step(), 2);
 
+  // Heartbeats that do not say so leave it unknown, however many.
+  HeartbeatAll();
+  EXPECT_TRUE(List()[0].memory_copies_unknown());
   // Once the writers state their copies, every file is in memory.
   HeartbeatCopies(2, id);
+  EXPECT_FALSE(List()[0].memory_copies_unknown());
   EXPECT_THAT(List()[0].files_not_in_memory(), IsEmpty());
+  // Had they kept nothing, no file would be.
+  HeartbeatHandledNothingKept(id);
+  std::vector<std::string> files;
+  for (uint32_t r : Writers(id)) files.push_back(DataFileName(r));
+  ASSERT_THAT(files, SizeIs(3));
+  EXPECT_THAT(List()[0].files_not_in_memory(), ::testing::ElementsAreArray(files));
 }
 
 // A coordinator that has not heard every agent since it started cannot tell a memory-only
@@ -2880,8 +2896,9 @@ TEST_F(MemoryOnlyTest, MemoryOnly_NotEveryAgentHeardSinceTheStart_CopiesUnknownN
   EXPECT_TRUE(list[0].memory_copies_unknown());
   EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
 
-  // Every agent heartbeats, none stating a copy: now the files are known to be in none.
-  HeartbeatAll();
+  // Every agent heartbeats, none stating a copy of the commit it handled: now the files are
+  // known to be in none.
+  HeartbeatHandledNothingKept(id);
   list = List();
   EXPECT_FALSE(list[0].memory_copies_unknown());
   EXPECT_THAT(list[0].files_not_in_memory(), SizeIs(3));

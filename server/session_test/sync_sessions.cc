@@ -17,6 +17,9 @@ class SyncSessions::Port : public EffectsPort {
   Port(SyncSessions* s, std::string job_id) : s_(s), job_id_(std::move(job_id)) {}
   absl::Status Persist(const StoreBatch& batch) override { return s_->store_->Commit(batch); }
   void Recover() override { s_->Reload(job_id_); }
+  void MemoryCommitted(const std::string& session_id) override {
+    s_->registry_->NoteMemoryCommit(job_id_, session_id);
+  }
   void Deliver(std::vector<Outgoing> commands) override {
     s_->Core(job_id_)->Delivered(commands);
     if (RelayFanOut(*s_->registry_, job_id_, s_->options_.relay_from, commands) > 0) {

@@ -16,7 +16,10 @@
 #   with MEMORY_COPY_LOST naming the missing data files, and the disk's latest (step 4)
 #   verifies and loads byte for byte;
 # - tier_disabled: agents with --memory_tier=false refuse a memory-only save before anything
-#   is staged (MEMORY_ONLY_REFUSED); step 4 stays latest.
+#   is staged (MEMORY_ONLY_REFUSED); step 4 stays latest;
+# - writer_frozen_before_keeping: step 9 (memory-only) committed while rank 1's agent is frozen
+#   just before keeping it: listed with its copies unknown, not LOST; resumed, it keeps the step
+#   and every rank reloads it from memory.
 source tests/faults/lib.sh
 ulimit -c 0
 
@@ -46,6 +49,17 @@ if first.get("memory_only"):
 sys.exit(0 if str(first.get("step")) == sys.argv[2] and kind == sys.argv[3] else 1)
 PY
 }
+# save_then_kill_trainers STEP: every trainer saves STEP (memory-only under --persist_every=2
+# when odd) and is SIGKILLed right after Save returned.
+save_then_kill_trainers() {
+  local r
+  start_save "$1" --persist_every=2 --kill_after_save
+  for r in 0 1 2 3; do
+    wait_pid_bounded "${TRAINER_PIDS[$r]}" "$TRAINER_TIMEOUT" "trainer $r"
+    [ "$WAITED_RC" -eq 137 ] || fail "trainer $r exited $WAITED_RC, not SIGKILLed after its save"
+  done
+  TRAINER_PIDS=()
+}
 # disk_steps: the step directories on disk, as numbers, ascending.
 disk_steps() {
   ls "$DIR/ckpt/$JOB" | sed -nE 's/^step-0*([0-9]+)$/\1/p' | sort -n | tr '\n' ' '
@@ -69,12 +83,7 @@ listed 4 disk || fail "step 4 is not listed as the newest (disk) checkpoint: $(c
 echo "ok: persist_every -> steps 1 and 3 in memory only, 2 and 4 on disk, latest step 4"
 
 # --- trainer_killed ---------------------------------------------------------------------------
-start_save 5 --persist_every=2 --kill_after_save
-for r in 0 1 2 3; do
-  wait_pid_bounded "${TRAINER_PIDS[$r]}" "$TRAINER_TIMEOUT" "trainer $r"
-  [ "$WAITED_RC" -eq 137 ] || fail "trainer $r exited $WAITED_RC, not SIGKILLed after its save"
-done
-TRAINER_PIDS=()
+save_then_kill_trainers 5
 # Committed in memory, and every data file's copy stated by its agent (bounded).
 wait_until 30 listed 5 memory ||
   fail "step 5 is not listed as a memory-only commit held in memory: $(cat "$DIR/logs/checkpoints.json")"
@@ -173,6 +182,43 @@ grep -q "runs with --memory_tier=false; nothing was staged" "$DIR/logs/trainer-$
 [ "$(disk_steps)" = "2 4 " ] || fail "steps on disk: $(disk_steps), expected 2 and 4"
 wait_until 30 listed 5 lost || fail "the refused save changed the listing: $(cat "$DIR/logs/checkpoints.json")"
 echo "ok: tier_disabled -> MEMORY_ONLY_REFUSED before staging; step 4 stays latest"
+
+# --- writer_frozen_before_keeping -------------------------------------------------------------
+# Step 9 saved in memory only while rank 1's agent freezes (SIGSTOP) as COMMITTED reaches it,
+# just before it keeps the step. Its heartbeats so far do not say it handled that commit, so
+# while its lease runs (a minute here) the step is listed with its copies unknown — never LOST
+# — though no agent states rank 1's file; resumed, it keeps the step and says so at once, and
+# every rank reloads it from memory.
+for r in 0 1 2 3; do
+  if [ "$r" -eq 1 ]; then restart_agent "$r" --freeze_on=keep; else restart_agent "$r"; fi
+done
+restart_coordinator --lease_ms=60000 --heartbeat_interval_ms=2000
+# Every agent heard since the coordinator started: "unknown" below is not its restart window.
+wait_until 30 listed 5 lost ||
+  fail "step 5 is not listed as lost: $(cat "$DIR/logs/checkpoints.json")"
+save_then_kill_trainers 9
+wait_for_line "$DIR/logs/agent-$JOB-1.log" "fault injection: freezing on keep" 30 ||
+  fail "agent 1 did not freeze as it was about to keep step 9"
+listed 9 unknown || fail "step 9 is not listed with its copies unknown while its writer has" \
+  "not kept it: $(cat "$DIR/logs/checkpoints.json")"
+"$CLI" checkpoints --coordinator="$COORD" "$JOB" >"$DIR/logs/checkpoints.txt" 2>&1 ||
+  fail "tessera checkpoints failed"
+grep -q "memory-only, copies unknown" "$DIR/logs/checkpoints.txt" ||
+  fail "tessera checkpoints does not say step 9's copies are unknown: $(cat "$DIR/logs/checkpoints.txt")"
+grep -q "LOST" "$DIR/logs/checkpoints.txt" &&
+  fail "step 9 is listed as lost: $(cat "$DIR/logs/checkpoints.txt")"
+kill -CONT "${AGENT_PIDS[1]}"
+wait_until 30 listed 9 memory ||
+  fail "step 9 is not listed as held in memory after its writer resumed: $(cat "$DIR/logs/checkpoints.json")"
+run_trainers_bounded "$JOB" "$LAYOUT" --mode=load --load_step=-2 "${MODEL[@]}" ||
+  fail "loading the newest commit failed: $(grep -h 'FAIL\|rror' "$DIR"/logs/trainer-"$JOB"-*.out | head -n 3)"
+for r in 0 1 2 3; do
+  grep -q "loaded step 9 " "$DIR/logs/trainer-$JOB-$r.out" || fail "rank $r did not load step 9"
+done
+[ "$(sum_sources disk_bytes)" -eq 0 ] || fail "$(sum_sources disk_bytes) bytes of step 9 came from disk"
+echo "ok: writer_frozen_before_keeping -> step 9 listed with its copies unknown (not LOST)" \
+  "while its writer had not kept it; resumed, held and reloaded from memory," \
+  "$(sum_sources memory_bytes) bytes"
 
 finish
 echo "PASS"
