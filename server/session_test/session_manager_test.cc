@@ -3,6 +3,7 @@
 // job) and its handling of a refused store write. The protocol itself is job_core_test's.
 #include "server/session_manager.h"
 
+#include <algorithm>
 #include <atomic>
 #include <memory>
 #include <string>
@@ -40,6 +41,17 @@ class RecordingSink : public CommandSink {
       if (s.job_id == job_id && s.rank == rank) commands.push_back(s.command);
     }
     return commands;
+  }
+  // Waits until a command of `body` was sent to (job, rank); false after `bound`.
+  bool AwaitSent(const std::string& job_id, uint32_t rank, v1::Command::BodyCase body,
+                 absl::Duration bound) {
+    absl::MutexLock lock(&mu_);
+    auto sent = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return std::any_of(sent_.begin(), sent_.end(), [&](const Sent& s) {
+        return s.job_id == job_id && s.rank == rank && s.command.body_case() == body;
+      });
+    };
+    return mu_.AwaitWithTimeout(absl::Condition(&sent), bound);
   }
   std::vector<uint32_t> RanksSent(const std::string& job_id, v1::Command::BodyCase body) {
     absl::MutexLock lock(&mu_);
@@ -308,6 +320,8 @@ TEST_F(SessionManagerTest, Cleanup_WaitsWhileAnyJobsTrainersAreInASave) {
   EXPECT_THAT(edge.removed(), ::testing::IsEmpty()) << "removed while job B's trainer copies";
 
   // Job B's trainer copies and resumes: PERSISTING. The removal runs (a tick offers it).
+  // (Its plan is validated off the submission's path: PINNED is taken once PIN went out.)
+  ASSERT_TRUE(sink_.AwaitSent("job-b", 0, v1::Command::kPin, absl::Seconds(20)));
   Report("job-b", 0, 2000, b->session_id(), v1::AGENT_PHASE_PINNED);
   Report("job-b", 0, 2000, b->session_id(), v1::AGENT_PHASE_STAGED);
   absl::StatusOr<v1::SessionStatus> b_status = manager_->GetSession("job-b", "");
@@ -332,6 +346,9 @@ TEST_F(SessionManagerTest, Cleanup_NotWhileTheWriteThatBlocksTrainersIsInFlight)
   absl::StatusOr<v1::SubmitLocalPlanResponse> c = Submit("job-c", 0, 3000, {Whole("u", {4}, {"dp"})}, 3);
   ASSERT_TRUE(c.ok()) << c.status();
   ASSERT_FALSE(AbortedSaveOfJobA().empty());
+  // Its plan is validated off the submission's path: once PIN went out, its PINNING write is
+  // done (the gate below is for job B's) and its PINNED report is taken.
+  ASSERT_TRUE(sink_.AwaitSent("job-c", 0, v1::Command::kPin, absl::Seconds(20)));
 
   // Job B's first plan opens its session; that write blocks in the store.
   store.armed = true;
