@@ -171,6 +171,7 @@ class SaveCoreTest : public ::testing::Test {
     for (std::string& s : fx.cancel_exchanges) cancelled_.push_back(std::move(s));
     for (LogLine& line : fx.logs) logs_.push_back(std::move(line.text));
     if (fx.resident.has_value()) resident_.push_back(std::move(*fx.resident));
+    if (!fx.committed.empty()) committed_.push_back(std::move(fx.committed));
     next_tick_ = fx.next_tick;
   }
 
@@ -370,6 +371,7 @@ class SaveCoreTest : public ::testing::Test {
   std::vector<std::string> cancelled_;
   std::vector<std::string> logs_;
   std::vector<ResidentSave> resident_;
+  std::vector<std::string> committed_;  // SaveEffects::committed, in order
   SaveWork persist_work_;  // ToPersisted's
   absl::Time next_tick_ = absl::InfiniteFuture();
 };
@@ -814,8 +816,10 @@ TEST_F(SaveCoreTest, R11_CommittedAfterWriting_StagingHandedOverAsResident) {
   EXPECT_EQ(r.file_offset, persist.layout->file->data_start);
   EXPECT_GT(r.file_offset, 0u);
   EXPECT_EQ(r.nbytes, persist.layout->file->data_size);
+  EXPECT_EQ(committed_, std::vector<std::string>{kSession});  // the last commit handled
   Command(Committed(6));  // a repeated verdict hands nothing again
   EXPECT_EQ(resident_.size(), 1u);
+  EXPECT_EQ(committed_.size(), 1u);
 }
 
 TEST_F(SaveCoreTest, R11_CommittedWithoutHavingWritten_NothingResident) {
@@ -827,6 +831,8 @@ TEST_F(SaveCoreTest, R11_CommittedWithoutHavingWritten_NothingResident) {
   Command(Committed(5));
   EXPECT_EQ(PhaseOf(), SavePhase::kCommitted);
   EXPECT_TRUE(resident_.empty());
+  // Named all the same: the coordinator learns this agent kept nothing of it.
+  EXPECT_EQ(committed_, std::vector<std::string>{kSession});
 }
 
 TEST_F(SaveCoreTest, R11_AbortedAfterWriting_NothingResident) {
@@ -838,6 +844,7 @@ TEST_F(SaveCoreTest, R11_AbortedAfterWriting_NothingResident) {
   }
   EXPECT_EQ(PhaseOf(), SavePhase::kAborted);
   EXPECT_TRUE(resident_.empty());
+  EXPECT_TRUE(committed_.empty());
 }
 
 TEST_F(SaveCoreTest, WaitCommitted_DeadlinePasses_DeadlineExceeded) {

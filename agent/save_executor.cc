@@ -106,6 +106,7 @@ void SaveExecutor::Drive(const Event& event) {
       }
     }
     ApplyLocked(event(core_, now), out);
+    if (!out.committed.empty()) out.commit_order = ++commits_ended_;
   }
   for (const std::string& session : out.cancel_exchanges) peers_->CancelSession(session);
   for (const LogLine& line : out.logs) Write(line);
@@ -115,7 +116,10 @@ void SaveExecutor::Drive(const Event& event) {
   if (!out.committed.empty()) {
     {
       absl::MutexLock lock(&mu_);
-      last_committed_ = out.committed;
+      if (out.commit_order > last_committed_order_) {  // not one an earlier event ended
+        last_committed_ = out.committed;
+        last_committed_order_ = out.commit_order;
+      }
     }
     if (options_.after_keep) options_.after_keep();
   }

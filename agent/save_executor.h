@@ -155,6 +155,7 @@ class SaveExecutor {
     std::vector<LogLine> logs;
     std::optional<ResidentSave> resident;
     std::string committed;
+    uint64_t commit_order = 0;  // commits_ended_ when `committed` ended
   };
   using Event = std::function<SaveEffects(SaveCore& core, absl::Time now)>;
 
@@ -188,6 +189,10 @@ class SaveExecutor {
   std::map<uint64_t, CommitDone> wait_calls_ ABSL_GUARDED_BY(mu_);
   std::deque<SaveWork> work_ ABSL_GUARDED_BY(mu_);
   std::string last_committed_ ABSL_GUARDED_BY(mu_);  // LastCommittedSession
+  // Sessions ended COMMITTED so far, counting in the order the core ended them; and which
+  // of them last_committed_ is (events that race to it after their keep leave the newer).
+  uint64_t commits_ended_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t last_committed_order_ ABSL_GUARDED_BY(mu_) = 0;
   // Bytes of the next save's regions for the worker to make before its next work (0: none).
   uint64_t prepare_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<CoordinatorRpc> rpcs_ ABSL_GUARDED_BY(mu_);

@@ -22,6 +22,20 @@ AgentRegistry::AgentRegistry(const Clock* clock, AgentRegistryOptions options)
 void AgentRegistry::StartServing() {
   absl::MutexLock lock(&mu_);
   serving_since_ = clock_->Now();
+  for (auto& [job_id, note] : memory_notes_) {
+    note.until = std::max(note.until, serving_since_ + options_.lease);
+  }
+}
+
+AgentRegistry::MemoryCommitNote* AgentRegistry::NoteLocked(const std::string& job_id,
+                                                           absl::Time now) const {
+  auto note = memory_notes_.find(job_id);
+  if (note == memory_notes_.end()) return nullptr;
+  if (now >= note->second.until) {
+    memory_notes_.erase(note);  // past its lease: agents are judged by what they state
+    return nullptr;
+  }
+  return &note->second;
 }
 
 absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
@@ -66,7 +80,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
       job.agents.clear();
       job.holders.clear();
       job.unstated.clear();
-      job.unkept.clear();
+      memory_notes_.erase(request.job_id());  // the old mesh's save
     }
   }
   if (!inserted && !job.layout.SameMesh(request.layout())) {
@@ -76,10 +90,12 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
   }
   Registered result;
   Agent& agent = job.agents[rank];
-  if (agent.registration.incarnation() != 0 &&
-      agent.registration.incarnation() != request.incarnation()) {
+  MemoryCommitNote* note = NoteLocked(request.job_id(), clock_->Now());
+  if (agent.registration.incarnation() == 0) {
+    if (note != nullptr) note->unkept.insert(rank);  // may be the process that had the step
+  } else if (agent.registration.incarnation() != request.incarnation()) {
     result.replaced_incarnation = agent.registration.incarnation();
-    job.unkept.erase(rank);  // a new process: it holds nothing it has not stated
+    if (note != nullptr) note->unkept.erase(rank);  // a new process: it holds nothing of it
   }
   agent.registration = request;
   agent.registration.mutable_coord()->clear_index();
@@ -143,8 +159,9 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
   } else if (!job.heard_while_young.empty()) {
     job.heard_while_young.clear();  // no longer asked for
   }
-  if (!job.unkept.empty() && last_committed_session == job.unkept_session) {
-    job.unkept.erase(rank);  // what it states now is what it kept of that commit
+  if (MemoryCommitNote* note = NoteLocked(job_id, now);
+      note != nullptr && last_committed_session == note->session_id) {
+    note->unkept.erase(rank);  // what it states now is what it kept of that commit
   }
   job.IndexCopies(rank, *agent, /*add=*/false);
   agent->resident = std::move(resident);
@@ -170,11 +187,13 @@ void AgentRegistry::Job::IndexCopies(uint32_t rank, const Agent& agent, bool add
 
 void AgentRegistry::NoteMemoryCommit(const std::string& job_id, const std::string& session_id) {
   absl::MutexLock lock(&mu_);
+  MemoryCommitNote& note = memory_notes_[job_id];
+  note.session_id = session_id;
+  note.until = std::max(clock_->Now(), serving_since_) + options_.lease;
+  note.unkept.clear();
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return;
-  job->second.unkept_session = session_id;
-  job->second.unkept.clear();
-  for (const auto& [rank, agent] : job->second.agents) job->second.unkept.insert(rank);
+  for (const auto& [rank, agent] : job->second.agents) note.unkept.insert(rank);
 }
 
 std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
@@ -222,20 +241,25 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
   const absl::Time now = clock_->Now();
   absl::MutexLock lock(&mu_);
-  return MayMissCopiesLocked(JobLocked(job_id), now);
+  return MayMissCopiesLocked(job_id, JobLocked(job_id), now);
 }
 
-bool AgentRegistry::MayMissCopiesLocked(const Job* job, absl::Time now,
-                                        const std::string* session_id) const {
+bool AgentRegistry::MayMissCopiesLocked(const std::string& job_id, const Job* job,
+                                        absl::Time now, const std::string* session_id) const {
   auto any_live = [&](const absl::btree_set<uint32_t>& ranks) {
     for (uint32_t rank : ranks) {
-      if (now - job->agents.at(rank).last_heartbeat <= options_.lease) return true;
+      auto agent = job->agents.find(rank);
+      if (agent != job->agents.end() && now - agent->second.last_heartbeat <= options_.lease) {
+        return true;
+      }
     }
     return false;
   };
   if (job != nullptr) {
     if (any_live(job->unstated)) return true;
-    if (session_id != nullptr && *session_id == job->unkept_session && any_live(job->unkept)) {
+    const MemoryCommitNote* note =
+        session_id != nullptr ? NoteLocked(job_id, now) : nullptr;
+    if (note != nullptr && note->session_id == *session_id && any_live(note->unkept)) {
       return true;
     }
   }
@@ -253,7 +277,8 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
   auto job = jobs_.find(job_id);
   if (may_miss != nullptr) {
     *may_miss =
-        MayMissCopiesLocked(job == jobs_.end() ? nullptr : &job->second, now, &session_id);
+        MayMissCopiesLocked(job_id, job == jobs_.end() ? nullptr : &job->second, now,
+                            &session_id);
   }
   if (job == jobs_.end()) return copies;
   const absl::flat_hash_set<absl::string_view> file_set(files.begin(), files.end());

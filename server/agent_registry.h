@@ -86,12 +86,17 @@ class AgentRegistry {
                          std::vector<v1::MemoryCopy> buddy_copies = {},
                          std::string last_committed_session = {}) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // The memory-only save `session_id` of `job_id` committed (called before its COMMITTED
-  // commands go out): each agent of the job registered now holds its copy "not yet" until a
-  // heartbeat of it names the session as its last commit handled (or it registers with
-  // another incarnation: a new process holds nothing). Meanwhile, while it is live,
-  // MemoryCopies' may_miss is true for that session. Replaces the job's earlier note; a
-  // coordinator that restarted has none (MayMissCopies' window covers its first lease).
+  // The memory-only save `session_id` of `job_id` committed, and its COMMITTED commands are
+  // about to go out (after the commit, or again when the job is recovered from the store):
+  // for one lease from now (or from StartServing, if later), each agent of the job holds its
+  // copy "not yet" until a heartbeat of it names the session as its last commit handled —
+  // those registered now, and those that register meanwhile for the first time with this
+  // registry (a coordinator that restarted cannot tell a restarted agent from one that may
+  // hold the step); one that registers with another incarnation holds nothing. Meanwhile,
+  // while such an agent is live, MemoryCopies' may_miss is true for that session. Past the
+  // lease an agent that has not handled the commit (its command stream down that long, or a
+  // new process that never had the session) is judged by the copies it states. Replaces the
+  // job's earlier note.
   void NoteMemoryCommit(const std::string& job_id, const std::string& session_id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -106,8 +111,9 @@ class AgentRegistry {
   // With `may_miss`, also whether live agents may hold copies of the checkpoint that are not
   // known yet, under the same lock (an agent's heartbeat between two questions would
   // otherwise make a copy it states missing from the first and "none missing" the second's
-  // answer): MayMissCopies(job_id), or — for the session of NoteMemoryCommit — a live agent
-  // that has not said it handled that commit yet, whose copy is "not yet", not "never".
+  // answer): MayMissCopies(job_id), or — for the session of NoteMemoryCommit, within its
+  // lease — a live agent that has not said it handled that commit yet, whose copy is "not
+  // yet", not "never".
   std::vector<v1::MemoryCopy> MemoryCopies(const std::string& job_id, int64_t step,
                                            const std::string& session_id,
                                            absl::Span<const std::string> files = {},
@@ -124,7 +130,7 @@ class AgentRegistry {
 
   // Starts MayMissCopies' window now (else it starts when the registry is made): when agents
   // can first reach the coordinator, after it recovered its sessions. Ranks heard before
-  // count.
+  // count. A NoteMemoryCommit made before holds for a lease from now.
   void StartServing() ABSL_LOCKS_EXCLUDED(mu_);
 
   // OK if `incarnation` is the registered one for (job, rank). Errors as Heartbeat.
@@ -202,19 +208,25 @@ class AgentRegistry {
     // Ranks registered and not heard from since: what they hold is not known yet.
     absl::btree_set<uint32_t> unstated;
 
-    // NoteMemoryCommit's session, and the ranks that have not said they handled its commit.
-    std::string unkept_session;
-    absl::btree_set<uint32_t> unkept;
-
     // Adds `agent`'s copies (rank `rank`) to `holders`, or removes them.
     void IndexCopies(uint32_t rank, const Agent& agent, bool add);
   };
 
+  // NoteMemoryCommit's note of a job.
+  struct MemoryCommitNote {
+    std::string session_id;
+    absl::Time until;  // it holds before this
+    absl::btree_set<uint32_t> unkept;  // ranks that have not said they handled the commit
+  };
+
   // MayMissCopies' answer for `job` (null: not registered) at `now`; with `session_id`, also
-  // true while a live agent has not said it handled that session's commit (MemoryCopies'
-  // `may_miss`).
-  bool MayMissCopiesLocked(const Job* job, absl::Time now,
+  // true while a live agent has not said it handled that session's noted commit
+  // (MemoryCopies' `may_miss`).
+  bool MayMissCopiesLocked(const std::string& job_id, const Job* job, absl::Time now,
                            const std::string* session_id = nullptr) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job's note, if it holds at `now`; else null.
+  MemoryCommitNote* NoteLocked(const std::string& job_id, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Errors as CheckIncarnation.
   absl::StatusOr<Agent*> FindLocked(const std::string& job_id, uint32_t rank,
@@ -231,6 +243,9 @@ class AgentRegistry {
   mutable absl::Mutex mu_;
   // Mutable so that const lookups can share FindLocked with Heartbeat.
   mutable absl::btree_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // By job id; kept apart from jobs_: a recovered commit is noted before its job's agents
+  // register. Mutable for NoteLocked's callers that only read.
+  mutable absl::btree_map<std::string, MemoryCommitNote> memory_notes_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tessera

@@ -340,9 +340,9 @@ TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommi
   EXPECT_EQ(registry_.MemoryCopies("job", 9, "s9", {}, &may_miss).size(), 3u);
   EXPECT_FALSE(may_miss);
 
-  // And one that expires before it says so holds nothing up.
+  // One that expires before it says so holds nothing up.
+  clock_.Advance(absl::Seconds(6));  // rank 2 was last heard 6 s ago
   registry_.NoteMemoryCommit("job", "s10");
-  clock_.Advance(absl::Seconds(6));
   for (uint32_t r : {0u, 1u, 3u}) {
     ASSERT_TRUE(registry_.Heartbeat("job", r, r == 3 ? 40 : r + 1, 0, Copy(10, "s10", "/x"), {},
                                     "s10")
@@ -350,9 +350,66 @@ TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommi
   }
   EXPECT_EQ(registry_.MemoryCopies("job", 10, "s10", {}, &may_miss).size(), 3u);
   EXPECT_TRUE(may_miss);
-  clock_.Advance(absl::Seconds(5));  // rank 2's lease (10 s) is over; the others' is not
+  clock_.Advance(absl::Seconds(5));  // rank 2's lease (10 s) is over; the note's is not
   EXPECT_EQ(registry_.MemoryCopies("job", 10, "s10", {}, &may_miss).size(), 3u);
   EXPECT_FALSE(may_miss);
+}
+
+// The note holds for a lease: an agent live all along that has not handled the commit by
+// then (its command stream down; or a new process the coordinator could not tell from the
+// old) is judged by what it states. A rank that registers for the first time meanwhile is
+// in the note; one noted before any agent registered (a recovered commit) holds for a lease
+// from StartServing.
+TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
+  clock_.Advance(absl::Seconds(10));  // the registry's restart window is over
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
+  for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0).ok());
+  registry_.NoteMemoryCommit("job", "s8");
+  ASSERT_TRUE(registry_.Register(Registration(3, 4)).ok());  // rank 3, first heard of now
+  for (uint32_t r : {0u, 1u, 2u}) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(8, "s8", "/x"), {}, "s8").ok());
+  }
+  ASSERT_TRUE(registry_.Heartbeat("job", 3, 4, 0).ok());
+  bool may_miss = false;
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_TRUE(may_miss) << "rank 3 registered after the note and has not handled the commit";
+  clock_.Advance(absl::Seconds(9));
+  for (uint32_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, r < 3 ? std::optional(Copy(8, "s8", "/x"))
+                                                              : std::nullopt)
+                    .ok());
+  }
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_TRUE(may_miss);
+  clock_.Advance(absl::Seconds(2));  // the note's lease is over; every agent is live
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_FALSE(may_miss);
+
+  // A recovered commit, noted before any agent of its job registered: from StartServing on.
+  AgentRegistry fresh(&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)});
+  fresh.NoteMemoryCommit("job", "s8");
+  clock_.Advance(absl::Seconds(30));  // recovering took long
+  fresh.StartServing();
+  clock_.Advance(absl::Seconds(11));  // past the start window
+  for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(fresh.Register(Registration(r, r + 1)).ok());
+  for (uint32_t r = 0; r < 8; ++r) {
+    ASSERT_TRUE(fresh.Heartbeat("job", r, r + 1, 0, std::nullopt, {}, r != 3 ? "s8" : "").ok());
+  }
+  EXPECT_FALSE(fresh.MayMissCopies("job"));
+  EXPECT_EQ(fresh.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 0u);
+  EXPECT_FALSE(may_miss) << "the note's lease from StartServing is over";
+  AgentRegistry again(&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)});
+  again.NoteMemoryCommit("job", "s8");
+  clock_.Advance(absl::Seconds(30));
+  again.StartServing();
+  clock_.Advance(absl::Seconds(5));
+  for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(again.Register(Registration(r, r + 1)).ok());
+  for (uint32_t r = 0; r < 8; ++r) {
+    ASSERT_TRUE(again.Heartbeat("job", r, r + 1, 0, std::nullopt, {}, r != 3 ? "s8" : "").ok());
+  }
+  EXPECT_FALSE(again.MayMissCopies("job")) << "every rank heard: the start window is closed";
+  EXPECT_EQ(again.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 0u);
+  EXPECT_TRUE(may_miss) << "rank 3 has not handled the recovered commit";
 }
 
 TEST_F(AgentRegistryTest, MayMissCopies_TheWindowStartsWhenServingStarts) {

@@ -90,8 +90,9 @@ struct Effects {
   std::optional<CommitAttempt> commit;
   std::optional<RetentionWork> retention;
   std::vector<std::string> remove_dirs;  // temporary directories of aborted sessions
-  // A memory-only session committed (its id): before its COMMITTED commands go out, the
-  // shell notes that no agent has kept it yet (AgentRegistry::NoteMemoryCommit). Empty: none.
+  // A memory-only session committed (its id), or its commit is told again (recovery): before
+  // its COMMITTED commands go out, the shell notes that no agent has kept it yet
+  // (AgentRegistry::NoteMemoryCommit). Empty: none.
   std::string memory_committed;
   SessionStats stats;                    // increments
   bool changed = false;                  // something a status watcher would see

@@ -75,6 +75,12 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
         out.commands.push_back(Outgoing{r, *job->last_final_, nullptr});
       }
     }
+    // A memory-only commit told again: agents may not have kept it yet (Effects::
+    // memory_committed), though the registry may hear from them before it reaches them.
+    if (state == v1::SESSION_STATE_COMMITTED && job->memory_checkpoint_.has_value() &&
+        job->memory_checkpoint_->info().session_id() == session->session_id()) {
+      out.memory_committed = session->session_id();
+    }
     return job;
   }
   if (!job->mesh_.has_value()) {

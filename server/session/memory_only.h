@@ -13,7 +13,8 @@
 //     (MakeMemoryCheckpoint). It never moves the job's latest, never retires a checkpoint.
 //     Before its COMMITTED commands go out, the shell notes in the registry that no agent has
 //     kept it yet (Effects::memory_committed, AgentRegistry::NoteMemoryCommit): until each
-//     says so, its copies are "not yet" — unknown — rather than lost.
+//     says so (for at most a lease), its copies are "not yet" — unknown — rather than lost;
+//     a recovered job whose last session is that commit notes it again.
 //
 // Thread-safety: free functions; the registry is thread-safe.
 #ifndef TESSERA_SERVER_SESSION_MEMORY_ONLY_H_

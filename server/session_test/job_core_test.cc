@@ -2883,9 +2883,10 @@ TEST_F(MemoryOnlyTest, MemoryOnly_EveryChunkReported_CommittedWithoutDiskNeverLa
   EXPECT_THAT(List()[0].files_not_in_memory(), ::testing::ElementsAreArray(files));
 }
 
-// A coordinator that has not heard every agent since it started cannot tell a memory-only
-// step whose holders have not spoken yet from a lost one: it says it does not know.
-TEST_F(MemoryOnlyTest, MemoryOnly_NotEveryAgentHeardSinceTheStart_CopiesUnknownNotLost) {
+// A coordinator that has not heard every agent say it handled a memory-only commit (nor,
+// here, heard every agent since it started) cannot tell a step whose holders have not spoken
+// yet from a lost one: it says it does not know.
+TEST_F(MemoryOnlyTest, MemoryOnly_NoAgentSaidItHandledTheCommit_CopiesUnknownNotLost) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
   const std::string id = SaveInMemory(2);
@@ -2902,6 +2903,31 @@ TEST_F(MemoryOnlyTest, MemoryOnly_NotEveryAgentHeardSinceTheStart_CopiesUnknownN
   list = List();
   EXPECT_FALSE(list[0].memory_copies_unknown());
   EXPECT_THAT(list[0].files_not_in_memory(), SizeIs(3));
+}
+
+// A coordinator that restarts right after a memory-only commit tells it again (RESEND of the
+// outcome): until the agents say they handled it, its copies are unknown, however soon they
+// heartbeat — an agent heard before the replayed COMMITTED reaches it has not kept the step.
+TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterTheCommit_UnknownUntilHandledAgain) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SaveInMemory(2);
+  ASSERT_EQ(Status(id).state(), v1::SESSION_STATE_COMMITTED);
+  HeartbeatCopies(2, id);
+  ASSERT_FALSE(List()[0].memory_copies_unknown());
+  ASSERT_THAT(List()[0].files_not_in_memory(), IsEmpty());
+
+  RestartCoordinator();
+  EXPECT_THAT(RanksSent(v1::Command::kCommitted, id), ElementsAre(0, 1, 2, 3));
+  HeartbeatAll();  // heard, none naming the commit: the replay has not reached them
+  std::vector<v1::CheckpointInfo> list = List();
+  ASSERT_THAT(list, SizeIs(1));
+  EXPECT_TRUE(list[0].memory_copies_unknown());
+  EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
+  HeartbeatCopies(2, id);
+  list = List();
+  EXPECT_FALSE(list[0].memory_copies_unknown());
+  EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
 }
 
 // A memory-only PERSIST writes nothing to storage, so the writer bound (a bound on concurrent
