@@ -30,11 +30,8 @@ void AgentRegistry::StartServing() {
 AgentRegistry::MemoryCommitNote* AgentRegistry::NoteLocked(const std::string& job_id,
                                                            absl::Time now) const {
   auto note = memory_notes_.find(job_id);
-  if (note == memory_notes_.end()) return nullptr;
-  if (now >= note->second.until) {
-    memory_notes_.erase(note);  // past its lease: agents are judged by what they state
-    return nullptr;
-  }
+  // Past its lease agents are judged by what they state.
+  if (note == memory_notes_.end() || now >= note->second.until) return nullptr;
   return &note->second;
 }
 
@@ -188,6 +185,7 @@ void AgentRegistry::Job::IndexCopies(uint32_t rank, const Agent& agent, bool add
 void AgentRegistry::NoteMemoryCommit(const std::string& job_id, const std::string& session_id) {
   absl::MutexLock lock(&mu_);
   MemoryCommitNote& note = memory_notes_[job_id];
+  if (note.session_id == session_id) return;  // noted before: agents that named it stay out
   note.session_id = session_id;
   note.until = std::max(clock_->Now(), serving_since_) + options_.lease;
   note.unkept.clear();

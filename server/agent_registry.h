@@ -96,7 +96,8 @@ class AgentRegistry {
   // while such an agent is live, MemoryCopies' may_miss is true for that session. Past the
   // lease an agent that has not handled the commit (its command stream down that long, or a
   // new process that never had the session) is judged by the copies it states. Replaces the
-  // job's earlier note.
+  // job's earlier note; the same session noted again (a job recovered while this registry
+  // lives, after a refused store write) leaves the note as it is, lapsed or not.
   void NoteMemoryCommit(const std::string& job_id, const std::string& session_id)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -215,7 +216,7 @@ class AgentRegistry {
   // NoteMemoryCommit's note of a job.
   struct MemoryCommitNote {
     std::string session_id;
-    absl::Time until;  // it holds before this
+    absl::Time until;  // it holds before this (then kept, lapsed: NoteMemoryCommit)
     absl::btree_set<uint32_t> unkept;  // ranks that have not said they handled the commit
   };
 
@@ -225,7 +226,7 @@ class AgentRegistry {
   bool MayMissCopiesLocked(const std::string& job_id, const Job* job, absl::Time now,
                            const std::string* session_id = nullptr) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job's note, if it holds at `now`; else null.
+  // The job's note, if it holds at `now`; else null (a lapsed one stays).
   MemoryCommitNote* NoteLocked(const std::string& job_id, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Errors as CheckIncarnation.
@@ -243,8 +244,9 @@ class AgentRegistry {
   mutable absl::Mutex mu_;
   // Mutable so that const lookups can share FindLocked with Heartbeat.
   mutable absl::btree_map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
-  // By job id; kept apart from jobs_: a recovered commit is noted before its job's agents
-  // register. Mutable for NoteLocked's callers that only read.
+  // By job id (one per job, as jobs_); kept apart from jobs_: a recovered commit is noted
+  // before its job's agents register. Mutable so that const lookups share NoteLocked with
+  // Register and Heartbeat.
   mutable absl::btree_map<std::string, MemoryCommitNote> memory_notes_ ABSL_GUARDED_BY(mu_);
 };
 

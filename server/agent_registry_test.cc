@@ -384,6 +384,20 @@ TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
   clock_.Advance(absl::Seconds(2));  // the note's lease is over; every agent is live
   EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
   EXPECT_FALSE(may_miss);
+  // Noted again by this registry (a job reloaded after a refused store write): it stays lapsed.
+  registry_.NoteMemoryCommit("job", "s8");
+  EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
+  EXPECT_FALSE(may_miss);
+  // And within its lease, agents that named it stay out.
+  registry_.NoteMemoryCommit("job", "s9");
+  for (uint32_t r = 0; r < 4; ++r) {
+    ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, std::nullopt, {}, r < 3 ? "s9" : "").ok());
+  }
+  registry_.NoteMemoryCommit("job", "s9");
+  ASSERT_TRUE(registry_.Register(Registration(3, 50)).ok());  // rank 3 restarted: out
+  ASSERT_TRUE(registry_.Heartbeat("job", 3, 50, 0).ok());
+  EXPECT_EQ(registry_.MemoryCopies("job", 9, "s9", {}, &may_miss).size(), 0u);
+  EXPECT_FALSE(may_miss);
 
   // A recovered commit, noted before any agent of its job registered: from StartServing on.
   AgentRegistry fresh(&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)});

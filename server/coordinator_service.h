@@ -74,7 +74,7 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
 
  private:
   // For a memory-only checkpoint's question asked while the registry may not know every copy
-  // (AgentRegistry::MayMissCopies, with `found`, the registry's answer): Unavailable naming a
+  // (AgentRegistry::MemoryCopies' may_miss; `found`, its answer): Unavailable naming a
   // file of `request` that `found` has no holder of — no holder then is not the answer
   // "none". Else OK. (A checkpoint on disk reads what no copy is known of from disk: not
   // asked.)

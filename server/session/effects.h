@@ -90,8 +90,8 @@ struct Effects {
   std::optional<CommitAttempt> commit;
   std::optional<RetentionWork> retention;
   std::vector<std::string> remove_dirs;  // temporary directories of aborted sessions
-  // A memory-only session committed (its id), or its commit is told again (recovery): before
-  // its COMMITTED commands go out, the shell notes that no agent has kept it yet
+  // A memory-only session committed (its id), or a job with one was recovered: before its
+  // COMMITTED commands go out, the shell notes that no agent has kept it yet
   // (AgentRegistry::NoteMemoryCommit). Empty: none.
   std::string memory_committed;
   SessionStats stats;                    // increments

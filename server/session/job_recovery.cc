@@ -23,6 +23,13 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
   std::unique_ptr<JobCore> job(
       new JobCore(std::move(context), *std::move(record), std::move(checkpoints)));
   ASSIGN_OR_RETURN(job->memory_checkpoint_, ReadMemoryCheckpoint(store, job_id));
+  // Its COMMITTED may not have reached every agent (a stream down at the commit, the outcome
+  // replayed below or on reconnection; a later session need not have involved that agent's
+  // stream): they may not have kept it yet (Effects::memory_committed). Agents that did name
+  // it in every heartbeat; a registry that noted it already keeps its note.
+  if (job->memory_checkpoint_.has_value()) {
+    out.memory_committed = job->memory_checkpoint_->info().session_id();
+  }
   if (job->record_.has_layout()) {
     absl::StatusOr<MeshLayout> mesh = MeshLayout::FromProto(job->record_.layout());
     if (!mesh.ok()) {
@@ -74,12 +81,6 @@ absl::StatusOr<std::unique_ptr<JobCore>> JobCore::Recover(JobContext context,
       for (uint32_t r = 0; r < job->mesh_->world_size(); ++r) {
         out.commands.push_back(Outgoing{r, *job->last_final_, nullptr});
       }
-    }
-    // A memory-only commit told again: agents may not have kept it yet (Effects::
-    // memory_committed), though the registry may hear from them before it reaches them.
-    if (state == v1::SESSION_STATE_COMMITTED && job->memory_checkpoint_.has_value() &&
-        job->memory_checkpoint_->info().session_id() == session->session_id()) {
-      out.memory_committed = session->session_id();
     }
     return job;
   }

@@ -60,7 +60,8 @@ std::vector<std::string> FilesNotInMemory(const v1::Manifest& manifest,
 // The job's checkpoints as Admin.ListCheckpoints lists them, newest first: its disk
 // checkpoints (`disk`, newest first) and its memory-only commit (`memory`), if any, with
 // files_not_in_memory from the copies `registry` knows live agents hold — or, while the
-// registry may not know every copy (AgentRegistry::MayMissCopies), memory_copies_unknown.
+// registry may not know every copy (AgentRegistry::MemoryCopies' may_miss),
+// memory_copies_unknown.
 std::vector<v1::CheckpointInfo> ListCheckpointsWithMemory(
     const std::vector<v1::CheckpointInfo>& disk,
     const std::optional<v1::MemoryCheckpointRecord>& memory, const AgentRegistry& registry,

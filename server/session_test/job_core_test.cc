@@ -216,7 +216,8 @@ AgentSetup WritesWhenStaged(uint32_t rank) {
 
 class SessionManagerTest : public ::testing::Test {
  protected:
-  SessionManagerTest() : registry_(&clock_, AgentRegistryOptions{}) {
+  SessionManagerTest()
+      : registry_(std::make_unique<AgentRegistry>(&clock_, AgentRegistryOptions{})) {
     options_.storage_root = kRoot;
   }
 
@@ -258,7 +259,7 @@ class SessionManagerTest : public ::testing::Test {
     request.set_storage_root_mounted(setups_[rank].storage_root_mounted);
     request.set_memory_tier(setups_[rank].memory_tier);
     request.set_relays_commands(setups_[rank].relays_commands);
-    return registry_.Register(request);
+    return registry_->Register(request);
   }
 
   // The agent of `rank` restarts: registers with a new incarnation, and the coordinator's
@@ -274,7 +275,7 @@ class SessionManagerTest : public ::testing::Test {
   void HeartbeatAll(std::optional<uint32_t> except = std::nullopt) {
     for (uint32_t r = 0; r < world(); ++r) {
       if (except.has_value() && *except == r) continue;
-      ASSERT_TRUE(registry_.Heartbeat(kJob, r, incarnations_[r], 0).ok());
+      ASSERT_TRUE(registry_->Heartbeat(kJob, r, incarnations_[r], 0).ok());
     }
   }
 
@@ -289,7 +290,7 @@ class SessionManagerTest : public ::testing::Test {
   SyncSessions& manager() {
     if (manager_ == nullptr) {
       manager_ = std::make_unique<SyncSessions>(
-          &store_, &registry_, &sink_,
+          &store_, registry_.get(), &sink_,
           committer_override_ != nullptr ? committer_override_ : &committer_, &clock_, options_);
       absl::Status recovered = manager_->Recover();
       EXPECT_TRUE(recovered.ok()) << recovered;
@@ -305,6 +306,15 @@ class SessionManagerTest : public ::testing::Test {
     manager_.reset();
     commands_before_restart_ = sink_.sent().size();
     manager();
+  }
+  // The same as a new process: the registry too is new, and every agent registers again
+  // (same incarnation) once the coordinator has recovered.
+  void RestartCoordinatorProcess() {
+    manager_.reset();
+    registry_ = std::make_unique<AgentRegistry>(&clock_, AgentRegistryOptions{});
+    commands_before_restart_ = sink_.sent().size();
+    manager();
+    for (uint32_t r = 0; r < world(); ++r) ASSERT_TRUE(Register(r).ok());
   }
 
   // --- Plans
@@ -691,7 +701,7 @@ class SessionManagerTest : public ::testing::Test {
 
   FakeClock clock_;
   MemoryStateStore store_;
-  AgentRegistry registry_;
+  std::unique_ptr<AgentRegistry> registry_;  // replaced by RestartCoordinatorProcess
   RecordingSink sink_;
   FakeCommitEdge committer_;
   CommitEdge* committer_override_ = nullptr;
@@ -2393,7 +2403,7 @@ TEST_F(SessionManagerTest, Recover_PlanOfAnotherAssignmentFormat_RefusedNamingTh
   ASSERT_FALSE(older.empty());
   ASSERT_TRUE(store_.Commit(older).ok());
   manager_.reset();
-  SyncSessions restarted(&store_, &registry_, &sink_, &committer_, &clock_, options_);
+  SyncSessions restarted(&store_, registry_.get(), &sink_, &committer_, &clock_, options_);
   const absl::Status recovered = restarted.Recover();
   EXPECT_EQ(recovered.code(), absl::StatusCode::kDataLoss) << recovered;
   EXPECT_THAT(recovered.message(), HasSubstr("assignment format 0"));
@@ -2792,14 +2802,14 @@ class MemoryOnlyTest : public SessionManagerTest {
         copy->set_file(a.file());
         copy->set_nbytes(4096);
       }
-      ASSERT_TRUE(registry_.Heartbeat(kJob, r, incarnations_[r], 0, copy, {}, session_id).ok());
+      ASSERT_TRUE(registry_->Heartbeat(kJob, r, incarnations_[r], 0, copy, {}, session_id).ok());
     }
   }
   // Every agent says it handled the commit of `session_id` and holds no copy of it.
   void HeartbeatHandledNothingKept(const std::string& session_id) {
     for (uint32_t r = 0; r < world(); ++r) {
       ASSERT_TRUE(
-          registry_.Heartbeat(kJob, r, incarnations_[r], 0, std::nullopt, {}, session_id).ok());
+          registry_->Heartbeat(kJob, r, incarnations_[r], 0, std::nullopt, {}, session_id).ok());
     }
   }
 };
@@ -2917,7 +2927,7 @@ TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterTheCommit_UnknownUnti
   ASSERT_FALSE(List()[0].memory_copies_unknown());
   ASSERT_THAT(List()[0].files_not_in_memory(), IsEmpty());
 
-  RestartCoordinator();
+  RestartCoordinatorProcess();
   EXPECT_THAT(RanksSent(v1::Command::kCommitted, id), ElementsAre(0, 1, 2, 3));
   HeartbeatAll();  // heard, none naming the commit: the replay has not reached them
   std::vector<v1::CheckpointInfo> list = List();
@@ -2928,6 +2938,29 @@ TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterTheCommit_UnknownUnti
   list = List();
   EXPECT_FALSE(list[0].memory_copies_unknown());
   EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
+}
+
+// Likewise when a later session ended (or is in flight) before the restart: the memory-only
+// commit is still the newest, and an agent whose stream was down at its commit may not have
+// kept it.
+TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterALaterAbort_UnknownUntilHandled) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = SaveInMemory(2);
+  ASSERT_EQ(Status(id).state(), v1::SESSION_STATE_COMMITTED);
+  HeartbeatCopies(2, id);
+  SubmitAll(3);
+  ASSERT_TRUE(manager().AbortSession(kJob, "test").ok());
+
+  RestartCoordinatorProcess();
+  HeartbeatAll();  // heard, none naming the commit
+  std::vector<v1::CheckpointInfo> list = List();
+  ASSERT_THAT(list, SizeIs(1));
+  EXPECT_EQ(list[0].step(), 2);
+  EXPECT_TRUE(list[0].memory_copies_unknown());
+  HeartbeatCopies(2, id);
+  EXPECT_FALSE(List()[0].memory_copies_unknown());
+  EXPECT_THAT(List()[0].files_not_in_memory(), IsEmpty());
 }
 
 // A memory-only PERSIST writes nothing to storage, so the writer bound (a bound on concurrent
