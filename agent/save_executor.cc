@@ -113,7 +113,7 @@ void SaveExecutor::Drive(const Event& event) {
   // Kept before the trainer hears of the commit, so a load it starts next finds it.
   if (out.resident.has_value() && options_.at_fault_point) options_.at_fault_point("keep");
   const uint64_t kept = out.resident.has_value() ? KeepResident(*out.resident) : 0;
-  if (!out.committed.empty()) {
+  if (!out.committed.empty() && options_.memory_tier != nullptr) {  // heartbeats state it
     {
       absl::MutexLock lock(&mu_);
       if (out.commit_order > last_committed_order_) {  // not one an earlier event ended

@@ -66,7 +66,7 @@ struct SaveExecutorOptions {
   // Called off the lock once a session ended COMMITTED and its save was kept in the memory
   // tier (or was not to be), and LastCommittedSession names it: agent_main heartbeats at
   // once, so the coordinator hears the step is held (or not) without a heartbeat interval's
-  // wait. Default: none.
+  // wait. Only with `memory_tier` (without it heartbeats state no copies). Default: none.
   std::function<void()> after_keep;
   // Called on the executor's thread before a save acquires staging (PIN): lets go of what
   // holds the staging set that save reuses (agent_main: BuddyReplicator::GiveWay). Default:
@@ -141,7 +141,7 @@ class SaveExecutor {
   // The last session that ended COMMITTED here, set once the memory tier has its save (or it
   // was not kept), for the heartbeat (HeartbeatRequest.last_committed_session): one that
   // reads it and then asks the tier states what the tier kept of that commit. Empty: none
-  // since the agent started.
+  // since the agent started, or the memory tier is off.
   std::string LastCommittedSession() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Sessions that ended COMMITTED, for tests.

@@ -2805,6 +2805,27 @@ class MemoryOnlyTest : public SessionManagerTest {
       ASSERT_TRUE(registry_->Heartbeat(kJob, r, incarnations_[r], 0, copy, {}, session_id).ok());
     }
   }
+  // A memory-only save of `step`, committed, every agent stating its copy: held whole.
+  std::string SaveHeldInMemory(int64_t step) {
+    const std::string id = SaveInMemory(step);
+    EXPECT_EQ(Status(id).state(), v1::SESSION_STATE_COMMITTED);
+    HeartbeatCopies(step, id);
+    return id;
+  }
+  // Every agent heartbeats without naming the commit of `session_id` (of `step`, the newest):
+  // its copies are unknown; once they name it and state their copies, it is held whole.
+  void ExpectUnknownUntilHandled(int64_t step, const std::string& session_id) {
+    HeartbeatAll();
+    std::vector<v1::CheckpointInfo> list = List();
+    ASSERT_THAT(list, SizeIs(1));
+    EXPECT_EQ(list[0].step(), step);
+    EXPECT_TRUE(list[0].memory_copies_unknown());
+    EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
+    HeartbeatCopies(step, session_id);
+    list = List();
+    EXPECT_FALSE(list[0].memory_copies_unknown());
+    EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
+  }
   // Every agent says it handled the commit of `session_id` and holds no copy of it.
   void HeartbeatHandledNothingKept(const std::string& session_id) {
     for (uint32_t r = 0; r < world(); ++r) {
@@ -2921,23 +2942,13 @@ TEST_F(MemoryOnlyTest, MemoryOnly_NoAgentSaidItHandledTheCommit_CopiesUnknownNot
 TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterTheCommit_UnknownUntilHandledAgain) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
-  const std::string id = SaveInMemory(2);
-  ASSERT_EQ(Status(id).state(), v1::SESSION_STATE_COMMITTED);
-  HeartbeatCopies(2, id);
+  const std::string id = SaveHeldInMemory(2);
   ASSERT_FALSE(List()[0].memory_copies_unknown());
   ASSERT_THAT(List()[0].files_not_in_memory(), IsEmpty());
 
   RestartCoordinatorProcess();
   EXPECT_THAT(RanksSent(v1::Command::kCommitted, id), ElementsAre(0, 1, 2, 3));
-  HeartbeatAll();  // heard, none naming the commit: the replay has not reached them
-  std::vector<v1::CheckpointInfo> list = List();
-  ASSERT_THAT(list, SizeIs(1));
-  EXPECT_TRUE(list[0].memory_copies_unknown());
-  EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
-  HeartbeatCopies(2, id);
-  list = List();
-  EXPECT_FALSE(list[0].memory_copies_unknown());
-  EXPECT_THAT(list[0].files_not_in_memory(), IsEmpty());
+  ExpectUnknownUntilHandled(2, id);  // heard before the replay reaches them
 }
 
 // Likewise when a later session ended (or is in flight) before the restart: the memory-only
@@ -2946,21 +2957,12 @@ TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterTheCommit_UnknownUnti
 TEST_F(MemoryOnlyTest, MemoryOnly_CoordinatorRestartedAfterALaterAbort_UnknownUntilHandled) {
   StartJob("tp=2,dp=2");
   UseTpDpPlans();
-  const std::string id = SaveInMemory(2);
-  ASSERT_EQ(Status(id).state(), v1::SESSION_STATE_COMMITTED);
-  HeartbeatCopies(2, id);
+  const std::string id = SaveHeldInMemory(2);
   SubmitAll(3);
   ASSERT_TRUE(manager().AbortSession(kJob, "test").ok());
 
   RestartCoordinatorProcess();
-  HeartbeatAll();  // heard, none naming the commit
-  std::vector<v1::CheckpointInfo> list = List();
-  ASSERT_THAT(list, SizeIs(1));
-  EXPECT_EQ(list[0].step(), 2);
-  EXPECT_TRUE(list[0].memory_copies_unknown());
-  HeartbeatCopies(2, id);
-  EXPECT_FALSE(List()[0].memory_copies_unknown());
-  EXPECT_THAT(List()[0].files_not_in_memory(), IsEmpty());
+  ExpectUnknownUntilHandled(2, id);
 }
 
 // A memory-only PERSIST writes nothing to storage, so the writer bound (a bound on concurrent
