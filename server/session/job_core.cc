@@ -288,6 +288,9 @@ Effects JobCore::CommitResolved(const std::string& session_id,
 
 void JobCore::Delivered(const std::vector<Outgoing>& commands) {
   for (const Outgoing& o : commands) {
+    if (last_final_.has_value() && o.command.session_id() == last_final_->session_id()) {
+      last_final_durable_ = true;  // delivered after the write that ended the session
+    }
     if (current_ == nullptr || o.command.session_id() != current_->record().session_id() ||
         o.rank >= latest_.size() || o.command.has_resend()) {
       continue;  // an ended session's commands are replayed as last_final_
@@ -360,6 +363,7 @@ void JobCore::Fold(absl::Time now, Effects& out) {
       if (context_.options->coordinator_commits) out.retention = PendingRetention(session.step());
     }
     last_final_ = Final(session);
+    last_final_durable_ = false;  // until the shell delivers it, after this batch's write
     RememberFinal(*last_final_);
     last_final_seqs_.assign(latest_.size(), 0);
     for (const Outgoing& o : out.commands) {
@@ -417,7 +421,7 @@ v1::Command JobCore::Final(const v1::SessionRecord& session) {
 
 std::optional<Outgoing> JobCore::CurrentCommand(uint32_t rank) const {
   if (current_ == nullptr) {
-    if (!last_final_.has_value()) return std::nullopt;
+    if (!last_final_.has_value() || !last_final_durable_) return std::nullopt;
     Outgoing replay{rank, *last_final_, nullptr};
     if (rank < last_final_seqs_.size() && last_final_seqs_[rank] != 0) {
       replay.command.set_seq(last_final_seqs_[rank]);

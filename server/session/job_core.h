@@ -132,7 +132,8 @@ class JobCore {
 
   const std::string& job_id() const { return job_id_; }
   // What `rank` should be executing now (for replay when its command stream connects): its
-  // latest delivered command in the session in flight, else the last session's outcome.
+  // latest delivered command in the session in flight, else the last session's outcome once
+  // delivered (nothing while the write that ended the session is in flight).
   std::optional<Outgoing> CurrentCommand(uint32_t rank) const;
   // `session_id`'s status, or with an empty id the session in flight or else the last one.
   // nullopt if this core does not hold it (it may be in the store).
@@ -186,6 +187,10 @@ class JobCore {
   std::vector<uint64_t> last_plan_fingerprints_;
   // The last ended session: its outcome (COMMITTED or ABORT) and its final status.
   std::optional<v1::Command> last_final_;
+  // Whether last_final_ was delivered (Delivered), which the shell does only after the write
+  // that ended the session is durable: until then a reconnecting stream is replayed nothing,
+  // as a refused write leaves the session open in the store (and in the recovered job).
+  bool last_final_durable_ = false;
   // Index = rank: the seq each rank was sent last_final_ under (0: none sent). Its replay
   // carries the same, so an agent that gets both the send and the replay handles it once.
   std::vector<uint64_t> last_final_seqs_;

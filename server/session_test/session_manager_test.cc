@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -274,6 +275,32 @@ TEST_F(SessionManagerTest, Submit_AnsweredAfterTheWriteIsDurable) {
   answered.WaitForNotification();
   EXPECT_EQ(gated.TableSize(Table::kSessions), 1u);
   manager_->WaitIdleForTesting();
+}
+
+// A session's verdict is replayed to a reconnecting command stream only once the write that
+// records it is durable: were the write refused (or the coordinator killed during it), the
+// recovered job would still hold the session open, and an agent that acted on the verdict (a
+// memory-only COMMITTED: step kept, reports closed) would never report again. Failed before:
+// the verdict was replayed while its write was blocked.
+TEST_F(SessionManagerTest, Verdict_ReplayedOnlyOnceItsWriteIsDurable) {
+  Register("job-a", "dp=2", 1000);
+  GatedStore gated;
+  Start(&gated);
+  ASSERT_TRUE(Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}).ok());  // still PLANNING
+  gated.armed = true;
+  absl::Notification aborted;
+  manager_->AbortSession("job-a", "test",
+                         [&](absl::StatusOr<v1::SessionStatus>) { aborted.Notify(); });
+  gated.entered.WaitForNotification();  // the ABORTED write, blocked
+  const std::optional<v1::Command> during = manager_->CurrentCommand("job-a", 0);
+  gated.release.Notify();
+  aborted.WaitForNotification();
+  manager_->WaitIdleForTesting();
+  EXPECT_FALSE(during.has_value() && during->has_abort())
+      << "the verdict was replayed before the store had it: " << during->DebugString();
+  const std::optional<v1::Command> after = manager_->CurrentCommand("job-a", 0);
+  ASSERT_TRUE(after.has_value());
+  EXPECT_TRUE(after->has_abort()) << after->DebugString();
 }
 
 // A refused write: the caller is told to retry, the job is recovered from the store, and
