@@ -410,12 +410,8 @@ void SessionManager::SubmitLocalPlan(v1::SubmitLocalPlanRequest&& request,
     done(absl::UnavailableError("the coordinator is stopping"));
     return;
   }
-  {
-    absl::MutexLock lock(&job->mu);
-    if (job->core == nullptr) {
-      job->core = std::make_unique<JobCore>(Context(), job_id);
-    }
-  }
+  // A job with no core yet (new here, or its recovery could not read the store) gets one in
+  // Post, from the store: a blank one only for a job the store never heard of.
   auto shared = std::make_shared<v1::SubmitLocalPlanRequest>(std::move(request));
   Post<v1::SubmitLocalPlanResponse>(
       job,

@@ -326,6 +326,48 @@ TEST_F(SessionManagerTest, StoreRefusesWrite_CallerRetriesJobRecovered) {
   EXPECT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ElementsAre(0, 1));
 }
 
+// A store that, while `unreadable`, refuses every read.
+class UnreadableStore : public MemoryStateStore {
+ public:
+  std::atomic<bool> unreadable{false};
+  absl::StatusOr<std::optional<std::string>> Get(Table table,
+                                                 absl::string_view key) const override {
+    if (unreadable) return absl::UnavailableError("the store cannot be read");
+    return MemoryStateStore::Get(table, key);
+  }
+};
+
+// A refused write whose recovery cannot read the job back leaves the job to be recovered by
+// its next event: a plan submitted then recovers it first, and never starts over from a blank
+// job whose first write would replace the stored record (its latest commit, the session in
+// flight). Failed before: step 7 opened on a blank job, step 5's session forgotten.
+TEST_F(SessionManagerTest, StoreUnreadableAfterARefusedWrite_NextSubmissionRecoversTheJobFirst) {
+  Register("job-a", "dp=2", 1000);
+  UnreadableStore store;
+  Start(&store);
+  absl::StatusOr<v1::SubmitLocalPlanResponse> first =
+      Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 5);
+  ASSERT_TRUE(first.ok()) << first.status();
+  store.FailNextCommit(absl::UnavailableError("disk full"));
+  store.unreadable = true;
+  // The last plan (recorded and answered, then validated): its PINNING write is refused,
+  // and the recovery cannot read the job.
+  ASSERT_TRUE(Submit("job-a", 1, 1001, {Whole("w", {4}, {"dp"})}, 5).ok());
+  manager_->WaitIdleForTesting();
+  EXPECT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ::testing::IsEmpty());
+  store.unreadable = false;
+
+  absl::StatusOr<v1::SubmitLocalPlanResponse> next =
+      Submit("job-a", 0, 1000, {Whole("w", {4}, {"dp"})}, 7);
+  manager_->WaitIdleForTesting();
+  ASSERT_FALSE(next.ok()) << "step 7 opened beside step 5's session, " << next->session_id();
+  EXPECT_EQ(next.status().code(), absl::StatusCode::kFailedPrecondition) << next.status();
+  absl::StatusOr<v1::SessionStatus> status = manager_->GetSession("job-a", "");
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->session_id(), first->session_id());
+  EXPECT_EQ(status->state(), v1::SESSION_STATE_PLANNING);
+}
+
 // Disk clean-up (here: an aborted save's directory) waits while any job's trainers are in a
 // save, since every job's saves sync on the one state store, and runs once they resume,
 // without holding a thread meanwhile. DESIGN.md "Disk clean-up waits for the trainers".
