@@ -322,6 +322,9 @@ void SaveCore::AcceptPlan(absl::Time now, PendingBegin& begin, const std::string
     other->orphaned = true;
     other->reports.Close();
     if (other->commit.has_value()) other->commit->retry_at = absl::InfiniteFuture();
+    // Its exchange would hold the executor's worker (and the new session's PIN behind it)
+    // until the gather's deadline: its peers stopped with the verdict this agent missed.
+    if (other->phase == SavePhase::kGathering) fx.cancel_exchanges.push_back(id);
     finished_.push_back(id);
     Log(fx, Severity::kWarning,
         absl::StrCat(Describe(*other), " is over on the coordinator (session ", session_id,

@@ -1363,6 +1363,19 @@ TEST_F(SaveCoreTest, R9_NewSessionAccepted_OlderSessionsReportsStop) {
   EXPECT_THAT(Deliver(), ElementsAre("PLAN"));  // the new session's plan; nothing of the old
 }
 
+// An older session orphaned while it gathers (its ABORT never reached this DP leader) has its
+// exchange cancelled at once: the executor's one worker would otherwise run the new session's
+// PIN only after the gather's deadline (10 min), the coordinator aborting it meanwhile. Failed
+// before: nothing was cancelled.
+TEST_F(SaveCoreTest, R9_NewSessionAccepted_OlderSessionsExchangeCancelled) {
+  ToStaged();
+  Command(Gather(3));
+  EXPECT_EQ(PhaseOf(), SavePhase::kGathering);
+  Begin(/*ticket=*/7, /*step=*/8);
+  Deliver(absl::StatusCode::kOk, "s8-00000000000000c3");
+  EXPECT_THAT(cancelled_, ElementsAre(kSession));
+}
+
 TEST_F(SaveCoreTest, Shutdown_OpenTicketsUnavailable_ExchangeCancelled) {
   ToStaged();
   Command(Gather(3));
