@@ -353,8 +353,13 @@ void Loader::JoinReleaserLocked() {
 }
 
 void Loader::SetJobDir(std::string job_dir) {
-  absl::MutexLock lock(&mu_);
+  absl::MutexLock lock(&dir_mu_);
   job_dir_ = std::move(job_dir);
+}
+
+std::string Loader::JobDir() const {
+  absl::MutexLock lock(&dir_mu_);
+  return job_dir_;
 }
 
 absl::StatusOr<v1::ListResidentBlocksResponse> Loader::ResidentBlocks() {
@@ -363,11 +368,13 @@ absl::StatusOr<v1::ListResidentBlocksResponse> Loader::ResidentBlocks() {
   if (!resident.has_value()) {
     return absl::NotFoundError("this agent holds no checkpoint in memory");
   }
-  absl::MutexLock lock(&mu_);
-  if (job_dir_.empty()) {
+  const std::string job_dir = JobDir();
+  if (job_dir.empty()) {
     return absl::FailedPreconditionError("the agent is not registered with a coordinator yet");
   }
-  ASSIGN_OR_RETURN(const std::unique_ptr<CheckpointReader> reader, OpenLocked(resident->step));
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const std::unique_ptr<CheckpointReader> reader,
+                   OpenLocked(job_dir, resident->step));
   if (reader->manifest().session_id() != resident->session_id) {
     return absl::NotFoundError(absl::StrCat(
         "step ", resident->step, " in memory was saved by session ", resident->session_id,
@@ -387,12 +394,14 @@ absl::StatusOr<v1::ListResidentBlocksResponse> Loader::ResidentBlocks() {
 }
 
 absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
-  absl::MutexLock lock(&mu_);
-  if (job_dir_.empty()) {
+  const std::string job_dir = JobDir();  // read once: a registration may set it meanwhile
+  if (job_dir.empty()) {
     return absl::FailedPreconditionError("the agent is not registered with a coordinator yet");
   }
+  absl::MutexLock lock(&mu_);
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = OpenLocked(request.step());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      OpenLocked(job_dir, request.step());
   if (!reader.ok()) return reader.status();
   const int64_t step = (*reader)->manifest().step();
   JoinReleaserLocked();  // its ReleaseAll must not run after our Acquire
@@ -529,7 +538,8 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   return response;
 }
 
-absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t step) {
+absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(const std::string& job_dir,
+                                                                     int64_t step) {
   if (step < -2) {
     return absl::InvalidArgumentError(
         absl::StrCat("step ", step,
@@ -537,7 +547,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t ste
                      "a memory-only commit included)"));
   }
   auto open_disk = [&](int64_t s) {
-    return CheckpointReader::Open(storage_, absl::StrCat(job_dir_, "/", StepDirName(s)));
+    return CheckpointReader::Open(storage_, absl::StrCat(job_dir, "/", StepDirName(s)));
   };
   auto open_memory = [&](const v1::Manifest& manifest) {
     return CheckpointReader::FromManifest(manifest,
@@ -555,7 +565,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t ste
                      "memory-only commit: ",
                      memory.status().message()));
   }
-  ASSIGN_OR_RETURN(int64_t latest, LatestStep(*storage_, job_dir_));
+  ASSIGN_OR_RETURN(int64_t latest, LatestStep(*storage_, job_dir));
   if (step == -2 && options_.memory_manifest) {
     absl::StatusOr<v1::Manifest> memory = options_.memory_manifest(-1);
     if (memory.ok() && memory->step() > latest) return open_memory(*memory);
@@ -568,7 +578,7 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(int64_t ste
   }
   if (latest < 0) {
     return MakeError(absl::StatusCode::kNotFound, v1::ERROR_CODE_CHECKPOINT_NOT_FOUND,
-                     absl::StrCat("no committed checkpoint in ", job_dir_));
+                     absl::StrCat("no committed checkpoint in ", job_dir));
   }
   return open_disk(latest);
 }

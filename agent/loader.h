@@ -96,8 +96,10 @@ class Loader {
   // Waits for a background release.
   ~Loader();
 
-  // Where the job's checkpoints are (<storage_root>/<job>); known after registration.
-  void SetJobDir(std::string job_dir) ABSL_LOCKS_EXCLUDED(mu_);
+  // Where the job's checkpoints are (<storage_root>/<job>); known after registration. Never
+  // waits for a load (a registration must not hold up the heartbeats after it); a load in
+  // progress keeps the directory it began with.
+  void SetJobDir(std::string job_dir) ABSL_LOCKS_EXCLUDED(dir_mu_);
 
   // Reads the requested shards. Blocks for the reads.
   // Errors: FailedPrecondition before SetJobDir; NotFound + CHECKPOINT_NOT_FOUND if the step
@@ -125,8 +127,11 @@ class Loader {
  private:
   // The checkpoint `step` (LoadRequest.step) resolves to: on disk, or memory-only.
   // Errors: as Load's for resolving the step.
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenLocked(int64_t step)
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> OpenLocked(const std::string& job_dir,
+                                                               int64_t step)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job directory SetJobDir set; empty before.
+  std::string JobDir() const ABSL_LOCKS_EXCLUDED(dir_mu_);
 
   // Waits for a background release to finish.
   void JoinReleaserLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -217,8 +222,9 @@ class Loader {
   StagingPool* const staging_;
   const uint32_t rank_;
   const LoaderOptions options_;
-  absl::Mutex mu_;
-  std::string job_dir_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Mutex dir_mu_;
+  std::string job_dir_ ABSL_GUARDED_BY(dir_mu_);
+  absl::Mutex mu_;  // held for a whole load
   std::string current_load_ ABSL_GUARDED_BY(mu_);
   // The resident region the current load hands out in place; null if none.
   std::shared_ptr<const void> current_hold_ ABSL_GUARDED_BY(mu_);

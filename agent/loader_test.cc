@@ -2,14 +2,17 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
 #include "common/box.h"
@@ -799,6 +802,72 @@ TEST_F(LoaderFetchTest, Load_AlsoHeldOnThisNode_ReadFromThereNotFetched) {
   EXPECT_EQ(fetches_, 0);
   EXPECT_EQ(response.bytes_from_memory(), kTensorBytes);
   EXPECT_EQ(response.bytes_from_disk(), 0u);
+}
+
+// A Storage whose OpenForRead, once armed, waits until released: a load held in its reads.
+class HeldOpenStorage : public Storage {
+ public:
+  explicit HeldOpenStorage(Storage* base) : base_(base) {}
+  absl::Notification entered, release;
+  std::atomic<bool> armed{false};
+
+  absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) override {
+    if (armed.exchange(false)) {
+      entered.Notify();
+      release.WaitForNotification();
+    }
+    return base_->OpenForRead(path);
+  }
+  absl::Status CreateDirs(const std::string& path) override { return base_->CreateDirs(path); }
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override {
+    return base_->OpenForWrite(path);
+  }
+  absl::Status SyncDir(const std::string& path) override { return base_->SyncDir(path); }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return base_->Rename(from, to);
+  }
+  absl::Status RemoveTree(const std::string& path) override { return base_->RemoveTree(path); }
+  absl::StatusOr<uint64_t> FileSize(const std::string& path) override {
+    return base_->FileSize(path);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDir(const std::string& path) override {
+    return base_->ListDir(path);
+  }
+
+ private:
+  Storage* const base_;
+};
+
+// The agent registering again (its lifeline after a lapsed heartbeat, a restarted
+// coordinator) sets the job directory while a trainer's load is in its reads: it must not wait
+// for the load, since the lifeline heartbeats again only after it, and a load may take
+// minutes (memory copies fetched from other nodes) — the coordinator would expire a live
+// agent. Failed before: SetJobDir waited on the mutex the load holds for its whole length.
+TEST_F(LoaderTest, SetJobDir_WhileALoadReads_DoesNotWaitForIt) {
+  HeldOpenStorage held(&storage_);
+  Loader loader(&held, pool_.get(), /*rank=*/0);
+  loader.SetJobDir(job_dir_);
+  held.armed = true;
+  absl::StatusOr<v1::LoadResponse> loaded;
+  std::thread load([&] {
+    v1::LoadRequest request;
+    request.set_step(7);
+    *request.add_shards() = Shard(tensor_, Box{{0, 0}, {1, 1024}});
+    loaded = loader.Load(request);
+  });
+  held.entered.WaitForNotification();
+  absl::Notification set;
+  std::thread registration([&] {
+    loader.SetJobDir(job_dir_);
+    set.Notify();
+  });
+  const bool returned = set.WaitForNotificationWithTimeout(absl::Seconds(30));
+  held.release.Notify();
+  load.join();
+  registration.join();
+  EXPECT_TRUE(returned) << "SetJobDir waited for the load's reads";
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->step(), 7);
 }
 
 TEST_F(LoaderTest, Load_BeforeJobDir_FailedPrecondition) {
