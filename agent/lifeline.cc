@@ -114,6 +114,11 @@ void Lifeline::Run() {
       continue;
     }
     backoff.Reset();
+    LogInfo("registered with coordinator (lease ", registered->lease_ms(), " ms, heartbeat ",
+            registered->heartbeat_interval_ms(), " ms)");
+    // Before REGISTERED: what waits for it (the command stream) finds the agent knowing what
+    // the registration told it.
+    if (options_.on_registered) options_.on_registered(*registered);
     {
       absl::MutexLock lock(&mu_);
       ++registrations_;
@@ -122,9 +127,6 @@ void Lifeline::Run() {
       lease_ = registered->lease_ms() > 0 ? absl::Milliseconds(registered->lease_ms())
                                           : absl::InfiniteDuration();
     }
-    LogInfo("registered with coordinator (lease ", registered->lease_ms(), " ms, heartbeat ",
-            registered->heartbeat_interval_ms(), " ms)");
-    if (options_.on_registered) options_.on_registered(*registered);
     const absl::Duration interval =
         registered->heartbeat_interval_ms() > 0
             ? absl::Milliseconds(registered->heartbeat_interval_ms())

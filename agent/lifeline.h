@@ -38,7 +38,8 @@ struct LifelineOptions {
   // Heartbeat interval used until the coordinator names one. Default: 1 s.
   absl::Duration default_heartbeat_interval = absl::Seconds(1);
   // Called on the lifeline's thread after every successful registration (the first, and
-  // each one after a coordinator restart or a lost lease), with no lock held. Default: none.
+  // each one after a coordinator restart or a lost lease), with no lock held, before the
+  // state becomes REGISTERED (WaitRegistered returns after it). Default: none.
   std::function<void(const v1::RegisterAgentResponse&)> on_registered;
   // Adds what the agent states in every heartbeat beyond its identity (the memory tier's
   // copies). Called on the lifeline's thread before each heartbeat, with no lock held.

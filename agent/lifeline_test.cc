@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "common/status.h"
 #include "gtest/gtest.h"
 
@@ -133,6 +134,27 @@ TEST(LifelineTest, Registers_ThenHeartbeats) {
   EXPECT_GE(lifeline.heartbeats_ok(), 2u);
   lifeline.Stop();
   EXPECT_EQ(lifeline.state(), Lifeline::State::kStopped);
+}
+
+// REGISTERED only once on_registered returned: what waits for it (the command stream, which
+// may be replayed a command of a save at once) finds the agent knowing what the registration
+// told it (the storage root). Failed before: registered before the callback ran.
+TEST(LifelineTest, Registered_OnlyOnceOnRegisteredReturned) {
+  FakeCoordinator fake;
+  LifelineOptions options = FastOptions();
+  absl::Notification in_callback, release;
+  options.on_registered = [&](const v1::RegisterAgentResponse&) {
+    if (in_callback.HasBeenNotified()) return;  // a later registration
+    in_callback.Notify();
+    release.WaitForNotification();
+  };
+  Lifeline lifeline(&fake, Registration(), options);
+  lifeline.Start();
+  in_callback.WaitForNotification();
+  EXPECT_FALSE(lifeline.WaitRegistered(absl::Milliseconds(50)));
+  release.Notify();
+  EXPECT_TRUE(lifeline.WaitRegistered(absl::Seconds(30)));
+  lifeline.Stop();
 }
 
 TEST(LifelineTest, CoordinatorUnavailable_RetriesWithBackoffUntilRegistered) {
