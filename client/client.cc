@@ -416,7 +416,7 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   const bool cuda = AnyCuda(tensors);
   if (cuda) RETURN_IF_ERROR(CheckCudaTensors(tensors));
   // Before BeginSave: a failed kernel then fails Save before a session waits for this rank.
-  if (cuda && options_.synchronize_device_before_save) RETURN_IF_ERROR(WaitForDevices(tensors));
+  if (cuda && options_.synchronize_devices) RETURN_IF_ERROR(WaitForDevices(tensors));
 
   v1::BeginSaveRequest request;
   request.set_step(step);
@@ -776,6 +776,9 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     retry->mismatched = copied->mismatched.size();
     result.checked_ahead_bytes = copied->checked_ahead_bytes;
   } else {
+    // Kernels the trainer queued that write these tensors (their initialisation) end before
+    // the copies into them begin, on streams not ordered after the trainer's.
+    if (options_.synchronize_devices && AnyCuda(into)) RETURN_IF_ERROR(WaitForDevices(into));
     RETURN_IF_ERROR(CopyLocked(into, slot_data, /*to_staging=*/false, region_pinned));
   }
   result.copy_time = absl::Now() - copy_start;

@@ -114,13 +114,15 @@ struct ClientOptions {
   // agent's own pinning does not make the trainer's mapping DMA-capable. Default: true.
   bool pin_staging = true;
 
-  // With CUDA tensors, Save first waits for all work queued on their GPUs
-  // (cudaDeviceSynchronize), so a save right after the optimizer step sees its results
-  // whatever stream computed them: the client copies on its own streams, which are not ordered
-  // after the trainer's. Done before BeginSave, so a failed kernel fails Save before a session
-  // starts. Set false only if the caller has synchronised the streams that write the tensors.
-  // Default: true.
-  bool synchronize_device_before_save = true;
+  // With CUDA tensors, Save and Load first wait for all work queued on their GPUs
+  // (cudaDeviceSynchronize): the client copies on its own streams, which are not ordered after
+  // the trainer's. So a save right after the optimizer step sees its results whatever stream
+  // computed them (waited for before BeginSave, so a failed kernel fails Save before a session
+  // starts), and a load right after the model's or optimizer's initialisation is not
+  // overwritten by kernels still queued (waited for once the agent staged the checkpoint,
+  // before the first copy into the tensors). Set false only if the caller has synchronised the
+  // streams that write the tensors. Default: true.
+  bool synchronize_devices = true;
 
   // Map the agent's resident checkpoint at Connect, if it has one, fault its pages in and check
   // its blocks against the manifest (Agent.ListResidentBlocks) on a background thread while

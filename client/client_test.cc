@@ -24,6 +24,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
 #include "agent/buddy_store.h"
 #include "agent/cuda_host.h"
 #include "agent/memory_bulk.h"
@@ -1783,6 +1784,54 @@ TEST_F(ClientTest, Load_LargeCudaTensor_CopiedOnSeveralThreadsThroughPinnedBuffe
   std::vector<uint8_t> back(size);
   ASSERT_EQ(cudaMemcpy(back.data(), device, size, cudaMemcpyDeviceToHost), cudaSuccess);
   EXPECT_TRUE(back == Pattern(size, 1000));
+  cudaFree(device);
+}
+
+// Work the trainer queued that writes the destination (its initialisation), still queued
+// when the load runs, ends before the load's copies: the client copies on streams of its own,
+// not ordered after the trainer's. Here a stream held by a host function until released,
+// then a fill of the destination queued behind it. Without the wait the load returned at once
+// and the fill, released after it, overwrote what it loaded.
+void CUDART_CB WaitForRelease(void* release) {
+  static_cast<absl::Notification*>(release)->WaitForNotification();
+}
+
+TEST_F(ClientTest, Load_CudaTensorWithWorkQueued_CopiedAfterThatWork) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  const size_t size = 2 * kMiB + 3;
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, size), cudaSuccess);
+  cudaStream_t trainer = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&trainer, cudaStreamNonBlocking), cudaSuccess);
+  absl::Notification release;
+  ASSERT_EQ(cudaLaunchHostFunc(trainer, WaitForRelease, &release), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device, 0xff, size, trainer), cudaSuccess);
+  TensorRef t;
+  t.fqn = "gpu.w";
+  t.dtype = v1::DTYPE_U8;
+  t.global_shape = {static_cast<int64_t>(size)};
+  t.data = device;
+  t.nbytes = size;
+  t.memory = Memory::kCuda;
+  absl::StatusOr<LoadResult> loaded;
+  absl::Notification returned;
+  std::thread load([&] {
+    loaded = client->Load(1, {t});
+    returned.Notify();
+  });
+  // Released once the load returned (no wait: it copied before the fill) or after a bound
+  // (it waits for the stream): the fill then runs, and only a load after it keeps its bytes.
+  returned.WaitForNotificationWithTimeout(absl::Seconds(5));
+  release.Notify();
+  load.join();
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ASSERT_EQ(cudaStreamSynchronize(trainer), cudaSuccess);
+  std::vector<uint8_t> back(size);
+  ASSERT_EQ(cudaMemcpy(back.data(), device, size, cudaMemcpyDeviceToHost), cudaSuccess);
+  EXPECT_TRUE(back == Pattern(size, 1000)) << "the queued fill overwrote the loaded bytes";
+  cudaStreamDestroy(trainer);
   cudaFree(device);
 }
 
