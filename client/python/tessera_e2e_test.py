@@ -113,8 +113,9 @@ class SaveLoadDp2Test(unittest.TestCase):
 @unittest.skipUnless(SOCK_DIR and RUN_DIR, "needs the cluster of python_e2e_test.sh")
 class AbsentOptimizerStateTest(unittest.TestCase):
     """Step 0 is saved before the first optimizer step (every parameter's state declared
-    tessera.Absent), step 1 with a frozen layer whose state stays absent; both must commit and
-    step 1 must load back bitwise, the frozen layer's state still absent."""
+    tessera.Absent), step 1 with a frozen layer whose state stays absent; both must commit,
+    step 1 must load back bitwise, the frozen layer's state still absent, and step 0 must load
+    into a fresh optimizer leaving every parameter without state."""
 
     def test_SaveAbsentState_CommitsAndLoads(self):
         out = tempfile.mkdtemp(dir=RUN_DIR)
@@ -124,7 +125,8 @@ class AbsentOptimizerStateTest(unittest.TestCase):
             self.assertEqual(report["latest"], 1)
         loads = run_ranks("pyabs", 2, "load", "--out", out, "--frozen")
         for report in loads:
-            self.assertEqual((report["step"], report["step1"]), (1, 1))
+            # Step 0 loaded too: no parameter keeps the state init_optimizer_state made up.
+            self.assertEqual((report["step"], report["step1"], report["step0"]), (1, 1, 0))
             self.assertEqual(report["mismatches"], [])
 
 

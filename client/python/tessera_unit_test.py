@@ -13,6 +13,8 @@ import torch
 import tessera
 import testlib
 from tessera import _tessera, errors, objects, shards
+from tessera import client as client_module
+from tessera.layout import JobLayout
 
 torch.set_num_threads(1)
 
@@ -58,6 +60,34 @@ def describe(mesh, mapping, for_load=False):
 
 def bits(t):
     return t.contiguous().reshape(-1).view(torch.uint8).tolist()
+
+
+class StubNative:
+    """The native client's load, without an agent: it fills nothing, and reports absent the
+    optimizer refs of `absent_fqns` and the extras named in `absent_extras` (as the agent does
+    for state saved as absent and for extras of ranks that did not exist at save time)."""
+
+    def __init__(self, absent_fqns=(), absent_extras=()):
+        self.absent_fqns = set(absent_fqns)
+        self.absent_extras = set(absent_extras)
+
+    def load(self, step, refs):
+        absent = [i for i, r in enumerate(refs)
+                  if (r[1] == shards.KIND_OPTIMIZER and r[0] in self.absent_fqns)
+                  or (r[1] == shards.KIND_EXTRA and r[0] in self.absent_extras)]
+        return step, absent, dict(client_module._NO_SOURCES)
+
+
+def stub_client(native, rank=3):
+    """A tessera.Client talking to `native` instead of an agent, on a dp=2 layout."""
+    client = tessera.Client.__new__(tessera.Client)
+    client._native = native
+    client._identity = {"job": "j", "rank": rank, "coords": {"dp": rank % 2},
+                        "layout": {"dp": 2}, "has_gpu": False, "coordinator": ""}
+    client._layout = JobLayout({"dp": 2}, {"dp": rank % 2})
+    client.last_absent = []
+    client.last_load = dict(client_module._NO_SOURCES)
+    return client
 
 
 class FlattenStateTest(unittest.TestCase):
@@ -201,6 +231,14 @@ class FlattenStateTest(unittest.TestCase):
         self.assertEqual(optimizer.state[w]["count"], 41)
         self.assertIs(type(optimizer.state[w]["count"]), int)
 
+    def test_FlattenState_NumberStateOfIdKeyedStateDict_WrittenBackIntoIt(self):
+        w = torch.zeros(2)
+        osd = {"state": {0: {"count": 1}}, "param_groups": [{"lr": 0.1, "params": [0]}]}
+        flat = tessera.flatten_state({"w": w}, osd, param_names=["w"])
+        flat["w#count"].tensor.fill_(41)  # what a load would write
+        tessera.state.write_back_numbers(flat)
+        self.assertEqual(osd["state"][0]["count"], 41)
+
     def test_FlattenState_NonTensorEntry_Refused(self):
         with self.assertRaisesRegex(tessera.InvalidArgumentError, "objects="):
             tessera.flatten_state({"w": torch.zeros(1), "extra": {"a": 1}})
@@ -228,6 +266,66 @@ class InitOptimizerStateTest(unittest.TestCase):
         for p, s in optimizer.state.items():
             for k, v in s.items():
                 self.assertTrue(torch.equal(v, state[id(p)][k]), k)
+
+
+class LoadIntoFlatStateTest(unittest.TestCase):
+    """Client.load into a flatten_state mapping, against a stub native client."""
+
+    def test_Load_StateSavedAbsent_FakeStateOfOptimizerDropped(self):
+        # The documented resume flow: init_optimizer_state gives every parameter step=1 and
+        # zero moments; a parameter the checkpoint saved without state must not keep them.
+        model, optimizer = make()
+        tessera.init_optimizer_state(optimizer)
+        flat = tessera.flatten_state(model.state_dict(), optimizer)
+        client = stub_client(StubNative(absent_fqns={"fc2.bias"}))
+        client.load(5, into=flat)
+        self.assertEqual(sorted(client.last_absent),
+                         ["fc2.bias#exp_avg", "fc2.bias#exp_avg_sq", "fc2.bias#step"])
+        params = dict(model.named_parameters())
+        self.assertEqual(optimizer.state.get(params["fc2.bias"], {}), {})
+        self.assertEqual(set(optimizer.state[params["fc2.weight"]]),
+                         {"step", "exp_avg", "exp_avg_sq"})
+        # The mapping now says what the optimizer holds: a save of it declares the state absent.
+        self.assertIsInstance(flat["fc2.bias#"], tessera.Absent)
+        self.assertNotIn("fc2.bias#exp_avg", flat)
+
+    def test_Load_StateSavedAbsent_EntryOfFqnKeyedStateDictDropped(self):
+        # As get_optimizer_state_dict gives it (a number "count" written back as well).
+        model_sd = {"w": torch.zeros(2), "v": torch.zeros(3)}
+        osd = {"state": {"w": {"exp_avg": torch.ones(2), "count": 4},
+                         "v": {"exp_avg": torch.ones(3), "count": 1}},
+               "param_groups": [{"lr": 0.1, "params": ["w", "v"]}]}
+        flat = tessera.flatten_state(model_sd, osd)
+        stub_client(StubNative(absent_fqns={"v"})).load(5, into=flat)
+        self.assertEqual(set(osd["state"]), {"w"})
+        self.assertEqual(set(osd["state"]["w"]), {"exp_avg", "count"})
+
+    def test_Load_StateSavedAbsent_EntryOfIdKeyedStateDictDropped(self):
+        model, optimizer = make()
+        tessera.init_optimizer_state(optimizer)
+        osd = optimizer.state_dict()
+        flat = tessera.flatten_state(model.state_dict(), osd, param_names=PARAMS)
+        stub_client(StubNative(absent_fqns={"norm.weight"})).load(5, into=flat)
+        self.assertEqual(sorted(osd["state"]), [0, 1, 3, 4, 5])  # norm.weight is param id 2
+
+    def test_Load_ObjectsOfRankNotSaved_InvalidArgumentNamingRank(self):
+        client = stub_client(StubNative(absent_extras={client_module.HEADER_FQN}), rank=3)
+        with self.assertRaisesRegex(tessera.InvalidArgumentError,
+                                    "the checkpoint holds no objects for rank 3"):
+            client.load(7, into={}, objects=True)
+
+    def test_Load_FrozenParameterAbsentEntry_MessageSaysLeaveItOut(self):
+        model, optimizer = make()
+        model.fc2.bias.requires_grad_(False)
+        tessera.init_optimizer_state(optimizer)
+        flat = tessera.flatten_state(model.state_dict(), optimizer)
+        client = stub_client(StubNative())
+        with self.assertRaises(tessera.InvalidArgumentError) as ctx:
+            client.load(5, into=flat)
+        self.assertIn("requires_grad=False", ctx.exception.message)
+        self.assertIn("'fc2.bias#'", ctx.exception.message)
+        del flat["fc2.bias#"]  # what the message says to do
+        self.assertEqual(client.load(5, into=flat), 5)
 
 
 class ObjectsEncodingTest(unittest.TestCase):
@@ -381,6 +479,41 @@ class RefusalTest(unittest.TestCase):
             describe([("dp", 2)], {"a": ro}, for_load=True)
         with self.assertRaisesRegex(tessera.InvalidArgumentError, "init_optimizer_state"):
             describe([("dp", 2)], {"w#": tessera.Absent((2,), torch.float32)}, for_load=True)
+
+    def test_Ref_WrapperSubclass_RefusedNamingType(self):
+        # Its data_ptr() is not its memory (here storage_offset * itemsize = 0x10, not null):
+        # a copy from it would read address 0x10 and crash the trainer.
+        class Float8Wrapper(torch.Tensor):
+            @staticmethod
+            def __new__(cls, inner):
+                return torch.Tensor._make_wrapper_subclass(
+                    cls, inner.shape, inner.stride(), inner.storage_offset(), dtype=inner.dtype,
+                    device=inner.device)
+
+            def __init__(self, inner):
+                self.inner = inner
+
+            @classmethod
+            def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+                raise NotImplementedError(func)
+
+        w = Float8Wrapper(torch.zeros(4, 4)[1:])
+        self.assertEqual(w.data_ptr(), 0x10)
+        for for_load in (False, True):
+            with self.assertRaises(tessera.InvalidArgumentError) as ctx:
+                describe([("dp", 2)], {"layers.0.w": w}, for_load)
+            self.assertEqual(ctx.exception.code, "MALFORMED_SHARD")
+            self.assertIn("layers.0.w", ctx.exception.message)
+            self.assertIn("Float8Wrapper", ctx.exception.message)
+        with self.assertRaisesRegex(tessera.InvalidArgumentError, "Float8Wrapper"):
+            tessera.Shard(w, (3, 4))
+        describe([("dp", 2)], {"layers.0.w": w.inner})  # the remedy the message names
+        describe([("dp", 2)], {"p": torch.nn.Parameter(torch.zeros(2))})  # not a wrapper
+
+        class Tagged(torch.Tensor):  # no dispatch of its own: its storage is its data
+            pass
+
+        describe([("dp", 2)], {"t": torch.arange(4.)[1:].as_subclass(Tagged)})
 
     def test_Ref_CudaTensorRef_MarkedDevice(self):
         if not torch.cuda.is_available():

@@ -162,7 +162,9 @@ def do_load(client, out, frozen):
     tessera.init_optimizer_state(optimizer)
     state = tessera.flatten_state(model.state_dict(), optimizer)
     absent = sorted(k for k, v in state.items() if isinstance(v, tessera.Absent))
-    into = {k: v for k, v in state.items() if not isinstance(v, tessera.Absent)}
+    into = state
+    for key in absent:
+        del into[key]  # frozen parameters: no state to load into (the package's example)
     step, objs = client.load("latest", into=into, objects=True)
     report["step"] = step
     expected = read_expected(out, rank, step)
@@ -192,8 +194,31 @@ def do_load(client, out, frozen):
     expected1 = read_expected(out, rank, 1)["tensors"]
     compare_tensors(params, {k: v for k, v in expected1.items() if "#" not in k}, mismatches,
                     "step 1")
+    if os.path.exists(expected_path(out, rank, 0)):
+        load_step0(client, out, rank, frozen, report)
     report["latest"] = client.latest()
     return report
+
+
+def load_step0(client, out, rank, frozen, report):
+    """Step 0, saved before the first optimizer step (every parameter's state absent), into a
+    fresh optimizer whose state init_optimizer_state made up (step=1, zero moments): the load
+    leaves no parameter with that state, and marks each absent in the mapping as saved."""
+    mismatches = report["mismatches"]
+    model, optimizer, _ = build(seed=79, frozen=frozen)
+    tessera.init_optimizer_state(optimizer)
+    state = tessera.flatten_state(model.state_dict(), optimizer)
+    frozen_keys = [k for k, v in state.items() if isinstance(v, tessera.Absent)]
+    for key in frozen_keys:
+        del state[key]
+    report["step0"] = client.load(0, into=state)
+    kept = sorted(n for n, p in model.named_parameters() if optimizer.state.get(p))
+    if kept:
+        mismatches.append("step 0: optimizer state kept for %s, saved absent" % kept)
+    marked = sorted(frozen_keys + [k for k, v in state.items() if isinstance(v, tessera.Absent)])
+    saved = read_expected(out, rank, 0)["absent"]
+    if marked != saved:
+        mismatches.append("step 0: absent markers %s != saved %s" % (marked, saved))
 
 
 def stage_tensor(rank):

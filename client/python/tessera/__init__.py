@@ -19,7 +19,10 @@ staging (the GIL is released meanwhile)::
     # Resume (possibly on another layout): fresh model and optimizer, state materialised.
     tessera.init_optimizer_state(optimizer)
     state = tessera.flatten_state(model.state_dict(), optimizer)
+    for key in [k for k, v in state.items() if isinstance(v, tessera.Absent)]:
+        del state[key]      # frozen parameters (requires_grad=False) have no state to fill
     step, objs = client.load("latest", into=state, objects=True)
+    # A parameter the checkpoint saved without optimizer state is left without state again.
 
 Tensors (``save(step, tensors)`` / ``load(step, into=...)``): a mapping key -> value where
 

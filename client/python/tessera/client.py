@@ -12,7 +12,7 @@ from . import errors
 from . import objects as objects_codec
 from .layout import DEFAULT_SPLIT_DIMS, JobLayout
 from .shards import KIND_EXTRA, check_name, to_ref
-from .state import write_back_numbers
+from .state import forget_absent_state, write_back_numbers
 
 __all__ = ["Client", "SaveResult"]
 
@@ -267,11 +267,16 @@ class Client:
         memory-only one included).
 
         Returns the step loaded; with objects=True, (step, {name: value}) with this rank's
-        objects as saved.
+        objects as saved. Keys of `into` whose optimizer state the checkpoint records as absent
+        are left untouched and listed in last_absent; if `into` is the mapping flatten_state
+        returned, a parameter all of whose state came back absent also has its optimizer state
+        dropped (the placeholder tessera.init_optimizer_state made) and its entries in `into`
+        replaced by its ``"<fqn>#"`` Absent marker (flatten_state).
 
         Raises: NotFoundError (CHECKPOINT_NOT_FOUND; MEMORY_COPY_LOST: a memory-only step some
         data file of which no live agent holds); InvalidArgumentError — MALFORMED_SHARD for
-        a bad destination (non-contiguous, read-only, tessera.Absent), a tensor missing from the
+        a bad destination (non-contiguous, read-only, a tensor subclass, tessera.Absent: a
+        frozen parameter's ``"<fqn>#"`` entry must be left out of `into`), a tensor missing from the
         checkpoint or of another shape (SHAPE_MISMATCH), or (objects=True) a checkpoint that
         holds no objects of this rank; DataLossError (CHECKSUM_MISMATCH); UnavailableError;
         DeadlineExceededError. With objects=True, nothing is written into `into` unless the
@@ -291,13 +296,20 @@ class Client:
 
         if objects:
             header = _Buffer(size=8)
+            rank = self._identity["rank"]
             try:
-                step, _ = native_load(step, [header.ref(HEADER_FQN)])
+                step, absent = native_load(step, [header.ref(HEADER_FQN)])
             except errors.InvalidArgumentError as e:
                 raise errors.InvalidArgumentError(
                     "the checkpoint holds no objects for rank %d (it was not saved by tessera's "
-                    "Python client on this rank): %s" % (self._identity["rank"], e.message),
+                    "Python client on this rank): %s" % (rank, e.message),
                     code=e.code, status_code=e.status_code, fqns=e.fqns, ranks=e.ranks) from None
+            if absent:
+                # The agent reports the extras of a rank that did not save the step absent.
+                raise errors.InvalidArgumentError(
+                    "the checkpoint holds no objects for rank %d: no rank %d saved step %d (it "
+                    "was saved by fewer ranks); supply this rank's objects from elsewhere, or "
+                    "load without objects=True" % (rank, rank, step), fqns=[HEADER_FQN])
             (index_size,) = struct.unpack("<Q", bytes(header.data))
             index_buf = _Buffer(size=index_size)
             native_load(step, [index_buf.ref(INDEX_FQN)])
@@ -313,6 +325,7 @@ class Client:
         self.last_absent = [keys[i] for i in absent if i < len(keys)]
         self.last_load = sources
         write_back_numbers(into or {})
+        forget_absent_state(into, self.last_absent)
         if not objects:
             return loaded
         return loaded, {n: objects_codec.decode(b.data, "objects[%r]" % n)

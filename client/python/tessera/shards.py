@@ -115,14 +115,35 @@ class TensorInfo:
         return math.prod(self.shape)
 
 
+def _check_plain_tensor(value, where):
+    """Refuses a torch.Tensor subclass with a __torch_dispatch__ of its own (torchao's float8
+    tensors, anything made with _make_wrapper_subclass, a DTensor): its memory is that of the
+    tensors it wraps, its data_ptr() is 0 or storage_offset * itemsize, and a copy from or into
+    it would crash the process. Subclasses without one (nn.Parameter and its subclasses,
+    Tensor.as_subclass) hold their own storage and pass. DTensors are described from their
+    placements before they get here (to_ref); one inside a Shard is refused."""
+    torch = _torch()
+    if type(value).__torch_dispatch__ is torch.Tensor.__torch_dispatch__:
+        return
+    raise errors.malformed(
+        "%s is a %s.%s, a torch.Tensor subclass that dispatches its own operations: its "
+        "data_ptr() need not be its data (a wrapper subclass holds none), and Tessera copies a "
+        "tensor's own memory; pass a plain torch.Tensor (e.g. the subclass's inner tensor)%s"
+        % (where, type(value).__module__, type(value).__qualname__,
+           "; a DTensor goes into the mapping as it is, not into a Shard"
+           if dtensors.is_dtensor(value) else ""))
+
+
 def tensor_info(value, where, for_load=False):
     """Checks a torch tensor or numpy array and returns its TensorInfo.
 
     Raises InvalidArgumentError (MALFORMED_SHARD) naming `where` for an unsupported dtype,
-    device or layout, a non-contiguous tensor, or (for_load) a read-only array.
+    device or layout, a non-contiguous tensor, a tensor subclass, or (for_load) a read-only
+    array.
     """
     if _is_torch_tensor(value):
         torch = _torch()
+        _check_plain_tensor(value, where)
         if value.layout != torch.strided:
             raise errors.malformed("%s has layout %s; only dense (strided) tensors are stored"
                                    % (where, value.layout))
@@ -308,7 +329,8 @@ class Absent:
     first optimizer step, or a parameter that never had a gradient). Saved as an explicit
     "absent" declaration (types.proto ShardDesc.state_absent) so every DP rank can agree on it;
     never a KeyError. Save only: a load cannot fill state that does not exist — materialise
-    it first (tessera.init_optimizer_state).
+    it first (tessera.init_optimizer_state), or, for a frozen parameter (requires_grad=False,
+    which gets no state), leave its ``"<fqn>#"`` entry out of the load's mapping.
 
     Args: the parameter's global_shape and dtype (torch/numpy dtype or "F32"), and its box
     (offsets, local_shape; default: the whole tensor) and replicated_over as for Shard.
@@ -396,10 +418,14 @@ def to_ref(key, value, layout, for_load=False):
         value = _from_dtensor(value, key_state is not None, where, layout, for_load)
     if isinstance(value, Absent):
         if for_load:
+            # Not skipped: the checkpoint may hold state for it, which a load must not drop
+            # silently (a forgotten init_optimizer_state would drop all of it).
             raise errors.malformed(
-                "%s is tessera.Absent: there is no optimizer state here to load into; call "
-                "tessera.init_optimizer_state(optimizer) before flatten_state so the state "
-                "exists" % where, fqn=fqn)
+                "%s is tessera.Absent: there is no optimizer state here to load into. "
+                "tessera.init_optimizer_state(optimizer), called before flatten_state, creates "
+                "the state of every trainable parameter; a parameter with requires_grad=False "
+                "gets none, and its %r entry must be left out of the load's `into` (del "
+                "state[%r])" % (where, key, key), fqn=fqn)
         if key_state:
             raise errors.malformed("%s: an Absent marker goes under the key %r or %r, without a "
                                    "state key" % (where, fqn, fqn + "#"), fqn=fqn)

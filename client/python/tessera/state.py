@@ -141,8 +141,11 @@ def _state_shard(key, value, param):
 
 
 def _optimizer_state(optimizer, model_state_dict, param_names):
-    """[(fqn, state dict or None, write_back(key, number))] in the optimizer's parameter order,
-    from an Optimizer, its state_dict() or a get_optimizer_state_dict() dict."""
+    """[(fqn, state dict or None, write_back(key, number), forget())] in the optimizer's
+    parameter order, from an Optimizer, its state_dict() or a get_optimizer_state_dict() dict.
+    forget() drops the parameter's state where it was found: from the optimizer's state, or
+    from the state dict's "state" (load_state_dict / set_optimizer_state_dict then leave the
+    parameter without state)."""
     torch = _torch()
     is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
     osd = optimizer.state_dict() if is_optimizer else optimizer
@@ -161,7 +164,10 @@ def _optimizer_state(optimizer, model_state_dict, param_names):
             def write(key, number):
                 state[fqn][key] = number
             return write
-        return [(fqn, state.get(fqn), setter(fqn)) for fqn in ids]
+
+        def forgetter(fqn):
+            return lambda: state.pop(fqn, None)
+        return [(fqn, state.get(fqn), setter(fqn), forgetter(fqn)) for fqn in ids]
     if sorted(ids) != list(range(len(ids))):
         raise errors.malformed("the optimizer state_dict's param ids %s are neither 0..%d nor "
                                "fqns" % (ids, len(ids) - 1))
@@ -171,11 +177,50 @@ def _optimizer_state(optimizer, model_state_dict, param_names):
                    else [None] * len(ids))
     out = []
     for pid in range(len(ids)):
-        def write(key, number, param=live_params[pid]):
+        def write(key, number, pid=pid, param=live_params[pid]):
             if param is not None:
                 optimizer.state[param][key] = number
-        out.append((names[pid], osd["state"].get(pid), write))
+            else:
+                osd["state"][pid][key] = number
+
+        def forget(pid=pid, param=live_params[pid]):
+            if param is not None:
+                optimizer.state.pop(param, None)
+            else:
+                osd["state"].pop(pid, None)
+        out.append((names[pid], osd["state"].get(pid), write, forget))
     return out
+
+
+class FlatState(dict):
+    """What flatten_state returns: a dict key -> tensor / Shard / Absent (use it as one) that
+    also remembers where each parameter's optimizer state came from, so that a load into it
+    can drop the state of a parameter the checkpoint saved without any (forget_absent_state).
+    A plain dict made from it (dict(state), a comprehension) forgets that: to leave entries
+    out of a load, delete them from it (``del state[key]``)."""
+
+    def __init__(self):
+        super().__init__()
+        self._stateful = {}  # fqn -> (parameter value, forget()) of each parameter with state
+
+    def _remember(self, fqn, param, forget):
+        self._stateful[fqn] = (param, forget)
+
+    def _forget_absent(self, absent_keys):
+        absent = set(absent_keys)
+        loaded = {}  # fqn -> its optimizer-state keys here
+        for key in self:
+            if isinstance(key, str):
+                fqn, _, state_key = key.partition("#")
+                if state_key and fqn in self._stateful:
+                    loaded.setdefault(fqn, []).append(key)
+        for fqn, keys in loaded.items():
+            if all(k in absent for k in keys):
+                param, forget = self._stateful.pop(fqn)
+                forget()
+                for k in keys:
+                    del self[k]
+                self[fqn + "#"] = Absent.like(param)
 
 
 def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
@@ -201,13 +246,21 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
         (matched by identity). Default: match each optimizer parameter to the model
         state_dict entry that shares its memory (needs the optimizer object).
 
-    Returned tensors alias the live model/optimizer memory (a DTensor's local tensor), so a
-    load into the mapping restores the model and optimizer in place.
+    Returns a dict (a FlatState) whose tensors alias the live model/optimizer memory (a
+    DTensor's local tensor), so a load into it restores the model and optimizer in place.
+    After a load into it (Client.load), a parameter whose state the checkpoint records as
+    absent (saved before its first step, or frozen then) has its state dropped — the state
+    tessera.init_optimizer_state made up for it (step=1, zero moments) would otherwise skew
+    its first update — from the optimizer (``optimizer.state.pop(param)``) or from the
+    optimizer state dict's "state" (so ``load_state_dict`` / ``set_optimizer_state_dict``
+    leave it without state), and its entries here become its ``"<fqn>#"`` Absent marker. To
+    leave entries out of a load, delete them from the returned mapping (``del state[key]``):
+    a plain dict copy loads the same tensors but drops no state.
 
     Raises InvalidArgumentError (MALFORMED_SHARD) for a non-tensor state_dict entry or a
     parameter it cannot name.
     """
-    flat = {}
+    flat = FlatState()
     model_parallel = any(dtensors.is_dtensor(v) for v in model_state_dict.values())
     for key, value in model_state_dict.items():
         if "#" in key:
@@ -223,7 +276,8 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
     if optimizer is None:
         return flat
 
-    for fqn, state, write_back in _optimizer_state(optimizer, model_state_dict, param_names):
+    for fqn, state, write_back, forget in _optimizer_state(optimizer, model_state_dict,
+                                                          param_names):
         if fqn not in flat:
             raise errors.malformed("optimizer parameter %r is not in the model state_dict"
                                    % (fqn,), fqn=fqn if isinstance(fqn, str) else None)
@@ -231,6 +285,7 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
         if not state:
             flat[fqn + "#"] = Absent.like(param)
             continue
+        flat._remember(fqn, param, forget)
         for key in sorted(state):
             value = state[key]
             if value is None:
@@ -278,17 +333,30 @@ def write_back_numbers(into):
             value.write_back()
 
 
+def forget_absent_state(into, absent_keys):
+    """After a load into a flatten_state mapping (a FlatState; any other mapping: nothing),
+    given the keys of `into` the load reported absent: drops the optimizer state of every
+    parameter all of whose optimizer-state keys in `into` came back absent (the checkpoint
+    saved it without state), where flatten_state found it, and replaces those keys in `into`
+    with the parameter's ``"<fqn>#"`` Absent marker. Call it after write_back_numbers."""
+    if isinstance(into, FlatState):
+        into._forget_absent(absent_keys)
+
+
 def init_optimizer_state(optimizer):
     """Materialises the lazily created state of every trainable parameter (requires_grad)
     that has none, without changing the parameters or existing state, so that a load has
     tensors to fill: call it on a fresh optimizer before flatten_state + Client.load. Frozen
-    parameters stay without state (their entries remain tessera.Absent; leave those out of a
-    load's `into`), as they were when training saved them.
+    parameters (requires_grad=False) stay without state, as they were when training saved
+    them: their ``"<fqn>#"`` entries remain tessera.Absent, which a load refuses — delete them
+    from flatten_state's mapping before the load (``del state[fqn + "#"]``).
 
     Runs one optimizer.step() in which only the stateless parameters have a (zero) gradient
     and every group's learning rate is 0 (AdamW's decoupled weight decay is scaled by the
     learning rate, so it is a no-op too); then restores the learning rates and gradients. The
-    state it creates (e.g. step=1, zero moments) is meant to be overwritten by the load.
+    state it creates (e.g. step=1, zero moments) is meant to be overwritten by the load; that
+    of a parameter the checkpoint saved without state is dropped by a load into the mapping
+    flatten_state returned (not into a copy of it), so its first real step starts from none.
     """
     torch = _torch()
     saved = []  # (group, lr) and (param, grad) to restore
