@@ -127,8 +127,9 @@ std::string Hostname() {
 }
 
 // Memory copies between agents: channels per transfer (rare: one per save and buddy, or
-// MemoryCopyChannels' few per file a load reads from another node), bounded by a generous
-// deadline.
+// MemoryCopyChannels' few per file a load reads from another node). Over the bulk port a
+// transfer ends once no byte moved for this long, whatever its size; over gRPC (no bulk port)
+// it bounds the whole transfer.
 constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
 // How long a save waits for a buddy send of an older step to let its staging region go
 // (BuddyReplicator::GiveWay): it stops within one 1 MiB chunk or 5 ms unless the buddy stopped

@@ -121,31 +121,35 @@ void MemoryBulkServer::Serve(Connection* connection) {
 
 void MemoryBulkServer::ServeRead(const TcpSocket& socket,
                                  const v1::ReadMemoryCopyRequest& request) const {
-  const absl::Time deadline = absl::Now() + options_.send_timeout;
   absl::StatusOr<RequestedBytes> found = FindRequestedBytes(job_id_, *tier_, *store_, request);
-  absl::Status sent =
-      SendBulkStatus(socket, found.status(), found.ok() ? found->end - found->begin : 0, deadline);
+  absl::Status sent = SendBulkStatus(socket, found.status(),
+                                     found.ok() ? found->end - found->begin : 0,
+                                     absl::Now() + options_.send_timeout);
   if (sent.ok() && found.ok()) {
-    sent = socket.SendAll(found->data + found->begin, found->end - found->begin, deadline);
+    sent = socket.SendAll(found->data + found->begin, found->end - found->begin,
+                          TimeLimit::Stall(options_.send_timeout));
   }
   if (!sent.ok()) LogWarning("memory bulk read for ", socket.peer(), ": ", sent.ToString());
 }
 
 void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put) {
-  const absl::Time deadline = absl::Now() + options_.put_timeout;
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> room =
       ReserveBuddyCopy(job_id_, *store_, put.job_id(), put.copy());
-  absl::Status status =
-      SendBulkStatus(socket, room.status(), room.ok() ? (*room)->size() : 0, deadline);
+  absl::Status status = SendBulkStatus(socket, room.status(), room.ok() ? (*room)->size() : 0,
+                                       absl::Now() + options_.put_timeout);
   if (!room.ok()) return;
-  if (status.ok()) status = socket.RecvAll((*room)->data(), (*room)->size(), deadline);
+  if (status.ok()) {
+    status = socket.RecvAll((*room)->data(), (*room)->size(),
+                            TimeLimit::Stall(options_.put_timeout));
+  }
   if (status.ok()) {
     // Logged before the copy is kept, and so before any heartbeat can state it.
     LogInfo("kept the memory copy of ", put.copy().file(), " of step ", put.copy().step(),
             " from rank ", put.copy().writer_rank(), " (", put.copy().nbytes(),
             " bytes over the bulk port)");
     store_->Keep(put.copy(), *std::move(room));
-    status = SendBulkStatus(socket, absl::OkStatus(), put.copy().nbytes(), deadline);
+    status = SendBulkStatus(socket, absl::OkStatus(), put.copy().nbytes(),
+                            absl::Now() + options_.put_timeout);
     if (!status.ok()) LogWarning("memory bulk put from ", socket.peer(), ": ", status.ToString());
     return;
   }
@@ -156,18 +160,19 @@ void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put)
 }
 
 absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
-                                const v1::MemoryCopy& copy, char* dest, absl::Duration timeout,
+                                const v1::MemoryCopy& copy, char* dest, absl::Duration stall,
                                 int streams) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const TimeLimit limit = TimeLimit::Stall(stall);
   const std::vector<std::pair<uint64_t, uint64_t>> parts = ReadParts(copy.nbytes(), streams);
   SocketGroup group;
   RunOnThreads(parts.size(), [&](size_t i) {
     const auto [begin, end] = parts[i];
-    absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
+    absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, limit.StepDeadline());
     if (!socket.ok()) return group.Fail(socket.status());
     group.Run(*socket, [&] {
-      RETURN_IF_ERROR(RequestBulkRead(*socket, address, job, copy, begin, end, deadline));
-      return socket->RecvAll(dest + begin, end - begin, deadline);
+      RETURN_IF_ERROR(
+          RequestBulkRead(*socket, address, job, copy, begin, end, limit.StepDeadline()));
+      return socket->RecvAll(dest + begin, end - begin, limit);
     });
   });
   return group.first_error();
@@ -175,16 +180,19 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
 
 absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,
                                 const v1::MemoryCopy& copy, const char* data,
-                                absl::Duration timeout, const std::atomic<bool>* cancel,
+                                absl::Duration stall, const std::atomic<bool>* cancel,
                                 const std::function<void()>& before_chunk) {
-  const absl::Time deadline = absl::Now() + timeout;
+  const TimeLimit limit = TimeLimit::Stall(stall);
   v1::BulkRequest request;
   request.mutable_put()->set_job_id(job);
   *request.mutable_put()->mutable_copy() = copy;
-  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, deadline);
+  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, limit.StepDeadline());
   if (!socket.ok()) return socket.status();
-  if (absl::Status sent = SendBulkFrame(*socket, request, deadline); !sent.ok()) return sent;
-  if (absl::StatusOr<uint64_t> room = RecvBulkStatus(*socket, address, deadline); !room.ok()) {
+  if (absl::Status sent = SendBulkFrame(*socket, request, limit.StepDeadline()); !sent.ok()) {
+    return sent;
+  }
+  if (absl::StatusOr<uint64_t> room = RecvBulkStatus(*socket, address, limit.StepDeadline());
+      !room.ok()) {
     return room.status();
   }
   for (uint64_t offset = 0; offset < copy.nbytes();) {
@@ -194,14 +202,16 @@ absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& j
           absl::StrCat("the memory copy of ", copy.file(), " to ", address, " was given up"));
     }
     const uint64_t n = std::min(kMemoryCopyChunkBytes, copy.nbytes() - offset);
-    if (absl::Status sent = socket->SendAll(data + offset, n, deadline); !sent.ok()) return sent;
+    // The stall limit counts from here: a before_chunk wait (a trainer's save) is not a stall.
+    if (absl::Status sent = socket->SendAll(data + offset, n, limit); !sent.ok()) return sent;
     offset += n;
   }
-  return RecvBulkStatus(*socket, address, deadline).status();
+  return RecvBulkStatus(*socket, address, limit.StepDeadline()).status();
 }
 
 absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,
                                       char* dest, absl::Duration timeout) {
+  // Over the bulk port `timeout` bounds each wait for bytes; over gRPC, the whole read.
   if (!copy.bulk_address().empty()) {
     return ReadMemoryCopyBulk(copy.bulk_address(), job, copy, dest, timeout);
   }
@@ -213,6 +223,7 @@ absl::Status SendMemoryCopyToBuddy(const std::string& job, const v1::MemoryBuddy
                                    const v1::MemoryCopy& copy, const char* data,
                                    absl::Duration timeout, const std::atomic<bool>* cancel,
                                    const std::function<void()>& before_chunk) {
+  // Over the bulk port `timeout` bounds each wait for bytes; over gRPC, the whole put.
   if (!buddy.bulk_address().empty()) {
     return SendMemoryCopyBulk(buddy.bulk_address(), job, copy, data, timeout, cancel, before_chunk);
   }

@@ -11,9 +11,11 @@
 // once more out of gRPC's buffers (and a put copies it twice more on the sending side);
 // agent/peer_memory_benchmark.cc measures both against plain sockets.
 //
-// Never hangs on a peer: every call is bounded by a deadline (the caller's) or a timeout (the
-// server's, for a peer that stops sending or taking bytes); a server being destroyed wakes and
-// ends its connections.
+// Never hangs on a peer: a transfer ends once no byte has moved for its stall limit (the
+// caller's, or the server's for a peer that stops sending or taking bytes) — a limit on each
+// wait, not on the whole, so a copy of any size on a slow link completes while it moves;
+// connecting and each request and answer are bounded by the same limit from their start; a
+// server being destroyed wakes and ends its connections.
 //
 // Thread-safety: the server is thread-safe; the functions may run concurrently.
 #ifndef TESSERA_AGENT_MEMORY_BULK_H_
@@ -50,11 +52,11 @@ struct MemoryBulkServerOptions {
   int max_connections = 64;
   // A connection whose request has not arrived after this long is closed.
   absl::Duration request_timeout = absl::Seconds(10);
-  // A reader that has not taken the copy's bytes after this long is dropped.
+  // A reader that has taken no byte for this long is dropped.
   absl::Duration send_timeout = absl::Minutes(2);
-  // A put whose bytes have not all arrived after this long is dropped, its room given back.
-  // Longer than a sender's own deadline (agent_main: 2 minutes), which pauses while its
-  // trainer saves.
+  // A put none of whose bytes arrived for this long is dropped, its room given back. Longer
+  // than a sender's own stall limit (agent_main: 2 minutes) plus its pauses while its trainer
+  // saves (SendMemoryCopyBulk's before_chunk).
   absl::Duration put_timeout = absl::Minutes(5);
 };
 
@@ -116,33 +118,35 @@ class MemoryBulkServer {
 // Errors (the first failed part's, which ends the other parts at once: common/socket_group.h):
 // the holder's, as PeerMemory.ReadMemoryCopy's (NotFound, FailedPrecondition, OutOfRange);
 // DataLoss if it sent another size or closed early; Unavailable if it cannot be reached or
-// reset the connection; DeadlineExceeded past `timeout`; InvalidArgument for an address that
-// does not parse.
+// reset the connection; DeadlineExceeded once no byte arrived for `stall` (however long the
+// whole takes); InvalidArgument for an address that does not parse.
 absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
-                                const v1::MemoryCopy& copy, char* dest, absl::Duration timeout,
+                                const v1::MemoryCopy& copy, char* dest, absl::Duration stall,
                                 int streams = kMemoryCopyReadStreams);
 
 // Puts copy.nbytes() bytes at `data` to the bulk port at `address` as the buddy copy `copy`
 // (writer_rank set) of job `job`, in kMemoryCopyChunkBytes pieces: before each,
 // `before_chunk` (if given) runs — it may block, e.g. while a trainer's save copy runs — and
 // the put stops once `*cancel` (if given) is true. Returns once the receiver keeps the copy.
+// `stall` bounds each wait for bytes to move (not before_chunk's).
 // Errors: the receiver's, as PeerMemory.PutMemoryCopy's (ResourceExhausted,
 // FailedPrecondition); Cancelled after `cancel` (the receiver keeps nothing); as
 // ReadMemoryCopyBulk's for the connection.
 absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,
                                 const v1::MemoryCopy& copy, const char* data,
-                                absl::Duration timeout, const std::atomic<bool>* cancel = nullptr,
+                                absl::Duration stall, const std::atomic<bool>* cancel = nullptr,
                                 const std::function<void()>& before_chunk = nullptr);
 
 // Reads `copy` from the agent holding it: over its bulk port when it has one
-// (copy.bulk_address), else over PeerMemory.ReadMemoryCopy at copy.peer_address. Errors: as
-// the path taken.
+// (copy.bulk_address; `timeout` is then its stall limit), else over PeerMemory.ReadMemoryCopy
+// at copy.peer_address (`timeout` bounds the whole read). Errors: as the path taken.
 absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,
                                       char* dest, absl::Duration timeout);
 
-// Sends `copy` to `buddy`: over its bulk port when it has one (buddy.bulk_address), else over
-// PeerMemory.PutMemoryCopy at buddy.peer_address. Arguments and errors: as SendMemoryCopyBulk
-// and SendMemoryCopy.
+// Sends `copy` to `buddy`: over its bulk port when it has one (buddy.bulk_address; `timeout`
+// is then its stall limit), else over PeerMemory.PutMemoryCopy at buddy.peer_address
+// (`timeout` bounds the whole put). Arguments and errors: as SendMemoryCopyBulk and
+// SendMemoryCopy.
 absl::Status SendMemoryCopyToBuddy(const std::string& job, const v1::MemoryBuddy& buddy,
                                    const v1::MemoryCopy& copy, const char* data,
                                    absl::Duration timeout, const std::atomic<bool>* cancel,

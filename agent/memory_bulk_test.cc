@@ -112,10 +112,11 @@ class MemoryBulkTest : public ::testing::Test {
   // A put of `bytes` as writer 5's copy of "data-00005" of job `job`.
   absl::Status Put(const std::string& bytes, const std::string& job = kJob,
                    const std::atomic<bool>* cancel = nullptr,
-                   const std::function<void()>& before_chunk = nullptr) {
+                   const std::function<void()>& before_chunk = nullptr,
+                   absl::Duration stall = absl::Seconds(30)) {
     v1::MemoryCopy copy = Copy("data-00005", bytes.size());
     copy.set_writer_rank(5);
-    return SendMemoryCopyBulk(bulk_address_, job, copy, bytes.data(), absl::Seconds(30), cancel,
+    return SendMemoryCopyBulk(bulk_address_, job, copy, bytes.data(), stall, cancel,
                               before_chunk);
   }
 
@@ -172,6 +173,24 @@ TEST_F(MemoryBulkTest, Put_ThenRead_KeptAsTheWritersBuddyCopy) {
   std::optional<HeldCopy> held = store_.Find(7, "s7", "data-00005");
   ASSERT_TRUE(held.has_value());
   EXPECT_EQ(held->copy.writer_rank(), 5u);
+  absl::StatusOr<std::string> back = Read(Copy("data-00005", bytes.size()));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_TRUE(*back == bytes);
+}
+
+// A put's time limit is on stalls, not on the put: one that pauses between its chunks (its
+// trainer saving) for longer in all than the limit still completes and is kept. Failed
+// before: the limit was a deadline for the whole put, pauses included (DeadlineExceeded), so
+// a copy longer than two minutes of its link never reached its buddy.
+TEST_F(MemoryBulkTest, Put_LongerInAllThanItsLimit_KeptWhileItMoves) {
+  StartBulk();
+  const std::string bytes = Pattern(8 << 20, 'q');  // eight chunks
+  absl::Status put = Put(
+      bytes, kJob, nullptr, [] { absl::SleepFor(absl::Milliseconds(150)); },  // 1.2 s in all
+      /*stall=*/absl::Milliseconds(500));
+  ASSERT_TRUE(put.ok()) << put;
+  std::optional<HeldCopy> held = store_.Find(7, "s7", "data-00005");
+  ASSERT_TRUE(held.has_value());
   absl::StatusOr<std::string> back = Read(Copy("data-00005", bytes.size()));
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_TRUE(*back == bytes);

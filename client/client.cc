@@ -684,7 +684,7 @@ absl::StatusOr<LoadResult> Client::LoadOnceLocked(const v1::LoadRequest& request
     const absl::Time fetch_start = absl::Now();
     absl::StatusOr<VerifiedCopyResult> fetched =
         FetchVerified(response.fetch().job_id(), response.fetch().copy(), slots, blocks,
-                      kFetchStreams, std::min(deadline, fetch_start + kFetchTimeout));
+                      kFetchStreams, TimeLimit(deadline, kFetchStall));
     if (!fetched.ok()) {
       retry->fetch_error = fetched.status();
       retry->fetch_holder = response.fetch().copy().bulk_address();

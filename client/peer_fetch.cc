@@ -54,7 +54,7 @@ uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
 absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
                                                  absl::Span<const SlotCopy> slots,
                                                  absl::Span<const BlockCheck> blocks,
-                                                 int max_streams, absl::Time deadline) {
+                                                 int max_streams, TimeLimit limit) {
   ASSIGN_OR_RETURN(const std::vector<std::vector<size_t>> by_block,
                    SlotsByBlock(copy.nbytes(), slots, blocks));
   VerifiedCopyResult result;
@@ -77,7 +77,8 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       const uint64_t run_end = End(blocks[end - 1]);
       std::optional<TcpSocket> socket;
       if (run_end > run_begin) {  // blocks of no bytes need no connection
-        absl::StatusOr<TcpSocket> opened = TcpSocket::Connect(copy.bulk_address(), deadline);
+        absl::StatusOr<TcpSocket> opened =
+            TcpSocket::Connect(copy.bulk_address(), limit.StepDeadline());
         if (!opened.ok()) return group.Fail(opened.status());
         socket.emplace(*std::move(opened));
         if (!group.Open(*socket)) return;
@@ -87,7 +88,8 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       };
       if (socket.has_value()) {
         absl::Status asked =
-            RequestBulkRead(*socket, copy.bulk_address(), job, copy, run_begin, run_end, deadline);
+            RequestBulkRead(*socket, copy.bulk_address(), job, copy, run_begin, run_end,
+                            limit.StepDeadline());
         if (!asked.ok()) return group.Fail(std::move(asked));
       }
       uint64_t at = run_begin;  // the next byte the connection delivers
@@ -110,7 +112,7 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
           if (slot.offset > begin) next_slot = std::min(next_slot, slot.offset);
         }
         most = std::min(most, next_slot - begin);
-        ASSIGN_OR_RETURN(const size_t got, socket->RecvSome(into, most, deadline));
+        ASSIGN_OR_RETURN(const size_t got, socket->RecvSome(into, most, limit));
         at = begin + got;
         return absl::Span<const char>(into, got);
       };
@@ -118,7 +120,7 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
         absl::Status skipped;
         while (skipped.ok() && at < blocks[b].offset) {  // the gap before this block: dropped
           const uint64_t n = std::min(kReceiveThenHashBytes, blocks[b].offset - at);
-          skipped = socket->RecvAll(piece.get(), n, deadline);
+          skipped = socket->RecvAll(piece.get(), n, limit);
           at += n;
         }
         absl::StatusOr<bool> matched =

@@ -24,6 +24,7 @@
 #include "absl/types/span.h"
 #include "client/verified_copy.h"
 #include "common/checksum.h"
+#include "common/tcp_socket.h"
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {
@@ -33,9 +34,10 @@ namespace tessera {
 // new connections near the loopback limit on the 2-core VM).
 inline constexpr int kFetchStreams = 4;
 
-// The longest a fetch may take, as an agent's reads of a copy (agent_main.cc
-// kMemoryCopyTimeout); a load with less time left gives it less (Client::Load).
-inline constexpr absl::Duration kFetchTimeout = absl::Minutes(2);
+// How long a fetch waits for its holder's next bytes before it gives up, as an agent's reads
+// of a copy (agent_main.cc kMemoryCopyTimeout): a limit on each wait, not on the whole fetch,
+// which the load's own deadline bounds (Client::Load).
+inline constexpr absl::Duration kFetchStall = absl::Minutes(2);
 
 // Reads the bytes of memory copy `copy` (of job `job`) that `blocks` cover from its holder's
 // bulk port (copy.bulk_address(); proto/tessera/v1/peer.proto "Bulk transfers"), copying into
@@ -49,11 +51,13 @@ inline constexpr absl::Duration kFetchTimeout = absl::Minutes(2);
 // Errors: InvalidArgument naming the block or slot that breaks the rule, before anything is
 // read; else the first error any connection met, which ends the others at once
 // (TcpSocket::Connect's or common/bulk_wire.h RequestBulkRead's; DataLoss if the holder closes
-// early; DeadlineExceeded past `deadline`) — the destinations then hold unspecified bytes.
+// early; DeadlineExceeded past `limit`: its deadline, or its stall limit with no byte arriving
+// for that long, each connect and request counted from its start) — the destinations then
+// hold unspecified bytes.
 absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
                                                  absl::Span<const SlotCopy> slots,
                                                  absl::Span<const BlockCheck> blocks,
-                                                 int max_streams, absl::Time deadline);
+                                                 int max_streams, TimeLimit limit);
 
 }  // namespace tessera
 

@@ -201,6 +201,23 @@ TEST_F(PeerFetchTest, TheHolderClosesPartway_DataLoss) {
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
 }
 
+// The fetch's stall limit bounds each wait for the holder's bytes, not the fetch: a holder on
+// a slow but steady link (a 256 KiB piece every 400 ms, 3.2 s for 2 MiB) is read whole under
+// a 2 s limit. Failed before: the load gave its fetch a fixed 2 minutes in all, so a copy
+// longer than that on its link was never fetched.
+TEST_F(PeerFetchTest, ASlowSteadyHolder_ReadWholeUnderAShorterStallLimit) {
+  FakeBulkHolder holder(held_);
+  holder.set_pace(absl::Milliseconds(400));
+  copy_.set_bulk_address(holder.address());
+  const std::vector<BlockCheck> blocks = {blocks_[0], blocks_[1]};  // 2 MiB
+  Destinations d({{0, 2 * kMiB}});
+  absl::StatusOr<VerifiedCopyResult> fetched =
+      FetchVerified(kJob, copy_, d.slots, blocks, 1, TimeLimit(Soon(), absl::Seconds(2)));
+  ASSERT_TRUE(fetched.ok()) << fetched.status();
+  EXPECT_TRUE(fetched->mismatched.empty());
+  d.ExpectFilledFrom(held_);
+}
+
 TEST_F(PeerFetchTest, OneStreamFails_TheOthersEndAtOnce) {
   // The first share's read closes after 4 MiB, long after the second's has been waiting for
   // bytes its holder never sends — or, `stall_unanswered`, for the holder's answer to its

@@ -50,6 +50,10 @@ class FakeBulkHolder {
   FakeBulkHolder(const FakeBulkHolder&) = delete;
   FakeBulkHolder& operator=(const FakeBulkHolder&) = delete;
 
+  // Sends every read's bytes in 256 KiB pieces, pausing `pace` before each: a holder on a
+  // slow but steady link. Call before the first read.
+  void set_pace(absl::Duration pace) { pace_ = pace; }
+
   std::string address() const { return "127.0.0.1:" + std::to_string(listener_.port()); }
   int connections() const { return connections_.load(); }
 
@@ -83,14 +87,21 @@ class FakeBulkHolder {
   void Send(TcpSocket& c, const v1::ReadMemoryCopyRequest& read) {
     const absl::Time soon = absl::Now() + absl::Seconds(30);
     if (!SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) return;
-    c.SendAll(bytes_.data() + read.offset(), std::min(read.length(), cut_after_), soon)
-        .IgnoreError();
+    const uint64_t n = std::min(read.length(), cut_after_);
+    const uint64_t piece = pace_ > absl::ZeroDuration() ? uint64_t{256} << 10 : n;
+    for (uint64_t at = 0; at < n; at += piece) {
+      if (pace_ > absl::ZeroDuration()) absl::SleepFor(pace_);  // the slow link, not a sync
+      if (!c.SendAll(bytes_.data() + read.offset() + at, std::min(piece, n - at), soon).ok()) {
+        return;
+      }
+    }
   }
 
   const std::string bytes_;
   const uint64_t cut_after_;
   const uint64_t stall_from_;
   const bool stall_unanswered_;
+  absl::Duration pace_ = absl::ZeroDuration();
   TcpSocket listener_;
   std::atomic<int> connections_{0};
   std::vector<TcpSocket> stalled_;  // the serving thread's, as is held_back_

@@ -43,14 +43,44 @@ absl::Status TimeOutAt(int fd, absl::Time deadline, absl::string_view op, absl::
   if (left <= absl::ZeroDuration()) {
     return absl::DeadlineExceededError(absl::StrCat(op, " ", peer, ": deadline passed"));
   }
-  // A zero timeval means "never": at least one microsecond.
-  const timeval tv = absl::ToTimeval(std::max(left, absl::Microseconds(1)));
+  // A zero timeval means "never": at least one microsecond. An infinite one is "never" too.
+  const timeval tv = left == absl::InfiniteDuration()
+                         ? timeval{0, 0}
+                         : absl::ToTimeval(std::max(left, absl::Microseconds(1)));
   if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
       setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
     return SocketError(errno, "setsockopt", peer);
   }
   return absl::OkStatus();
 }
+
+// One send or receive call under `limit`: the socket's timeout is set to whichever comes
+// first, the deadline or `limit.stall` from now. A call that moves some bytes before its
+// timeout returns them (SO_SNDTIMEO / SO_RCVTIMEO), so the next call's window starts afresh;
+// one that moves none fails EAGAIN, which Stalled() names.
+class CallWindow {
+ public:
+  CallWindow(const TimeLimit& limit) : limit_(limit) {}  // NOLINT(runtime/explicit)
+
+  absl::Status Open(int fd, absl::string_view op, absl::string_view peer) {
+    const absl::Time due = limit_.StepDeadline();
+    stall_bound_ = due < limit_.deadline;
+    return TimeOutAt(fd, due, op, peer);
+  }
+
+  // The error of a call that failed with `err`.
+  absl::Status Error(int err, absl::string_view op, absl::string_view peer) const {
+    if ((err == EAGAIN || err == EWOULDBLOCK) && stall_bound_) {
+      return absl::DeadlineExceededError(absl::StrCat(op, " ", peer, ": no byte moved for ",
+                                                      absl::FormatDuration(limit_.stall)));
+    }
+    return SocketError(err, op, peer);
+  }
+
+ private:
+  const TimeLimit limit_;
+  bool stall_bound_ = false;
+};
 
 struct AddrInfoDeleter {
   void operator()(addrinfo* info) const { freeaddrinfo(info); }
@@ -169,26 +199,24 @@ absl::StatusOr<TcpSocket> TcpSocket::Accept() const {
   }
 }
 
-absl::Status TcpSocket::SendAll(const char* data, size_t n, absl::Time deadline) const {
+absl::Status TcpSocket::SendAll(const char* data, size_t n, TimeLimit limit) const {
+  CallWindow window(limit);
   for (size_t sent = 0; sent < n;) {
-    if (absl::Status timed = TimeOutAt(fd_, deadline, "send to", peer_); !timed.ok()) {
-      return timed;
-    }
+    if (absl::Status timed = window.Open(fd_, "send to", peer_); !timed.ok()) return timed;
     const ssize_t k = ::send(fd_, data + sent, std::min(n - sent, kMaxPerCall), MSG_NOSIGNAL);
     if (k < 0) {
       if (errno == EINTR) continue;
-      return SocketError(errno, "send to", peer_);
+      return window.Error(errno, "send to", peer_);
     }
     sent += static_cast<size_t>(k);
   }
   return absl::OkStatus();
 }
 
-absl::Status TcpSocket::RecvAll(char* dest, size_t n, absl::Time deadline) const {
+absl::Status TcpSocket::RecvAll(char* dest, size_t n, TimeLimit limit) const {
+  CallWindow window(limit);
   for (size_t got = 0; got < n;) {
-    if (absl::Status timed = TimeOutAt(fd_, deadline, "receive from", peer_); !timed.ok()) {
-      return timed;
-    }
+    if (absl::Status timed = window.Open(fd_, "receive from", peer_); !timed.ok()) return timed;
     const ssize_t k = ::recv(fd_, dest + got, std::min(n - got, kMaxPerCall), MSG_WAITALL);
     if (k == 0) {
       return absl::DataLossError(
@@ -196,26 +224,25 @@ absl::Status TcpSocket::RecvAll(char* dest, size_t n, absl::Time deadline) const
     }
     if (k < 0) {
       if (errno == EINTR) continue;
-      return SocketError(errno, "receive from", peer_);
+      return window.Error(errno, "receive from", peer_);
     }
     got += static_cast<size_t>(k);
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<size_t> TcpSocket::RecvSome(char* dest, size_t n, absl::Time deadline) const {
+absl::StatusOr<size_t> TcpSocket::RecvSome(char* dest, size_t n, TimeLimit limit) const {
   if (n == 0) return absl::InvalidArgumentError("RecvSome of 0 bytes");  // recv would say EOF
+  CallWindow window(limit);
   for (;;) {
-    if (absl::Status timed = TimeOutAt(fd_, deadline, "receive from", peer_); !timed.ok()) {
-      return timed;
-    }
+    if (absl::Status timed = window.Open(fd_, "receive from", peer_); !timed.ok()) return timed;
     const ssize_t k = ::recv(fd_, dest, std::min(n, kMaxPerCall), 0);
     if (k == 0) {
       return absl::DataLossError(absl::StrCat(peer_, " closed the connection"));
     }
     if (k < 0) {
       if (errno == EINTR) continue;
-      return SocketError(errno, "receive from", peer_);
+      return window.Error(errno, "receive from", peer_);
     }
     return static_cast<size_t>(k);
   }

@@ -12,6 +12,7 @@
 #ifndef TESSERA_COMMON_TCP_SOCKET_H_
 #define TESSERA_COMMON_TCP_SOCKET_H_
 
+#include <algorithm>
 #include <cstddef>
 #include <string>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 namespace tessera {
@@ -32,6 +34,26 @@ std::string UnbracketHost(absl::string_view host);
 
 // The inverse: "host:port", an IPv6 literal host bracketed ("[fd00::5]:7000").
 std::string JoinHostPort(absl::string_view host, absl::string_view port);
+
+// When a send or receive gives up: at `deadline`, or once no byte has moved for `stall` — so a
+// transfer of any size on a slow link goes on while it moves, and one whose peer stopped ends
+// `stall` after the last byte. An absl::Time converts to a deadline alone.
+struct TimeLimit {
+  TimeLimit(absl::Time deadline) : deadline(deadline) {}  // NOLINT(runtime/explicit)
+  TimeLimit(absl::Time deadline, absl::Duration stall) : deadline(deadline), stall(stall) {}
+  // A stall limit alone.
+  static TimeLimit Stall(absl::Duration stall) { return {absl::InfiniteFuture(), stall}; }
+
+  // When a step that begins now (a wait for bytes, a connect, a request and its answer) must
+  // end: the deadline, or the stall limit from now if sooner.
+  absl::Time StepDeadline() const {
+    return stall == absl::InfiniteDuration() ? deadline
+                                             : std::min(deadline, absl::Now() + stall);
+  }
+
+  absl::Time deadline;
+  absl::Duration stall = absl::InfiniteDuration();
+};
 
 class TcpSocket {
  public:
@@ -52,17 +74,17 @@ class TcpSocket {
   // The next connection (peer() names it). Fails once Shutdown() was called.
   absl::StatusOr<TcpSocket> Accept() const;
 
-  // Sends all `n` bytes at `data`. Does not raise SIGPIPE.
-  absl::Status SendAll(const char* data, size_t n, absl::Time deadline) const;
+  // Sends all `n` bytes at `data`. Does not raise SIGPIPE. DeadlineExceeded past `limit`.
+  absl::Status SendAll(const char* data, size_t n, TimeLimit limit) const;
 
   // Receives exactly `n` bytes into `dest`. DataLoss if the peer closes first, naming how
-  // many bytes had arrived.
-  absl::Status RecvAll(char* dest, size_t n, absl::Time deadline) const;
+  // many bytes had arrived; DeadlineExceeded past `limit`.
+  absl::Status RecvAll(char* dest, size_t n, TimeLimit limit) const;
 
   // Receives between 1 and `n` bytes into `dest`: what has arrived, waiting only until
   // something has; returns how many. DataLoss if the peer closes first; InvalidArgument if `n`
-  // is 0.
-  absl::StatusOr<size_t> RecvSome(char* dest, size_t n, absl::Time deadline) const;
+  // is 0; DeadlineExceeded past `limit`.
+  absl::StatusOr<size_t> RecvSome(char* dest, size_t n, TimeLimit limit) const;
 
   // Wakes and fails any call blocked on this socket, now and later; the descriptor stays open
   // until Close() or destruction.

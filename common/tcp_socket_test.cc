@@ -76,6 +76,54 @@ TEST(TcpSocketTest, RecvAll_PeerSendsNothing_DeadlineExceededAtTheDeadline) {
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
 
+// A stall limit ends a transfer only once no byte moves for that long: a peer that sends
+// slowly but steadily (here a piece every 400 ms, 3.2 s in all) is received whole under a 2 s
+// stall limit, however long the whole takes. The pauses stand for a slow link, not for a
+// synchronisation. Failed before the limit existed: a 2 s limit was a deadline for the whole.
+TEST(TcpSocketTest, RecvAll_SlowSteadyPeer_StallLimitLetsItFinish) {
+  Pair p = Connected();
+  constexpr int kPieces = 8;
+  constexpr size_t kPiece = 64 << 10;
+  std::thread sender([&] {
+    const std::string piece(kPiece, 'x');
+    for (int i = 0; i < kPieces; ++i) {
+      absl::SleepFor(absl::Milliseconds(400));
+      ASSERT_TRUE(p.client.SendAll(piece.data(), piece.size(), Soon()).ok());
+    }
+  });
+  std::string got(kPieces * kPiece, '\0');
+  const absl::Time start = absl::Now();
+  absl::Status received =
+      p.server.RecvAll(got.data(), got.size(), TimeLimit::Stall(absl::Seconds(2)));
+  const absl::Duration took = absl::Now() - start;
+  sender.join();
+  ASSERT_TRUE(received.ok()) << received;
+  EXPECT_EQ(got, std::string(got.size(), 'x'));
+  EXPECT_GT(took, absl::Seconds(2));  // longer than the limit: it bounded no byte's wait
+}
+
+// A peer that stops: the receive ends one stall limit after the last byte, saying so; a
+// receiver that stops taking bytes ends the send likewise.
+TEST(TcpSocketTest, StallLimit_PeerStops_DeadlineExceededNamingTheStall) {
+  Pair p = Connected();
+  ASSERT_TRUE(p.client.SendAll("abc", 3, Soon()).ok());
+  char buffer[8];
+  absl::Status status =
+      p.server.RecvAll(buffer, sizeof(buffer), TimeLimit::Stall(absl::Milliseconds(100)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("no byte moved for 100ms"), std::string::npos) << status;
+
+  // A deadline sooner than the stall limit is the one that ends it.
+  status = p.server.RecvAll(buffer, sizeof(buffer),
+                            TimeLimit(absl::Now() + absl::Milliseconds(50), absl::Hours(1)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("deadline passed"), std::string::npos) << status;
+
+  const std::string big(64 << 20, 'y');  // more than the socket buffers hold
+  status = p.client.SendAll(big.data(), big.size(), TimeLimit::Stall(absl::Milliseconds(100)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
+}
+
 TEST(TcpSocketTest, RecvSome_WhatHasArrived_ThenDataLossOnClose) {
   // On loopback a send has arrived by the time it returns.
   Pair p = Connected();
