@@ -465,6 +465,18 @@ TensorRef HostRef(const std::string& fqn, std::vector<uint8_t>* bytes,
   return t;
 }
 
+// `size` bytes of device memory at `device`, as a uint8 tensor `fqn`.
+TensorRef CudaRef(const std::string& fqn, void* device, size_t size) {
+  TensorRef t;
+  t.fqn = fqn;
+  t.dtype = v1::DTYPE_U8;
+  t.global_shape = {static_cast<int64_t>(size)};
+  t.data = device;
+  t.nbytes = size;
+  t.memory = Memory::kCuda;
+  return t;
+}
+
 std::string Bytes(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 
 // ---------------------------------------------------------------------------------------------
@@ -1733,13 +1745,7 @@ TEST_F(ClientTest, SaveAndLoad_CudaTensors_CopiedThroughDevice) {
   ASSERT_EQ(cudaMalloc(&device, host.size()), cudaSuccess);
   ASSERT_EQ(cudaMemcpy(device, host.data(), host.size(), cudaMemcpyHostToDevice), cudaSuccess);
   std::vector<uint8_t> also_host = Pattern(100, 32);
-  TensorRef t;
-  t.fqn = "gpu.w";
-  t.dtype = v1::DTYPE_U8;
-  t.global_shape = {static_cast<int64_t>(host.size())};
-  t.data = device;
-  t.nbytes = host.size();
-  t.memory = Memory::kCuda;
+  const TensorRef t = CudaRef("gpu.w", device, host.size());
   absl::StatusOr<SaveResult> saved = client->Save(1, {t, HostRef("cpu.w", &also_host)});
   ASSERT_TRUE(saved.ok()) << saved.status();
   {
@@ -1771,13 +1777,7 @@ TEST_F(ClientTest, Load_LargeCudaTensor_CopiedOnSeveralThreadsThroughPinnedBuffe
   void* device = nullptr;
   ASSERT_EQ(cudaMalloc(&device, size), cudaSuccess);
   ASSERT_EQ(cudaMemset(device, 0xff, size), cudaSuccess);
-  TensorRef t;
-  t.fqn = "gpu.big";
-  t.dtype = v1::DTYPE_U8;
-  t.global_shape = {static_cast<int64_t>(size)};
-  t.data = device;
-  t.nbytes = size;
-  t.memory = Memory::kCuda;
+  const TensorRef t = CudaRef("gpu.big", device, size);
   absl::StatusOr<LoadResult> loaded = client->Load(1, {t});
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_GT(loaded->copy_time, absl::ZeroDuration());
@@ -1808,13 +1808,7 @@ TEST_F(ClientTest, Load_CudaTensorWithWorkQueued_CopiedAfterThatWork) {
   absl::Notification release;
   ASSERT_EQ(cudaLaunchHostFunc(trainer, WaitForRelease, &release), cudaSuccess);
   ASSERT_EQ(cudaMemsetAsync(device, 0xff, size, trainer), cudaSuccess);
-  TensorRef t;
-  t.fqn = "gpu.w";
-  t.dtype = v1::DTYPE_U8;
-  t.global_shape = {static_cast<int64_t>(size)};
-  t.data = device;
-  t.nbytes = size;
-  t.memory = Memory::kCuda;
+  const TensorRef t = CudaRef("gpu.w", device, size);
   absl::StatusOr<LoadResult> loaded;
   absl::Notification returned;
   std::thread load([&] {
