@@ -710,6 +710,16 @@ void SaveCore::StartPersist(absl::Time now, Session& s, std::string dir, bool me
 }
 
 void SaveCore::HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx) {
+  if (s.phase == SavePhase::kFailed) {
+    // R4: it refused a COMMIT of this session. Asked again, the coordinator did not count
+    // that refusal: say it again, with every report of the session.
+    Log(fx, Severity::kWarning,
+        absl::StrCat("COMMIT for ", Describe(s), ", which failed on this agent (",
+                     s.outcome.message(), "); re-sending its reports"));
+    s.reports.ResendAll();
+    Pump(s, fx);
+    return;
+  }
   if (s.phase != SavePhase::kPersisted && s.phase != SavePhase::kCommitOnly) {
     if (Live(s.phase)) {
       Log(fx, Severity::kWarning,

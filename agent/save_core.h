@@ -19,6 +19,7 @@
 //   (a COMMIT for a session this agent does not know) ─11─► COMMIT_ONLY
 //   PERSISTED, COMMIT_ONLY ─12 COMMIT─► (commit sub-state below; the phase stays)
 //   any phase above ─13 local failure─► FAILED    (reported; waits for the verdict)
+//   FAILED ─ COMMIT─► FAILED    (every report again, the failure among them: R4)
 //   any phase above, FAILED ─14 ABORT─► ENDING ─15 work done, own tmp dir removed─► ABORTED
 //   any phase above, FAILED ─16 COMMITTED─► COMMITTED
 //
@@ -66,7 +67,12 @@
 //    agent registered with, its job, the session's step and id; session ids must be one safe
 //    path component. Anything else fails the session (edge 13) with IO_ERROR naming the path
 //    received and the path expected; nothing is written, committed or removed there. Only
-//    the checked tmp_dir this rank wrote into is ever removed (edge 15).
+//    the checked tmp_dir this rank wrote into is ever removed (edge 15). A committer's
+//    refusal is the one error it reports in COMMITTING (an unresolved commit it retries
+//    unsaid): the coordinator asks another committer. A COMMIT that comes again to a FAILED
+//    session (the coordinator restarted, or heard the refusal while this rank was not its
+//    committer) is answered with every report of the session again, the refusal among
+//    them; nothing is committed.
 // R5 Lease. Before writing (PERSIST) the agent's lease must be current and the one the session
 //    began under (OnLease). Otherwise the agent was frozen or cut off past its lease, the
 //    coordinator has given it up, and the session fails with AGENT_LOST instead. A commit is

@@ -1072,6 +1072,23 @@ TEST_F(SaveCoreTest, R4_CommitToAnotherFinalDir_IoErrorNoCommit) {
   EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("/ckpt/job/step-000000007"));
 }
 
+// A COMMIT this agent refused (R4) failed the session here, and no later COMMIT is acted on.
+// The coordinator asks again when it did not count the refusal (it restarted, or the refusal
+// came while this rank was not its committer). Before, that COMMIT was dropped silently — for
+// as long as the agent heartbeats, and the coordinator asked no other committer; now it is
+// answered with the session's reports again, the refusal among them.
+TEST_F(SaveCoreTest, R4_CommitRefused_CommitAgainAnsweredWithTheRefusalAgain) {
+  ToPersisted();
+  Command(Commit(5, false, kSession, "/ckpt/other/step-000000007"));
+  ASSERT_THAT(Deliver(), ElementsAre("ERROR(IO_ERROR)"));
+  ASSERT_EQ(PhaseOf(), SavePhase::kFailed);
+  Command(Commit(6, false, kSession, "/ckpt/other/step-000000007"));
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("HASHES(1)", "CHUNKS(2)", "CHUNKS(1)", "PINNED", "STAGED",
+                                     "GATHERED", "PERSISTED", "ERROR(IO_ERROR)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("/ckpt/job/step-000000007"));
+}
+
 TEST_F(SaveCoreTest, R4_StorageRootUnknown_Refused) {
   Begin();  // never registered
   Deliver();

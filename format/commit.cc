@@ -189,18 +189,20 @@ CommitResolution ResolveCommit(Storage& storage, const std::string& tmp_dir,
   if (!attempt.refused_for_good && !roll_back_unless_committed) {
     return {CommitOutcome::kUnresolved, attempt.status};
   }
-  // Refused for good, or to be rolled back: take the directory out of final_dir if it is
-  // there (a refused attempt never put it there, but an earlier one may have), and make its
-  // absence durable before anyone may call the session ABORTED.
+  // Refused for good, or to be rolled back: make the directory's absence from final_dir
+  // durable before anyone may call the session ABORTED.
   const std::string parent = SplitPath(final_dir).first;
   const FinalCheck check = CheckFinal(storage, final_dir, manifest.session_id());
   if (check.state == FinalState::kUnreadable && check.io_error) {
     return {CommitOutcome::kUnresolved, attempt.status};
   }
   if (check.state == FinalState::kSameSession) {
-    if (absl::Status back = storage.Rename(final_dir, tmp_dir); !back.ok()) {
-      return {CommitOutcome::kUnresolved, back};
-    }
+    // This session's manifest is under final_dir: its commit is done but for a parent's
+    // fsync, which failed (this attempt's, or an earlier one's). It is never renamed back:
+    // an earlier call may have answered kCommitted — a committer reported COMMIT_WRITTEN and
+    // applied retention, a reader took it as `latest` — and that answer is final. An error
+    // to retry: committed once the fsync works.
+    return {CommitOutcome::kUnresolved, attempt.status};
   }
   if (absl::Status synced = storage.SyncDir(parent); !synced.ok()) {
     return {CommitOutcome::kUnresolved, synced};

@@ -65,7 +65,8 @@ enum class CommitOutcome {
   kCommitted,
   // The session's directory is provably not under final_dir, durably: the commit was refused
   // for good (final_dir holds another session's checkpoint; the data files or the temporary
-  // directory are gone; the manifest or the names are invalid), or it was rolled back.
+  // directory are gone; the manifest or the names are invalid), or it was rolled back (it
+  // never got there).
   kRolledBack,
   // Neither could be established: an I/O error. Nothing is decided; retry.
   kUnresolved,
@@ -80,12 +81,15 @@ struct CommitResolution {
 
 // Resolves a session's commit from the disk: commits it (CommitCheckpoint) and says whether
 // it is committed. With `roll_back_unless_committed` (the session's COMMITTING deadline has
-// passed), a commit that does not complete is rolled back instead: if final_dir holds this
-// session's manifest it is renamed back to tmp_dir, and the parent is fsynced so that the
-// directory's absence under final_dir is durable. Idempotent: safe to call again after any
-// outcome, by another committer, and after a crash; a kCommitted or kRolledBack answer is
-// final for the session (a later call gives the same outcome unless someone else changes
-// the directory). A session ends COMMITTED only on kCommitted and ABORTED only on
+// passed), a commit that does not complete is rolled back instead: the parent is fsynced so
+// that the directory's absence under final_dir is durable. A directory that is under
+// final_dir with this session's manifest is never rolled back, whatever is asked: its commit
+// is done but for a parent's fsync, and an earlier call may have answered kCommitted (a
+// committer reported it, applied retention; readers took it as `latest`). While that fsync
+// fails the answer is kUnresolved; once it works, kCommitted. Idempotent: safe to call again
+// after any outcome, by another committer, and after a crash; a kCommitted or kRolledBack
+// answer is final for the session (a later call gives the same outcome unless someone else
+// changes the directory). A session ends COMMITTED only on kCommitted and ABORTED only on
 // kRolledBack.
 CommitResolution ResolveCommit(Storage& storage, const std::string& tmp_dir,
                                const std::string& final_dir, const v1::Manifest& manifest,

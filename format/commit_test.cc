@@ -348,14 +348,18 @@ TEST_F(ResolveTest, Resolve_RenamedButParentFsyncFails_UnresolvedThenCommitted) 
   EXPECT_EQ(Resolve(faulty, m, false).outcome, CommitOutcome::kCommitted);
 }
 
-TEST_F(ResolveTest, Resolve_RollBackWhileFsyncFails_StaysUnresolved) {
+TEST_F(ResolveTest, Resolve_RollBackWhileFsyncFails_StaysUnresolvedInPlace) {
   v1::Manifest m = Stage(4, "s4-a");
   SyncOfDirFails faulty(&storage_);
   faulty.dir = job_dir_;
-  // The rename back happens, but its fsync fails too: nothing is proven either way.
+  // The commit goes first and renames the directory, but the parent's fsync fails: nothing
+  // is proven, and a directory under its final name with this session's manifest is never
+  // renamed back (it is committed once the fsync works).
   CommitResolution r = Resolve(faulty, m, true);
   EXPECT_EQ(r.outcome, CommitOutcome::kUnresolved) << r.status;
-  EXPECT_THAT(*ListCheckpoints(storage_, job_dir_), IsEmpty());
+  EXPECT_THAT(Names(), ElementsAre("step-000000004"));
+  faulty.fail = false;
+  EXPECT_EQ(Resolve(faulty, m, true).outcome, CommitOutcome::kCommitted);
 }
 
 TEST_F(ResolveTest, Resolve_RollBackWhenRenameKeepsFailing_RolledBackDurably) {
@@ -380,6 +384,35 @@ TEST_F(ResolveTest, Resolve_RenamedEarlierThenRolledBack_MovedOutOfFinalName) {
   // first, which wins (committed is the better outcome, and it is proven).
   faulty.fail = false;
   EXPECT_EQ(Resolve(faulty, m, true).outcome, CommitOutcome::kCommitted);
+}
+
+// The session was answered kCommitted (its committer reported COMMIT_WRITTEN, and retention
+// removed the step before), then asked again with roll_back_unless_committed (the report had
+// not reached the coordinator by the deadline), and the parent's fsync failed once. Before,
+// that renamed the committed directory back and answered kRolledBack: a commit already
+// reported undone, against "a kCommitted answer is final for the session". A session whose
+// manifest is under final_dir is never rolled back; the failed fsync is an error to retry.
+TEST_F(ResolveTest, Regression_CommittedThenFsyncFailsOnceWithRollBackAsked_NeverRolledBack) {
+  v1::Manifest m = Stage(4, "s4-a");
+  ASSERT_EQ(Resolve(storage_, m, /*roll_back=*/false).outcome, CommitOutcome::kCommitted);
+  class FsyncFailsOnce : public FaultInjectingStorage {
+   public:
+    using FaultInjectingStorage::FaultInjectingStorage;
+    int failures_left = 1;
+    absl::Status SyncDir(const std::string& path) override {
+      if (failures_left > 0) {
+        --failures_left;
+        return ErrnoToStatus(EIO, "fsync", path, "(directory)");
+      }
+      return FaultInjectingStorage::SyncDir(path);
+    }
+  } faulty(&storage_);
+  CommitResolution r = Resolve(faulty, m, /*roll_back=*/true);
+  EXPECT_EQ(r.outcome, CommitOutcome::kUnresolved) << r.status;
+  EXPECT_EQ(GetErrorCode(r.status), v1::ERROR_CODE_IO_ERROR) << r.status;
+  EXPECT_THAT(Names(), ElementsAre("step-000000004"));
+  // Asked again once the fsync works: committed, as it was answered before.
+  EXPECT_EQ(Resolve(faulty, m, /*roll_back=*/true).outcome, CommitOutcome::kCommitted);
 }
 
 TEST_F(ResolveTest, Resolve_OtherSessionCommitted_RolledBackForGood) {

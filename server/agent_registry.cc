@@ -325,6 +325,16 @@ std::vector<uint32_t> AgentRegistry::ExpiredRanks(const std::string& job_id) con
   return expired;
 }
 
+bool AgentRegistry::Gone(const std::string& job_id, uint32_t rank) const {
+  const absl::Time now = clock_->Now();
+  absl::MutexLock lock(&mu_);
+  if (const Job* job = JobLocked(job_id); job != nullptr) {
+    auto agent = job->agents.find(rank);
+    if (agent != job->agents.end()) return now - agent->second.last_heartbeat > options_.lease;
+  }
+  return now - serving_since_ > options_.lease;
+}
+
 std::optional<MeshLayout> AgentRegistry::JobLayout(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto job = jobs_.find(job_id);

@@ -5,7 +5,8 @@
 // one (the process restarted); any later message from the old incarnation is rejected with
 // STALE_INCARNATION, so a frozen-then-resumed agent can never act for its previous life.
 // An agent whose last heartbeat is older than the lease is expired (reported by
-// ExpiredRanks(); the session layer turns that into AGENT_LOST).
+// ExpiredRanks(); the session layer turns that into AGENT_LOST). Gone() also counts a rank
+// that is not registered once the registry has served for a lease.
 //
 // The first registration of a job fixes its layout; every later one must match while any agent
 // of that layout is alive. Once all of them are expired, a registration with another layout
@@ -140,6 +141,14 @@ class AgentRegistry {
 
   // Ranks of `job_id` whose lease has expired, ascending.
   std::vector<uint32_t> ExpiredRanks(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Whether the agent of (job, rank) is gone: registered and its lease expired (as
+  // ExpiredRanks), or not registered although the registry has been serving for longer than
+  // a lease. A live agent is registered within one lease of StartServing (a restarted
+  // coordinator refuses its heartbeat, and it registers again), so one still missing then
+  // died meanwhile — or its job resumed on another mesh, which dropped the old mesh's agents
+  // (Register). Before that, a rank not registered yet may be on its way: not gone.
+  bool Gone(const std::string& job_id, uint32_t rank) const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Memory tier: the agent (job, rank) replicates its resident copy to — the agent of the
   // same position (by rank) on the next node in a ring over the nodes of the job's live agents

@@ -118,6 +118,24 @@ TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {
   EXPECT_THAT(registry_.ExpiredRanks("job"), ElementsAre(0, 1));
 }
 
+// Gone: a registered agent once its lease expired; a rank not registered only once the
+// registry has served for a lease (a live agent registers again within one after a restart).
+TEST_F(AgentRegistryTest, Gone_ExpiredOrNotRegisteredALeaseAfterServingStarted) {
+  clock_.Advance(absl::Seconds(30));  // recovering the sessions took a while
+  registry_.StartServing();
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  clock_.Advance(absl::Seconds(10));
+  EXPECT_FALSE(registry_.Gone("job", 0));
+  EXPECT_FALSE(registry_.Gone("job", 1)) << "within the first lease it may be on its way";
+  EXPECT_FALSE(registry_.Gone("other-job", 0));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(registry_.Gone("job", 0)) << "its lease expired";
+  EXPECT_TRUE(registry_.Gone("job", 1)) << "never registered within a lease of serving";
+  EXPECT_TRUE(registry_.Gone("other-job", 0));
+  ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
+  EXPECT_FALSE(registry_.Gone("job", 1));
+}
+
 TEST_F(AgentRegistryTest, Reregister_NewIncarnation_OldOneIsStale) {
   ASSERT_TRUE(registry_.Register(Registration(3, 100)).ok());
   absl::StatusOr<AgentRegistry::Registered> again = registry_.Register(Registration(3, 200));

@@ -272,9 +272,22 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
       AddRankRef(context_.mesh, rank, &error);
       EndRolledBack(std::move(error), now, out);
     } else if (HasError(request)) {
-      // The committer retries an unresolved commit itself; only a rollback ends the session.
-      LogWarning("committer rank ", rank, " reported ", request.error().message(),
-                 "; it retries");
+      // A committer retries an unresolved commit without a word; it reports an error only
+      // when it refused the COMMIT (agent/save_core.h R4: a directory is not the one it
+      // computes, so it touched nothing), and it acts on no later COMMIT of the session.
+      // Another committer is asked, if there is one.
+      refused_commit_.insert(rank);
+      LogWarning("committer rank ", rank, " refused the commit of session ",
+                 record_.session_id(), ": ", request.error().message());
+      if (PickCommitter()) {
+        LogWarning("rank ", record_.committer_rank(), " commits session ",
+                   record_.session_id(), " instead");
+        RequestCommit(now, out);
+      } else {
+        LogError("no other live agent with the storage root mounted can commit session ",
+                 record_.session_id(), "; it stays COMMITTING until one registers or the "
+                 "agent of rank ", rank, " restarts");
+      }
     }
     return state();
   }
@@ -370,6 +383,8 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportChunks(
 void SessionMachine::AgentRestarted(uint32_t rank, absl::Time now, Effects& out) {
   if (ended() || rank >= world()) return;
   if (state() == v1::SESSION_STATE_COMMITTING) {
+    // A new process checks a COMMIT afresh, whatever its previous life refused.
+    refused_commit_.erase(rank);
     // A restarted committer can simply commit again (the commit is idempotent).
     if (record_.committer_is_agent() && record_.committer_rank() == rank) {
       RequestCommit(now, out);
@@ -410,14 +425,11 @@ void SessionMachine::Supersede(v1::ErrorDetail error, absl::Time now, Effects& o
 void SessionMachine::Tick(absl::Time now, Effects& out) {
   if (ended()) return;
   const v1::SessionState s = state();
-  const std::vector<uint32_t> expired = context_.registry->ExpiredRanks(context_.job_id);
 
   if (s == v1::SESSION_STATE_COMMITTING) {
     if (record_.committer_is_agent()) {
-      const bool committer_lost =
-          std::find(expired.begin(), expired.end(), record_.committer_rank()) != expired.end();
       const uint32_t before = record_.committer_rank();
-      if (committer_lost && PickCommitter() && record_.committer_rank() != before) {
+      if (CommitterLost() && PickCommitter() && record_.committer_rank() != before) {
         LogWarning("committer rank ", before, " lost; rank ", record_.committer_rank(),
                    " commits session ", record_.session_id());
         RequestCommit(now, out);
@@ -432,6 +444,7 @@ void SessionMachine::Tick(absl::Time now, Effects& out) {
     return;
   }
 
+  const std::vector<uint32_t> expired = context_.registry->ExpiredRanks(context_.job_id);
   std::vector<uint32_t> lost;
   for (uint32_t r : expired) {
     if (r < world()) lost.push_back(r);
@@ -823,6 +836,7 @@ void SessionMachine::RequestCommit(absl::Time now, Effects& out) {
 bool SessionMachine::PickCommitter() {
   const std::vector<uint32_t> expired = context_.registry->ExpiredRanks(context_.job_id);
   for (uint32_t r = 0; r < world(); ++r) {
+    if (refused_commit_.count(r) > 0) continue;
     std::optional<v1::RegisterAgentRequest> reg = context_.registry->Get(context_.job_id, r);
     if (reg.has_value() && reg->storage_root_mounted() &&
         std::find(expired.begin(), expired.end(), r) == expired.end()) {
@@ -831,6 +845,17 @@ bool SessionMachine::PickCommitter() {
     }
   }
   return false;
+}
+
+bool SessionMachine::CommitterLost() const {
+  const uint32_t rank = record_.committer_rank();
+  if (refused_commit_.count(rank) > 0 || context_.registry->Gone(context_.job_id, rank)) {
+    return true;
+  }
+  // Registered again without the storage: another agent of that rank (a job resumed on
+  // another mesh), or the same one restarted without the mount.
+  std::optional<v1::RegisterAgentRequest> reg = context_.registry->Get(context_.job_id, rank);
+  return reg.has_value() && !reg->storage_root_mounted();
 }
 
 void SessionMachine::ScheduleCommitRetry(absl::Time now) {

@@ -58,8 +58,11 @@
 // an operator no longer ends the session, and nothing ends it by a timer alone. The deadline
 // only changes what is asked: commit or, if that does not complete, roll back. An unresolved
 // attempt (an I/O error) is retried with backoff (the coordinator's own commit) or by the
-// committer agent (which retries until resolved); a lost committer agent is replaced by
-// another one with the storage mounted (the commit is idempotent).
+// committer agent (which retries until resolved); a committer agent that is lost
+// (CommitterLost: its lease expired, or it never registered with a restarted coordinator or
+// a job's new mesh) or that refused the COMMIT (its error report: agent/save_core.h R4) is
+// replaced by another live one with the storage mounted (the commit is idempotent). With no
+// other, the session waits for one: an agent that registers, or the refusing one restarted.
 //
 // Persist, then act: a transition puts the session record into the step's batch
 // (Effects::persisted_state names the new state); the shell makes it durable before it sends
@@ -168,7 +171,8 @@ class SessionMachine {
   absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request,
                                                 absl::Time now, Effects& out);
   // The agent of `rank` registered with a new incarnation: before COMMITTING its staging is
-  // gone (6, AGENT_LOST); in COMMITTING, if it is the committer, it is sent COMMIT again.
+  // gone (6, AGENT_LOST); in COMMITTING, if it is the committer, it is sent COMMIT again, and
+  // a refusal of its previous life no longer keeps it from being picked.
   void AgentRestarted(uint32_t rank, absl::Time now, Effects& out);
   // Errors: FailedPrecondition in COMMITTING (it can no longer be aborted) or once ended.
   absl::Status OperatorAbort(const std::string& reason, absl::Time now, Effects& out);
@@ -265,7 +269,16 @@ class SessionMachine {
   v1::Command GatherCommand(uint32_t rank) const;
   // COMMITTING: the coordinator's CommitAttempt, or COMMIT to the committer agent.
   void RequestCommit(absl::Time now, Effects& out);
+  // The first rank whose agent can commit becomes the committer: registered with the storage
+  // root mounted, its lease current, and it has not refused this session's COMMIT. False
+  // (the committer unchanged) if there is none.
   bool PickCommitter();
+  // Whether the committer agent can no longer commit: it is gone (AgentRegistry::Gone: its
+  // lease expired, or it is not registered a lease after the registry began serving — a
+  // coordinator restart it did not survive, a job resumed on another mesh), its rank
+  // registered again without the storage root mounted, or it refused the COMMIT. A committer
+  // not registered yet within that first lease may still come back: not lost.
+  bool CommitterLost() const;
   void ScheduleCommitRetry(absl::Time now);
   v1::ErrorDetail Detail(v1::ErrorCode code, std::string message) const;
 
@@ -299,6 +312,10 @@ class SessionMachine {
   bool retention_complete_ = false;  // COMMIT_WRITTEN said its retention removed them all
   bool commit_in_flight_ = false;    // a CommitAttempt is out
   bool roll_back_requested_ = false;  // asked of the committer agent
+  // Ranks whose agent refused this session's COMMIT (reported an error as its committer:
+  // agent/save_core.h R4), never picked again — until that agent restarts (AgentRestarted).
+  // Not persisted: after a coordinator restart an agent asked again repeats its refusal.
+  absl::btree_set<uint32_t> refused_commit_;
   absl::Time next_commit_attempt_ = absl::InfinitePast();
   absl::Duration commit_backoff_;
 };

@@ -308,13 +308,16 @@ class SessionManagerTest : public ::testing::Test {
     manager();
   }
   // The same as a new process: the registry too is new, and every agent registers again
-  // (same incarnation) once the coordinator has recovered.
-  void RestartCoordinatorProcess() {
+  // (same incarnation) once the coordinator has recovered — but `gone`'s, if given: that
+  // agent died meanwhile and never registers with the new process.
+  void RestartCoordinatorProcess(std::optional<uint32_t> gone = std::nullopt) {
     manager_.reset();
     registry_ = std::make_unique<AgentRegistry>(&clock_, AgentRegistryOptions{});
     commands_before_restart_ = sink_.sent().size();
     manager();
-    for (uint32_t r = 0; r < world(); ++r) ASSERT_TRUE(Register(r).ok());
+    for (uint32_t r = 0; r < world(); ++r) {
+      if (gone != r) ASSERT_TRUE(Register(r).ok());
+    }
   }
 
   // --- Plans
@@ -639,11 +642,13 @@ class SessionManagerTest : public ::testing::Test {
 
   // A tp=2,dp=2 job whose coordinator has no storage and only rank 2 mounts it, its save of
   // `step` driven through PERSISTING (the callers assert COMMITTING): rank 2 is the one
-  // committer agent.
-  std::string DriveToCommittingByRank2(int64_t step) {
+  // committer agent. With `rank3_mounts_too`, rank 3 mounts it as well: rank 2 (the first
+  // that does) is the committer, and rank 3 the one that can replace it.
+  std::string DriveToCommittingByRank2(int64_t step, bool rank3_mounts_too = false) {
     options_.coordinator_commits = false;
-    StartJob("tp=2,dp=2", [](uint32_t r) {
-      return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/r == 2};
+    StartJob("tp=2,dp=2", [rank3_mounts_too](uint32_t r) {
+      return AgentSetup{absl::StrCat("node-", r), 0,
+                        /*storage_root_mounted=*/r == 2 || (rank3_mounts_too && r == 3)};
     });
     UseTpDpPlans();
     const std::string id = DriveToPersisting(step);
@@ -2157,6 +2162,90 @@ TEST_F(SessionManagerTest, Save_CommitWrittenByAReplacedCommitter_Committed) {
   }
   ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ::testing::Contains(3));
   absl::StatusOr<v1::SessionState> written = Phase(2, id, v1::AGENT_PHASE_COMMIT_WRITTEN);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, v1::SESSION_STATE_COMMITTED);
+}
+
+// The committer's agent died while the coordinator restarted: the new process's registry
+// never hears from it, so no lease of it ever expires. Before, only an expired lease counted
+// as a lost committer: COMMIT went to the missing rank forever, rank 3 (which mounts the
+// storage too) was never asked, and every later save was refused SESSION_IN_PROGRESS. Once
+// the restarted registry has had a lease to hear from it, a committer not registered is lost.
+TEST_F(SessionManagerTest, Regression_CommitterNeverRegistersAfterRestart_AnotherCommits) {
+  const std::string id = DriveToCommittingByRank2(52, /*rank3_mounts_too=*/true);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+  RestartCoordinatorProcess(/*gone=*/2);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+  ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));  // the recovered committer
+  // Within the restarted registry's first lease rank 2 may still be on its way back.
+  for (int i = 0; i < 5; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    HeartbeatAll(/*except=*/2);
+    manager().Tick();
+  }
+  ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));
+  // Past it, rank 2 is lost and rank 3 commits.
+  for (int i = 0; i < 6; ++i) {
+    clock_.Advance(absl::Seconds(1));
+    HeartbeatAll(/*except=*/2);
+    manager().Tick();
+  }
+  EXPECT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2, 3));
+  absl::StatusOr<v1::SessionState> written = Phase(3, id, v1::AGENT_PHASE_COMMIT_WRITTEN);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, v1::SESSION_STATE_COMMITTED);
+  // The job saves again.
+  absl::StatusOr<v1::SubmitLocalPlanResponse> next = SubmitAs(0, 53);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+// The job restarted on a smaller mesh while its save was COMMITTING: once every agent of the
+// old mesh expired, the new mesh's registered and the registry dropped the old ones, the
+// committer (rank 2) among them. Before, that committer was never lost (no lease of it
+// expires any more) and the session waited for it forever; now an agent of the new mesh that
+// mounts the storage commits it (a COMMIT for a session it does not know: edge 11 of
+// agent/save_core.h).
+TEST_F(SessionManagerTest, Regression_JobResumedOnSmallerMesh_CommitterGone_AnotherCommits) {
+  const std::string id = DriveToCommittingByRank2(54);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+  clock_.Advance(absl::Seconds(11));  // every agent of tp=2,dp=2 expired
+  manager().Tick();
+  StartJob("tp=2", [](uint32_t r) {
+    return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/true};
+  });
+  ASSERT_FALSE(registry_->Get(kJob, 2).has_value());
+  clock_.Advance(absl::Seconds(1));
+  HeartbeatAll();
+  manager().Tick();
+  EXPECT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(0, 2));
+  absl::StatusOr<v1::SessionState> written = Phase(0, id, v1::AGENT_PHASE_COMMIT_WRITTEN);
+  ASSERT_TRUE(written.ok()) << written.status();
+  EXPECT_EQ(*written, v1::SESSION_STATE_COMMITTED);
+  absl::StatusOr<v1::SubmitLocalPlanResponse> next = SubmitAs(0, 55);
+  EXPECT_TRUE(next.ok()) << next.status();
+}
+
+// A committer agent that refuses its COMMIT (agent/save_core.h R4: a directory is not the one
+// it computes, so it touches nothing) reports the error and acts on no later COMMIT of the
+// session. Before, the coordinator only logged the error ("it retries") and re-sent COMMIT to
+// that agent forever, never asking rank 3, which mounts the storage too.
+TEST_F(SessionManagerTest, Regression_CommitterRefusesCommit_AnotherCommitterAskedAtOnce) {
+  const std::string id = DriveToCommittingByRank2(56, /*rank3_mounts_too=*/true);
+  ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
+  ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));
+  v1::ReportPhaseRequest refused;
+  refused.set_job_id(kJob);
+  refused.set_rank(2);
+  refused.set_incarnation(incarnations_[2]);
+  refused.set_session_id(id);
+  refused.mutable_error()->set_code(v1::ERROR_CODE_IO_ERROR);
+  refused.mutable_error()->set_path("/elsewhere/job-a/step-000000056");
+  refused.mutable_error()->set_message("COMMIT's final_dir is /elsewhere/job-a/step-000000056");
+  absl::StatusOr<v1::SessionState> state = manager().ReportPhase(refused);
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(*state, v1::SESSION_STATE_COMMITTING);
+  EXPECT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2, 3));
+  absl::StatusOr<v1::SessionState> written = Phase(3, id, v1::AGENT_PHASE_COMMIT_WRITTEN);
   ASSERT_TRUE(written.ok()) << written.status();
   EXPECT_EQ(*written, v1::SESSION_STATE_COMMITTED);
 }
