@@ -6,15 +6,6 @@
 #include "common/log.h"
 
 namespace tessera {
-namespace {
-
-// Who a copy goes to: the buddy's rank, address and incarnation (a restarted buddy holds
-// nothing).
-std::string BuddyKey(const v1::MemoryBuddy& buddy) {
-  return absl::StrCat(buddy.rank(), "@", buddy.peer_address(), "#", buddy.incarnation());
-}
-
-}  // namespace
 
 BuddyReplicator::BuddyReplicator(const MemoryTier* tier, uint32_t rank, Send send)
     : tier_(tier), rank_(rank), send_(std::move(send)) {
@@ -32,10 +23,6 @@ BuddyReplicator::~BuddyReplicator() {
 
 void BuddyReplicator::SetBuddy(std::optional<v1::MemoryBuddy> buddy) {
   absl::MutexLock lock(&mu_);
-  if (sending_.has_value() && (!buddy.has_value() || BuddyKey(*buddy) != sending_to_)) {
-    repaired_ = true;  // that buddy is lost or replaced: stop sending to it
-    cancel_.store(true);
-  }
   buddy_ = std::move(buddy);
   wake_ = true;
 }
@@ -84,7 +71,8 @@ void BuddyReplicator::Run() {
     std::optional<v1::MemoryCopy> copy = tier_->CurrentCopy();
     if (!buddy.has_value() || !copy.has_value()) continue;
     const std::string key =
-        absl::StrCat(BuddyKey(*buddy), "/", copy->step(), "/", copy->session_id());
+        absl::StrCat(buddy->rank(), "@", buddy->peer_address(), "#", buddy->incarnation(), "/",
+                     copy->step(), "/", copy->session_id());
     {
       absl::MutexLock lock(&mu_);
       if (key == sent_) continue;
@@ -100,20 +88,12 @@ void BuddyReplicator::Run() {
       if (stop_) return;
       if (wake_) continue;  // published or re-paired since `copy` was read: look again
       cancel_.store(false);
-      repaired_ = false;
       sending_ = std::make_pair(copy->step(), copy->session_id());
-      sending_to_ = BuddyKey(*buddy);
     }
     const absl::Status sent = send_(*buddy, *copy, file->second.data, cancel_);
     view = ResidentView();  // let the region go before anything else
     absl::MutexLock lock(&mu_);
     sending_.reset();
-    if (!sent.ok() && cancel_.load() && repaired_) {
-      if (stop_) return;
-      LogInfo("memory copy of step ", copy->step(), " to buddy rank ", buddy->rank(),
-              " given up: the coordinator named another buddy");
-      continue;  // SetBuddy woke the loop for the new one
-    }
     if (!sent.ok() && cancel_.load()) {
       if (stop_) return;
       ++given_up_in_a_row_;

@@ -10,8 +10,7 @@
 // Sending starts after the commit, so it never competes with the save's disk write, and the
 // Send given (agent_main) pauses while a trainer is blocked in a save. A failed
 // send is logged (once per copy and buddy) and tried again at the next SetBuddy (the next
-// heartbeat). At most one send runs at a time; destruction cancels it between chunks, and so
-// does a heartbeat naming another buddy (the copy then goes to the new one). A save
+// heartbeat). At most one send runs at a time; destruction cancels it between chunks. A save
 // about to acquire staging calls GiveWay: a send of a copy older than the newest commit holds
 // the region that save reuses (saves alternate between two sets), and would make it create a
 // new one on the trainer's time; that send is given up and the newest copy sent instead (the
@@ -53,8 +52,7 @@ class BuddyReplicator {
   BuddyReplicator(const MemoryTier* tier, uint32_t rank, Send send);
   ~BuddyReplicator();  // stops the thread (a send in progress is cancelled between chunks)
 
-  // The buddy the coordinator named (nullopt: none). A send in progress to another buddy (or
-  // another incarnation of it) is cancelled between chunks; the copy then goes to this one.
+  // The buddy the coordinator named (nullopt: none).
   void SetBuddy(std::optional<v1::MemoryBuddy> buddy) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The memory tier published a new resident copy.
@@ -86,12 +84,10 @@ class BuddyReplicator {
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
   std::string sent_ ABSL_GUARDED_BY(mu_);    // key of the last copy sent whole
   std::string failed_ ABSL_GUARDED_BY(mu_);  // key of the last failure logged
-  // The copy being sent, if a send is in progress: (step, session id), and to whom (BuddyKey).
+  // The copy being sent, if a send is in progress: (step, session id).
   std::optional<std::pair<int64_t, std::string>> sending_ ABSL_GUARDED_BY(mu_);
-  std::string sending_to_ ABSL_GUARDED_BY(mu_);
-  bool repaired_ ABSL_GUARDED_BY(mu_) = false;  // the send in progress was cancelled by SetBuddy
   int given_up_in_a_row_ ABSL_GUARDED_BY(mu_) = 0;  // sends cancelled by GiveWay since one ended
-  // Set (under mu_) to stop the send in progress: at destruction, by GiveWay or SetBuddy. Cleared
+  // Set (under mu_) to stop the send in progress: at destruction, or by GiveWay. Cleared
   // (under mu_) before each send unless stopping.
   std::atomic<bool> cancel_{false};
 
