@@ -288,6 +288,15 @@ class LoadIntoFlatStateTest(unittest.TestCase):
         # The mapping now says what the optimizer holds: a save of it declares the state absent.
         self.assertIsInstance(flat["fc2.bias#"], tessera.Absent)
         self.assertNotIn("fc2.bias#exp_avg", flat)
+        # Until a step gives the parameter state again: the mapping no longer says what the
+        # optimizer holds, and a save of it is refused rather than saving that state absent.
+        client._refs = lambda tensors, for_load: ([], [], None)  # no agent: stop before it
+        client._save_refs(flat, None)
+        one_step(model, optimizer)
+        with self.assertRaisesRegex(tessera.InvalidArgumentError,
+                                    "'fc2.bias' absent .* build the mapping again"):
+            client.save(6, flat)
+        client._save_refs(tessera.flatten_state(model.state_dict(), optimizer), None)
 
     def test_Load_StateSavedAbsent_EntryOfFqnKeyedStateDictDropped(self):
         # As get_optimizer_state_dict gives it (a number "count" written back as well).
@@ -299,6 +308,25 @@ class LoadIntoFlatStateTest(unittest.TestCase):
         stub_client(StubNative(absent_fqns={"v"})).load(5, into=flat)
         self.assertEqual(set(osd["state"]), {"w"})
         self.assertEqual(set(osd["state"]["w"]), {"exp_avg", "count"})
+
+    def test_Load_StateSavedAbsent_SetOptimizerStateDictNonStrictLeavesItStateless(self):
+        # The package's DTensor flow on one process: get_optimizer_state_dict makes up state
+        # for every trainable parameter; after the load, set_optimizer_state_dict (strict=False,
+        # as the example says) leaves the one saved without state stateless.
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions, get_model_state_dict, get_optimizer_state_dict,
+            set_optimizer_state_dict)
+        model, optimizer = make()
+        model_sd = get_model_state_dict(model)
+        optim_sd = get_optimizer_state_dict(model, optimizer)
+        stub_client(StubNative(absent_fqns={"fc2.bias"})).load(
+            5, into=tessera.flatten_state(model_sd, optim_sd))
+        set_optimizer_state_dict(model, optimizer, optim_sd,
+                                 options=StateDictOptions(strict=False))
+        params = dict(model.named_parameters())
+        self.assertEqual(optimizer.state.get(params["fc2.bias"], {}), {})
+        self.assertEqual(set(optimizer.state[params["fc2.weight"]]),
+                         {"step", "exp_avg", "exp_avg_sq"})
 
     def test_Load_StateSavedAbsent_EntryOfIdKeyedStateDictDropped(self):
         model, optimizer = make()

@@ -44,7 +44,10 @@ Tensors (``save(step, tensors)`` / ``load(step, into=...)``): a mapping key -> v
       client.save(step, tessera.flatten_state(model_sd, optim_sd))
       ...
       step = client.load("latest", into=tessera.flatten_state(model_sd, optim_sd))
-      set_optimizer_state_dict(model, optimizer, optim_sd)
+      # strict=False: a parameter the checkpoint saved without optimizer state (before its
+      # first step) is left without it, not given the state get_optimizer_state_dict made up.
+      set_optimizer_state_dict(model, optimizer, optim_sd,
+                               options=StateDictOptions(strict=False))
 
 ``replicated_over=None`` means ``["dp"]`` if the mesh has ``dp`` and the piece has no flat
 range, else ``[]``. Supported dtypes: float32/64/16, bfloat16, int8/16/32/64, uint8 (+ uint16/

@@ -12,7 +12,7 @@ from . import errors
 from . import objects as objects_codec
 from .layout import DEFAULT_SPLIT_DIMS, JobLayout
 from .shards import KIND_EXTRA, check_name, to_ref
-from .state import forget_absent_state, write_back_numbers
+from .state import check_current, forget_absent_state, write_back_numbers
 
 __all__ = ["Client", "SaveResult"]
 
@@ -196,7 +196,8 @@ class Client:
         Returns SaveResult(session_id, stall_seconds, plan_cached, copy_seconds).
 
         Raises: InvalidArgumentError — code MALFORMED_SHARD for a tensor that fails the local
-        checks (before any RPC), or the plan's rejection (DUPLICATE_FQN, INCOMPLETE_COVERAGE,
+        checks (before any RPC; a flatten_state mapping a load left stale: flatten_state), or
+        the plan's rejection (DUPLICATE_FQN, INCOMPLETE_COVERAGE,
         OVERLAPPING_SHARDS, SHAPE_MISMATCH, OPTIMIZER_STATE_MISMATCH, ...) before any byte is
         copied; TypeError for an object the encoding refuses; FailedPreconditionError
         (STEP_EXISTS, SESSION_IN_PROGRESS, MEMORY_ONLY_REFUSED: ranks disagree on memory_only
@@ -230,6 +231,7 @@ class Client:
     def _save_refs(self, tensors, objects):
         """The refs a save of `tensors` and `objects` stages, and what must stay alive until
         the native call returns."""
+        check_current(tensors)
         refs, _, keep = self._refs(tensors, for_load=False)
         buffers = []
         index = []

@@ -144,8 +144,9 @@ def _optimizer_state(optimizer, model_state_dict, param_names):
     """[(fqn, state dict or None, write_back(key, number), forget())] in the optimizer's
     parameter order, from an Optimizer, its state_dict() or a get_optimizer_state_dict() dict.
     forget() drops the parameter's state where it was found: from the optimizer's state, or
-    from the state dict's "state" (load_state_dict / set_optimizer_state_dict then leave the
-    parameter without state)."""
+    from the state dict's "state" (load_state_dict, or set_optimizer_state_dict with
+    StateDictOptions(strict=False), then leave the parameter without state); it returns
+    has_state(), which says whether state is there again (an optimizer step since)."""
     torch = _torch()
     is_optimizer = isinstance(optimizer, torch.optim.Optimizer)
     osd = optimizer.state_dict() if is_optimizer else optimizer
@@ -166,7 +167,10 @@ def _optimizer_state(optimizer, model_state_dict, param_names):
             return write
 
         def forgetter(fqn):
-            return lambda: state.pop(fqn, None)
+            def forget():
+                state.pop(fqn, None)
+                return lambda: bool(state.get(fqn))
+            return forget
         return [(fqn, state.get(fqn), setter(fqn), forgetter(fqn)) for fqn in ids]
     if sorted(ids) != list(range(len(ids))):
         raise errors.malformed("the optimizer state_dict's param ids %s are neither 0..%d nor "
@@ -186,8 +190,9 @@ def _optimizer_state(optimizer, model_state_dict, param_names):
         def forget(pid=pid, param=live_params[pid]):
             if param is not None:
                 optimizer.state.pop(param, None)
-            else:
-                osd["state"].pop(pid, None)
+                return lambda: bool(optimizer.state.get(param))
+            osd["state"].pop(pid, None)
+            return lambda: bool(osd["state"].get(pid))
         out.append((names[pid], osd["state"].get(pid), write, forget))
     return out
 
@@ -197,11 +202,14 @@ class FlatState(dict):
     also remembers where each parameter's optimizer state came from, so that a load into it
     can drop the state of a parameter the checkpoint saved without any (forget_absent_state).
     A plain dict made from it (dict(state), a comprehension) forgets that: to leave entries
-    out of a load, delete them from it (``del state[key]``)."""
+    out of a load, delete them from it (``del state[key]``). After a load dropped a
+    parameter's state, the mapping marks it Absent; once the optimizer has state for it again
+    (a step), a save of the mapping is refused — build it again with flatten_state."""
 
     def __init__(self):
         super().__init__()
         self._stateful = {}  # fqn -> (parameter value, forget()) of each parameter with state
+        self._forgotten = {}  # fqn -> has_state() of each parameter whose state a load dropped
 
     def _remember(self, fqn, param, forget):
         self._stateful[fqn] = (param, forget)
@@ -217,10 +225,27 @@ class FlatState(dict):
         for fqn, keys in loaded.items():
             if all(k in absent for k in keys):
                 param, forget = self._stateful.pop(fqn)
-                forget()
+                self._forgotten[fqn] = forget()
                 for k in keys:
                     del self[k]
                 self[fqn + "#"] = Absent.like(param)
+
+
+    def _check_current(self):
+        for fqn, has_state in self._forgotten.items():
+            if has_state():
+                raise errors.malformed(
+                    "this tessera.flatten_state mapping marks the optimizer state of %r absent "
+                    "(a load found it saved without any), but the optimizer has state for it "
+                    "now (a step since): build the mapping again with tessera.flatten_state "
+                    "before saving" % (fqn,), fqn=fqn)
+
+
+def check_current(tensors):
+    """Before a save of `tensors`: refuses a flatten_state mapping that a load left stale (a
+    parameter it marks Absent has optimizer state again). Any other mapping: nothing."""
+    if isinstance(tensors, FlatState):
+        tensors._check_current()
 
 
 def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
@@ -252,10 +277,13 @@ def flatten_state(model_state_dict, optimizer=None, *, param_names=None):
     absent (saved before its first step, or frozen then) has its state dropped — the state
     tessera.init_optimizer_state made up for it (step=1, zero moments) would otherwise skew
     its first update — from the optimizer (``optimizer.state.pop(param)``) or from the
-    optimizer state dict's "state" (so ``load_state_dict`` / ``set_optimizer_state_dict``
-    leave it without state), and its entries here become its ``"<fqn>#"`` Absent marker. To
-    leave entries out of a load, delete them from the returned mapping (``del state[key]``):
-    a plain dict copy loads the same tensors but drops no state.
+    optimizer state dict's "state" (so ``load_state_dict`` leaves it without state;
+    ``set_optimizer_state_dict`` does with ``options=StateDictOptions(strict=False)``, and
+    with strict=True refuses the missing state), and its entries here become its
+    ``"<fqn>#"`` Absent marker — until the optimizer has state for it again (a step): a save
+    of the mapping is then refused; build it again. To leave entries out of a load, delete
+    them from the returned mapping (``del state[key]``): a plain dict copy loads the same
+    tensors but drops no state.
 
     Raises InvalidArgumentError (MALFORMED_SHARD) for a non-tensor state_dict entry or a
     parameter it cannot name.
