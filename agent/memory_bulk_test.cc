@@ -244,7 +244,7 @@ TEST_F(MemoryBulkTest, Server_ReaderTakesNothing_DroppedAfterSendTimeout) {
 
 TEST_F(MemoryBulkTest, Put_SenderStalls_DroppedAfterPutTimeoutAndTheRoomGivenBack) {
   MemoryBulkServerOptions options;
-  // It runs from the request on: long enough for the 1 MiB below on a loaded machine.
+  // A stall limit: long enough for the 1 MiB below on a loaded machine.
   options.put_timeout = absl::Seconds(2);
   StartBulk(options);
   absl::StatusOr<TcpSocket> sender = TcpSocket::Connect(bulk_address_, Soon());

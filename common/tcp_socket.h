@@ -37,7 +37,9 @@ std::string JoinHostPort(absl::string_view host, absl::string_view port);
 
 // When a send or receive gives up: at `deadline`, or once no byte has moved for `stall` — so a
 // transfer of any size on a slow link goes on while it moves, and one whose peer stopped ends
-// `stall` after the last byte. An absl::Time converts to a deadline alone.
+// at most two stall limits after the last byte (a call that moved some bytes returns them
+// when its window ends, and the next window starts then). An absl::Time converts to a
+// deadline alone.
 struct TimeLimit {
   TimeLimit(absl::Time deadline) : deadline(deadline) {}  // NOLINT(runtime/explicit)
   TimeLimit(absl::Time deadline, absl::Duration stall) : deadline(deadline), stall(stall) {}

@@ -102,7 +102,7 @@ TEST(TcpSocketTest, RecvAll_SlowSteadyPeer_StallLimitLetsItFinish) {
   EXPECT_GT(took, absl::Seconds(2));  // longer than the limit: it bounded no byte's wait
 }
 
-// A peer that stops: the receive ends one stall limit after the last byte, saying so; a
+// A peer that stops: the receive ends within two stall limits of the last byte, saying so; a
 // receiver that stops taking bytes ends the send likewise.
 TEST(TcpSocketTest, StallLimit_PeerStops_DeadlineExceededNamingTheStall) {
   Pair p = Connected();
