@@ -185,8 +185,10 @@ TEST_F(MemoryBulkTest, Put_ThenRead_KeptAsTheWritersBuddyCopy) {
 TEST_F(MemoryBulkTest, Put_LongerInAllThanItsLimit_KeptWhileItMoves) {
   StartBulk();
   const std::string bytes = Pattern(8 << 20, 'q');  // eight chunks
+  // The pauses are what is tested, not a synchronisation: a stall limit is about time passing,
+  // so the put must really take longer in all (1.2 s) than its limit (500 ms).
   absl::Status put = Put(
-      bytes, kJob, nullptr, [] { absl::SleepFor(absl::Milliseconds(150)); },  // 1.2 s in all
+      bytes, kJob, nullptr, [] { absl::SleepFor(absl::Milliseconds(150)); },
       /*stall=*/absl::Milliseconds(500));
   ASSERT_TRUE(put.ok()) << put;
   std::optional<HeldCopy> held = store_.Find(7, "s7", "data-00005");

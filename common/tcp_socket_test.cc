@@ -87,6 +87,8 @@ TEST(TcpSocketTest, RecvAll_SlowSteadyPeer_StallLimitLetsItFinish) {
   std::thread sender([&] {
     const std::string piece(kPiece, 'x');
     for (int i = 0; i < kPieces; ++i) {
+      // The slow link itself, not a synchronisation: the receive must really last longer
+      // (3.2 s) than its stall limit (2 s), with every gap well inside it.
       absl::SleepFor(absl::Milliseconds(400));
       ASSERT_TRUE(p.client.SendAll(piece.data(), piece.size(), Soon()).ok());
     }
