@@ -52,12 +52,13 @@ struct MemoryBulkServerOptions {
   int max_connections = 64;
   // A connection whose request has not arrived after this long is closed.
   absl::Duration request_timeout = absl::Seconds(10);
-  // A reader that has taken no byte for this long is dropped.
-  absl::Duration send_timeout = absl::Minutes(2);
-  // A put none of whose bytes arrived for this long is dropped, its room given back. Longer
-  // than a sender's own stall limit (agent_main: 2 minutes) plus its pauses while its trainer
-  // saves (SendMemoryCopyBulk's before_chunk).
-  absl::Duration put_timeout = absl::Minutes(5);
+  // A reader that has taken no byte for this long is dropped (as PeerMemory's reads: agent/
+  // peer_memory.h kPeerReadStall). Default: 2 minutes.
+  absl::Duration send_timeout = kPeerReadStall;
+  // A put none of whose bytes arrived for this long is dropped, its room given back
+  // (kPeerPutStall: longer than a sender's stall limit plus its pauses while its trainer saves,
+  // SendMemoryCopyBulk's before_chunk). Default: 5 minutes.
+  absl::Duration put_timeout = kPeerPutStall;
 };
 
 // Where an agent listens for bulk transfers: `flag` (--memory_bulk_listen) if not empty, else

@@ -3,11 +3,15 @@
 #include <algorithm>
 #include <cstring>
 #include <utility>
+#include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "absl/synchronization/mutex.h"
 #include "agent/peer/chunk_codec.h"
 #include "common/bulk_wire.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "grpcpp/generic/generic_stub.h"
@@ -27,16 +31,20 @@ bool AppendInOrder(const v1::MemoryCopyChunk& chunk, uint64_t total, MemoryBuffe
   return true;
 }
 
-// PutMemoryCopy: chunks in order into a reserved buffer, kept once the last byte is in.
+// PutMemoryCopy: chunks in order into a reserved buffer, kept once the last byte is in. A
+// sender that sends nothing for the stall limit is cancelled (`watch`): its read ends not ok,
+// as when the sender closes early, and the room is given back.
 class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
  public:
-  PutReactor(const std::string* job_id, BuddyStore* store, v1::PutMemoryCopyResponse* response)
-      : job_id_(job_id), store_(store), response_(response) {
+  PutReactor(const std::string* job_id, BuddyStore* store, v1::PutMemoryCopyResponse* response,
+             std::unique_ptr<StalledCallCanceller::Watch> watch)
+      : job_id_(job_id), store_(store), response_(response), watch_(std::move(watch)) {
     StartRead(&chunk_);
   }
 
   void OnReadDone(bool ok) override {
-    if (!ok) {  // the sender closed the stream
+    if (ok) watch_->Progress();
+    if (!ok) {  // the sender closed the stream, or it was cancelled
       if (buffer_ == nullptr) return Fail(absl::InvalidArgumentError("no memory copy was sent"));
       if (received_ != copy_.nbytes()) {
         return Fail(absl::InvalidArgumentError(absl::StrCat("the memory copy of ", copy_.file(),
@@ -90,6 +98,7 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
   const std::string* const job_id_;
   BuddyStore* const store_;
   v1::PutMemoryCopyResponse* const response_;
+  const std::unique_ptr<StalledCallCanceller::Watch> watch_;
   v1::MemoryCopyChunk chunk_;
   v1::MemoryCopy copy_;
   std::shared_ptr<MemoryBuffer> buffer_;  // set once room is reserved
@@ -99,17 +108,15 @@ class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
 
 // ReadMemoryCopy: bytes [begin, end) of a copy in chunks, each chunk's data an external slice
 // over the memory that holds it. Every slice holds `hold` until gRPC is done with it, so the
-// memory outlives the last write even if the copy is dropped or replaced meanwhile.
+// memory outlives the last write even if the copy is dropped or replaced meanwhile. A reader
+// that takes nothing for the stall limit is cancelled (`watch`): the pending write ends not
+// ok, as when the reader goes away, and gRPC lets go of the slices.
 class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
-  // Fails with `error` unless it is OK; else streams bytes [begin, end) at `data`.
-  ReadReactor(absl::Status error, const char* data, uint64_t begin, uint64_t end,
-              std::shared_ptr<const void> hold)
-      : data_(data), offset_(begin), end_(end), hold_(std::move(hold)) {
-    if (!error.ok()) {
-      Finish(ToGrpcStatus(error));
-      return;
-    }
+  // Streams bytes [begin, end) at `data`.
+  ReadReactor(const char* data, uint64_t begin, uint64_t end, std::shared_ptr<const void> hold,
+              std::unique_ptr<StalledCallCanceller::Watch> watch)
+      : data_(data), offset_(begin), end_(end), hold_(std::move(hold)), watch_(std::move(watch)) {
     WriteNext();
   }
 
@@ -118,6 +125,7 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
       Finish(grpc::Status(grpc::StatusCode::CANCELLED, "the reader went away"));
       return;
     }
+    watch_->Progress();
     WriteNext();
   }
 
@@ -148,6 +156,7 @@ class ReadReactor final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   uint64_t offset_;
   const uint64_t end_;
   const std::shared_ptr<const void> hold_;
+  const std::unique_ptr<StalledCallCanceller::Watch> watch_;
   grpc::ByteBuffer message_;
 };
 
@@ -165,11 +174,48 @@ absl::StatusOr<std::pair<uint64_t, uint64_t>> RequestedRange(
   return std::make_pair(offset, offset + length);
 }
 
+// The streams of one client ReadMemoryCopy: the first error any of them meets is the read's,
+// and ends the others at once (a part that can no longer complete the copy is not worth
+// waiting for, however long the read's deadline).
+class ReadGroup {
+ public:
+  // Before any stream starts.
+  void Add(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    contexts_.push_back(context);
+  }
+
+  // The contexts must live until every stream is done (ReadMemoryCopy's wait).
+  void Fail(absl::Status status) ABSL_LOCKS_EXCLUDED(mu_) {
+    std::vector<grpc::ClientContext*> others;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!first_.ok()) return;  // a stream the first error ended, or a later error
+      first_ = std::move(status);
+      others = contexts_;
+    }
+    for (grpc::ClientContext* context : others) context->TryCancel();
+  }
+
+  absl::Status first() const ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
+    return first_;
+  }
+
+ private:
+  mutable absl::Mutex mu_;
+  std::vector<grpc::ClientContext*> contexts_ ABSL_GUARDED_BY(mu_);
+  absl::Status first_ ABSL_GUARDED_BY(mu_);
+};
+
 // One ReadMemoryCopy stream of the client: chunks in order into `dest` (the copy's start).
 class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::ByteBuffer> {
  public:
-  ReadStream(char* dest, uint64_t begin, uint64_t end, absl::BlockingCounter* done)
-      : dest_(dest), next_(begin), end_(end), done_(done) {}
+  ReadStream(char* dest, uint64_t begin, uint64_t end, ReadGroup* group,
+             absl::BlockingCounter* done)
+      : dest_(dest), next_(begin), end_(end), group_(group), done_(done) {
+    group_->Add(&context_);
+  }
 
   void Start(grpc::GenericStub* stub, const v1::ReadMemoryCopyRequest& request,
              absl::Time deadline) {
@@ -197,30 +243,21 @@ class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
       decoded = absl::DataLossError(absl::StrCat("a chunk of ", length, " bytes came where bytes [",
                                                  next_, ", ", end_, ") were expected"));
     }
-    if (!decoded.ok()) {
-      error_ = decoded;
-      context_.TryCancel();
-      return;
-    }
+    if (!decoded.ok()) return group_->Fail(std::move(decoded));  // cancels this stream too
     next_ += length;
     chunk_.Clear();
     StartRead(&chunk_);
   }
 
   void OnDone(const grpc::Status& status) override {
-    if (error_.ok()) {
-      if (!status.ok()) {
-        error_ = FromGrpcStatus(status);
-      } else if (next_ != end_) {
-        error_ =
-            absl::DataLossError(absl::StrCat("the stream ended at byte ", next_, " of ", end_));
-      }
+    if (!status.ok()) {
+      group_->Fail(FromGrpcStatus(status));
+    } else if (next_ != end_) {
+      group_->Fail(
+          absl::DataLossError(absl::StrCat("the stream ended at byte ", next_, " of ", end_)));
     }
     done_->DecrementCount();  // may free this object: nothing after it
   }
-
-  // After the BlockingCounter reached zero.
-  const absl::Status& result() const { return error_; }
 
  private:
   static constexpr char kReadMethod[] = "/tessera.v1.PeerMemory/ReadMemoryCopy";
@@ -228,24 +265,26 @@ class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   char* const dest_;
   uint64_t next_;
   const uint64_t end_;
+  ReadGroup* const group_;
   absl::BlockingCounter* const done_;
   grpc::ClientContext context_;
   grpc::ByteBuffer request_;
   grpc::ByteBuffer chunk_;
-  absl::Status error_;
 };
 
 }  // namespace
 
 grpc::ServerReadReactor<v1::MemoryCopyChunk>* PeerMemoryService::PutMemoryCopy(
-    grpc::CallbackServerContext* /*context*/, v1::PutMemoryCopyResponse* response) {
-  return new PutReactor(&job_id_, store_, response);
+    grpc::CallbackServerContext* context, v1::PutMemoryCopyResponse* response) {
+  return new PutReactor(&job_id_, store_, response,
+                        stalls_.Add(context, options_.put_stall,
+                                    absl::StrCat("memory copy put from ", context->peer())));
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
-    grpc::CallbackServerContext* /*context*/, const grpc::ByteBuffer* request_bytes) {
-  auto fail = [](absl::Status status) {
-    return new ReadReactor(std::move(status), nullptr, 0, 0, nullptr);
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* request_bytes) {
+  auto fail = [](const absl::Status& status) {
+    return new RefusedStream<grpc::ByteBuffer>(status);
   };
   v1::ReadMemoryCopyRequest request;
   grpc::ByteBuffer bytes(*request_bytes);  // shares the slices
@@ -255,8 +294,11 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
   }
   absl::StatusOr<RequestedBytes> found = FindRequestedBytes(job_id_, *tier_, *store_, request);
   if (!found.ok()) return fail(found.status());
-  return new ReadReactor(absl::OkStatus(), found->data, found->begin, found->end,
-                         std::move(found->hold));
+  return new ReadReactor(
+      found->data, found->begin, found->end, std::move(found->hold),
+      stalls_.Add(context, options_.read_stall,
+                  absl::StrCat("read of the memory copy of ", request.file(), " of step ",
+                               request.step(), " by ", context->peer())));
 }
 
 absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id, const MemoryTier& tier,
@@ -369,17 +411,20 @@ absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& c
       ReadParts(copy.nbytes(), static_cast<int>(channels.size()));
   const absl::Time deadline = absl::Now() + timeout;
   absl::BlockingCounter done(static_cast<int>(parts.size()));
+  ReadGroup group;
   std::vector<std::unique_ptr<grpc::GenericStub>> stubs;
-  std::vector<std::unique_ptr<ReadStream>> reads;
+  std::vector<std::unique_ptr<ReadStream>> reads;  // every one in the group before any starts
+  for (size_t i = 0; i < parts.size(); ++i) {
+    stubs.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
+    reads.push_back(
+        std::make_unique<ReadStream>(dest, parts[i].first, parts[i].second, &group, &done));
+  }
   for (size_t i = 0; i < parts.size(); ++i) {
     const auto [begin, end] = parts[i];
-    stubs.push_back(std::make_unique<grpc::GenericStub>(channels[i]));
-    reads.push_back(std::make_unique<ReadStream>(dest, begin, end, &done));
-    reads.back()->Start(stubs.back().get(), MemoryCopyReadRequest(job, copy, begin, end), deadline);
+    reads[i]->Start(stubs[i].get(), MemoryCopyReadRequest(job, copy, begin, end), deadline);
   }
   done.Wait();
-  for (const std::unique_ptr<ReadStream>& read : reads) RETURN_IF_ERROR(read->result());
-  return absl::OkStatus();
+  return group.first();
 }
 
 }  // namespace tessera

@@ -3,7 +3,10 @@
 //
 // PeerMemoryService serves, on the agent's Peer port, PutMemoryCopy (a sender's resident copy,
 // received into the BuddyStore) and ReadMemoryCopy (this agent's own resident copy, or one it
-// holds as a buddy). Both are callback reactors (STYLE.md 8): no thread waits on a peer.
+// holds as a buddy). Both are callback reactors (STYLE.md 8): no thread waits on a peer, and
+// a peer that stops taking or sending chunks is cut off after a stall limit
+// (common/stalled_calls.h), so that what its call holds — the copy's memory, the room reserved
+// for a put — is let go.
 //
 // SendMemoryCopy and ReadMemoryCopy are the client side: blocking calls for the agent's
 // background replication and for loads. A read moves the bytes with one copy on the receiving
@@ -27,6 +30,7 @@
 #include "absl/time/time.h"
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
+#include "common/stalled_calls.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/peer.grpc.pb.h"
 
@@ -36,13 +40,30 @@ namespace tessera {
 // header, so neither side needs a larger limit configured.
 inline constexpr uint64_t kMemoryCopyChunkBytes = uint64_t{1} << 20;
 
+// How long a peer may leave a memory copy's transfer without moving a byte, on either port (this
+// service, agent/memory_bulk.h): a reader that takes nothing for kPeerReadStall is cut off;
+// a put none of whose bytes arrive for kPeerPutStall is dropped, its room given back — longer
+// than a sender's own stall limit (agent_main: 2 minutes) plus its pauses while its trainer
+// saves (SendMemoryCopy's before_chunk).
+inline constexpr absl::Duration kPeerReadStall = absl::Minutes(2);
+inline constexpr absl::Duration kPeerPutStall = absl::Minutes(5);
+
+struct PeerMemoryServiceOptions {
+  // A ReadMemoryCopy whose reader took no chunk for this long is cancelled. Default: 2 minutes.
+  absl::Duration read_stall = kPeerReadStall;
+  // A PutMemoryCopy none of whose chunks arrived for this long is cancelled, its room given
+  // back. Default: 5 minutes.
+  absl::Duration put_stall = kPeerPutStall;
+};
+
 class PeerMemoryService final
     : public v1::PeerMemory::WithCallbackMethod_PutMemoryCopy<
           v1::PeerMemory::WithRawCallbackMethod_ReadMemoryCopy<v1::PeerMemory::Service>> {
  public:
   // `tier` and `store` must outlive the service; `job_id` is this agent's job.
-  PeerMemoryService(std::string job_id, const MemoryTier* tier, BuddyStore* store)
-      : job_id_(std::move(job_id)), tier_(tier), store_(store) {}
+  PeerMemoryService(std::string job_id, const MemoryTier* tier, BuddyStore* store,
+                    PeerMemoryServiceOptions options = {})
+      : job_id_(std::move(job_id)), tier_(tier), store_(store), options_(options) {}
 
   grpc::ServerReadReactor<v1::MemoryCopyChunk>* PutMemoryCopy(
       grpc::CallbackServerContext* context, v1::PutMemoryCopyResponse* response) override;
@@ -51,10 +72,16 @@ class PeerMemoryService final
   grpc::ServerWriteReactor<grpc::ByteBuffer>* ReadMemoryCopy(
       grpc::CallbackServerContext* context, const grpc::ByteBuffer* request) override;
 
+  // True once no read or put is being served (each until its reactor is done), false if that
+  // did not happen within `timeout`.
+  bool AwaitIdle(absl::Duration timeout) const { return stalls_.AwaitNoneWatched(timeout); }
+
  private:
   const std::string job_id_;
   const MemoryTier* const tier_;
   BuddyStore* const store_;
+  const PeerMemoryServiceOptions options_;
+  StalledCallCanceller stalls_;  // the gRPC server, destroyed first, ends every call it watches
 };
 
 // Streams copy.nbytes() bytes at `data` over `channel` as the buddy copy `copy` of job `job`.
@@ -116,6 +143,7 @@ std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int stream
 // over its own consecutive part of the copy (whole chunks; a copy of fewer chunks uses fewer
 // streams), so channels on separate connections read in parallel. Each chunk's data is copied
 // once, from gRPC's receive buffers to `dest`. On error `dest` holds an unspecified prefix.
+// The first stream that fails ends the others at once.
 // Errors (the first failed stream's): NotFound if the agent no longer holds it;
 // FailedPrecondition if it serves another job; OutOfRange if it holds fewer bytes than
 // copy.nbytes(); DataLoss if it sent other than the requested bytes in order; Unavailable /

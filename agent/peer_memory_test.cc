@@ -1,6 +1,7 @@
 #include "agent/peer_memory.h"
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -9,11 +10,13 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "agent/buddy_replicator.h"
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
+#include "common/grpc_reactors.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -51,9 +54,9 @@ v1::MemoryCopy Copy(int64_t step, const std::string& file, uint64_t nbytes, uint
 // buddy store of `budget` bytes.
 class PeerMemoryTest : public ::testing::Test {
  protected:
-  void Start(uint64_t budget) {
+  void Start(uint64_t budget, PeerMemoryServiceOptions options = {}) {
     store_ = std::make_unique<BuddyStore>(budget);
-    service_ = std::make_unique<PeerMemoryService>(kJob, &tier_, store_.get());
+    service_ = std::make_unique<PeerMemoryService>(kJob, &tier_, store_.get(), options);
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -257,6 +260,190 @@ TEST_F(PeerMemoryTest, Put_GapInTheChunks_InvalidArgumentAndTheRoomGivenBack) {
   EXPECT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00002", all.size(), 2), all.data(),
                              absl::Seconds(30))
                   .ok());
+}
+
+// A client channel whose HTTP/2 window stays small (no bandwidth probing): a reader that
+// does not read holds the server's writes after the first few chunks.
+std::shared_ptr<grpc::Channel> SmallWindowChannel(const std::string& address) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
+}
+
+TEST_F(PeerMemoryTest, Read_AReaderThatTakesNothing_CutOffAfterTheStallLimitAndTheCopyLetGo) {
+  PeerMemoryServiceOptions options;
+  options.read_stall = absl::Milliseconds(300);
+  Start(/*budget=*/1 << 20, options);
+  absl::Notification freed;                       // the copy's memory, once nothing holds it
+  constexpr uint64_t kSize = uint64_t{64} << 20;  // far more than the reader's windows take
+  std::shared_ptr<std::string> own(new std::string(Pattern(kSize, 'q')),
+                                   [&freed](std::string* bytes) {
+                                     delete bytes;
+                                     freed.Notify();
+                                   });
+  PublishOwn(own);
+  v1::PeerMemory::Stub stub(SmallWindowChannel(address_));
+  grpc::ClientContext context;  // no deadline: only the server can end this call
+  v1::ReadMemoryCopyRequest request;
+  request.set_job_id(kJob);
+  request.set_step(7);
+  request.set_session_id("s7");
+  request.set_file("data-00000");
+  std::unique_ptr<grpc::ClientReader<v1::MemoryCopyChunk>> reader =
+      stub.ReadMemoryCopy(&context, request);
+  v1::MemoryCopyChunk chunk;
+  ASSERT_TRUE(reader->Read(&chunk)) << reader->Finish().error_message();  // being served
+  own.reset();  // the copy is dropped (the tier only refers to it): the read alone holds it
+  EXPECT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "a read that took nothing still holds the copy";
+  uint64_t received = chunk.data().size();
+  while (reader->Read(&chunk)) received += chunk.data().size();
+  EXPECT_LT(received, kSize);
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::CANCELLED);
+  EXPECT_TRUE(service_->AwaitIdle(absl::Seconds(20)));
+}
+
+TEST_F(PeerMemoryTest, Put_ASenderThatStopsSending_CutOffAfterTheStallLimitAndTheRoomGivenBack) {
+  PeerMemoryServiceOptions options;
+  options.put_stall = absl::Milliseconds(300);
+  Start(/*budget=*/4 << 20, options);
+  v1::PeerMemory::Stub stub(channel_);
+  grpc::ClientContext context;  // no deadline: only the server can end this call
+  v1::PutMemoryCopyResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::MemoryCopyChunk>> writer =
+      stub.PutMemoryCopy(&context, &response);
+  v1::MemoryCopyChunk chunk;
+  *chunk.mutable_copy() = Copy(7, "data-00001", 3 << 20, 1);  // 3 MiB of the 4 reserved
+  chunk.set_job_id(kJob);
+  chunk.set_data(Pattern(1 << 20, 'p'));
+  ASSERT_TRUE(writer->Write(chunk));
+  // The sender sends nothing more and never closes its side.
+  absl::Notification ended;
+  grpc::Status status;
+  std::thread finish([&] {
+    status = writer->Finish();
+    ended.Notify();
+  });
+  const bool cut_off = ended.WaitForNotificationWithTimeout(absl::Seconds(20));
+  if (!cut_off) context.TryCancel();  // so that the test ends
+  finish.join();
+  ASSERT_TRUE(cut_off) << "a put whose sender stopped is still being received";
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::CANCELLED) << status.error_message();
+  ASSERT_TRUE(service_->AwaitIdle(absl::Seconds(20)));
+  EXPECT_TRUE(store_->Copies().empty());
+  // The whole budget is free again.
+  EXPECT_TRUE(store_->Reserve(Copy(7, "data-00002", 4 << 20, 2)).ok());
+}
+
+TEST_F(PeerMemoryTest, Put_LongerInAllThanTheStallLimit_KeptWhileChunksArrive) {
+  PeerMemoryServiceOptions options;
+  options.put_stall = absl::Milliseconds(400);
+  Start(/*budget=*/16 << 20, options);
+  const std::string bytes = Pattern(10 << 20, 'k');  // ten chunks
+  // The sender pauses before each chunk, as while its trainer saves: the put lasts about a
+  // second in all, more than twice the limit, while no gap comes near it. A limit on stalls is
+  // about real time passing, so the pauses are real ones; no event can stand in for them.
+  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00005", bytes.size(), 5), bytes.data(),
+                             absl::Seconds(30), nullptr,
+                             [] { absl::SleepFor(absl::Milliseconds(100)); })
+                  .ok());
+  ASSERT_EQ(store_->Copies().size(), 1u);
+  EXPECT_EQ(store_->Copies()[0].nbytes(), bytes.size());
+}
+
+// A PeerMemory server for a read of a copy in `parts` parts: each part but the first is never
+// sent a byte of (until cancelled); the first fails with NotFound once all the others have
+// reached the server, so that they are being served when the read's first error comes.
+class FirstPartFailsOthersHang final : public v1::PeerMemory::CallbackService {
+ public:
+  explicit FirstPartFailsOthersHang(int parts) : parts_(parts) {}
+
+  grpc::ServerWriteReactor<v1::MemoryCopyChunk>* ReadMemoryCopy(
+      grpc::CallbackServerContext* /*context*/, const v1::ReadMemoryCopyRequest* request) override {
+    auto* reactor = new Reactor(this, /*hangs=*/request->offset() != 0);
+    absl::MutexLock lock(&mu_);
+    if (request->offset() == 0) {
+      first_ = reactor;
+    } else {
+      ++hanging_;
+    }
+    if (hanging_ == parts_ - 1 && first_ != nullptr) {
+      FinishLocked(first_, grpc::Status(grpc::StatusCode::NOT_FOUND, "first part gone"));
+      first_ = nullptr;
+    }
+    return reactor;
+  }
+
+  // True once every hanging part was cancelled, false if not within `timeout`.
+  bool AwaitHangingCancelled(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto all = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return cancelled_ == parts_ - 1; };
+    return mu_.AwaitWithTimeout(absl::Condition(&all), timeout);
+  }
+
+ private:
+  // Sends nothing; finishes when told to, or when cancelled.
+  class Reactor final : public grpc::ServerWriteReactor<v1::MemoryCopyChunk> {
+   public:
+    Reactor(FirstPartFailsOthersHang* owner, bool hangs) : owner_(owner), hangs_(hangs) {}
+    void OnCancel() override {
+      absl::MutexLock lock(&owner_->mu_);
+      if (hangs_) ++owner_->cancelled_;
+      if (owner_->first_ == this) owner_->first_ = nullptr;
+      owner_->FinishLocked(this, grpc::Status::CANCELLED);
+    }
+    void OnDone() override { delete this; }
+
+   private:
+    friend class FirstPartFailsOthersHang;
+    FirstPartFailsOthersHang* const owner_;
+    const bool hangs_;
+    bool finished_ = false;  // guarded by owner_->mu_
+  };
+
+  void FinishLocked(Reactor* reactor, const grpc::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reactor->finished_) return;
+    reactor->finished_ = true;
+    reactor->Finish(status);
+  }
+
+  const int parts_;
+  absl::Mutex mu_;
+  int hanging_ ABSL_GUARDED_BY(mu_) = 0;           // hanging parts that reached the server
+  int cancelled_ ABSL_GUARDED_BY(mu_) = 0;         // of those, cancelled
+  Reactor* first_ ABSL_GUARDED_BY(mu_) = nullptr;  // the first part's, until it fails
+};
+
+TEST(ReadMemoryCopyTest, OneStreamFails_TheOthersEndedAtOnceAndItsErrorReturned) {
+  FirstPartFailsOthersHang service(/*parts=*/3);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  const std::string address = "127.0.0.1:" + std::to_string(port);
+  std::vector<std::shared_ptr<grpc::Channel>> channels =
+      MemoryCopyChannels(address, grpc::InsecureChannelCredentials(), 3);
+  std::string dest(3 * kMemoryCopyChunkBytes, '\0');
+  absl::Notification returned;
+  absl::Status status;
+  std::thread read([&] {
+    status = ReadMemoryCopy(channels, kJob, Copy(7, "data-00004", dest.size(), 4), dest.data(),
+                            absl::Minutes(10));
+    returned.Notify();
+  });
+  // Within far less than the read's own 10-minute timeout.
+  const bool ended = returned.WaitForNotificationWithTimeout(absl::Seconds(20));
+  if (!ended) server->Shutdown(std::chrono::system_clock::now());  // ends the hanging parts
+  read.join();
+  EXPECT_TRUE(ended) << "the other parts were read on after the first one failed";
+  EXPECT_TRUE(service.AwaitHangingCancelled(absl::Seconds(20)));
+  EXPECT_EQ(status.code(), absl::StatusCode::kNotFound) << status;
+  EXPECT_THAT(std::string(status.message()), HasSubstr("first part gone"));
+  server->Shutdown();
 }
 
 TEST(BuddyStore, Reserve_CopiesBeingReceivedCountAgainstTheBudget) {
