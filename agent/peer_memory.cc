@@ -33,7 +33,8 @@ bool AppendInOrder(const v1::MemoryCopyChunk& chunk, uint64_t total, MemoryBuffe
 
 // PutMemoryCopy: chunks in order into a reserved buffer, kept once the last byte is in. A
 // sender that sends nothing for the stall limit is cancelled (`watch`): its read ends not ok,
-// as when the sender closes early, and the room is given back.
+// as when the sender closes, so a copy not yet whole has its room given back (one that is
+// whole is kept, though the sender, which never closed, hears CANCELLED).
 class PutReactor final : public grpc::ServerReadReactor<v1::MemoryCopyChunk> {
  public:
   PutReactor(const std::string* job_id, BuddyStore* store, v1::PutMemoryCopyResponse* response,

@@ -88,7 +88,8 @@ class PeerMemoryService final
 // Stops between chunks once `*cancel` (if given) is true. `before_chunk` (if given) runs
 // before each chunk is sent: it may block, e.g. while a trainer's save copy runs.
 // Errors: the receiver's (PutMemoryCopy: InvalidArgument, ResourceExhausted,
-// FailedPrecondition); Cancelled after `cancel`; Unavailable / DeadlineExceeded (`timeout`).
+// FailedPrecondition; Cancelled if it cut the put off, nothing having arrived for its
+// put_stall); Cancelled after `cancel`; Unavailable / DeadlineExceeded (`timeout`).
 absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
                             const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
                             const std::atomic<bool>* cancel = nullptr,
@@ -142,12 +143,13 @@ std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int stream
 // caller bounds), from the agent at the other end of `channels`: one stream per channel, each
 // over its own consecutive part of the copy (whole chunks; a copy of fewer chunks uses fewer
 // streams), so channels on separate connections read in parallel. Each chunk's data is copied
-// once, from gRPC's receive buffers to `dest`. On error `dest` holds an unspecified prefix.
+// once, from gRPC's receive buffers to `dest`. On error `dest` holds unspecified bytes.
 // The first stream that fails ends the others at once.
 // Errors (the first failed stream's): NotFound if the agent no longer holds it;
 // FailedPrecondition if it serves another job; OutOfRange if it holds fewer bytes than
-// copy.nbytes(); DataLoss if it sent other than the requested bytes in order; Unavailable /
-// DeadlineExceeded; InvalidArgument if `channels` is empty.
+// copy.nbytes(); DataLoss if it sent other than the requested bytes in order; Cancelled if it
+// cut the read off (no chunk taken for its read_stall); Unavailable / DeadlineExceeded;
+// InvalidArgument if `channels` is empty.
 absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                             const std::string& job, const v1::MemoryCopy& copy, char* dest,
                             absl::Duration timeout);

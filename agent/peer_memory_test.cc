@@ -16,7 +16,6 @@
 #include "agent/buddy_replicator.h"
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
-#include "common/grpc_reactors.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -273,14 +272,15 @@ std::shared_ptr<grpc::Channel> SmallWindowChannel(const std::string& address) {
 
 TEST_F(PeerMemoryTest, Read_AReaderThatTakesNothing_CutOffAfterTheStallLimitAndTheCopyLetGo) {
   PeerMemoryServiceOptions options;
-  options.read_stall = absl::Milliseconds(300);
+  options.read_stall = absl::Seconds(1);  // from the call's start, before its first chunk too
   Start(/*budget=*/1 << 20, options);
-  absl::Notification freed;                       // the copy's memory, once nothing holds it
+  // The copy's memory, once nothing holds it (shared: it may be freed after a failed test).
+  auto freed = std::make_shared<absl::Notification>();
   constexpr uint64_t kSize = uint64_t{64} << 20;  // far more than the reader's windows take
   std::shared_ptr<std::string> own(new std::string(Pattern(kSize, 'q')),
-                                   [&freed](std::string* bytes) {
+                                   [freed](std::string* bytes) {
                                      delete bytes;
-                                     freed.Notify();
+                                     freed->Notify();
                                    });
   PublishOwn(own);
   v1::PeerMemory::Stub stub(SmallWindowChannel(address_));
@@ -295,7 +295,7 @@ TEST_F(PeerMemoryTest, Read_AReaderThatTakesNothing_CutOffAfterTheStallLimitAndT
   v1::MemoryCopyChunk chunk;
   ASSERT_TRUE(reader->Read(&chunk)) << reader->Finish().error_message();  // being served
   own.reset();  // the copy is dropped (the tier only refers to it): the read alone holds it
-  EXPECT_TRUE(freed.WaitForNotificationWithTimeout(absl::Seconds(20)))
+  EXPECT_TRUE(freed->WaitForNotificationWithTimeout(absl::Seconds(20)))
       << "a read that took nothing still holds the copy";
   uint64_t received = chunk.data().size();
   while (reader->Read(&chunk)) received += chunk.data().size();
@@ -306,7 +306,7 @@ TEST_F(PeerMemoryTest, Read_AReaderThatTakesNothing_CutOffAfterTheStallLimitAndT
 
 TEST_F(PeerMemoryTest, Put_ASenderThatStopsSending_CutOffAfterTheStallLimitAndTheRoomGivenBack) {
   PeerMemoryServiceOptions options;
-  options.put_stall = absl::Milliseconds(300);
+  options.put_stall = absl::Seconds(1);  // from the call's start, before its first chunk too
   Start(/*budget=*/4 << 20, options);
   v1::PeerMemory::Stub stub(channel_);
   grpc::ClientContext context;  // no deadline: only the server can end this call
@@ -338,12 +338,12 @@ TEST_F(PeerMemoryTest, Put_ASenderThatStopsSending_CutOffAfterTheStallLimitAndTh
 
 TEST_F(PeerMemoryTest, Put_LongerInAllThanTheStallLimit_KeptWhileChunksArrive) {
   PeerMemoryServiceOptions options;
-  options.put_stall = absl::Milliseconds(400);
-  Start(/*budget=*/16 << 20, options);
-  const std::string bytes = Pattern(10 << 20, 'k');  // ten chunks
-  // The sender pauses before each chunk, as while its trainer saves: the put lasts about a
-  // second in all, more than twice the limit, while no gap comes near it. A limit on stalls is
-  // about real time passing, so the pauses are real ones; no event can stand in for them.
+  options.put_stall = absl::Seconds(1);
+  Start(/*budget=*/32 << 20, options);
+  const std::string bytes = Pattern(20 << 20, 'k');  // twenty chunks
+  // The sender pauses before each chunk, as while its trainer saves: the put lasts about two
+  // seconds in all, twice the limit, while no gap comes near it. A limit on stalls is about
+  // real time passing, so the pauses are real ones; no event can stand in for them.
   ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00005", bytes.size(), 5), bytes.data(),
                              absl::Seconds(30), nullptr,
                              [] { absl::SleepFor(absl::Milliseconds(100)); })

@@ -1,12 +1,23 @@
 #include "common/stalled_calls.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
+#include <vector>
 
-#include "absl/time/clock.h"
 #include "common/log.h"
 
 namespace tessera {
+namespace {
+
+// Monotonic: a step of the wall clock neither cancels calls that move nor hides ones that stall.
+int64_t NowNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
 
 StalledCallCanceller::~StalledCallCanceller() {
   {
@@ -18,11 +29,15 @@ StalledCallCanceller::~StalledCallCanceller() {
 
 StalledCallCanceller::Watch::~Watch() {
   absl::MutexLock lock(&owner_->mu_);
+  // The context must outlive a TryCancel the checker is making on it.
+  Call* const call = &*call_;
+  auto not_cancelling = [call] { return !call->cancelling; };
+  owner_->mu_.Await(absl::Condition(&not_cancelling));
   owner_->calls_.erase(call_);
 }
 
 void StalledCallCanceller::Watch::Progress() {
-  call_->last_progress_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  call_->last_progress_ns.store(NowNanos(), std::memory_order_relaxed);
 }
 
 std::unique_ptr<StalledCallCanceller::Watch> StalledCallCanceller::Add(
@@ -32,7 +47,7 @@ std::unique_ptr<StalledCallCanceller::Watch> StalledCallCanceller::Add(
   call.context = context;
   call.limit = limit;
   call.what = std::move(what);
-  call.last_progress_ns.store(absl::GetCurrentTimeNanos(), std::memory_order_relaxed);
+  call.last_progress_ns.store(NowNanos(), std::memory_order_relaxed);
   added_ = true;
   if (!checker_.joinable()) checker_ = std::thread([this] { CheckLoop(); });
   return std::unique_ptr<Watch>(new Watch(this, std::prev(calls_.end())));
@@ -70,17 +85,26 @@ void StalledCallCanceller::CheckLoop() {
     added_ = false;
     mu_.AwaitWithTimeout(absl::Condition(&added_or_stopping), CheckIntervalLocked());
     if (stopping_) return;
-    const int64_t now = absl::GetCurrentTimeNanos();
+    const int64_t now = NowNanos();
+    std::vector<Watch::Call*> stalled;
     for (Watch::Call& call : calls_) {
       const absl::Duration idle =
           absl::Nanoseconds(now - call.last_progress_ns.load(std::memory_order_relaxed));
       if (call.cancelled || idle < call.limit) continue;
       call.cancelled = true;
+      call.cancelling = true;  // its Watch, and so its context, stays until this is cleared
       ++cancelled_;
       LogWarning(call.what, ": nothing moved for ", absl::FormatDuration(idle), " (limit ",
                  absl::FormatDuration(call.limit), "): call cancelled");
-      call.context->TryCancel();
+      stalled.push_back(&call);
     }
+    if (stalled.empty()) continue;
+    // Not under the lock: callbacks gRPC runs on this thread as the cancel ends (a new call's
+    // method handler, which Adds a watch) must not find it held.
+    mu_.Unlock();
+    for (Watch::Call* call : stalled) call->context->TryCancel();
+    mu_.Lock();
+    for (Watch::Call* call : stalled) call->cancelling = false;
   }
 }
 

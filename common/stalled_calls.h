@@ -17,9 +17,10 @@
 // Lifecycle: the canceller outlives every Watch it gave (destroy the gRPC server first).
 //
 // Thread-safety: thread-safe. Progress() is one atomic store, for any thread. The checking
-// thread calls TryCancel holding the canceller's lock, which a Watch's destructor takes: gRPC
-// runs no reactor callback inline in a thread of its caller's, so OnDone never waits on a
-// check that waits on it.
+// thread cancels without holding the canceller's lock; a Watch's destructor waits for a
+// cancel being made on its call, so the context outlives it. (gRPC 1.51 runs no callback of
+// the reactor itself inline in TryCancel's caller — they go to its executor — so OnDone never
+// waits on its own call's cancel.) Limits count on a monotonic clock.
 #ifndef TESSERA_COMMON_STALLED_CALLS_H_
 #define TESSERA_COMMON_STALLED_CALLS_H_
 
@@ -94,8 +95,9 @@ struct StalledCallCanceller::Watch::Call {
   grpc::ServerContextBase* context = nullptr;
   absl::Duration limit;
   std::string what;
-  std::atomic<int64_t> last_progress_ns{0};  // absl::GetCurrentTimeNanos() of the last progress
+  std::atomic<int64_t> last_progress_ns{0};  // steady_clock of the last progress
   bool cancelled = false;                    // guarded by the owner's mu_
+  bool cancelling = false;                   // guarded by the owner's mu_: TryCancel running
 };
 
 }  // namespace tessera
