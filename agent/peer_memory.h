@@ -17,6 +17,7 @@
 #ifndef TESSERA_AGENT_PEER_MEMORY_H_
 #define TESSERA_AGENT_PEER_MEMORY_H_
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -63,7 +64,11 @@ class PeerMemoryService final
   // `tier` and `store` must outlive the service; `job_id` is this agent's job.
   PeerMemoryService(std::string job_id, const MemoryTier* tier, BuddyStore* store,
                     PeerMemoryServiceOptions options = {})
-      : job_id_(std::move(job_id)), tier_(tier), store_(store), options_(options) {}
+      : job_id_(std::move(job_id)),
+        tier_(tier),
+        store_(store),
+        options_(options),
+        stalls_(std::min(options.read_stall, options.put_stall) / 4) {}
 
   grpc::ServerReadReactor<v1::MemoryCopyChunk>* PutMemoryCopy(
       grpc::CallbackServerContext* context, v1::PutMemoryCopyResponse* response) override;

@@ -1,6 +1,5 @@
 #include "common/stalled_calls.h"
 
-#include <algorithm>
 #include <chrono>
 #include <utility>
 #include <vector>
@@ -48,7 +47,6 @@ std::unique_ptr<StalledCallCanceller::Watch> StalledCallCanceller::Add(
   call.limit = limit;
   call.what = std::move(what);
   call.last_progress_ns.store(NowNanos(), std::memory_order_relaxed);
-  added_ = true;
   if (!checker_.joinable()) checker_ = std::thread([this] { CheckLoop(); });
   return std::unique_ptr<Watch>(new Watch(this, std::prev(calls_.end())));
 }
@@ -59,31 +57,16 @@ bool StalledCallCanceller::AwaitNoneWatched(absl::Duration timeout) const {
   return mu_.AwaitWithTimeout(absl::Condition(&none), timeout);
 }
 
-uint64_t StalledCallCanceller::cancelled() const {
-  absl::MutexLock lock(&mu_);
-  return cancelled_;
-}
-
-absl::Duration StalledCallCanceller::CheckIntervalLocked() const {
-  absl::Duration shortest = absl::InfiniteDuration();
-  for (const Watch::Call& call : calls_) shortest = std::min(shortest, call.limit);
-  return shortest / 4;
-}
-
 void StalledCallCanceller::CheckLoop() {
   absl::MutexLock lock(&mu_);
   auto watching_or_stopping = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || !calls_.empty();
   };
-  // A call added meanwhile may have a shorter limit: the interval is taken again.
-  auto added_or_stopping = [this]()
-                               ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || added_; };
   while (!stopping_) {
     // With nothing watched, wait for the next Add (or the destructor) alone.
     mu_.Await(absl::Condition(&watching_or_stopping));
     if (stopping_) return;
-    added_ = false;
-    mu_.AwaitWithTimeout(absl::Condition(&added_or_stopping), CheckIntervalLocked());
+    mu_.AwaitWithTimeout(absl::Condition(&stopping_), check_every_);
     if (stopping_) return;
     const int64_t now = NowNanos();
     std::vector<Watch::Call*> stalled;
@@ -93,7 +76,6 @@ void StalledCallCanceller::CheckLoop() {
       if (call.cancelled || idle < call.limit) continue;
       call.cancelled = true;
       call.cancelling = true;  // its Watch, and so its context, stays until this is cleared
-      ++cancelled_;
       LogWarning(call.what, ": nothing moved for ", absl::FormatDuration(idle), " (limit ",
                  absl::FormatDuration(call.limit), "): call cancelled");
       stalled.push_back(&call);

@@ -9,10 +9,10 @@
 //
 // A reactor takes a Watch when it starts serving, calls Progress() each time an operation of
 // its own completed, and destroys the Watch in OnDone (before the call's context goes). One
-// thread checks every watch at a quarter of the shortest limit watched; a call with no
-// progress for its limit is cancelled (ServerContextBase::TryCancel, once): its pending
-// operation completes with ok=false and the reactor ends as it does for a peer that went away.
-// The cancellation is logged, naming the call.
+// thread checks every watch each `check_every` while any is watched; a call with no progress
+// for its limit is cancelled (ServerContextBase::TryCancel, once) within one `check_every`
+// after: its pending operation completes with ok=false and the reactor ends as it does for a
+// peer that went away. The cancellation is logged, naming the call.
 //
 // Lifecycle: the canceller outlives every Watch it gave (destroy the gRPC server first).
 //
@@ -40,7 +40,9 @@ namespace tessera {
 
 class StalledCallCanceller {
  public:
-  StalledCallCanceller() = default;
+  // `check_every` (> 0): how far past its limit a stalled call may go before it is cancelled;
+  // its owner's shortest limit over a few (PeerMemoryService: a quarter).
+  explicit StalledCallCanceller(absl::Duration check_every) : check_every_(check_every) {}
   // Stops the checking thread. Every Watch must be gone.
   ~StalledCallCanceller();
   StalledCallCanceller(const StalledCallCanceller&) = delete;
@@ -75,18 +77,12 @@ class StalledCallCanceller {
   // not happen within `timeout`.
   bool AwaitNoneWatched(absl::Duration timeout) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Calls cancelled for stalling so far.
-  uint64_t cancelled() const ABSL_LOCKS_EXCLUDED(mu_);
-
  private:
   void CheckLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // How long the checking thread waits between checks: a quarter of the shortest limit.
-  absl::Duration CheckIntervalLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  const absl::Duration check_every_;
   mutable absl::Mutex mu_;
   std::list<Watch::Call> calls_ ABSL_GUARDED_BY(mu_);
-  uint64_t cancelled_ ABSL_GUARDED_BY(mu_) = 0;
-  bool added_ ABSL_GUARDED_BY(mu_) = false;  // a call was added since the last check began
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread checker_;  // started by the first Add; joined by the destructor
 };
