@@ -60,6 +60,9 @@ ABSL_FLAG(bool, kill_during_copy, false,
           "save: SIGKILL this trainer in the middle of the first Save's copy into staging, "
           "before Save returns (fault tests): the largest tensor's buffer is made unreadable "
           "and the fault handler kills the process");
+ABSL_FLAG(bool, box_outside_shape, false,
+          "save: move the first tensor's box past the end of its global shape, so that this "
+          "rank's client refuses its tensors (fault tests: a refusal must reach every rank)");
 ABSL_FLAG(std::string, rename_layers_from_stage, "",
           "save: reproduce the torchtitan PP bug: every stage names its layers from 0");
 
@@ -185,6 +188,14 @@ int main(int argc, char** argv) {
     ref.nbytes = p.nbytes;
     refs.push_back(ref);
     total += p.nbytes;
+  }
+  if (absl::GetFlag(FLAGS_box_outside_shape)) {
+    for (tessera::TensorRef& ref : refs) {
+      if (ref.global_shape.empty() || ref.kind == tessera::v1::SHARD_KIND_EXTRA) continue;
+      ref.box = tessera::BoxOf(ref);
+      ref.box.offsets[0] = ref.global_shape[0];  // one past the end: outside the shape
+      break;
+    }
   }
 
   if (absl::GetFlag(FLAGS_mode) == "save") {
