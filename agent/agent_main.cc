@@ -208,10 +208,13 @@ int main(int argc, char** argv) {
   grpc::ChannelArguments channel_args;
   channel_args.SetMaxReceiveMessageSize(256 << 20);
   channel_args.SetMaxSendMessageSize(256 << 20);
-  // A restarted coordinator is reached within a second of it listening (gRPC's backoff grows
-  // to 120 s): it counts on hearing every agent again within one lease (DESIGN.md
-  // "Memory-only saves", coordinator restart).
-  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // A restarted coordinator, or one whose link was cut, is reached again within half a second
+  // of it answering (gRPC's backoff starts at 1 s and grows to 120 s): a lease counts from the
+  // last heartbeat before the cut, so every second after the link returns is a second less of
+  // the lease, and a save's commit reaches its trainers only once the command stream is back
+  // (issue 52). Failed attempts cost a refused connection, nothing on the coordinator.
+  channel_args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  channel_args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateCustomChannel(absl::GetFlag(FLAGS_coordinator), *credentials, channel_args);
   tessera::GrpcCoordinatorClient coordinator(channel);
@@ -475,6 +478,7 @@ int main(int argc, char** argv) {
       replicator->SetBuddy(reply.has_buddy() ? std::optional(reply.buddy()) : std::nullopt);
     };
   }
+  lifeline_options.on_lease_changed = [&executor] { executor.LeaseMayHaveChanged(); };
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
     loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
     executor.OnRegistered(response);
@@ -550,8 +554,26 @@ int main(int argc, char** argv) {
   identity.set_has_gpu(gpu);
   identity.set_coordinator(absl::GetFlag(FLAGS_coordinator));
   // With the memory tier saves alternate between two sets of regions: reserve both.
+  tessera::TrainerServiceOptions trainer_options;
+  // UNAVAILABLE until registered, naming the coordinator's refusal if it refuses this agent
+  // (another layout than the job's ...): a trainer never works with an agent the job refused.
+  trainer_options.admission = [&lifeline] { return lifeline.Admission(); };
+  // A client's refusal of its own tensors goes to the coordinator, which aborts the step's
+  // save for every rank with it (coordinator.proto SubmitLocalPlanRequest.refusal).
+  trainer_options.refuse_save = [&coordinator, &job, urank,
+                                 incarnation](const tessera::v1::RefuseSaveRequest& refused) {
+    tessera::v1::SubmitLocalPlanRequest request;
+    request.set_job_id(job);
+    request.set_rank(urank);
+    request.set_incarnation(incarnation);
+    request.set_step(refused.step());
+    *request.mutable_refusal() = refused.error();
+    tessera::LogWarning("the trainer refused its tensors for step ", refused.step(), ": ",
+                        refused.error().message());
+    return coordinator.SubmitLocalPlan(request).status();
+  };
   tessera::TrainerService trainer(&executor, &loader, identity, save_pool->get(),
-                                  memory_on ? 2 : 1, memory);
+                                  memory_on ? 2 : 1, memory, std::move(trainer_options));
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + socket, grpc::InsecureServerCredentials());
   builder.SetMaxReceiveMessageSize(256 << 20);

@@ -1,5 +1,7 @@
 #include "agent/command_stream.h"
 
+#include <algorithm>
+
 #include "common/log.h"
 
 namespace tessera {
@@ -53,13 +55,25 @@ void CommandStream::Run() {
       on_command_(command);
     }
     grpc::Status status = reader->Finish();
+    const uint64_t renewals = lifeline_->renewals();
     if (got_any) backoff.Reset();  // it worked for a while: start the backoff over
-    absl::Duration delay = backoff.Next();
     {
       absl::MutexLock lock(&mu_);
       context_ = nullptr;
       if (stop_) return;
-      mu_.AwaitWithTimeout(absl::Condition(&stop_), delay);
+    }
+    // Reopen after the backoff, or as soon as the coordinator answers the lifeline again (a
+    // link back after a cut: the trainers' WaitCommitted hears a commit only on this stream),
+    // whichever comes first. In slices, so that Stop() is prompt.
+    const absl::Time until = absl::Now() + backoff.Next();
+    while (absl::Now() < until &&
+           !lifeline_->AwaitRenewal(renewals,
+                                    std::min(until - absl::Now(), absl::Milliseconds(200)))) {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+    }
+    {
+      absl::MutexLock lock(&mu_);
       if (stop_) return;
     }
     LogWarning("command stream ended (", status.error_message(), "); reopening");

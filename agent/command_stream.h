@@ -1,7 +1,8 @@
 // CommandStream: keeps the agent's Coordinator.Commands stream open and hands each command
 // to a callback. Opens the stream once the Lifeline is registered; when the stream breaks
-// (coordinator restart, network), waits with backoff and for a fresh registration, then
-// reopens — the coordinator replays the current command on connect. Each stream that delivers
+// (coordinator restart, network), waits with backoff — cut short the moment the coordinator
+// answers the Lifeline again — and for a registration, then reopens: the coordinator replays
+// the current command on connect. Each stream that delivers
 // its first command is announced (`on_connected`) before that command is handed on: a
 // (re)connection is when the agent re-sends its reports (coordinator.proto), and the first
 // command is the first sign the coordinator took the stream.

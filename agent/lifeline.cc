@@ -1,5 +1,8 @@
 #include "agent/lifeline.h"
 
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/status.h"
 
@@ -77,6 +80,43 @@ uint64_t Lifeline::registrations() const {
   return registrations_;
 }
 
+uint64_t Lifeline::renewals() const {
+  absl::MutexLock lock(&mu_);
+  return registrations_ + heartbeats_ok_;
+}
+
+bool Lifeline::AwaitRenewal(uint64_t seen, absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  auto renewed = [this, seen]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return stop_ || registrations_ + heartbeats_ok_ > seen;
+  };
+  mu_.AwaitWithTimeout(absl::Condition(&renewed), timeout);
+  return registrations_ + heartbeats_ok_ > seen;
+}
+
+absl::Status Lifeline::Admission() const {
+  absl::MutexLock lock(&mu_);
+  if (!refusal_.ok()) {
+    std::optional<v1::ErrorDetail> detail = GetErrorDetail(refusal_);
+    v1::ErrorDetail reason = detail.value_or(v1::ErrorDetail());
+    if (reason.code() == v1::ERROR_CODE_UNSPECIFIED) {
+      reason.set_code(v1::ERROR_CODE_LAYOUT_MISMATCH);
+    }
+    reason.set_message(absl::StrCat("the coordinator refused this agent's registration: ",
+                                    refusal_.message()));
+    return MakeError(absl::StatusCode::kUnavailable, reason);
+  }
+  if (registrations_ == 0) {
+    return absl::UnavailableError(
+        "this agent has not registered with the coordinator yet (it is trying): ask again");
+  }
+  return absl::OkStatus();
+}
+
+absl::Time Lifeline::Monotonic() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
 void Lifeline::SetPinnedBytes(uint64_t bytes) {
   absl::MutexLock lock(&mu_);
   pinned_bytes_ = bytes;
@@ -90,13 +130,12 @@ void Lifeline::BeatNow() {
 std::optional<uint64_t> Lifeline::LeaseGeneration() const {
   absl::MutexLock lock(&mu_);
   if (state_ != State::kRegistered) return std::nullopt;
-  if (absl::FromChrono(std::chrono::steady_clock::now() - renewed_) > lease_) return std::nullopt;
-  return leases_lost_;
+  return lease_.Generation(Monotonic());
 }
 
 uint64_t Lifeline::leases_lost() const {
   absl::MutexLock lock(&mu_);
-  return leases_lost_;
+  return lease_.leases_lost();
 }
 
 void Lifeline::Run() {
@@ -104,16 +143,21 @@ void Lifeline::Run() {
   const uint32_t rank = registration_.coord().rank();
   while (true) {
     // CONNECTING: register until it works.
-    auto sent = std::chrono::steady_clock::now();
+    absl::Time sent = Monotonic();
     absl::StatusOr<v1::RegisterAgentResponse> registered = client_->Register(registration_);
     if (!registered.ok()) {
       if (registered.status().code() == absl::StatusCode::kInvalidArgument) {
         LogError("registration rejected: ", registered.status().message());
+        absl::MutexLock lock(&mu_);
+        refusal_ = registered.status();
       }
       if (!WaitFor(backoff.Next())) return;
       continue;
     }
     backoff.Reset();
+    const absl::Duration lease = registered->lease_ms() > 0
+                                     ? absl::Milliseconds(registered->lease_ms())
+                                     : absl::InfiniteDuration();
     LogInfo("registered with coordinator (lease ", registered->lease_ms(), " ms, heartbeat ",
             registered->heartbeat_interval_ms(), " ms)");
     // Before REGISTERED: what waits for it (the command stream) finds the agent knowing what
@@ -121,12 +165,17 @@ void Lifeline::Run() {
     if (options_.on_registered) options_.on_registered(*registered);
     {
       absl::MutexLock lock(&mu_);
+      const uint64_t lost_before = lease_.leases_lost();
+      lease_.Renewed(sent, lease, registered->lease_kept());
+      if (lease_.leases_lost() != lost_before) {
+        LogWarning("the coordinator gave this agent's lease up meanwhile (and aborted any save "
+                   "it was part of): lease generation ", lease_.leases_lost());
+      }
+      refusal_ = absl::OkStatus();
       ++registrations_;
       state_ = State::kRegistered;
-      renewed_ = sent;
-      lease_ = registered->lease_ms() > 0 ? absl::Milliseconds(registered->lease_ms())
-                                          : absl::InfiniteDuration();
     }
+    if (options_.on_lease_changed) options_.on_lease_changed();
     const absl::Duration interval =
         registered->heartbeat_interval_ms() > 0
             ? absl::Milliseconds(registered->heartbeat_interval_ms())
@@ -138,20 +187,23 @@ void Lifeline::Run() {
     while (WaitForBeat(interval)) {
       {
         absl::MutexLock lock(&mu_);
-        const absl::Duration gap = absl::FromChrono(std::chrono::steady_clock::now() - renewed_);
-        if (gap > lease_) {
-          // This thread did not run for longer than the lease (the process was frozen, e.g.
-          // SIGSTOP, or starved): the coordinator has expired this agent and aborted any
-          // save it was part of. Register again rather than carry on as if nothing happened.
-          ++leases_lost_;
+        const absl::Time now = Monotonic();
+        if (lease_.Lapsed(now)) {
+          // This thread did not run, or was not answered, for longer than the lease (the
+          // process was frozen, e.g. SIGSTOP, starved, or cut off). Whether the coordinator
+          // gave this agent up meanwhile only it can say: register again and be told.
+          lease_.Unregistered();
           state_ = State::kConnecting;
           lapsed = true;
-          LogError("lease lapsed: no renewal for ", absl::FormatDuration(gap), " (lease ",
-                   absl::FormatDuration(lease_),
-                   "); this agent was frozen or cut off and is stale: registering again");
+          LogError("lease lapsed: no renewal for ", absl::FormatDuration(lease_.SinceRenewal(now)),
+                   " (lease ", absl::FormatDuration(lease_.lease()),
+                   "); this agent was frozen or cut off and may be stale: registering again");
         }
       }
-      if (lapsed) break;
+      if (lapsed) {
+        if (options_.on_lease_changed) options_.on_lease_changed();
+        break;
+      }
       v1::HeartbeatRequest request;
       request.set_job_id(registration_.job_id());
       request.set_rank(rank);
@@ -161,17 +213,26 @@ void Lifeline::Run() {
         request.set_pinned_bytes(pinned_bytes_);
       }
       if (options_.fill_heartbeat) options_.fill_heartbeat(request);
-      sent = std::chrono::steady_clock::now();
+      sent = Monotonic();
       absl::StatusOr<v1::HeartbeatResponse> beat = client_->Heartbeat(request);
       if (beat.ok()) {
         if (first_beat) LogInfo("lease renewed by the first heartbeat");
         first_beat = false;
         {
           absl::MutexLock lock(&mu_);
+          const uint64_t lost_before = lease_.leases_lost();
+          lease_.Renewed(sent, lease, beat->lease_kept());
+          if (lease_.leases_lost() != lost_before) {
+            LogWarning("the coordinator had given this agent's lease up before this heartbeat: "
+                       "lease generation ", lease_.leases_lost());
+          }
           ++heartbeats_ok_;
-          renewed_ = sent;
+          // Answered so late that it renewed nothing current (a paused coordinator answers
+          // its queued heartbeats when it resumes): ask again at once.
+          if (!lease_.Generation(Monotonic()).has_value()) beat_now_ = true;
         }
         if (options_.on_heartbeat) options_.on_heartbeat(*beat);
+        if (options_.on_lease_changed) options_.on_lease_changed();
         continue;
       }
       if (GetErrorCode(beat.status()) == v1::ERROR_CODE_STALE_INCARNATION) {
@@ -180,7 +241,12 @@ void Lifeline::Run() {
         return;
       }
       LogWarning("heartbeat failed (", beat.status().ToString(), "); re-registering");
-      SetState(State::kConnecting);
+      {
+        absl::MutexLock lock(&mu_);
+        lease_.Unregistered();
+        state_ = State::kConnecting;
+      }
+      if (options_.on_lease_changed) options_.on_lease_changed();
       break;
     }
     {

@@ -699,6 +699,13 @@ void SaveCore::HandlePersist(absl::Time now, Session& s, const v1::PersistComman
 
 void SaveCore::StartPersist(absl::Time now, Session& s, std::string dir, bool memory_only,
                             SaveEffects& fx) {
+  if (lease_known_ && !lease_.has_value() && s.lease.has_value() && s.lease == last_lease_) {
+    // R5: not current, not moved on: wait for the lifeline's next word.
+    Log(fx, Severity::kInfo,
+        absl::StrCat("the write of ", Describe(s), " waits for this agent's lease to be renewed"));
+    s.persist_awaiting_lease = std::make_pair(std::move(dir), memory_only);
+    return;
+  }
   if (!LeaseAllows(s)) {
     Fail(s, v1::ERROR_CODE_AGENT_LOST, LeaseLapsed("write its shards"), fx);
     return;
@@ -981,13 +988,20 @@ SaveEffects SaveCore::OnStreamConnected(absl::Time now) {
 SaveEffects SaveCore::OnLease(absl::Time now, std::optional<uint64_t> generation) {
   lease_known_ = true;
   lease_ = generation;
+  SaveEffects fx;
   if (generation.has_value()) {
     last_lease_ = generation;
     for (auto& [id, s] : sessions_) {
       if (!s->lease.has_value()) s->lease = generation;  // begun before any lease was held
     }
+    // R5: writes that waited for the lease: the same generation writes, another fails.
+    for (auto& [id, s] : sessions_) {
+      if (!s->persist_awaiting_lease.has_value() || Ended(s->phase) || s->orphaned) continue;
+      auto [dir, memory_only] = *std::exchange(s->persist_awaiting_lease, std::nullopt);
+      StartPersist(now, *s, std::move(dir), memory_only, fx);
+    }
   }
-  return Done(now, SaveEffects());
+  return Done(now, std::move(fx));
 }
 
 void SaveCore::ResendAll(absl::string_view why, SaveEffects& fx) {

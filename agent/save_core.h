@@ -74,19 +74,24 @@
 //    committer) is answered with every report of the session again, the refusal among
 //    them; nothing is committed.
 // R5 Lease. Before writing (PERSIST) the agent's lease must be current and the one the session
-//    began under (OnLease). Otherwise the agent was frozen or cut off past its lease, the
-//    coordinator has given it up, and the session fails with AGENT_LOST instead. A commit is
-//    the coordinator's to ask of any agent at any time once COMMITTING (it is idempotent), so
-//    a commit attempt needs only the lease under which its COMMIT arrived to be current: a
-//    COMMIT that arrives while the lease is lapsed is ignored, and one whose lease lapsed
-//    before an attempt is not retried — the coordinator asks again (it re-sends COMMIT, to a
-//    live committer) and that COMMIT, under the current lease, runs. Nothing stale (a COMMIT
-//    received before the agent froze) is ever acted on. Until the first OnLease the lease is
-//    taken as current. A save begun while no lease is current (the heartbeat found the
-//    coordinator gone, e.g. it crashed after other ranks opened the session, and the agent is
-//    registering again) began under the generation last held: the generation moves on only
-//    when a lease is lost, so if it is the current one again by PERSIST, the coordinator never
-//    gave this agent up in between. A save begun before any lease was held takes the first.
+//    began under (OnLease). If the generation moved on, the coordinator gave this agent up
+//    (it was frozen or cut off past its lease: the coordinator's judgement, told in the
+//    answer to its next renewal, agent/lease_keeper.h) and the session fails with AGENT_LOST
+//    instead. If no lease is current but the generation has not moved (a renewal is late: a
+//    coordinator that was paused answers its queued heartbeats only when it resumes, and its
+//    PERSIST may come first), the write waits for the next OnLease: the same generation
+//    writes, another fails the session. A commit is the coordinator's to ask of any agent at
+//    any time once COMMITTING (it is idempotent), so a commit attempt needs only the lease
+//    under which its COMMIT arrived to be current: a COMMIT that arrives while the lease is
+//    lapsed is ignored, and one whose lease lapsed before an attempt is not retried — the
+//    coordinator asks again (it re-sends COMMIT, to a live committer) and that COMMIT, under
+//    the current lease, runs. Nothing stale (a COMMIT received before the agent froze) is
+//    ever acted on. Until the first OnLease the lease is taken as current. A save begun while
+//    no lease is current (the heartbeat found the coordinator gone, e.g. it crashed after
+//    other ranks opened the session, and the agent is registering again) began under the
+//    generation last held: the generation moves on only when a lease is lost, so if it is the
+//    current one again by PERSIST, the coordinator never gave this agent up in between. A
+//    save begun before any lease was held takes the first.
 // R6 Local failures (edge 13): the failure is reported with its error; no further work starts.
 //    The session still ends only by the verdict (R7), so the trainer hears the coordinator's
 //    reason — which is the agent's own if it came first, and the real cause if the failure was
@@ -322,6 +327,9 @@ class SaveCore {
     // R10: the plan as a fingerprint, while the coordinator may take it so (else null).
     std::shared_ptr<const v1::SubmitLocalPlanRequest> slim;
     std::optional<uint64_t> lease;  // generation it began under (R5); none: the next one
+    // R5: its write, asked for while no lease was current but the generation had not moved:
+    // the directory and memory_only, started once OnLease says which generation holds.
+    std::optional<std::pair<std::string, bool>> persist_awaiting_lease;
     uint64_t last_seq = 0;
     uint64_t begin_ticket = 0;   // the BeginSave call that owns the session
     bool begin_waiting = false;  // ... and is still waiting for its reply

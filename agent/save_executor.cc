@@ -93,6 +93,12 @@ uint64_t SaveExecutor::sessions_committed() const {
 // ---------------------------------------------------------------------------------------------
 // Events
 
+void SaveExecutor::LeaseMayHaveChanged() {
+  // Drive reads the lease first and tells the core if it changed; the event is a Tick, which
+  // does only what is due and says when the core next needs one.
+  Drive([](SaveCore& core, absl::Time now) { return core.Tick(now); });
+}
+
 void SaveExecutor::Drive(const Event& event) {
   Outbox out;
   {

@@ -117,6 +117,11 @@ class SaveExecutor {
   // session of that step is known. Called at once if the outcome is already known.
   void WaitCommitted(int64_t step, absl::Time deadline, CommitDone done) ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The lease generation (SaveExecutorOptions::lease_generation) may have changed: the core is
+  // told, so that work waiting for the lease goes on (SaveCore R5). Lifeline's
+  // on_lease_changed.
+  void LeaseMayHaveChanged() ABSL_LOCKS_EXCLUDED(mu_);
+
   // Coordinator: a command from the Commands stream.
   void OnCommand(const v1::Command& command) ABSL_LOCKS_EXCLUDED(mu_);
 

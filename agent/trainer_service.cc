@@ -4,6 +4,7 @@
 #include <memory>
 #include <optional>
 
+#include "absl/strings/str_cat.h"
 #include "agent/staging_layout.h"
 #include "common/grpc_reactors.h"
 #include "common/log.h"
@@ -57,13 +58,15 @@ class BeginSaveReactor : public grpc::ServerUnaryReactor {
 
 TrainerService::TrainerService(SaveExecutor* executor, Loader* loader,
                                v1::AgentIdentity identity, StagingPool* staging,
-                               int staging_sets, const MemoryTier* memory)
+                               int staging_sets, const MemoryTier* memory,
+                               TrainerServiceOptions options)
     : executor_(executor),
       loader_(loader),
       identity_(std::move(identity)),
       staging_(staging),
       staging_sets_(staging_sets),
-      memory_(memory) {
+      memory_(memory),
+      options_(std::move(options)) {
   load_worker_ = std::thread([this] { RunLoads(); });
 }
 
@@ -90,9 +93,14 @@ void TrainerService::RunLoads() {
   }
 }
 
+absl::Status TrainerService::Admitted() const {
+  return options_.admission ? options_.admission() : absl::OkStatus();
+}
+
 grpc::ServerUnaryReactor* TrainerService::GetInfo(grpc::CallbackServerContext* context,
                                                   const v1::GetInfoRequest*,
                                                   v1::AgentIdentity* response) {
+  if (absl::Status admitted = Admitted(); !admitted.ok()) return FinishUnary(context, admitted);
   *response = identity_;
   if (memory_ != nullptr) {
     if (std::optional<ResidentCheckpoint> resident = memory_->Current(); resident.has_value()) {
@@ -104,9 +112,27 @@ grpc::ServerUnaryReactor* TrainerService::GetInfo(grpc::CallbackServerContext* c
   return FinishUnary(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* TrainerService::RefuseSave(grpc::CallbackServerContext* context,
+                                                     const v1::RefuseSaveRequest* request,
+                                                     v1::RefuseSaveResponse*) {
+  if (absl::Status admitted = Admitted(); !admitted.ok()) return FinishUnary(context, admitted);
+  if (request->step() < 0 || request->error().code() == v1::ERROR_CODE_UNSPECIFIED) {
+    return FinishUnary(context, absl::InvalidArgumentError(absl::StrCat(
+                                    "RefuseSave needs a step >= 0 (not ", request->step(),
+                                    ") and an error with a code")));
+  }
+  if (!options_.refuse_save) {
+    return FinishUnary(context, absl::UnimplementedError("this agent cannot pass on refusals"));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  Queue([this, reactor, request] { reactor->Finish(ToGrpcStatus(options_.refuse_save(*request))); });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* TrainerService::BeginSave(grpc::CallbackServerContext* context,
                                                     const v1::BeginSaveRequest* request,
                                                     v1::BeginSaveResponse* response) {
+  if (absl::Status admitted = Admitted(); !admitted.ok()) return FinishUnary(context, admitted);
   auto* reactor = new BeginSaveReactor(executor_);
   reactor->Start(*request, response);
   return reactor;
@@ -146,6 +172,7 @@ grpc::ServerUnaryReactor* TrainerService::WaitCommitted(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* TrainerService::Load(grpc::CallbackServerContext* context,
                                                const v1::LoadRequest* request,
                                                v1::LoadResponse* response) {
+  if (absl::Status admitted = Admitted(); !admitted.ok()) return FinishUnary(context, admitted);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Queue([this, reactor, request, response] {
     absl::StatusOr<v1::LoadResponse> loaded = loader_->Load(*request);
@@ -158,6 +185,7 @@ grpc::ServerUnaryReactor* TrainerService::Load(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* TrainerService::ListResidentBlocks(
     grpc::CallbackServerContext* context, const v1::ListResidentBlocksRequest*,
     v1::ListResidentBlocksResponse* response) {
+  if (absl::Status admitted = Admitted(); !admitted.ok()) return FinishUnary(context, admitted);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Queue([this, reactor, response] {
     absl::StatusOr<v1::ListResidentBlocksResponse> listed = loader_->ResidentBlocks();
@@ -170,6 +198,7 @@ grpc::ServerUnaryReactor* TrainerService::ListResidentBlocks(
 grpc::ServerUnaryReactor* TrainerService::ReserveStaging(
     grpc::CallbackServerContext* context, const v1::ReserveStagingRequest* request,
     v1::ReserveStagingResponse* response) {
+  if (absl::Status admitted = Admitted(); !admitted.ok()) return FinishUnary(context, admitted);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   Queue([this, reactor, request, response] {
     absl::StatusOr<uint64_t> reserved =

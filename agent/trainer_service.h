@@ -23,6 +23,17 @@
 
 namespace tessera {
 
+struct TrainerServiceOptions {
+  // Whether the agent may serve its trainer (Lifeline::Admission): every call that starts
+  // something (GetInfo, BeginSave, RefuseSave, Load, ListResidentBlocks, ReserveStaging)
+  // answers its error while it is not OK — UNAVAILABLE until registered, naming the
+  // coordinator's refusal if it refused. Default: always OK.
+  std::function<absl::Status()> admission;
+  // Passes a trainer's RefuseSave to the coordinator (a SubmitLocalPlan with its refusal);
+  // runs on the service's worker thread. Default: none (RefuseSave answers UNIMPLEMENTED).
+  std::function<absl::Status(const v1::RefuseSaveRequest&)> refuse_save;
+};
+
 class TrainerService final : public v1::Agent::CallbackService {
  public:
   // `executor`, `loader`, `staging` (the save pool) and `memory` (null with the memory tier
@@ -30,12 +41,16 @@ class TrainerService final : public v1::Agent::CallbackService {
   // `memory`'s resident checkpoint as of the call. ReserveStaging makes `staging_sets` sets
   // (2 with the memory tier).
   TrainerService(SaveExecutor* executor, Loader* loader, v1::AgentIdentity identity,
-                 StagingPool* staging, int staging_sets, const MemoryTier* memory);
+                 StagingPool* staging, int staging_sets, const MemoryTier* memory,
+                 TrainerServiceOptions options = {});
   ~TrainerService() override;
 
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const v1::GetInfoRequest* request,
                                     v1::AgentIdentity* response) override;
+  grpc::ServerUnaryReactor* RefuseSave(grpc::CallbackServerContext* context,
+                                       const v1::RefuseSaveRequest* request,
+                                       v1::RefuseSaveResponse* response) override;
   grpc::ServerUnaryReactor* BeginSave(grpc::CallbackServerContext* context,
                                       const v1::BeginSaveRequest* request,
                                       v1::BeginSaveResponse* response) override;
@@ -60,6 +75,8 @@ class TrainerService final : public v1::Agent::CallbackService {
 
  private:
   void RunLoads();
+  // OK, or the error every call that starts something answers (TrainerServiceOptions).
+  absl::Status Admitted() const;
   // Runs `task` on the worker thread, after the tasks queued before it.
   void Queue(std::function<void()> task) ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -69,6 +86,7 @@ class TrainerService final : public v1::Agent::CallbackService {
   StagingPool* const staging_;
   const int staging_sets_;
   const MemoryTier* const memory_;
+  const TrainerServiceOptions options_;
 
   absl::Mutex mu_;
   std::deque<std::function<void()>> loads_ ABSL_GUARDED_BY(mu_);

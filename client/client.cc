@@ -18,6 +18,7 @@
 #include "client/verified_copy.h"
 #include "common/grpc_status.h"
 #include "common/layout.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "common/threads.h"
 #include "grpcpp/client_context.h"
@@ -405,6 +406,24 @@ absl::Status Client::CopyToDevicesLocked(const std::vector<CopyItem>& items) {
   return absl::OkStatus();
 }
 
+absl::Status Client::RefuseSave(int64_t step, absl::Status refusal) {
+  if (refusal.ok() || step < 0) return refusal;
+  v1::RefuseSaveRequest request;
+  request.set_step(step);
+  v1::ErrorDetail* error = request.mutable_error();
+  *error = GetErrorDetail(refusal).value_or(v1::ErrorDetail());
+  if (error->code() == v1::ERROR_CODE_UNSPECIFIED) error->set_code(v1::ERROR_CODE_MALFORMED_SHARD);
+  error->set_message(std::string(refusal.message()));
+  grpc::ClientContext context;
+  SetTimeout(&context, options_.refuse_timeout);
+  v1::RefuseSaveResponse response;
+  if (grpc::Status told = stub_->RefuseSave(&context, request, &response); !told.ok()) {
+    LogWarning("could not tell the other ranks that this rank refused step ", step, " (",
+               told.error_message(), "); they wait for it until the planning timeout");
+  }
+  return refusal;
+}
+
 absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef> tensors,
                                         SaveOptions save_options) {
   const absl::Time start = absl::Now();
@@ -412,11 +431,22 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
     return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
                      absl::StrCat("step must be >= 0, not ", step));
   }
-  ASSIGN_OR_RETURN(std::vector<v1::ShardDesc> shards, DescribeShards(identity_.layout(), tensors));
+  // What this rank refuses of its own tensors ends the step's save for every rank at once.
+  absl::StatusOr<std::vector<v1::ShardDesc>> described = DescribeShards(identity_.layout(), tensors);
+  if (!described.ok()) return RefuseSave(step, described.status());
+  std::vector<v1::ShardDesc> shards = *std::move(described);
   const bool cuda = AnyCuda(tensors);
-  if (cuda) RETURN_IF_ERROR(CheckCudaTensors(tensors));
+  if (cuda) {
+    if (absl::Status checked = CheckCudaTensors(tensors); !checked.ok()) {
+      return RefuseSave(step, checked);
+    }
+  }
   // Before BeginSave: a failed kernel then fails Save before a session waits for this rank.
-  if (cuda && options_.synchronize_devices) RETURN_IF_ERROR(WaitForDevices(tensors));
+  if (cuda && options_.synchronize_devices) {
+    if (absl::Status synced = WaitForDevices(tensors); !synced.ok()) {
+      return RefuseSave(step, synced);
+    }
+  }
 
   v1::BeginSaveRequest request;
   request.set_step(step);
@@ -425,8 +455,11 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
   shards.clear();
-  RETURN_IF_ERROR(CheckRequestSize("save", request.ByteSizeLong(), request.shards_size(),
-                                   options_.max_plan_request_bytes));
+  if (absl::Status sized = CheckRequestSize("save", request.ByteSizeLong(),
+                                            request.shards_size(), options_.max_plan_request_bytes);
+      !sized.ok()) {
+    return RefuseSave(step, sized);
+  }
 
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();  // the last load's release, before anything stages

@@ -76,6 +76,10 @@ struct ClientOptions {
   // Deadline of GetInfo (in Connect). Default: 10 s.
   absl::Duration get_info_timeout = absl::Seconds(10);
 
+  // Deadline of RefuseSave (Save's refusal of this rank's own tensors, passed on to the other
+  // ranks). Default: 10 s.
+  absl::Duration refuse_timeout = absl::Seconds(10);
+
   // Deadline of BeginSave, which blocks until every rank of the job has submitted its plan and
   // pinned its staging (a slow rank delays all). Default: 10 min.
   absl::Duration begin_save_timeout = absl::Minutes(10);
@@ -235,7 +239,9 @@ class Client {
   // retries on Unavailable.
   // Errors: InvalidArgument if `agent_socket` is empty or longer than a unix socket path can
   // be (107 bytes), or if `options` are out of range;
-  // Unavailable if the socket is unreachable or the agent has not registered yet;
+  // Unavailable if the socket is unreachable or the agent has not registered yet (retry), or
+  // if the coordinator refused the agent's registration (with its ErrorDetail, e.g.
+  // LAYOUT_MISMATCH: the agent was started with another layout than the job's);
   // DeadlineExceeded after options.get_info_timeout; Internal if the agent reports an
   // invalid mesh.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& agent_socket,
@@ -254,7 +260,11 @@ class Client {
   // Errors: InvalidArgument + MALFORMED_SHARD naming the fqn for a piece that fails the local
   // checks (DescribeShards), or if `step` is negative; InvalidArgument + PLAN_TOO_LARGE if
   // the request would exceed options.max_plan_request_bytes; FailedPrecondition for a CUDA tensor
-  // without a GPU, InvalidArgument if its pointer is not device memory — all before any RPC.
+  // without a GPU, InvalidArgument if its pointer is not device memory, or a device's queued
+  // work failing — all before BeginSave. Such a refusal of this rank's own tensors is passed
+  // to the agent (RefuseSave; best effort, bounded by options.refuse_timeout), so that the
+  // coordinator ends the step's save for every other rank at once with its reason instead of
+  // them waiting for this rank until the planning timeout.
   // From BeginSave, before any copy: InvalidArgument with the plan's ErrorDetail
   // (DUPLICATE_FQN, INCOMPLETE_COVERAGE, OVERLAPPING_SHARDS, ...); FailedPrecondition
   // (STEP_EXISTS, SESSION_IN_PROGRESS); Aborted (AGENT_LOST, TIMEOUT, ADMISSION_DENIED);
@@ -268,6 +278,14 @@ class Client {
   // know; Unavailable / DeadlineExceeded.
   absl::StatusOr<SaveResult> Save(int64_t step, absl::Span<const TensorRef> tensors,
                                   SaveOptions save_options = {});
+
+  // Tells the agent this rank will not save `step`, for `refusal`'s reason (a code, e.g.
+  // MALFORMED_SHARD, and a message naming what is wrong): the coordinator aborts the step's
+  // save for every rank with it (agent.proto RefuseSave). Save does this itself for what it
+  // refuses; a framework that refuses a rank's state before calling Save (the Python
+  // package's own checks) calls this. Returns `refusal` unchanged, so that a caller can
+  // `return client.RefuseSave(step, error);`; how the agent took it is logged, not returned.
+  absl::Status RefuseSave(int64_t step, absl::Status refusal);
 
   // Makes the agent create the staging of saves of `tensors` now (ReserveStaging) and maps it
   // here, so the first save — and with the memory tier the second, which stages in the other

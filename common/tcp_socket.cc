@@ -169,6 +169,20 @@ absl::StatusOr<TcpSocket> TcpSocket::Connect(absl::string_view address, absl::Ti
   });
 }
 
+PortProbe ProbePort(absl::string_view address, absl::Time deadline) {
+  bool refused = false;
+  absl::StatusOr<TcpSocket> connected =
+      OnFirstAddress(address, /*passive=*/false, [&](int fd, const addrinfo& a) {
+        RETURN_IF_ERROR(TimeOutAt(fd, deadline, "connect", address));
+        if (::connect(fd, a.ai_addr, a.ai_addrlen) == 0) return absl::OkStatus();
+        refused = errno == ECONNREFUSED;
+        return SocketError(errno, "connect", address);
+      });
+  if (connected.ok()) return PortProbe::kListening;
+  return refused && absl::IsUnavailable(connected.status()) ? PortProbe::kRefused
+                                                            : PortProbe::kUnknown;
+}
+
 absl::StatusOr<TcpSocket> TcpSocket::Listen(absl::string_view address, int backlog) {
   return OnFirstAddress(address, /*passive=*/true, [&](int fd, const addrinfo& a) {
     const int one = 1;

@@ -57,6 +57,13 @@ struct TimeLimit {
   absl::Duration stall = absl::InfiniteDuration();
 };
 
+// What one connection attempt to `address` found by `deadline`: a listener (the connection
+// was made, then closed at once), nobody listening on a host that answered (it refused the
+// connection: ECONNREFUSED), or neither — a timeout, an unreachable host or network, a name
+// that does not resolve — which says nothing about the listener.
+enum class PortProbe { kListening, kRefused, kUnknown };
+PortProbe ProbePort(absl::string_view address, absl::Time deadline);
+
 class TcpSocket {
  public:
   TcpSocket() = default;

@@ -14,14 +14,20 @@ absl::Status LayoutMismatch(absl::string_view message) {
   return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_LAYOUT_MISMATCH, message);
 }
 
+absl::Duration MaxUnheardStep(const AgentRegistryOptions& options) {
+  if (options.max_unheard_step > absl::ZeroDuration()) return options.max_unheard_step;
+  return std::min(absl::Seconds(1), options.lease / 4);
+}
+
 }  // namespace
 
 AgentRegistry::AgentRegistry(const Clock* clock, AgentRegistryOptions options)
-    : clock_(clock), options_(options), serving_since_(clock->Now()) {}
+    : options_(options), clock_(clock, MaxUnheardStep(options)), serving_since_(clock_.Now()) {}
 
 void AgentRegistry::StartServing() {
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
-  serving_since_ = clock_->Now();
+  serving_since_ = now;
   for (auto& [job_id, note] : memory_notes_) {
     note.until = std::max(note.until, serving_since_ + options_.lease);
   }
@@ -41,63 +47,81 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
     return LayoutMismatch(absl::StrCat("invalid job id \"", request.job_id(),
                                        "\" (1..128 of [A-Za-z0-9._-], not starting with '.')"));
   }
+  const uint32_t rank = request.coord().rank();
+  // A refusal for a rank of a known job's mesh is recorded against the rank: a session that
+  // waits for it learns why it will not come (Liveness).
+  auto refuse = [&](absl::Status refusal) {
+    absl::MutexLock lock(&mu_);
+    auto job = jobs_.find(request.job_id());
+    if (job != jobs_.end()) RefuseLocked(job->second, rank, refusal);
+    return refusal;
+  };
   if (request.incarnation() == 0) {
-    return absl::InvalidArgumentError("incarnation must be non-zero");
+    return refuse(absl::InvalidArgumentError("incarnation must be non-zero"));
   }
   absl::StatusOr<MeshLayout> layout = MeshLayout::FromProto(request.layout());
-  if (!layout.ok()) return LayoutMismatch(layout.status().message());
-  const uint32_t rank = request.coord().rank();
+  if (!layout.ok()) return refuse(LayoutMismatch(layout.status().message()));
   if (rank >= layout->world_size()) {
-    return LayoutMismatch(absl::StrCat("rank ", rank, " is outside the mesh of ",
-                                       layout->world_size(), " ranks"));
+    return refuse(LayoutMismatch(absl::StrCat("rank ", rank, " is outside the mesh of ",
+                                              layout->world_size(), " ranks")));
   }
   if (!request.coord().index().empty()) {
     std::vector<uint32_t> index(request.coord().index().begin(), request.coord().index().end());
     absl::StatusOr<uint32_t> from_coords = layout->Rank(index);
-    if (!from_coords.ok()) return LayoutMismatch(from_coords.status().message());
+    if (!from_coords.ok()) return refuse(LayoutMismatch(from_coords.status().message()));
     if (*from_coords != rank) {
-      return LayoutMismatch(absl::StrCat("rank ", rank, " has the coordinates of rank ",
-                                         *from_coords, " (", layout->CoordString(*from_coords),
-                                         ")"));
+      return refuse(LayoutMismatch(absl::StrCat("rank ", rank, " has the coordinates of rank ",
+                                                *from_coords, " (",
+                                                layout->CoordString(*from_coords), ")")));
     }
   }
 
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   auto [it, inserted] = jobs_.try_emplace(request.job_id(), Job{*layout, {}});
   Job& job = it->second;
   if (!inserted && !job.layout.SameMesh(request.layout())) {
     // A job may resume on another layout once every agent of the old one is gone.
-    const absl::Time now = clock_->Now();
     bool any_alive = false;
-    for (const auto& [r, agent] : job.agents) {
-      any_alive = any_alive || now - agent.last_heartbeat <= options_.lease;
-    }
+    for (const auto& [r, agent] : job.agents) any_alive = any_alive || LiveLocked(agent, now);
     if (!any_alive) {
       job.layout = *layout;
       job.agents.clear();
       job.holders.clear();
       job.unstated.clear();
+      job.refused.clear();
+      job.absent_changed = ++job.version;  // every rank is absent now
       memory_notes_.erase(request.job_id());  // the old mesh's save
     }
   }
   if (!inserted && !job.layout.SameMesh(request.layout())) {
-    return LayoutMismatch(absl::StrCat("job \"", request.job_id(), "\" has layout ",
-                                       LayoutSpec(job.layout.proto()), " but rank ", rank,
-                                       " registered with ", LayoutSpec(request.layout())));
+    absl::Status refusal =
+        LayoutMismatch(absl::StrCat("job \"", request.job_id(), "\" has layout ",
+                                    LayoutSpec(job.layout.proto()), " but rank ", rank,
+                                    " registered with ", LayoutSpec(request.layout())));
+    RefuseLocked(job, rank, refusal);
+    return refusal;
   }
   Registered result;
   Agent& agent = job.agents[rank];
-  MemoryCommitNote* note = NoteLocked(request.job_id(), clock_->Now());
+  MemoryCommitNote* note = NoteLocked(request.job_id(), now);
   if (agent.registration.incarnation() == 0) {
     if (note != nullptr) note->unkept.insert(rank);  // may be the process that had the step
+    result.lease_kept = now - serving_since_ <= options_.lease;  // judged gone only after
   } else if (agent.registration.incarnation() != request.incarnation()) {
     result.replaced_incarnation = agent.registration.incarnation();
     if (note != nullptr) note->unkept.erase(rank);  // a new process: it holds nothing of it
+  } else {
+    result.lease_kept = LiveLocked(agent, now);
   }
   agent.registration = request;
   agent.registration.mutable_coord()->clear_index();
   for (uint32_t c : job.layout.Coords(rank)) agent.registration.mutable_coord()->add_index(c);
-  agent.last_heartbeat = clock_->Now();
+  agent.last_heartbeat = now;
+  agent.dead.reset();
+  agent.judged = AgentLiveness::State::kLive;
+  job.refused.erase(rank);
+  ChangedLocked(job, rank);
   job.IndexCopies(rank, agent, /*add=*/false);
   agent.resident.reset();  // its next heartbeat states what it holds
   agent.buddy_copies.clear();
@@ -126,16 +150,22 @@ absl::StatusOr<AgentRegistry::Agent*> AgentRegistry::FindLocked(const std::strin
   return &agent->second;
 }
 
-absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
-                                      uint64_t incarnation, uint64_t pinned_bytes,
-                                      std::optional<v1::MemoryCopy> resident,
-                                      std::vector<v1::MemoryCopy> buddy_copies,
-                                      std::string last_committed_session) {
+absl::StatusOr<AgentRegistry::Renewal> AgentRegistry::Heartbeat(
+    const std::string& job_id, uint32_t rank, uint64_t incarnation, uint64_t pinned_bytes,
+    std::optional<v1::MemoryCopy> resident, std::vector<v1::MemoryCopy> buddy_copies,
+    std::string last_committed_session) {
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
-  const absl::Time now = clock_->Now();
+  Job& job = jobs_.at(job_id);
+  Renewal renewal;
+  renewal.lease_kept = LiveLocked(*agent, now);
   // An agent back from an expired lease (frozen, not dead) rejoins BuddyOf's ring.
-  if (now - agent->last_heartbeat > options_.lease) jobs_.at(job_id).buddies.reset();
+  if (!renewal.lease_kept) job.buddies.reset();
+  // Heard from: whatever was refused for its rank, or thought of it, no longer stands.
+  if (!renewal.lease_kept || job.refused.erase(rank) > 0) ChangedLocked(job, rank);
+  agent->dead.reset();
+  agent->judged = AgentLiveness::State::kLive;
   agent->last_heartbeat = now;
   agent->pinned_bytes = pinned_bytes;
   auto held_here = [&](v1::MemoryCopy& copy) {
@@ -149,7 +179,6 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
     resident->set_writer_rank(rank);
   }
   for (v1::MemoryCopy& copy : buddy_copies) held_here(copy);
-  Job& job = jobs_.at(job_id);
   job.unstated.erase(rank);
   if (now - serving_since_ < options_.lease) {
     job.heard_while_young.insert(rank);
@@ -164,7 +193,123 @@ absl::Status AgentRegistry::Heartbeat(const std::string& job_id, uint32_t rank,
   agent->resident = std::move(resident);
   agent->buddy_copies = std::move(buddy_copies);
   job.IndexCopies(rank, *agent, /*add=*/true);
-  return absl::OkStatus();
+  return renewal;
+}
+
+bool AgentRegistry::MarkDead(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                             const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<Agent*> agent = FindLocked(job_id, rank, incarnation);
+  if (!agent.ok() || (*agent)->dead.has_value()) return false;
+  (*agent)->dead = why;
+  (*agent)->judged = AgentLiveness::State::kLost;
+  Job& job = jobs_.at(job_id);
+  job.buddies.reset();
+  ChangedLocked(job, rank);
+  return true;
+}
+
+void AgentRegistry::RefuseLocked(Job& job, uint32_t rank, const absl::Status& refusal) {
+  if (rank >= job.layout.world_size()) return;  // no rank of this job's mesh
+  v1::ErrorDetail& refused = job.refused[rank];
+  refused = GetErrorDetail(refusal).value_or(v1::ErrorDetail());
+  if (refused.code() == v1::ERROR_CODE_UNSPECIFIED) refused.set_code(v1::ERROR_CODE_LAYOUT_MISMATCH);
+  refused.set_message(absl::StrCat("its registration was refused: ", refusal.message()));
+  ChangedLocked(job, rank);
+}
+
+void AgentRegistry::ChangedLocked(Job& job, uint32_t rank) {
+  job.changes.emplace_back(++job.version, rank);
+}
+
+AgentLiveness AgentRegistry::JudgeLocked(const Job* job, uint32_t rank, absl::Time now) const {
+  AgentLiveness verdict;
+  verdict.rank = rank;
+  const Agent* agent = nullptr;
+  if (job != nullptr) {
+    auto it = job->agents.find(rank);
+    if (it != job->agents.end()) agent = &it->second;
+  }
+  if (agent != nullptr) {
+    const v1::RegisterAgentRequest& r = agent->registration;
+    verdict.incarnation = r.incarnation();
+    verdict.peer_address = r.peer_address();
+    verdict.storage_root_mounted = r.storage_root_mounted();
+    verdict.memory_tier = r.memory_tier();
+    verdict.copies_when_pinned = r.copies_when_pinned();
+    verdict.writes_when_staged = r.writes_when_staged();
+    if (LiveLocked(*agent, now)) {
+      verdict.state = AgentLiveness::State::kLive;
+      return verdict;
+    }
+  }
+  if (job != nullptr) {
+    if (auto refused = job->refused.find(rank); refused != job->refused.end()) {
+      verdict.state = AgentLiveness::State::kLost;
+      verdict.lost = refused->second;
+      return verdict;
+    }
+  }
+  if (agent != nullptr) {
+    verdict.state = AgentLiveness::State::kLost;
+    verdict.lost.set_code(v1::ERROR_CODE_AGENT_LOST);
+    verdict.lost.set_message(agent->dead.has_value() ? *agent->dead
+                                                     : "no heartbeat within the lease");
+    return verdict;
+  }
+  verdict.gone = now - serving_since_ > options_.lease;
+  return verdict;
+}
+
+std::vector<AgentLiveness> AgentRegistry::Liveness(const std::string& job_id, uint32_t world,
+                                                   uint64_t* since, bool judge_leases) {
+  const absl::Time now = clock_.Now();
+  absl::MutexLock lock(&mu_);
+  std::vector<AgentLiveness> out;
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    // No agent of the job has registered: every rank is absent (and gone after a lease).
+    for (uint32_t r = 0; r < world; ++r) out.push_back(JudgeLocked(nullptr, r, now));
+    *since = 0;
+    return out;
+  }
+  Job& job = it->second;
+  if (judge_leases) {
+    for (auto& [rank, agent] : job.agents) {
+      const AgentLiveness::State state =
+          LiveLocked(agent, now) ? AgentLiveness::State::kLive : AgentLiveness::State::kLost;
+      if (state != agent.judged) {
+        agent.judged = state;
+        ChangedLocked(job, rank);
+      }
+    }
+    const bool absent_gone = now - serving_since_ > options_.lease;
+    if (absent_gone != job.absent_gone) {
+      job.absent_gone = absent_gone;
+      job.absent_changed = ++job.version;
+    }
+  }
+  // What the consumer has seen is done with.
+  auto seen = std::find_if(job.changes.begin(), job.changes.end(),
+                           [&](const auto& change) { return change.first > *since; });
+  job.changes.erase(job.changes.begin(), seen);
+  absl::btree_set<uint32_t> ranks;
+  if (*since == 0) {
+    for (uint32_t r = 0; r < world; ++r) ranks.insert(r);
+  } else {
+    for (const auto& [version, rank] : job.changes) {
+      if (rank < world) ranks.insert(rank);
+    }
+    if (job.absent_changed > *since) {
+      for (uint32_t r = 0; r < world; ++r) {
+        if (job.agents.count(r) == 0) ranks.insert(r);
+      }
+    }
+  }
+  out.reserve(ranks.size());
+  for (uint32_t r : ranks) out.push_back(JudgeLocked(&job, r, now));
+  *since = job.version;
+  return out;
 }
 
 void AgentRegistry::Job::IndexCopies(uint32_t rank, const Agent& agent, bool add) {
@@ -187,7 +332,7 @@ void AgentRegistry::NoteMemoryCommit(const std::string& job_id, const std::strin
   MemoryCommitNote& note = memory_notes_[job_id];
   if (note.session_id == session_id) return;  // noted before: agents that named it stay out
   note.session_id = session_id;
-  note.until = std::max(clock_->Now(), serving_since_) + options_.lease;
+  note.until = std::max(clock_.Now(), serving_since_) + options_.lease;
   note.unkept.clear();
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return;
@@ -200,7 +345,7 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) return std::nullopt;
   const Job& j = job->second;
-  const absl::Time now = clock_->Now();
+  const absl::Time now = clock_.Now();
   if (!j.buddies.has_value() || now > j.buddies_valid_until) {
     // A ring over the nodes of live agents: the i-th rank of a node (by rank) pairs with the
     // i-th of the next. It holds until the first of their leases can expire.
@@ -208,7 +353,7 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
     j.buddies_valid_until = absl::InfiniteFuture();
     for (const auto& [r, agent] : j.agents) {
       // An agent with the memory tier off neither holds nor sends copies.
-      if (!agent.registration.memory_tier() || now - agent.last_heartbeat > options_.lease) {
+      if (!agent.registration.memory_tier() || !LiveLocked(agent, now)) {
         continue;
       }
       nodes[agent.registration.node_id()].push_back(r);
@@ -237,7 +382,7 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 }
 
 bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   return MayMissCopiesLocked(job_id, JobLocked(job_id), now);
 }
@@ -247,7 +392,7 @@ bool AgentRegistry::MayMissCopiesLocked(const std::string& job_id, const Job* jo
   auto any_live = [&](const absl::btree_set<uint32_t>& ranks) {
     for (uint32_t rank : ranks) {
       auto agent = job->agents.find(rank);
-      if (agent != job->agents.end() && now - agent->second.last_heartbeat <= options_.lease) {
+      if (agent != job->agents.end() && LiveLocked(agent->second, now)) {
         return true;
       }
     }
@@ -269,7 +414,7 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
                                                         const std::string& session_id,
                                                         absl::Span<const std::string> files,
                                                         bool* may_miss) const {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   std::vector<v1::MemoryCopy> copies;
   auto job = jobs_.find(job_id);
@@ -285,7 +430,7 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
            (file_set.empty() || file_set.contains(c.file()));
   };
   auto add = [&](const Agent& agent) {
-    if (now - agent.last_heartbeat > options_.lease) return;
+    if (!LiveLocked(agent, now)) return;
     if (agent.resident.has_value() && wanted(*agent.resident)) copies.push_back(*agent.resident);
     for (const v1::MemoryCopy& c : agent.buddy_copies) {
       if (wanted(c)) copies.push_back(c);
@@ -311,28 +456,6 @@ absl::Status AgentRegistry::CheckIncarnation(const std::string& job_id, uint32_t
                                              uint64_t incarnation) const {
   absl::MutexLock lock(&mu_);
   return FindLocked(job_id, rank, incarnation).status();
-}
-
-std::vector<uint32_t> AgentRegistry::ExpiredRanks(const std::string& job_id) const {
-  std::vector<uint32_t> expired;
-  const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
-  auto job = jobs_.find(job_id);
-  if (job == jobs_.end()) return expired;
-  for (const auto& [rank, agent] : job->second.agents) {
-    if (now - agent.last_heartbeat > options_.lease) expired.push_back(rank);
-  }
-  return expired;
-}
-
-bool AgentRegistry::Gone(const std::string& job_id, uint32_t rank) const {
-  const absl::Time now = clock_->Now();
-  absl::MutexLock lock(&mu_);
-  if (const Job* job = JobLocked(job_id); job != nullptr) {
-    auto agent = job->agents.find(rank);
-    if (agent != job->agents.end()) return now - agent->second.last_heartbeat > options_.lease;
-  }
-  return now - serving_since_ > options_.lease;
 }
 
 std::optional<MeshLayout> AgentRegistry::JobLayout(const std::string& job_id) const {
@@ -380,7 +503,7 @@ std::vector<NodeBudget> AgentRegistry::NodeBudgets(const std::string& job_id,
 std::vector<RelayPeer> AgentRegistry::RelayPeers(const std::string& job_id,
                                                  uint32_t world) const {
   std::vector<RelayPeer> peers(world);
-  const absl::Time now = clock_->Now();
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   const Job* job = JobLocked(job_id);
   if (job == nullptr) return peers;
@@ -389,23 +512,12 @@ std::vector<RelayPeer> AgentRegistry::RelayPeers(const std::string& job_id,
     const v1::RegisterAgentRequest& r = agent.registration;
     RelayPeer& peer = peers[rank];
     peer.relays = r.relays_commands() && !r.peer_address().empty() &&
-                  now - agent.last_heartbeat <= options_.lease;
+                  LiveLocked(agent, now);
     peer.node_id = r.node_id();
     peer.peer_address = r.peer_address();
     peer.incarnation = r.incarnation();
   }
   return peers;
-}
-
-bool AgentRegistry::EveryAgentSays(const std::string& job_id, uint32_t world,
-                                   Capability capability) const {
-  absl::MutexLock lock(&mu_);
-  const Job* job = JobLocked(job_id);
-  for (uint32_t r = 0; r < world; ++r) {
-    const v1::RegisterAgentRequest* registration = RegistrationOf(job, r);
-    if (registration == nullptr || !(registration->*capability)()) return false;
-  }
-  return job != nullptr;
 }
 
 std::vector<std::string> AgentRegistry::Jobs() const {
@@ -417,7 +529,7 @@ std::vector<std::string> AgentRegistry::Jobs() const {
 
 absl::StatusOr<std::vector<v1::AgentInfo>> AgentRegistry::ListAgents(
     const std::string& job_id) const {
-  const absl::Time now = clock_->Now();
+  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) {
@@ -431,7 +543,7 @@ absl::StatusOr<std::vector<v1::AgentInfo>> AgentRegistry::ListAgents(
     info.set_node_id(agent.registration.node_id());
     info.set_peer_address(agent.registration.peer_address());
     info.set_incarnation(agent.registration.incarnation());
-    info.set_alive(now - agent.last_heartbeat <= options_.lease);
+    info.set_alive(LiveLocked(agent, now));
     info.set_ms_since_heartbeat(absl::ToInt64Milliseconds(now - agent.last_heartbeat));
     info.set_pinned_bytes(agent.pinned_bytes);
     info.set_has_gpu(agent.registration.has_gpu());

@@ -1,18 +1,26 @@
-// AgentRegistry: which agents serve which job, their leases and incarnations.
+// AgentRegistry: which agents serve which job, their leases and incarnations — the
+// coordinator's judge of liveness (DESIGN.md "Liveness").
 //
 // An agent is (job_id, rank). It registers with a random `incarnation` picked at process start
 // and renews its lease by heartbeat. A registration with a new incarnation replaces the old
 // one (the process restarted); any later message from the old incarnation is rejected with
 // STALE_INCARNATION, so a frozen-then-resumed agent can never act for its previous life.
-// An agent whose last heartbeat is older than the lease is expired (reported by
-// ExpiredRanks(); the session layer turns that into AGENT_LOST). Gone() also counts a rank
-// that is not registered once the registry has served for a lease.
+//
+// Leases are judged in running time (running_clock.h), not wall time: time the coordinator
+// was not running to hear heartbeats (it was stopped, frozen or migrated) is not counted
+// against them, so a pause of the coordinator longer than the lease loses no agent. An agent
+// not heard from for a lease of running time is expired; one whose command stream broke and
+// whose peer port refuses connections is dead (MarkDead, from the DeathWatch) at once; a
+// registration refused for a rank of a known job is recorded against that rank until its
+// agent is heard from. Each rank's verdict (agent_liveness.h) reaches the job's session core
+// as an event (Liveness), never by the core asking.
 //
 // The first registration of a job fixes its layout; every later one must match while any agent
 // of that layout is alive. Once all of them are expired, a registration with another layout
 // replaces the job's layout (a job resuming on a different mesh).
 //
-// Thread-safety: all methods are safe for concurrent use. Time comes from the injected Clock.
+// Thread-safety: all methods are safe for concurrent use. Time comes from the injected Clock,
+// read through a RunningClock.
 #ifndef TESSERA_SERVER_AGENT_REGISTRY_H_
 #define TESSERA_SERVER_AGENT_REGISTRY_H_
 
@@ -32,6 +40,8 @@
 #include "absl/types/span.h"
 #include "common/clock.h"
 #include "common/layout.h"
+#include "server/agent_liveness.h"
+#include "server/running_clock.h"
 #include "tessera/v1/admin.pb.h"
 #include "tessera/v1/coordinator.pb.h"
 
@@ -57,6 +67,10 @@ struct AgentRegistryOptions {
   absl::Duration lease = absl::Seconds(10);
   // How often agents are told to heartbeat. Default: 2 s (a fifth of the lease).
   absl::Duration heartbeat_interval = absl::Seconds(2);
+  // The most wall time one reading of the clock counts against leases (running_clock.h): a
+  // pause of the coordinator longer than this counts as this much. Zero: a quarter of the
+  // lease, at most 1 s. Default: zero.
+  absl::Duration max_unheard_step = absl::ZeroDuration();
 };
 
 class AgentRegistry {
@@ -64,6 +78,16 @@ class AgentRegistry {
   struct Registered {
     // Incarnation this registration replaced, if the agent restarted.
     std::optional<uint64_t> replaced_incarnation;
+    // The coordinator has not given this agent up since it last renewed its lease
+    // (RegisterAgentResponse.lease_kept): the same incarnation was registered and live, or this
+    // registry has served for less than a lease and never knew it (a restarted coordinator
+    // judges nobody gone before then).
+    bool lease_kept = false;
+  };
+  struct Renewal {
+    // As Registered::lease_kept: false if the agent's lease had expired, or it had been found
+    // dead, before this heartbeat (HeartbeatResponse.lease_kept).
+    bool lease_kept = false;
   };
 
   AgentRegistry(const Clock* clock, AgentRegistryOptions options);
@@ -72,7 +96,8 @@ class AgentRegistry {
   // Errors: InvalidArgument + LAYOUT_MISMATCH if the job id is invalid, the layout is malformed,
   // the coordinates are outside the mesh or disagree with `coord.rank`, or the layout differs
   // from the job's while an agent of the job's layout is alive; InvalidArgument if the
-  // incarnation is 0.
+  // incarnation is 0. A refusal for a rank of a known job's mesh is recorded against the rank
+  // (Liveness: kLost with the refusal) until an agent of that rank is heard from.
   absl::StatusOr<Registered> Register(const v1::RegisterAgentRequest& request)
       ABSL_LOCKS_EXCLUDED(mu_);
 
@@ -81,11 +106,29 @@ class AgentRegistry {
   // handled last (HeartbeatRequest.last_committed_session). Errors: NotFound if (job, rank)
   // is not registered; FailedPrecondition + STALE_INCARNATION if `incarnation` is not the
   // registered one.
-  absl::Status Heartbeat(const std::string& job_id, uint32_t rank, uint64_t incarnation,
-                         uint64_t pinned_bytes,
+  absl::StatusOr<Renewal> Heartbeat(const std::string& job_id, uint32_t rank,
+                                    uint64_t incarnation, uint64_t pinned_bytes,
                          std::optional<v1::MemoryCopy> resident = std::nullopt,
-                         std::vector<v1::MemoryCopy> buddy_copies = {},
-                         std::string last_committed_session = {}) ABSL_LOCKS_EXCLUDED(mu_);
+                                    std::vector<v1::MemoryCopy> buddy_copies = {},
+                                    std::string last_committed_session = {})
+      ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The agent (job, rank, incarnation) is dead: its process is gone (DeathWatch: its command
+  // stream broke and its peer port refuses connections). `why` completes "lost the agent of
+  // rank R during PHASE (...)". Ignored for another incarnation or an unknown agent. A heartbeat
+  // of it afterwards (it was not dead after all) revives it as one of an expired lease does.
+  // Returns whether it was recorded.
+  bool MarkDead(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                const std::string& why) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // The verdicts on ranks 0 .. world - 1 of `job_id` that changed since `*since` (0: all of
+  // them); sets `*since` to pass next time. With `judge_leases`, every lease is judged now
+  // first (O(world), without allocation: a tick's work); without, only what events changed
+  // (a registration, a death) is seen. One consumer per job (its LivenessFeed), which starts
+  // again from 0 with a new core.
+  std::vector<AgentLiveness> Liveness(const std::string& job_id, uint32_t world,
+                                      uint64_t* since, bool judge_leases = true)
+      ABSL_LOCKS_EXCLUDED(mu_);
 
   // The memory-only save `session_id` of `job_id` committed, and its COMMITTED commands are
   // about to go out (after the commit, or again when the job is recovered from the store):
@@ -139,17 +182,6 @@ class AgentRegistry {
   absl::Status CheckIncarnation(const std::string& job_id, uint32_t rank,
                                 uint64_t incarnation) const ABSL_LOCKS_EXCLUDED(mu_);
 
-  // Ranks of `job_id` whose lease has expired, ascending.
-  std::vector<uint32_t> ExpiredRanks(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
-
-  // Whether the agent of (job, rank) is gone: registered and its lease expired (as
-  // ExpiredRanks), or not registered although the registry has been serving for longer than
-  // a lease. A live agent is registered within one lease of StartServing (a restarted
-  // coordinator refuses its heartbeat, and it registers again), so one still missing then
-  // died meanwhile — or its job resumed on another mesh, which dropped the old mesh's agents
-  // (Register). Before that, a rank not registered yet may be on its way: not gone.
-  bool Gone(const std::string& job_id, uint32_t rank) const ABSL_LOCKS_EXCLUDED(mu_);
-
   // Memory tier: the agent (job, rank) replicates its resident copy to — the agent of the
   // same position (by rank) on the next node in a ring over the nodes of the job's live agents
   // with the memory tier on (by node id), or the next node's last if it has fewer; nullopt if
@@ -161,14 +193,6 @@ class AgentRegistry {
 
   // The job's mesh, if any agent of it has registered.
   std::optional<MeshLayout> JobLayout(const std::string& job_id) const ABSL_LOCKS_EXCLUDED(mu_);
-
-  // A field of RegisterAgentRequest by which an agent says it follows a PIN field an older
-  // agent does not: &v1::RegisterAgentRequest::copies_when_pinned, ::writes_when_staged.
-  using Capability = bool (v1::RegisterAgentRequest::*)() const;
-  // Whether ranks 0 .. world - 1 of the job all registered, each saying `capability`. One
-  // lock, no copies: the coordinator asks it for every save.
-  bool EveryAgentSays(const std::string& job_id, uint32_t world, Capability capability) const
-      ABSL_LOCKS_EXCLUDED(mu_);
 
   // Where each of ranks 0 .. world - 1 of the job stages (host-RAM admission,
   // plan_work.h): its registration's node_id and node_host_ram_budget; a rank that has not
@@ -195,10 +219,20 @@ class AgentRegistry {
 
   const AgentRegistryOptions& options() const { return options_; }
 
+  // Running time now (running_clock.h). Every method reads it; the coordinator's ticker also
+  // calls this on every tick, so that running time keeps pace with the wall while the
+  // coordinator runs even when nothing else asks.
+  absl::Time RunningNow() const { return clock_.Now(); }
+
  private:
   struct Agent {
     v1::RegisterAgentRequest registration;
-    absl::Time last_heartbeat;
+    absl::Time last_heartbeat;  // running time
+    // MarkDead's reason; cleared when it is heard from again.
+    std::optional<std::string> dead;
+    // Liveness' last verdict on it, and when (Job::version) that changed.
+    AgentLiveness::State judged = AgentLiveness::State::kAbsent;
+    uint64_t changed = 0;
     uint64_t pinned_bytes = 0;
     std::optional<v1::MemoryCopy> resident;  // rank, node_id, peer_address filled in
     std::vector<v1::MemoryCopy> buddy_copies;  // likewise
@@ -217,6 +251,14 @@ class AgentRegistry {
     absl::btree_set<uint32_t> heard_while_young;
     // Ranks registered and not heard from since: what they hold is not known yet.
     absl::btree_set<uint32_t> unstated;
+    // Liveness: registrations refused for a rank, until an agent of it is heard from; the
+    // job's change counter; ranks that changed, by when (oldest first); and Liveness' last
+    // verdict on whether absent ranks are gone.
+    absl::btree_map<uint32_t, v1::ErrorDetail> refused;
+    uint64_t version = 0;
+    std::vector<std::pair<uint64_t, uint32_t>> changes;
+    bool absent_gone = false;
+    uint64_t absent_changed = 0;
 
     // Adds `agent`'s copies (rank `rank`) to `holders`, or removes them.
     void IndexCopies(uint32_t rank, const Agent& agent, bool add);
@@ -238,6 +280,16 @@ class AgentRegistry {
   // The job's note, if it holds at `now`; else null (a lapsed one stays).
   MemoryCommitNote* NoteLocked(const std::string& job_id, absl::Time now) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Notes that the verdict on `rank` may have changed (Liveness reports it next).
+  static void ChangedLocked(Job& job, uint32_t rank);
+  // Records `refusal` of a registration for `rank`, if the rank is in the job's mesh.
+  static void RefuseLocked(Job& job, uint32_t rank, const absl::Status& refusal);
+  // The verdict on `rank` of `job` (null: not known) at running time `now`.
+  AgentLiveness JudgeLocked(const Job* job, uint32_t rank, absl::Time now) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool LiveLocked(const Agent& agent, absl::Time now) const {
+    return !agent.dead.has_value() && now - agent.last_heartbeat <= options_.lease;
+  }
   // Errors as CheckIncarnation.
   absl::StatusOr<Agent*> FindLocked(const std::string& job_id, uint32_t rank,
                                     uint64_t incarnation) const
@@ -247,8 +299,8 @@ class AgentRegistry {
   static const v1::RegisterAgentRequest* RegistrationOf(const Job* job, uint32_t rank);
   const Job* JobLocked(const std::string& job_id) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  const Clock* const clock_;
   const AgentRegistryOptions options_;
+  const RunningClock clock_;  // leases are judged in running time
   absl::Time serving_since_ ABSL_GUARDED_BY(mu_);  // MayMissCopies' window starts here
   mutable absl::Mutex mu_;
   // Mutable so that const lookups can share FindLocked with Heartbeat.

@@ -29,6 +29,35 @@ v1::RegisterAgentRequest Registration(uint32_t rank, uint64_t incarnation,
 
 class AgentRegistryTest : public ::testing::Test {
  protected:
+  // `d` of time the coordinator runs through: its clock read every 250 ms, as its ticker
+  // does (a single clock_.Advance is a pause of the coordinator: running_clock.h).
+  // `also`: other registries on the same clock, whose coordinators run through it too.
+  void Pass(absl::Duration d, std::initializer_list<AgentRegistry*> also = {}) {
+    while (d > absl::ZeroDuration()) {
+      const absl::Duration step = std::min(d, absl::Milliseconds(250));
+      clock_.Advance(step);
+      registry_.RunningNow();
+      for (AgentRegistry* other : also) other->RunningNow();
+      d -= step;
+    }
+  }
+  // Every verdict on ranks 0 .. world - 1 of `job`.
+  std::vector<AgentLiveness> Verdicts(const std::string& job = "job", uint32_t world = 8) {
+    uint64_t since = 0;
+    return registry_.Liveness(job, world, &since);
+  }
+  // The ranks of `job` whose agent is lost, ascending.
+  std::vector<uint32_t> Lost(const std::string& job = "job", uint32_t world = 8) {
+    std::vector<uint32_t> lost;
+    for (const AgentLiveness& v : Verdicts(job, world)) {
+      if (v.state == AgentLiveness::State::kLost) lost.push_back(v.rank);
+    }
+    return lost;
+  }
+  bool Gone(const std::string& job, uint32_t rank) {
+    return Verdicts(job, rank + 1)[rank].unavailable();
+  }
+
   FakeClock clock_;
   AgentRegistry registry_{&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)}};
 };
@@ -41,25 +70,6 @@ TEST_F(AgentRegistryTest, Register_NewAgent_IsAliveWithCoords) {
   EXPECT_EQ((*agents)[0].coords(), "pp=1,tp=0,dp=1");
   EXPECT_TRUE((*agents)[0].alive());
   EXPECT_THAT((*agents)[0].coord().index(), ElementsAre(1, 0, 1));
-}
-
-TEST_F(AgentRegistryTest, EveryAgentSays_AllRanksRegisteredAndSayingSo) {
-  constexpr auto kCopies = &v1::RegisterAgentRequest::copies_when_pinned;
-  constexpr auto kWrites = &v1::RegisterAgentRequest::writes_when_staged;
-  EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kCopies));  // no such job
-  for (uint32_t r : {0u, 1u}) {
-    v1::RegisterAgentRequest request = Registration(r, 10 + r);
-    request.set_copies_when_pinned(true);
-    request.set_writes_when_staged(r == 0);
-    ASSERT_TRUE(registry_.Register(request).ok());
-  }
-  EXPECT_TRUE(registry_.EveryAgentSays("job", 2, kCopies));
-  EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kWrites)) << "rank 1 does not say it";
-  EXPECT_TRUE(registry_.EveryAgentSays("job", 1, kWrites));
-  EXPECT_FALSE(registry_.EveryAgentSays("job", 3, kCopies)) << "rank 2 never registered";
-  // Rank 1 comes back as an agent that does not follow the field.
-  ASSERT_TRUE(registry_.Register(Registration(1, 21)).ok());
-  EXPECT_FALSE(registry_.EveryAgentSays("job", 2, kCopies));
 }
 
 TEST_F(AgentRegistryTest, NodeBudgets_EveryRankInOrder_UnregisteredNamed) {
@@ -88,9 +98,9 @@ TEST_F(AgentRegistryTest, RelayPeers_OnlyLiveAgentsThatSayItWithAPeerAddressRela
     if (r != 2) request.set_peer_address(absl::StrCat("10.0.0.", r, ":70"));  // rank 2 has none
     ASSERT_TRUE(registry_.Register(request).ok());
   }
-  clock_.Advance(absl::Seconds(8));
+  Pass(absl::Seconds(8));
   for (uint32_t r : {0u, 1u, 2u}) ASSERT_TRUE(registry_.Heartbeat("job", r, 10 + r, 0).ok());
-  clock_.Advance(absl::Seconds(3));  // rank 3's lease expires
+  Pass(absl::Seconds(3));  // rank 3's lease expires
 
   const std::vector<RelayPeer> peers = registry_.RelayPeers("job", 5);
   ASSERT_EQ(peers.size(), 5u);
@@ -110,30 +120,122 @@ TEST_F(AgentRegistryTest, RelayPeers_OnlyLiveAgentsThatSayItWithAPeerAddressRela
 TEST_F(AgentRegistryTest, Heartbeat_KeepsLeaseAlive_ExpiresWithout) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
-  clock_.Advance(absl::Seconds(8));
+  Pass(absl::Seconds(8));
   ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
-  clock_.Advance(absl::Seconds(8));
-  EXPECT_THAT(registry_.ExpiredRanks("job"), ElementsAre(1));
-  clock_.Advance(absl::Seconds(3));
-  EXPECT_THAT(registry_.ExpiredRanks("job"), ElementsAre(0, 1));
+  Pass(absl::Seconds(8));
+  EXPECT_THAT(Lost(), ElementsAre(1));
+  Pass(absl::Seconds(3));
+  EXPECT_THAT(Lost(), ElementsAre(0, 1));
 }
 
-// Gone: a registered agent once its lease expired; a rank not registered only once the
+// Issue 52, bug 1: a coordinator paused longer than the lease (SIGSTOP, a VM freeze) heard
+// nothing meanwhile; its pause is not the agents' death.
+TEST_F(AgentRegistryTest, APauseOfTheCoordinatorLongerThanTheLease_ExpiresNobody) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
+  Pass(absl::Seconds(2));
+  clock_.Advance(absl::Seconds(13));  // paused: nobody read the clock
+  EXPECT_THAT(Lost(), IsEmpty()) << "13 s of the coordinator's pause count as at most 1 s";
+  absl::StatusOr<AgentRegistry::Renewal> beat = registry_.Heartbeat("job", 0, 1, 0);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_TRUE(beat->lease_kept);
+  absl::StatusOr<AgentRegistry::Registered> again = registry_.Register(Registration(1, 2));
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->lease_kept) << "re-registered after the pause, never given up";
+  // Leases still expire in running time: 10 s the coordinator runs through unheard.
+  Pass(absl::Seconds(10) + absl::Milliseconds(250));
+  EXPECT_THAT(Lost(), ElementsAre(0, 1));
+  absl::StatusOr<AgentRegistry::Renewal> late = registry_.Heartbeat("job", 0, 1, 0);
+  ASSERT_TRUE(late.ok());
+  EXPECT_FALSE(late->lease_kept) << "given up before this heartbeat";
+  absl::StatusOr<AgentRegistry::Registered> late_again = registry_.Register(Registration(1, 2));
+  ASSERT_TRUE(late_again.ok());
+  EXPECT_FALSE(late_again->lease_kept);
+}
+
+// Issue 52, bug 3: a refused registration is the verdict on its rank, with the reason, until
+// an agent of that rank is heard from; a live agent of the rank stays live.
+TEST_F(AgentRegistryTest, RefusedRegistration_IsTheRanksVerdictUntilItsAgentIsHeard) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  v1::RegisterAgentRequest other = Registration(3, 7);
+  other.mutable_layout()->mutable_dims(2)->set_degree(4);
+  ASSERT_EQ(GetErrorCode(registry_.Register(other).status()), v1::ERROR_CODE_LAYOUT_MISMATCH);
+  std::vector<AgentLiveness> verdicts = Verdicts();
+  EXPECT_EQ(verdicts[0].state, AgentLiveness::State::kLive);
+  EXPECT_EQ(verdicts[2].state, AgentLiveness::State::kAbsent);
+  ASSERT_EQ(verdicts[3].state, AgentLiveness::State::kLost);
+  EXPECT_EQ(verdicts[3].lost.code(), v1::ERROR_CODE_LAYOUT_MISMATCH);
+  EXPECT_THAT(verdicts[3].lost.message(),
+              ::testing::AllOf(::testing::HasSubstr("its registration was refused"),
+                               ::testing::HasSubstr("pp=2,tp=2,dp=2")));
+
+  // A stray process refused for a live agent's rank changes nothing.
+  v1::RegisterAgentRequest stray = other;
+  stray.mutable_coord()->set_rank(0);
+  ASSERT_FALSE(registry_.Register(stray).ok());
+  EXPECT_EQ(Verdicts()[0].state, AgentLiveness::State::kLive);
+
+  ASSERT_TRUE(registry_.Register(Registration(3, 8)).ok());
+  EXPECT_EQ(Verdicts()[3].state, AgentLiveness::State::kLive);
+}
+
+// Issue 52, bug 5: an agent found dead is lost at once, with why; one heard from afterwards
+// (it was not dead) is live again, told its lease was not kept.
+TEST_F(AgentRegistryTest, MarkDead_LostAtOnceUntilHeardFromAgain) {
+  ASSERT_TRUE(registry_.Register(Registration(2, 5)).ok());
+  EXPECT_FALSE(registry_.MarkDead("job", 2, 4, "gone")) << "another incarnation";
+  ASSERT_TRUE(registry_.MarkDead("job", 2, 5, "its process is gone"));
+  std::vector<AgentLiveness> verdicts = Verdicts();
+  ASSERT_EQ(verdicts[2].state, AgentLiveness::State::kLost);
+  EXPECT_EQ(verdicts[2].lost.code(), v1::ERROR_CODE_AGENT_LOST);
+  EXPECT_EQ(verdicts[2].lost.message(), "its process is gone");
+  absl::StatusOr<AgentRegistry::Renewal> beat = registry_.Heartbeat("job", 2, 5, 0);
+  ASSERT_TRUE(beat.ok());
+  EXPECT_FALSE(beat->lease_kept);
+  EXPECT_EQ(Verdicts()[2].state, AgentLiveness::State::kLive);
+}
+
+// Liveness hands a consumer only what changed since it last asked.
+TEST_F(AgentRegistryTest, Liveness_OnlyWhatChangedSinceTheLastTake) {
+  ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
+  ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
+  uint64_t since = 0;
+  EXPECT_EQ(registry_.Liveness("job", 2, &since).size(), 2u) << "a new consumer gets all";
+  EXPECT_THAT(registry_.Liveness("job", 2, &since), IsEmpty());
+  Pass(absl::Seconds(8));
+  ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
+  EXPECT_THAT(registry_.Liveness("job", 2, &since), IsEmpty()) << "renewals change nothing";
+  Pass(absl::Seconds(3));  // rank 1 expires
+  std::vector<AgentLiveness> changed = registry_.Liveness("job", 2, &since, false);
+  EXPECT_THAT(changed, IsEmpty()) << "leases are judged only when asked to";
+  changed = registry_.Liveness("job", 2, &since);
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0].rank, 1u);
+  EXPECT_EQ(changed[0].state, AgentLiveness::State::kLost);
+  EXPECT_EQ(changed[0].lost.message(), "no heartbeat within the lease");
+  ASSERT_TRUE(registry_.Register(Registration(1, 3)).ok());
+  changed = registry_.Liveness("job", 2, &since, false);
+  ASSERT_EQ(changed.size(), 1u);
+  EXPECT_EQ(changed[0].incarnation, 3u);
+  EXPECT_EQ(changed[0].state, AgentLiveness::State::kLive);
+}
+
+// Gone (AgentLiveness::unavailable): a registered agent once its lease expired; a rank not registered only once the
 // registry has served for a lease (a live agent registers again within one after a restart).
-TEST_F(AgentRegistryTest, Gone_ExpiredOrNotRegisteredALeaseAfterServingStarted) {
-  clock_.Advance(absl::Seconds(30));  // recovering the sessions took a while
+TEST_F(AgentRegistryTest, Unavailable_ExpiredOrNotRegisteredALeaseAfterServingStarted) {
+  Pass(absl::Seconds(30));  // recovering the sessions took a while
   registry_.StartServing();
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
-  clock_.Advance(absl::Seconds(10));
-  EXPECT_FALSE(registry_.Gone("job", 0));
-  EXPECT_FALSE(registry_.Gone("job", 1)) << "within the first lease it may be on its way";
-  EXPECT_FALSE(registry_.Gone("other-job", 0));
-  clock_.Advance(absl::Seconds(1));
-  EXPECT_TRUE(registry_.Gone("job", 0)) << "its lease expired";
-  EXPECT_TRUE(registry_.Gone("job", 1)) << "never registered within a lease of serving";
-  EXPECT_TRUE(registry_.Gone("other-job", 0));
+  Pass(absl::Seconds(10));
+  EXPECT_FALSE(Gone("job", 0));
+  EXPECT_FALSE(Gone("job", 1)) << "within the first lease it may be on its way";
+  EXPECT_FALSE(Gone("other-job", 0));
+  Pass(absl::Seconds(1));
+  EXPECT_TRUE(Gone("job", 0)) << "its lease expired";
+  EXPECT_TRUE(Gone("job", 1)) << "never registered within a lease of serving";
+  EXPECT_TRUE(Gone("other-job", 0));
   ASSERT_TRUE(registry_.Register(Registration(1, 2)).ok());
-  EXPECT_FALSE(registry_.Gone("job", 1));
+  EXPECT_FALSE(Gone("job", 1));
 }
 
 TEST_F(AgentRegistryTest, Reregister_NewIncarnation_OldOneIsStale) {
@@ -143,7 +245,7 @@ TEST_F(AgentRegistryTest, Reregister_NewIncarnation_OldOneIsStale) {
   ASSERT_TRUE(again->replaced_incarnation.has_value());
   EXPECT_EQ(*again->replaced_incarnation, 100u);
 
-  absl::Status stale = registry_.Heartbeat("job", 3, 100, 0);
+  absl::Status stale = registry_.Heartbeat("job", 3, 100, 0).status();
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(GetErrorCode(stale), v1::ERROR_CODE_STALE_INCARNATION);
   EXPECT_TRUE(registry_.Heartbeat("job", 3, 200, 0).ok());
@@ -170,7 +272,7 @@ TEST_F(AgentRegistryTest, Register_NewLayoutAfterOldAgentsExpired_Accepted) {
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   v1::RegisterAgentRequest resumed = Registration(1, 2);
   resumed.mutable_layout()->mutable_dims(2)->set_degree(4);
-  clock_.Advance(absl::Seconds(11));  // the old layout's only agent is gone
+  Pass(absl::Seconds(11));  // the old layout's only agent is gone
   ASSERT_TRUE(registry_.Register(resumed).ok());
   EXPECT_EQ(registry_.JobLayout("job")->world_size(), 16u);
   EXPECT_EQ(registry_.ListAgents("job")->size(), 1u);
@@ -198,9 +300,9 @@ TEST_F(AgentRegistryTest, Register_BadJobIdOrZeroIncarnation_Rejected) {
 }
 
 TEST_F(AgentRegistryTest, Heartbeat_Unknown_NotFound) {
-  EXPECT_EQ(registry_.Heartbeat("nope", 0, 1, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Heartbeat("nope", 0, 1, 0).status().code(), absl::StatusCode::kNotFound);
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
-  EXPECT_EQ(registry_.Heartbeat("job", 1, 1, 0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(registry_.Heartbeat("job", 1, 1, 0).status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(registry_.ListAgents("nope").status().code(), absl::StatusCode::kNotFound);
 }
 
@@ -248,11 +350,11 @@ TEST_F(AgentRegistryTest, MemoryCopies_ForgottenOnLossRestartOrAHeartbeatWithout
 
   ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());  // rank 0 dropped its copy
   ASSERT_TRUE(registry_.Register(Registration(1, 20)).ok());  // rank 1's agent restarted
-  clock_.Advance(absl::Seconds(8));
+  Pass(absl::Seconds(8));
   ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
   ASSERT_TRUE(registry_.Heartbeat("job", 1, 20, 0).ok());
   EXPECT_EQ(registry_.MemoryCopies("job", 7, "s7").size(), 1u);  // rank 2's, still alive
-  clock_.Advance(absl::Seconds(3));  // rank 2's lease expires
+  Pass(absl::Seconds(3));  // rank 2's lease expires
   EXPECT_TRUE(registry_.MemoryCopies("job", 7, "s7").empty());
   EXPECT_FALSE(registry_.ListAgents("job")->at(1).has_resident());
 }
@@ -273,7 +375,7 @@ TEST_F(AgentRegistryTest, MayMissCopies_UntilEveryRankHeartbeatedOrALeasePassed)
   ASSERT_TRUE(registry_.Register(Registration(0, 1, "other")).ok());
   ASSERT_TRUE(registry_.Heartbeat("other", 0, 1, 0).ok());
   EXPECT_TRUE(registry_.MayMissCopies("other"));
-  clock_.Advance(absl::Seconds(10));
+  Pass(absl::Seconds(10));
   EXPECT_FALSE(registry_.MayMissCopies("other"));
   EXPECT_FALSE(registry_.MayMissCopies("never-registered"));
 }
@@ -281,7 +383,7 @@ TEST_F(AgentRegistryTest, MayMissCopies_UntilEveryRankHeartbeatedOrALeasePassed)
 // Past the restart window: an agent that registered again (a heartbeat failed; or it
 // restarted) still holds what it held, or may, until its next heartbeat says — not none.
 TEST_F(AgentRegistryTest, MayMissCopies_WhileALiveAgentRegisteredAgainIsNotYetHeard) {
-  clock_.Advance(absl::Seconds(10));  // the registry's restart window is over
+  Pass(absl::Seconds(10));  // the registry's restart window is over
   for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
   for (uint32_t r = 0; r < 8; ++r) {
     ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(7, "s7", "/x")).ok());
@@ -307,7 +409,7 @@ TEST_F(AgentRegistryTest, MayMissCopies_WhileALiveAgentRegisteredAgainIsNotYetHe
   // One that registered and then went silent for a lease is expired: its copies are none.
   ASSERT_TRUE(registry_.Register(Registration(6, 7)).ok());
   EXPECT_TRUE(registry_.MayMissCopies("job"));
-  clock_.Advance(absl::Seconds(11));
+  Pass(absl::Seconds(11));
   EXPECT_FALSE(registry_.MayMissCopies("job"));
 }
 
@@ -317,7 +419,7 @@ TEST_F(AgentRegistryTest, MayMissCopies_WhileALiveAgentRegisteredAgainIsNotYetHe
 // states is all it has. A restarted agent (new incarnation) holds nothing of it, and an agent
 // that expires holds nothing up.
 TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommit_MayMiss) {
-  clock_.Advance(absl::Seconds(10));  // the registry's restart window is over
+  Pass(absl::Seconds(10));  // the registry's restart window is over
   for (uint32_t r = 0; r < 4; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
   for (uint32_t r = 0; r < 4; ++r) {
     ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, Copy(7, "s7", "/x"), {}, "s7").ok());
@@ -359,7 +461,7 @@ TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommi
   EXPECT_FALSE(may_miss);
 
   // One that expires before it says so holds nothing up.
-  clock_.Advance(absl::Seconds(6));  // rank 2 was last heard 6 s ago
+  Pass(absl::Seconds(6));  // rank 2 was last heard 6 s ago
   registry_.NoteMemoryCommit("job", "s10");
   for (uint32_t r : {0u, 1u, 3u}) {
     ASSERT_TRUE(registry_.Heartbeat("job", r, r == 3 ? 40 : r + 1, 0, Copy(10, "s10", "/x"), {},
@@ -368,7 +470,7 @@ TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommi
   }
   EXPECT_EQ(registry_.MemoryCopies("job", 10, "s10", {}, &may_miss).size(), 3u);
   EXPECT_TRUE(may_miss);
-  clock_.Advance(absl::Seconds(5));  // rank 2's lease (10 s) is over; the note's is not
+  Pass(absl::Seconds(5));  // rank 2's lease (10 s) is over; the note's is not
   EXPECT_EQ(registry_.MemoryCopies("job", 10, "s10", {}, &may_miss).size(), 3u);
   EXPECT_FALSE(may_miss);
 }
@@ -379,7 +481,7 @@ TEST_F(AgentRegistryTest, MemoryCopies_UntilEachAgentSaidItHandledTheMemoryCommi
 // in the note; one noted before any agent registered (a recovered commit) holds for a lease
 // from StartServing.
 TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
-  clock_.Advance(absl::Seconds(10));  // the registry's restart window is over
+  Pass(absl::Seconds(10));  // the registry's restart window is over
   for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(registry_.Register(Registration(r, r + 1)).ok());
   for (uint32_t r = 0; r < 3; ++r) ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0).ok());
   registry_.NoteMemoryCommit("job", "s8");
@@ -391,7 +493,7 @@ TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
   bool may_miss = false;
   EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
   EXPECT_TRUE(may_miss) << "rank 3 registered after the note and has not handled the commit";
-  clock_.Advance(absl::Seconds(9));
+  Pass(absl::Seconds(9));
   for (uint32_t r = 0; r < 4; ++r) {
     ASSERT_TRUE(registry_.Heartbeat("job", r, r + 1, 0, r < 3 ? std::optional(Copy(8, "s8", "/x"))
                                                               : std::nullopt)
@@ -399,7 +501,7 @@ TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
   }
   EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
   EXPECT_TRUE(may_miss);
-  clock_.Advance(absl::Seconds(2));  // the note's lease is over; every agent is live
+  Pass(absl::Seconds(2));  // the note's lease is over; every agent is live
   EXPECT_EQ(registry_.MemoryCopies("job", 8, "s8", {}, &may_miss).size(), 3u);
   EXPECT_FALSE(may_miss);
   // Noted again by this registry (a job reloaded after a refused store write): it stays lapsed.
@@ -420,9 +522,9 @@ TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
   // A recovered commit, noted before any agent of its job registered: from StartServing on.
   AgentRegistry fresh(&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)});
   fresh.NoteMemoryCommit("job", "s8");
-  clock_.Advance(absl::Seconds(30));  // recovering took long
+  Pass(absl::Seconds(30), {&fresh});  // recovering took long
   fresh.StartServing();
-  clock_.Advance(absl::Seconds(11));  // past the start window
+  Pass(absl::Seconds(11), {&fresh});  // past the start window
   for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(fresh.Register(Registration(r, r + 1)).ok());
   for (uint32_t r = 0; r < 8; ++r) {
     ASSERT_TRUE(fresh.Heartbeat("job", r, r + 1, 0, std::nullopt, {}, r != 3 ? "s8" : "").ok());
@@ -432,9 +534,9 @@ TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
   EXPECT_FALSE(may_miss) << "the note's lease from StartServing is over";
   AgentRegistry again(&clock_, AgentRegistryOptions{absl::Seconds(10), absl::Seconds(2)});
   again.NoteMemoryCommit("job", "s8");
-  clock_.Advance(absl::Seconds(30));
+  Pass(absl::Seconds(30), {&again});
   again.StartServing();
-  clock_.Advance(absl::Seconds(5));
+  Pass(absl::Seconds(5), {&again});
   for (uint32_t r = 0; r < 8; ++r) ASSERT_TRUE(again.Register(Registration(r, r + 1)).ok());
   for (uint32_t r = 0; r < 8; ++r) {
     ASSERT_TRUE(again.Heartbeat("job", r, r + 1, 0, std::nullopt, {}, r != 3 ? "s8" : "").ok());
@@ -446,13 +548,13 @@ TEST_F(AgentRegistryTest, NoteMemoryCommit_HoldsForALease) {
 
 TEST_F(AgentRegistryTest, MayMissCopies_TheWindowStartsWhenServingStarts) {
   // Recovering the sessions took a lease: agents could not reach the coordinator yet.
-  clock_.Advance(absl::Seconds(10));
+  Pass(absl::Seconds(10));
   registry_.StartServing();
   // Only rank 0 has registered (a rank registered and silent counts as unknown on its own).
   ASSERT_TRUE(registry_.Register(Registration(0, 1)).ok());
   ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
   EXPECT_TRUE(registry_.MayMissCopies("job"));
-  clock_.Advance(absl::Seconds(10));
+  Pass(absl::Seconds(10));
   EXPECT_FALSE(registry_.MayMissCopies("job"));
 }
 
@@ -520,9 +622,9 @@ TEST_F(AgentRegistryTest, MemoryCopies_OfFiles_OnlyThoseFilesByHolderRank) {
   ASSERT_TRUE(registry_.Register(Registration(0, 10)).ok());
   EXPECT_THAT(holders({"data-0"}), ElementsAre("data-0@3"));
   // Rank 3's lease expires: its copies are left out.
-  clock_.Advance(absl::Seconds(8));
+  Pass(absl::Seconds(8));
   ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0, copy_of("data-2", 2)).ok());
-  clock_.Advance(absl::Seconds(3));
+  Pass(absl::Seconds(3));
   EXPECT_THAT(holders({"data-0", "data-2"}), ElementsAre("data-2@2"));
 }
 
@@ -572,11 +674,11 @@ TEST_F(AgentRegistryTest, BuddyOf_ExpiredAgentsLeaveTheRing_BackWhenTheyHeartbea
   EXPECT_EQ(buddy(2), 0u);
 
   // node-b's agent stops heartbeating; the others go on, and its lease (10 s) runs out.
-  clock_.Advance(absl::Seconds(8));
+  Pass(absl::Seconds(8));
   ASSERT_TRUE(registry_.Heartbeat("job", 0, 1, 0).ok());
   ASSERT_TRUE(registry_.Heartbeat("job", 2, 3, 0).ok());
   EXPECT_EQ(buddy(0), 1u);  // not expired yet
-  clock_.Advance(absl::Seconds(3));
+  Pass(absl::Seconds(3));
   EXPECT_EQ(buddy(0), 2u);  // a -> c: b is gone
   EXPECT_EQ(buddy(2), 0u);
   EXPECT_FALSE(registry_.BuddyOf("job", 1).has_value());  // an expired agent has none

@@ -11,7 +11,8 @@ namespace tessera {
 // the reactor is deleted once gRPC is done with it and no hold is left.
 class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
  public:
-  Reactor(CommandStreams* owner, Key key) : owner_(owner), key_(std::move(key)) {}
+  Reactor(CommandStreams* owner, Key key, uint64_t incarnation)
+      : owner_(owner), key_(std::move(key)), incarnation_(incarnation) {}
 
   // Taken under CommandStreams' mutex, so the reactor is alive; keeps it alive until Release.
   void Hold() ABSL_LOCKS_EXCLUDED(mu_) {
@@ -38,18 +39,22 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
     if (next != nullptr) StartWrite(next);
   }
 
-  void FinishNow(grpc::Status status) {
+  // Returns whether this call finished it (false: it was finished already).
+  bool FinishNow(grpc::Status status) {
     {
       absl::MutexLock lock(&mu_);
-      if (finished_) return;
+      if (finished_) return false;
       finished_ = true;
     }
     Finish(std::move(status));
+    return true;
   }
 
   void OnWriteDone(bool ok) override {
     if (!ok) {  // the client went away
-      FinishNow(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"));
+      if (FinishNow(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"))) {
+        owner_->Broken(key_, incarnation_, this);
+      }
       return;
     }
     const v1::Command* next = nullptr;
@@ -62,7 +67,9 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
     if (next != nullptr) StartWrite(next);
   }
 
-  void OnCancel() override { FinishNow(grpc::Status::CANCELLED); }
+  void OnCancel() override {
+    if (FinishNow(grpc::Status::CANCELLED)) owner_->Broken(key_, incarnation_, this);
+  }
 
   void OnDone() override {
     owner_->Detach(key_, this);
@@ -87,6 +94,7 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
 
   CommandStreams* const owner_;
   const Key key_;
+  const uint64_t incarnation_;
   absl::Mutex mu_;
   std::deque<v1::Command> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -109,10 +117,10 @@ v1::Command PinWithEncodedAssignment(const v1::Command& pin, absl::string_view a
 CommandStreams::~CommandStreams() { CloseAll(); }
 
 grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(
-    const std::string& job_id, uint32_t rank,
+    const std::string& job_id, uint32_t rank, uint64_t incarnation,
     const std::function<std::optional<v1::Command>()>& current) {
   Key key{job_id, rank};
-  auto* reactor = new Reactor(this, key);
+  auto* reactor = new Reactor(this, key, incarnation);
   Reactor* replaced = nullptr;
   {
     absl::MutexLock lock(&mu_);
@@ -185,6 +193,15 @@ void CommandStreams::CloseAll() {
 size_t CommandStreams::open_streams() const {
   absl::MutexLock lock(&mu_);
   return streams_.size();
+}
+
+void CommandStreams::Broken(const Key& key, uint64_t incarnation, Reactor* reactor) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = streams_.find(key);
+    if (it == streams_.end() || it->second != reactor) return;  // replaced: not broken
+  }
+  if (on_broken_) on_broken_(key.first, key.second, incarnation);
 }
 
 void CommandStreams::Detach(const Key& key, Reactor* reactor) {

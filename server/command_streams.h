@@ -41,7 +41,14 @@ v1::Command PinWithEncodedAssignment(const v1::Command& pin, absl::string_view a
 
 class CommandStreams : public CommandSink {
  public:
-  CommandStreams() = default;
+  // (job, rank, incarnation)'s stream broke from the agent's side: the call was cancelled or
+  // a write failed (the agent's process or its connection went away) — not a stream this
+  // object finished (replaced by a newer one, or CloseAll). Runs on a gRPC thread, no lock
+  // held (DeathWatch::StreamBroken).
+  using OnBroken =
+      std::function<void(const std::string& job_id, uint32_t rank, uint64_t incarnation)>;
+
+  explicit CommandStreams(OnBroken on_broken = nullptr) : on_broken_(std::move(on_broken)) {}
   ~CommandStreams() override;
 
   // Starts a stream for (job, rank). Once the stream is registered, calls `current` (the
@@ -51,7 +58,7 @@ class CommandStreams : public CommandSink {
   // repeat a command, or follow a newer one; agents ignore a seq they have handled. The
   // reactor deletes itself when the RPC is done.
   grpc::ServerWriteReactor<v1::Command>* Open(
-      const std::string& job_id, uint32_t rank,
+      const std::string& job_id, uint32_t rank, uint64_t incarnation,
       const std::function<std::optional<v1::Command>()>& current) ABSL_LOCKS_EXCLUDED(mu_);
 
   void Send(const std::string& job_id, uint32_t rank, const v1::Command& command) override
@@ -74,6 +81,11 @@ class CommandStreams : public CommandSink {
   using Key = std::pair<std::string, uint32_t>;
 
   void Detach(const Key& key, Reactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream `reactor` of `key` broke from the agent's side: on_broken_, if it is still the
+  // key's current stream.
+  void Broken(const Key& key, uint64_t incarnation, Reactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
+
+  const OnBroken on_broken_;
   // The stream of (job, rank) with a hold taken (Reactor::Release it), or null.
   Reactor* HoldStream(const std::string& job_id, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
 

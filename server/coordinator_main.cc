@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
@@ -28,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "server/admin_service.h"
 #include "server/agent_registry.h"
+#include "server/death_watch.h"
 #include "server/command_streams.h"
 #include "server/coordinator_service.h"
 #include "server/metrics.h"
@@ -159,7 +161,15 @@ int main(int argc, char** argv) {
   tessera::Storage& storage = storage_fault.empty()
                                   ? static_cast<tessera::Storage&>(posix_storage)
                                   : static_cast<tessera::Storage&>(faulty_storage);
-  tessera::CommandStreams streams;
+  // A command stream broken from the agent's side makes the agent a suspect of the death
+  // watch (made below, once the sessions it reports deaths to exist).
+  std::atomic<tessera::DeathWatch*> death_watch_ptr{nullptr};
+  tessera::CommandStreams streams(
+      [&death_watch_ptr](const std::string& job_id, uint32_t rank, uint64_t incarnation) {
+        if (tessera::DeathWatch* watch = death_watch_ptr.load()) {
+          watch->StreamBroken(job_id, rank, incarnation);
+        }
+      });
   tessera::SessionManagerOptions manager_options;
   tessera::SessionOptions& session_options = manager_options.session;
   session_options.storage_root = absl::GetFlag(FLAGS_storage_root);
@@ -212,8 +222,15 @@ int main(int argc, char** argv) {
                              recovered.ToString()));
   }
 
+  // Finds an agent dead within moments of its process ending, not at its lease's end.
+  tessera::DeathWatch death_watch(&registry, [&sessions](const std::string& job_id) {
+    sessions.AgentsChanged(job_id);
+  });
+  death_watch_ptr.store(&death_watch);
+
   tessera::PeerIdBroker broker;
   tessera::CoordinatorServiceOptions service_options;
+  service_options.death_watch = &death_watch;
   service_options.coordinator_incarnation = tessera::NewIncarnation();
   service_options.storage_root = session_options.storage_root;
   service_options.memory_buddies = absl::GetFlag(FLAGS_memory_buddies);

@@ -35,6 +35,9 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
     grpc::CallbackServerContext* context, const v1::RegisterAgentRequest* request,
     v1::RegisterAgentResponse* response) {
   absl::StatusOr<AgentRegistry::Registered> registered = registry_->Register(*request);
+  // Refused or not, the job's session hears of it now: a refusal recorded against a rank
+  // ends a save waiting for that rank at once, with its reason.
+  if (sessions_ != nullptr) sessions_->AgentsChanged(request->job_id());
   if (!registered.ok()) {
     LogWarning("rejected registration job=", request->job_id(), " rank=",
                request->coord().rank(), ": ", registered.status().message());
@@ -45,16 +48,17 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
           registered->replaced_incarnation.has_value()
               ? absl::StrCat(" (replaces ", absl::Hex(*registered->replaced_incarnation), ")")
               : "");
-  if (sessions_ != nullptr) {
-    sessions_->OnAgentRegistered(request->job_id(), request->coord().rank(),
-                                 registered->replaced_incarnation);
-  }
   const AgentRegistryOptions& reg = registry_->options();
   response->set_lease_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(reg.lease)));
   response->set_heartbeat_interval_ms(
       static_cast<uint32_t>(absl::ToInt64Milliseconds(reg.heartbeat_interval)));
   response->set_coordinator_incarnation(options_.coordinator_incarnation);
   response->set_storage_root(options_.storage_root);
+  response->set_lease_kept(registered->lease_kept);
+  if (options_.death_watch != nullptr) {
+    options_.death_watch->Registered(request->job_id(), request->coord().rank(),
+                                     request->incarnation(), request->peer_address());
+  }
   return FinishUnary(context, absl::OkStatus());
 }
 
@@ -63,12 +67,14 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
                                                         v1::HeartbeatResponse* response) {
   std::optional<v1::MemoryCopy> resident;
   if (request->has_resident()) resident = request->resident();
-  absl::Status status = registry_->Heartbeat(
+  absl::StatusOr<AgentRegistry::Renewal> renewal = registry_->Heartbeat(
       request->job_id(), request->rank(), request->incarnation(), request->pinned_bytes(),
       std::move(resident),
       std::vector<v1::MemoryCopy>(request->buddy_copies().begin(), request->buddy_copies().end()),
       request->last_committed_session());
+  const absl::Status status = renewal.status();
   if (status.ok()) {
+    response->set_lease_kept(renewal->lease_kept);
     response->set_lease_ms(
         static_cast<uint32_t>(absl::ToInt64Milliseconds(registry_->options().lease)));
     response->set_coordinator_incarnation(options_.coordinator_incarnation);
@@ -179,7 +185,10 @@ grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
   // one emitted while the agent connects is not lost.
   const std::string job_id = request->job_id();
   const uint32_t rank = request->rank();
-  return streams_->Open(job_id, rank, [this, &job_id, rank] {
+  if (options_.death_watch != nullptr) {
+    options_.death_watch->StreamOpened(job_id, rank, request->incarnation());
+  }
+  return streams_->Open(job_id, rank, request->incarnation(), [this, &job_id, rank] {
     std::optional<v1::Command> replay = sessions_->CurrentCommand(job_id, rank);
     LogInfo("command stream opened by job=", job_id, " rank=", rank,
             replay.has_value()

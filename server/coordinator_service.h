@@ -17,6 +17,7 @@
 #include "common/clock.h"
 #include "server/agent_registry.h"
 #include "server/command_streams.h"
+#include "server/death_watch.h"
 #include "server/peer_id_broker.h"
 #include "server/session_manager.h"
 #include "tessera/v1/coordinator.grpc.pb.h"
@@ -33,6 +34,9 @@ struct CoordinatorServiceOptions {
   // Memory tier: name each agent's memory buddy (AgentRegistry::BuddyOf) in its heartbeat
   // replies. Default: true.
   bool memory_buddies = true;
+  // Told of each registration and each command stream that opens, to find dead agents
+  // promptly (death_watch.h); must outlive the service. Default: none (leases alone).
+  DeathWatch* death_watch = nullptr;
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

@@ -63,16 +63,32 @@ TEST_F(CoordinatorServiceTest, Register_ReturnsLeaseAndIncarnation) {
   EXPECT_TRUE(registry_.Get("job", 2).has_value());
 }
 
-TEST_F(CoordinatorServiceTest, Heartbeat_RenewsLease) {
+TEST_F(CoordinatorServiceTest, Heartbeat_RenewsLease_SaysWhetherItWasKept) {
   ASSERT_TRUE(client_->Register(Registration(0, 9)).ok());
-  clock_.Advance(absl::Seconds(5));
+  // Time the coordinator runs through (its clock read every 200 ms), 5 s of the 6 s lease.
+  auto run_for = [&](absl::Duration d) {
+    for (absl::Duration passed; passed < d; passed += absl::Milliseconds(200)) {
+      clock_.Advance(absl::Milliseconds(200));
+      registry_.RunningNow();
+    }
+  };
+  run_for(absl::Seconds(5));
   v1::HeartbeatRequest beat;
   beat.set_job_id("job");
   beat.set_rank(0);
   beat.set_incarnation(9);
-  ASSERT_TRUE(client_->Heartbeat(beat).ok());
-  clock_.Advance(absl::Seconds(5));
-  EXPECT_TRUE(registry_.ExpiredRanks("job").empty());
+  absl::StatusOr<v1::HeartbeatResponse> kept = client_->Heartbeat(beat);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  EXPECT_TRUE(kept->lease_kept());
+  run_for(absl::Seconds(5));
+  absl::StatusOr<std::vector<v1::AgentInfo>> agents = registry_.ListAgents("job");
+  ASSERT_TRUE(agents.ok());
+  EXPECT_TRUE((*agents)[0].alive()) << "renewed 5 s ago, within its 6 s lease";
+
+  run_for(absl::Seconds(2));  // 7 s since the heartbeat: expired
+  absl::StatusOr<v1::HeartbeatResponse> late = client_->Heartbeat(beat);
+  ASSERT_TRUE(late.ok()) << late.status();
+  EXPECT_FALSE(late->lease_kept()) << "the lease had expired before this heartbeat";
 }
 
 TEST_F(CoordinatorServiceTest, Heartbeat_StaleIncarnation_PayloadCrossesTheWire) {

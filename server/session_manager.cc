@@ -30,6 +30,8 @@ struct SessionManager::Job {
   // Whether the job's trainers are blocked in a save (JobCore::trainers_blocked), as last
   // counted in jobs_blocking_. The job's strand only (Carry).
   bool trainers_blocked = false;
+  // What the core was told of its agents. The job's strand only, with `mu` (FeedLiveness).
+  LivenessFeed liveness;
   // Disk clean-up of this job waiting for its turn (RunDueCleanups), oldest first.
   absl::Mutex cleanup_mu;
   std::deque<PendingCleanup> cleanups ABSL_GUARDED_BY(cleanup_mu);
@@ -81,7 +83,14 @@ absl::Status SessionManager::Recover() {
     }
     Busy(+1);
     job->strand.Post([this, job, out = std::move(out)]() mutable {
-      Carry(job, std::move(out));
+      if (Carry(job, std::move(out))) {
+        Effects told;
+        {
+          absl::MutexLock lock(&job->mu);
+          if (job->core != nullptr) told = FeedLiveness(job, *job->core, /*tick=*/false);
+        }
+        Carry(job, std::move(told));
+      }
       Busy(-1);
     });
   }
@@ -350,7 +359,7 @@ int SessionManager::RunDueCleanupsForTesting() {
 }
 
 JobContext SessionManager::Context() {
-  return JobContext{&options_.session, registry_, epoch_, &commands_emitted_, nullptr};
+  return JobContext{&options_.session, epoch_, &commands_emitted_, nullptr};
 }
 
 bool SessionManager::Reload(Job* job) {
@@ -371,11 +380,25 @@ bool SessionManager::Reload(Job* job) {
              core.status().ToString());
     return false;
   }
+  Effects told;
   {
     absl::MutexLock lock(&job->mu);
     job->core = *std::move(core);
+    job->liveness.Reset();  // a new core knows nothing of the agents yet
   }
-  return Carry(job, std::move(out));
+  if (!Carry(job, std::move(out))) return false;
+  {
+    absl::MutexLock lock(&job->mu);
+    if (job->core != nullptr) told = FeedLiveness(job, *job->core, /*tick=*/false);
+  }
+  return Carry(job, std::move(told));
+}
+
+Effects SessionManager::FeedLiveness(Job* job, JobCore& core, bool tick) {
+  const absl::Time now = clock_->Now();
+  std::optional<Effects> told = job->liveness.Feed(*registry_, core, /*judge_leases=*/tick, now);
+  if (told.has_value()) return *std::move(told);  // AgentsChanged ticked the session too
+  return tick ? core.Tick(now) : Effects();
 }
 
 void SessionManager::Changed(const Effects& effects) {
@@ -451,12 +474,10 @@ void SessionManager::ReportChunks(const v1::ReportChunksRequest& request,
       std::move(done));
 }
 
-void SessionManager::OnAgentRegistered(const std::string& job_id, uint32_t rank,
-                                       std::optional<uint64_t> replaced_incarnation) {
-  if (!replaced_incarnation.has_value()) return;
+void SessionManager::AgentsChanged(const std::string& job_id) {
   Job* job = FindJob(job_id);
-  if (job == nullptr) return;
-  PostEffects(job, [this, rank](JobCore& core) { return core.AgentRestarted(rank, clock_->Now()); });
+  if (job == nullptr) return;  // no core yet: a new one is told everything
+  PostEffects(job, [this, job](JobCore& core) { return FeedLiveness(job, core, /*tick=*/false); });
 }
 
 void SessionManager::AbortSession(const std::string& job_id, const std::string& reason,
@@ -599,6 +620,7 @@ uint64_t SessionManager::AwaitChange(uint64_t seen, absl::Time deadline) const {
 // Time-driven work
 
 void SessionManager::Tick() {
+  registry_->RunningNow();  // every tick counts as running time (running_clock.h)
   std::vector<Job*> jobs;
   {
     absl::MutexLock lock(&jobs_mu_);
@@ -606,7 +628,7 @@ void SessionManager::Tick() {
     for (const auto& [id, job] : jobs_) jobs.push_back(job.get());
   }
   for (Job* job : jobs) {
-    PostEffects(job, [this](JobCore& core) { return core.Tick(clock_->Now()); });
+    PostEffects(job, [this, job](JobCore& core) { return FeedLiveness(job, core, /*tick=*/true); });
   }
 }
 

@@ -48,6 +48,7 @@
 #include "common/strand.h"
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
+#include "server/liveness_feed.h"
 #include "server/planner.h"
 #include "server/session/job_core.h"
 #include "server/session/options.h"
@@ -107,9 +108,10 @@ class SessionManager {
   // Errors: STALE_INCARNATION; as JobCore::ReportPhase; Unavailable if the store failed.
   void ReportPhase(const v1::ReportPhaseRequest& request, Done<v1::SessionState> done);
   void ReportChunks(const v1::ReportChunksRequest& request, Done<v1::SessionState> done);
-  // (job, rank) registered; if it replaced an incarnation, the job's session learns of it.
-  void OnAgentRegistered(const std::string& job_id, uint32_t rank,
-                         std::optional<uint64_t> replaced_incarnation);
+  // The registry's verdict on an agent of `job_id` changed by an event — a registration (of a
+  // new incarnation too), one refused, a death: the job's core is told now (LivenessFeed),
+  // not at the next tick. Leases are judged on every tick.
+  void AgentsChanged(const std::string& job_id);
 
   // A relay could not hand `request.session_id`'s command to `request.ranks` (relay.h): each
   // of them that still has a command of that session is sent it on its own stream. Logged.
@@ -197,6 +199,9 @@ class SessionManager {
   int RunDueCleanups(Job* job);
   // On the job's strand: replaces the core with the store's view. False while it fails.
   bool Reload(Job* job);
+  // On the job's strand, job->mu held: hands the core what the registry judged of its agents
+  // (LivenessFeed); with `tick`, judges leases and ticks the core too.
+  Effects FeedLiveness(Job* job, JobCore& core, bool tick);
   void Tick();
   void Changed(const Effects& effects);
   JobContext Context();

@@ -168,6 +168,19 @@ class PyClient {
                           absl::ToDoubleSeconds(r.copy));
   }
 
+  // Client::RefuseSave: this rank's Python-side checks refused its state for `step`; `code`
+  // is an ErrorCode name without its prefix ("MALFORMED_SHARD"). Best effort: never raises.
+  void Refuse(int64_t step, const std::string& code, const std::string& message) {
+    v1::ErrorCode reason = v1::ERROR_CODE_MALFORMED_SHARD;
+    if (!v1::ErrorCode_Parse("ERROR_CODE_" + code, &reason) ||
+        reason == v1::ERROR_CODE_UNSPECIFIED) {
+      reason = v1::ERROR_CODE_MALFORMED_SHARD;
+    }
+    py::gil_scoped_release release;
+    client_->RefuseSave(step, MakeError(absl::StatusCode::kInvalidArgument, reason, message))
+        .IgnoreError();  // the caller raises its own error; RefuseSave logged the rest
+  }
+
   void Reserve(const py::sequence& refs) {
     std::vector<TensorRef> tensors = RefsFromList(refs);
     absl::Status status;
@@ -274,6 +287,8 @@ PYBIND11_MODULE(_tessera, m) {
       .def("identity", &tessera::PyClient::Identity)
       .def("save", &tessera::PyClient::Save, py::arg("step"), py::arg("refs"),
            py::arg("memory_only") = false)
+      .def("refuse", &tessera::PyClient::Refuse, py::arg("step"), py::arg("code"),
+           py::arg("message"))
       .def("reserve", &tessera::PyClient::Reserve, py::arg("refs"))
       .def("wait", &tessera::PyClient::Wait, py::arg("step"), py::arg("timeout_s"))
       .def("load", &tessera::PyClient::Load, py::arg("step"), py::arg("refs"))

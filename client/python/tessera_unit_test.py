@@ -70,6 +70,10 @@ class StubNative:
     def __init__(self, absent_fqns=(), absent_extras=()):
         self.absent_fqns = set(absent_fqns)
         self.absent_extras = set(absent_extras)
+        self.refusals = []  # (step, code, message) of each refuse()
+
+    def refuse(self, step, code, message):
+        self.refusals.append((step, code, message))
 
     def load(self, step, refs):
         absent = [i for i, r in enumerate(refs)
@@ -296,6 +300,11 @@ class LoadIntoFlatStateTest(unittest.TestCase):
         with self.assertRaisesRegex(tessera.InvalidArgumentError,
                                     "'fc2.bias' absent .* build the mapping again"):
             client.save(6, flat)
+        # The refusal went to the agent, for the other ranks (issue 52, bug 4).
+        self.assertEqual(len(client._native.refusals), 1)
+        step, code, message = client._native.refusals[0]
+        self.assertEqual((step, code), (6, "MALFORMED_SHARD"))
+        self.assertIn("build the mapping again", message)
         client._save_refs(tessera.flatten_state(model.state_dict(), optimizer), None)
 
     def test_Load_StateSavedAbsent_EntryOfFqnKeyedStateDictDropped(self):

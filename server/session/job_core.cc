@@ -47,7 +47,7 @@ JobCore::~JobCore() = default;
 SessionContext JobCore::MakeSessionContext() {
   SessionContext c;
   c.options = context_.options;
-  c.registry = context_.registry;
+  c.agents = &agents_;
   c.job_id = job_id_;
   c.mesh = *mesh_;
   c.layout = record_.layout();
@@ -75,18 +75,26 @@ Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequ
                                           world, " ranks"));
     return result;
   }
-  if (static_cast<size_t>(request.shards_size()) > options.planner.max_shards_per_rank) {
-    result.reply = MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_PLAN_TOO_LARGE,
-                             absl::StrCat("rank ", request.rank(), " submitted ",
-                                          request.shards_size(), " shards; the limit is ",
-                                          options.planner.max_shards_per_rank));
+  // A plan refused here is this rank's refusal of the step too: the other ranks are told.
+  auto refuse_plan = [&](v1::ErrorCode code, std::string message) {
+    v1::ErrorDetail error;
+    error.set_code(code);
+    error.set_message(message);
+    result.reply = MakeError(absl::StatusCode::kInvalidArgument, error);
+    error.set_message(absl::StrCat("the coordinator refused rank ", request.rank(),
+                                   "'s plan of step ", step, ": ", message));
+    RecordRefusal(request.rank(), step, std::move(error), mesh_.value_or(layout), now, out);
     return result;
+  };
+  if (static_cast<size_t>(request.shards_size()) > options.planner.max_shards_per_rank) {
+    return refuse_plan(v1::ERROR_CODE_PLAN_TOO_LARGE,
+                       absl::StrCat("rank ", request.rank(), " submitted ", request.shards_size(),
+                                    " shards; the limit is ", options.planner.max_shards_per_rank));
   }
   if (request.shards_omitted() && request.shards_size() > 0) {
-    result.reply = MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
-                             absl::StrCat("rank ", request.rank(), " sent ", request.shards_size(),
-                                          " shards with shards_omitted set"));
-    return result;
+    return refuse_plan(v1::ERROR_CODE_MALFORMED_SHARD,
+                       absl::StrCat("rank ", request.rank(), " sent ", request.shards_size(),
+                                    " shards with shards_omitted set"));
   }
   for (const v1::CheckpointInfo& c : checkpoints_) {
     if (c.step() == step) {
@@ -105,6 +113,15 @@ Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequ
                                           " is not newer"));
     return result;
   }
+  if (std::optional<absl::Status> refused = TakeRefusal(request, layout, now, out);
+      refused.has_value()) {
+    if (refused->ok()) {
+      result.reply = v1::SubmitLocalPlanResponse();  // the refusal is taken
+    } else {
+      result.reply = *std::move(refused);
+    }
+    return result;
+  }
   // A late plan re-opened a step that had already aborted (an agent frozen past its lease
   // submits, after resuming, the step every other rank saw abort), and now a newer step
   // arrives: the others have moved on, so the re-opened session is superseded rather than
@@ -121,7 +138,7 @@ Outcome<v1::SubmitLocalPlanResponse> JobCore::SubmitPlan(v1::SubmitLocalPlanRequ
                      " submitted it again; step ", step, " from rank ", request.rank(),
                      " supersedes it"));
     for (uint32_t r : submitted) AddRankRef(*mesh_, r, &superseded);
-    current_->Supersede(std::move(superseded), now, out);
+    current_->AbortPlanning(std::move(superseded), now, out);
     Fold(now, out);
   }
   if (current_ != nullptr && current_->record().step() != step) {
@@ -241,10 +258,78 @@ Outcome<v1::SessionState> JobCore::ReportChunks(const v1::ReportChunksRequest& r
   });
 }
 
-Effects JobCore::AgentRestarted(uint32_t rank, absl::Time now) {
+std::optional<absl::Status> JobCore::TakeRefusal(const v1::SubmitLocalPlanRequest& request,
+                                                 const MeshLayout& layout, absl::Time now,
+                                                 Effects& out) {
+  const int64_t step = request.step();
+  const uint32_t rank = request.rank();
+  const bool planning_this_step = current_ != nullptr && current_->record().step() == step &&
+                                  current_->state() == v1::SESSION_STATE_PLANNING;
+  const MeshLayout& mesh = mesh_.has_value() ? *mesh_ : layout;
+  if (request.has_refusal()) {
+    if (current_ != nullptr && current_->record().step() == step && !planning_this_step) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "rank ", rank, " refused step ", step, ", whose session ",
+          current_->record().session_id(), " is already ", StateName(current_->state()),
+          ": the refusal comes too late to change it"));
+    }
+    v1::ErrorDetail error = request.refusal();
+    if (error.code() == v1::ERROR_CODE_UNSPECIFIED) error.set_code(v1::ERROR_CODE_MALFORMED_SHARD);
+    error.set_message(absl::StrCat("rank ", rank, " refused its tensors for step ", step, ": ",
+                                   request.refusal().message()));
+    RecordRefusal(rank, step, std::move(error), mesh, now, out);
+    return absl::OkStatus();
+  }
+  auto it = refusals_.find(step);
+  if (it == refusals_.end()) return std::nullopt;
+  RefusedStep& refused = it->second;
+  if (refused.refusers.erase(rank) > 0 || refused.told.count(rank) > 0) {
+    // It refused, or was told, this attempt already: this is a new one (a retry of the step).
+    ForgetRefusalOnceAllKnow(step, mesh.world_size());
+    return std::nullopt;
+  }
+  if (refused.refusers.empty()) return std::nullopt;
+  const v1::ErrorDetail error = refused.refusers.begin()->second;  // the lowest rank's
+  refused.told.insert(rank);
+  ForgetRefusalOnceAllKnow(step, mesh.world_size());
+  return MakeError(absl::StatusCode::kAborted, error);
+}
+
+void JobCore::RecordRefusal(uint32_t rank, int64_t step, v1::ErrorDetail error,
+                            const MeshLayout& mesh, absl::Time now, Effects& out) {
+  error.clear_ranks();
+  if (rank < mesh.world_size()) AddRankRef(mesh, rank, &error);
+  LogWarning("job ", job_id_, ": ", error.message());
+  RefusedStep& refused = refusals_[step];
+  refused.refusers.emplace(rank, error);
+  refused.told.erase(rank);
+  while (refusals_.size() > kRecentFinals) refusals_.erase(refusals_.begin());
+  if (current_ != nullptr && current_->record().step() == step &&
+      current_->state() == v1::SESSION_STATE_PLANNING) {
+    // Every rank in PLANNING hears it with the ABORT: told.
+    for (uint32_t r : current_->ranks_planned()) refused.told.insert(r);
+    current_->AbortPlanning(error, now, out);
+    Fold(now, out);
+  }
+  ForgetRefusalOnceAllKnow(step, mesh.world_size());
+}
+
+void JobCore::ForgetRefusalOnceAllKnow(int64_t step, uint32_t world) {
+  auto it = refusals_.find(step);
+  if (it == refusals_.end()) return;
+  const RefusedStep& refused = it->second;
+  for (uint32_t r = 0; r < world; ++r) {
+    if (refused.refusers.count(r) == 0 && refused.told.count(r) == 0) return;
+  }
+  refusals_.erase(it);
+}
+
+Effects JobCore::AgentsChanged(const std::vector<AgentLiveness>& verdicts, absl::Time now) {
   Effects out;
+  const std::vector<uint32_t> restarted = agents_.Apply(verdicts);
   if (current_ == nullptr) return out;
-  current_->AgentRestarted(rank, now, out);
+  for (uint32_t rank : restarted) current_->AgentRestarted(rank, now, out);
+  current_->Tick(now, out);
   Fold(now, out);
   return out;
 }

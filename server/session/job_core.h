@@ -39,6 +39,8 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <string>
@@ -49,7 +51,8 @@
 #include "absl/time/time.h"
 #include "common/layout.h"
 #include "format/commit.h"
-#include "server/agent_registry.h"
+#include "server/agent_liveness.h"
+#include "server/session/agent_roster.h"
 #include "server/session/effects.h"
 #include "server/session/options.h"
 #include "server/session/session_machine.h"
@@ -62,7 +65,6 @@ namespace tessera {
 
 struct JobContext {
   const SessionOptions* options = nullptr;  // outlives the core
-  const AgentRegistry* registry = nullptr;  // outlives the core
   // The coordinator's epoch (schema.h NextEpoch): command sequence numbers begin with it.
   uint64_t epoch = 0;
   // The coordinator process's count of commands emitted (the rest of each sequence number):
@@ -79,6 +81,8 @@ class JobCore {
   // A job the store has no record of yet.
   JobCore(JobContext context, std::string job_id);
   ~JobCore();
+  JobCore(const JobCore&) = delete;  // its sessions point into it (the roster)
+  JobCore& operator=(const JobCore&) = delete;
 
   // The job as `store` holds it: its record, checkpoints, and its session in flight (which
   // resumes: every agent is told RESEND and the phase's command, in `out`) or else the last
@@ -95,8 +99,19 @@ class JobCore {
   // mesh as the registry has it. Replies with the session id; and with send_full_plan, having
   // recorded nothing, if the shards were omitted and the fingerprint is not the rank's in the
   // job's last plan (none after a restart: DESIGN.md "Plan caching").
+  // A refusal (request.refusal: the rank's client refused its own tensors) aborts the step's
+  // session if it is PLANNING, with the refusal naming the rank, and is remembered for that
+  // attempt of the step: the next submission of the step from each rank that neither refused
+  // nor was told yet is answered Aborted with it (a rank that arrives after the refusal). The
+  // attempt is over, and the refusal forgotten, once every rank of the mesh refused or was
+  // told; a refusing rank's own submission of the step (a retry) no longer counts it as
+  // refusing. Kept in memory only, for the last kRecentFinals steps refused. Replies OK to the
+  // refusal itself. A plan this refuses (PLAN_TOO_LARGE, MALFORMED_SHARD) is that rank's
+  // refusal of the step as well.
   // Errors: FailedPrecondition + STEP_EXISTS if `step` is committed or not newer than the
   // latest (on disk); FailedPrecondition + SESSION_IN_PROGRESS if another step is in flight;
+  // Aborted with a rank's refusal of the step; FailedPrecondition for a refusal of a step
+  // whose session is past PLANNING;
   // InvalidArgument + PLAN_TOO_LARGE over the shard limit; InvalidArgument + MALFORMED_SHARD
   // for shards sent with shards_omitted.
   Outcome<v1::SubmitLocalPlanResponse> SubmitPlan(v1::SubmitLocalPlanRequest&& request,
@@ -111,8 +126,11 @@ class JobCore {
   // Errors: as ReportPhase; InvalidArgument and FailedPrecondition as
   // SessionMachine::ReportChunks.
   Outcome<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request, absl::Time now);
-  // (job, rank) registered with a new incarnation.
-  Effects AgentRestarted(uint32_t rank, absl::Time now);
+  // The registry's verdicts on the job's agents that changed (AgentRegistry::Liveness; all of
+  // them for a new core): a rank whose agent registered with another incarnation than the
+  // one known restarted (its session in flight learns it: SessionMachine::AgentRestarted);
+  // then the session acts on lost agents as a Tick does.
+  Effects AgentsChanged(const std::vector<AgentLiveness>& verdicts, absl::Time now);
   // Replies with the ended session's status.
   // Errors: NotFound if the job has no session; FailedPrecondition if it ended or is
   // COMMITTING.
@@ -145,6 +163,9 @@ class JobCore {
   }
   v1::JobInfo Info() const;
   bool in_flight() const { return current_ != nullptr; }
+  // The world size of the job's mesh as this core knows it (its session's, or its record's);
+  // 0 before any.
+  uint32_t world() const { return mesh_.has_value() ? mesh_->world_size() : 0; }
   // Whether the job's trainers are blocked in a save: its session is PLANNING, PINNING or
   // COPYING (the shell's disk clean-up waits outside it: SessionManager::RunDueCleanups).
   bool trainers_blocked() const;
@@ -167,6 +188,17 @@ class JobCore {
   template <typename Request, typename Handle>
   Outcome<v1::SessionState> Report(const Request& request, absl::Time now, Handle handle);
   void RememberFinal(const v1::Command& final);
+  // SubmitPlan's rules for refusals (see there): the reply if the request is a refusal or is
+  // refused by one, else nullopt (submit as usual).
+  std::optional<absl::Status> TakeRefusal(const v1::SubmitLocalPlanRequest& request,
+                                          const MeshLayout& layout, absl::Time now,
+                                          Effects& out);
+  // Records `rank`'s refusal of `step` (`error`, which is given the rank's RankRef), ending
+  // the step's session if it is PLANNING.
+  void RecordRefusal(uint32_t rank, int64_t step, v1::ErrorDetail error, const MeshLayout& mesh,
+                     absl::Time now, Effects& out);
+  // Forgets the refusal of `step` once every rank of a `world`-rank mesh refused or was told.
+  void ForgetRefusalOnceAllKnow(int64_t step, uint32_t world);
   // The retention of JobRecord.retention_pending after the commit of `committed_step` (which
   // also removes the temporary directories of steps up to it).
   RetentionWork PendingRetention(int64_t committed_step) const;
@@ -174,6 +206,7 @@ class JobCore {
 
   JobContext context_;
   std::string job_id_;
+  AgentRoster agents_;  // what the shell told of the job's agents (AgentsChanged)
   v1::JobRecord record_;
   std::optional<MeshLayout> mesh_;  // record_.layout(), parsed
   std::vector<v1::CheckpointInfo> checkpoints_;  // newest first
@@ -198,6 +231,13 @@ class JobCore {
   // The outcomes of the last kRecentFinals ended sessions (the last one included), newest last:
   // a rank that reports for one of them missed its verdict and is sent it again (Remind).
   static constexpr size_t kRecentFinals = 16;
+  // A refused attempt of a step (SubmitPlan): the ranks that refused it, each with the error
+  // the others are answered (the lowest rank's), and the ranks told so far.
+  struct RefusedStep {
+    std::map<uint32_t, v1::ErrorDetail> refusers;
+    std::set<uint32_t> told;
+  };
+  std::map<int64_t, RefusedStep> refusals_;
   std::deque<v1::Command> recent_finals_;
 };
 

@@ -12,8 +12,7 @@ namespace tessera {
 
 std::optional<v1::ErrorDetail> MemoryOnlyRefusal(bool memory_only,
                                                  const std::map<uint32_t, bool>& asked,
-                                                 const AgentRegistry& registry,
-                                                 const std::string& job_id,
+                                                 const AgentRoster& agents,
                                                  const MeshLayout& mesh) {
   std::vector<uint32_t> other_kind, tier_off;
   for (const auto& [rank, rank_memory_only] : asked) {
@@ -21,8 +20,8 @@ std::optional<v1::ErrorDetail> MemoryOnlyRefusal(bool memory_only,
   }
   if (memory_only) {
     for (uint32_t r = 0; r < mesh.world_size(); ++r) {
-      std::optional<v1::RegisterAgentRequest> reg = registry.Get(job_id, r);
-      if (!reg.has_value() || !reg->memory_tier()) tier_off.push_back(r);
+      const AgentLiveness& agent = agents[r];
+      if (agent.incarnation == 0 || !agent.memory_tier) tier_off.push_back(r);
     }
   }
   if (other_kind.empty() && tier_off.empty()) return std::nullopt;

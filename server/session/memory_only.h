@@ -16,7 +16,8 @@
 //     says so (for at most a lease), its copies are "not yet" — unknown — rather than lost;
 //     a recovered job whose last session is that commit notes it again.
 //
-// Thread-safety: free functions; the registry is thread-safe.
+// Thread-safety: free functions; the registry (ListCheckpointsWithMemory: the shell's read)
+// is thread-safe.
 #ifndef TESSERA_SERVER_SESSION_MEMORY_ONLY_H_
 #define TESSERA_SERVER_SESSION_MEMORY_ONLY_H_
 
@@ -29,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "common/layout.h"
 #include "server/agent_registry.h"
+#include "server/session/agent_roster.h"
 #include "tessera/v1/admin.pb.h"
 #include "tessera/v1/coordinator_state.pb.h"
 #include "tessera/v1/manifest.pb.h"
@@ -42,8 +44,7 @@ namespace tessera {
 // with its memory tier on. The error (MEMORY_ONLY_REFUSED) names the ranks and their coords.
 std::optional<v1::ErrorDetail> MemoryOnlyRefusal(bool memory_only,
                                                  const std::map<uint32_t, bool>& asked,
-                                                 const AgentRegistry& registry,
-                                                 const std::string& job_id,
+                                                 const AgentRoster& agents,
                                                  const MeshLayout& mesh);
 
 // The record of a memory-only commit: its listing (memory_only set, no directory) and its

@@ -179,11 +179,11 @@ absl::Status SessionMachine::SubmitPlan(uint32_t rank, std::optional<LocalPlan> 
   // A repeated submission of the same plan (a re-send after a lost reply or a reconnection)
   // changes nothing: the attempt out, or the verdict given, stands.
   if (!changed && !supplied && !kind_changed && plan_attempt_ > 0) return absl::OkStatus();
-  // Once per plan attempt, not per re-send: it asks the registry about every rank.
+  // Once per plan attempt, not per re-send: it looks at every rank's agent.
   std::map<uint32_t, bool> asked;
   for (const auto& [r, s] : submissions_) asked[r] = s.memory_only;
-  if (std::optional<v1::ErrorDetail> refused = MemoryOnlyRefusal(
-          record_.memory_only(), asked, *context_.registry, context_.job_id, context_.mesh)) {
+  if (std::optional<v1::ErrorDetail> refused =
+          MemoryOnlyRefusal(record_.memory_only(), asked, *context_.agents, context_.mesh)) {
     Abort(*std::move(refused), now, out);
     return absl::OkStatus();
   }
@@ -418,7 +418,7 @@ absl::Status SessionMachine::OperatorAbort(const std::string& reason, absl::Time
   return absl::OkStatus();
 }
 
-void SessionMachine::Supersede(v1::ErrorDetail error, absl::Time now, Effects& out) {
+void SessionMachine::AbortPlanning(v1::ErrorDetail error, absl::Time now, Effects& out) {
   if (state() == v1::SESSION_STATE_PLANNING) Abort(std::move(error), now, out);
 }
 
@@ -444,19 +444,8 @@ void SessionMachine::Tick(absl::Time now, Effects& out) {
     return;
   }
 
-  const std::vector<uint32_t> expired = context_.registry->ExpiredRanks(context_.job_id);
-  std::vector<uint32_t> lost;
-  for (uint32_t r : expired) {
-    if (r < world()) lost.push_back(r);
-  }
-  if (!lost.empty()) {
-    v1::ErrorDetail error =
-        Detail(v1::ERROR_CODE_AGENT_LOST,
-               absl::StrCat("lost the agent of rank", lost.size() > 1 ? "s " : " ",
-                            absl::StrJoin(lost, ", "), " during ", StateName(s),
-                            " (no heartbeat within the lease)"));
-    for (uint32_t r : lost) AddRankRef(context_.mesh, r, &error);
-    Abort(std::move(error), now, out);
+  if (std::vector<uint32_t> lost = context_.agents->Lost(world()); !lost.empty()) {
+    Abort(LostError(lost, s), now, out);
     return;
   }
   if (now > deadline()) {
@@ -554,15 +543,13 @@ void SessionMachine::BeginPinning(std::shared_ptr<const GlobalPlan> plan, bool c
   // COPY). Decided once, kept in the record: a restart in PINNING sends the same PINs.
   record_.set_copy_when_pinned(
       context_.options->copy_when_pinned &&
-      context_.registry->EveryAgentSays(context_.job_id, world(),
-                                        &v1::RegisterAgentRequest::copies_when_pinned));
+      context_.agents->EveryRegistered(world(), &AgentLiveness::copies_when_pinned));
   // Ranks that exchange no DP slices write once their trainer's copy is staged, if the
   // coordinator allows it, the save goes to disk and every agent follows that PIN field: as
   // many writers as the writer bound admits at once. Decided once, kept in the record.
   const bool write_when_staged =
       context_.options->write_when_staged && !record_.memory_only() &&
-      context_.registry->EveryAgentSays(context_.job_id, world(),
-                                        &v1::RegisterAgentRequest::writes_when_staged);
+      context_.agents->EveryRegistered(world(), &AgentLiveness::writes_when_staged);
   record_.set_write_when_staged_writers(
       write_when_staged ? context_.options->max_concurrent_writers : 0);
   MarkWritesWhenStaged();
@@ -597,8 +584,8 @@ void SessionMachine::BeginCopying(absl::Time now, Effects& out) {
 
 void SessionMachine::BeginPersisting(absl::Time now, Effects& out) {
   for (uint32_t r = 0; r < world(); ++r) {
-    if (auto reg = context_.registry->Get(context_.job_id, r)) {
-      (*record_.mutable_peer_addresses())[r] = reg->peer_address();
+    if (const AgentLiveness& agent = (*context_.agents)[r]; agent.incarnation != 0) {
+      (*record_.mutable_peer_addresses())[r] = agent.peer_address;
     }
   }
   EnterState(v1::SESSION_STATE_PERSISTING, now, out);
@@ -834,12 +821,11 @@ void SessionMachine::RequestCommit(absl::Time now, Effects& out) {
 }
 
 bool SessionMachine::PickCommitter() {
-  const std::vector<uint32_t> expired = context_.registry->ExpiredRanks(context_.job_id);
   for (uint32_t r = 0; r < world(); ++r) {
     if (refused_commit_.count(r) > 0) continue;
-    std::optional<v1::RegisterAgentRequest> reg = context_.registry->Get(context_.job_id, r);
-    if (reg.has_value() && reg->storage_root_mounted() &&
-        std::find(expired.begin(), expired.end(), r) == expired.end()) {
+    const AgentLiveness& agent = (*context_.agents)[r];
+    if (agent.incarnation != 0 && agent.storage_root_mounted &&
+        agent.state != AgentLiveness::State::kLost) {
       record_.set_committer_rank(r);
       return true;
     }
@@ -849,13 +835,11 @@ bool SessionMachine::PickCommitter() {
 
 bool SessionMachine::CommitterLost() const {
   const uint32_t rank = record_.committer_rank();
-  if (refused_commit_.count(rank) > 0 || context_.registry->Gone(context_.job_id, rank)) {
-    return true;
-  }
+  const AgentLiveness& agent = (*context_.agents)[rank];
+  if (refused_commit_.count(rank) > 0 || agent.unavailable()) return true;
   // Registered again without the storage: another agent of that rank (a job resumed on
   // another mesh), or the same one restarted without the mount.
-  std::optional<v1::RegisterAgentRequest> reg = context_.registry->Get(context_.job_id, rank);
-  return reg.has_value() && !reg->storage_root_mounted();
+  return agent.incarnation != 0 && !agent.storage_root_mounted;
 }
 
 void SessionMachine::ScheduleCommitRetry(absl::Time now) {
@@ -892,6 +876,35 @@ std::vector<uint32_t> SessionMachine::ranks_planned() const {
   std::vector<uint32_t> ranks;
   for (const auto& [r, unused] : submissions_) ranks.push_back(r);
   return ranks;
+}
+
+v1::ErrorDetail SessionMachine::LostError(const std::vector<uint32_t>& lost,
+                                          v1::SessionState s) const {
+  // Ranks by reason, in the order of their lowest rank: "lost the agent of ranks 0, 1 during
+  // PERSISTING (no heartbeat within the lease)", one such clause per reason.
+  std::vector<std::pair<std::string, std::vector<uint32_t>>> by_reason;
+  for (uint32_t r : lost) {
+    const std::string& why = (*context_.agents)[r].lost.message();
+    auto it = std::find_if(by_reason.begin(), by_reason.end(),
+                           [&](const auto& group) { return group.first == why; });
+    if (it == by_reason.end()) {
+      by_reason.push_back({why, {r}});
+    } else {
+      it->second.push_back(r);
+    }
+  }
+  std::vector<std::string> clauses;
+  for (const auto& [why, ranks] : by_reason) {
+    clauses.push_back(absl::StrCat("the agent of rank", ranks.size() > 1 ? "s " : " ",
+                                   absl::StrJoin(ranks, ", "), " during ", StateName(s), " (",
+                                   why, ")"));
+  }
+  // The code of the lowest rank's reason: AGENT_LOST, or a refusal's own (LAYOUT_MISMATCH).
+  v1::ErrorCode code = (*context_.agents)[lost.front()].lost.code();
+  if (code == v1::ERROR_CODE_UNSPECIFIED) code = v1::ERROR_CODE_AGENT_LOST;
+  v1::ErrorDetail error = Detail(code, absl::StrCat("lost ", absl::StrJoin(clauses, "; ")));
+  for (uint32_t r : lost) AddRankRef(context_.mesh, r, &error);
+  return error;
 }
 
 v1::ErrorDetail SessionMachine::Detail(v1::ErrorCode code, std::string message) const {

@@ -39,10 +39,13 @@
 //                       committer agent, 6 (IO_ERROR) instead: nothing has been renamed yet.
 //   5 CommitResolved /  the commit is resolved from the disk as committed: the final
 //     COMMIT_WRITTEN    directory holds this session's manifest, durably.
-//   6 Abort:            a rejected plan (or ADMISSION_DENIED), a lost agent (lease expiry, or
-//                       a participant's new incarnation), a phase deadline, an agent's error
-//                       report (IO_ERROR ...), a diverged replica, an operator's abort, or a
-//                       newer step superseding a re-opened one. Only before COMMITTING.
+//   6 Abort:            a rejected plan (or ADMISSION_DENIED, or a rank's own refusal of its
+//                       tensors: job_core.h), a lost agent (the roster's kLost: its lease
+//                       expired, its process was found dead, or its registration was
+//                       refused; or a participant's new incarnation), a phase deadline, an
+//                       agent's error report (IO_ERROR ...), a diverged replica, an operator's
+//                       abort, or a newer step superseding a re-opened one. Only before
+//                       COMMITTING.
 //   7 CommitResolved /  the commit is resolved from the disk as rolled back: the directory is
 //     COMMIT_ROLLED_BACK provably out of the committed namespace (the commit was refused for
 //                       good, or it was rolled back because the COMMITTING deadline passed
@@ -91,8 +94,8 @@
 #include "absl/time/time.h"
 #include "common/layout.h"
 #include "format/commit.h"
-#include "server/agent_registry.h"
 #include "server/planner.h"
+#include "server/session/agent_roster.h"
 #include "server/session/chunk_ledger.h"
 #include "server/session/effects.h"
 #include "server/session/options.h"
@@ -105,7 +108,8 @@ namespace tessera {
 // What a session needs from its job. Pointers outlive the session.
 struct SessionContext {
   const SessionOptions* options = nullptr;
-  const AgentRegistry* registry = nullptr;
+  // The job's agents as its JobCore was last told (agent_roster.h).
+  const AgentRoster* agents = nullptr;
   std::string job_id;
   MeshLayout mesh;
   v1::Layout layout;
@@ -176,9 +180,11 @@ class SessionMachine {
   void AgentRestarted(uint32_t rank, absl::Time now, Effects& out);
   // Errors: FailedPrecondition in COMMITTING (it can no longer be aborted) or once ended.
   absl::Status OperatorAbort(const std::string& reason, absl::Time now, Effects& out);
-  // Aborts a PLANNING session that a newer step supersedes (job_core.h decides when).
-  void Supersede(v1::ErrorDetail error, absl::Time now, Effects& out);
-  // Lease expiry (from the registry), phase deadlines, commit retries.
+  // Aborts the session with `error` if it is PLANNING: a newer step supersedes it, or a rank
+  // refused its tensors (job_core.h decides when). Nothing of a PLANNING session is staged.
+  void AbortPlanning(v1::ErrorDetail error, absl::Time now, Effects& out);
+  // Lost agents (as the roster has them: after JobCore::AgentsChanged), phase deadlines,
+  // commit retries.
   void Tick(absl::Time now, Effects& out);
   // The outcome of this session's CommitAttempt (edge 5, 7, or a retry).
   void CommitResolved(const CommitResolution& resolution, absl::Time now, Effects& out);
@@ -273,14 +279,17 @@ class SessionMachine {
   // root mounted, its lease current, and it has not refused this session's COMMIT. False
   // (the committer unchanged) if there is none.
   bool PickCommitter();
-  // Whether the committer agent can no longer commit: it is gone (AgentRegistry::Gone: its
-  // lease expired, or it is not registered a lease after the registry began serving — a
-  // coordinator restart it did not survive, a job resumed on another mesh), its rank
-  // registered again without the storage root mounted, or it refused the COMMIT. A committer
-  // not registered yet within that first lease may still come back: not lost.
+  // Whether the committer agent can no longer commit: it is unavailable (AgentLiveness: lost,
+  // or not registered a lease after the registry began serving — a coordinator restart it did
+  // not survive, a job resumed on another mesh), its rank registered again without the
+  // storage root mounted, or it refused the COMMIT. A committer not registered yet within that
+  // first lease may still come back: not lost.
   bool CommitterLost() const;
   void ScheduleCommitRetry(absl::Time now);
   v1::ErrorDetail Detail(v1::ErrorCode code, std::string message) const;
+  // The abort of a session in state `s` whose agents of ranks `lost` (ascending, not empty)
+  // are lost, with each one's reason (AgentLiveness::lost).
+  v1::ErrorDetail LostError(const std::vector<uint32_t>& lost, v1::SessionState s) const;
 
   SessionContext context_;
   v1::SessionRecord record_;

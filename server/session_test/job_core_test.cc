@@ -52,6 +52,7 @@
 namespace tessera {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -269,7 +270,7 @@ class SessionManagerTest : public ::testing::Test {
     absl::StatusOr<AgentRegistry::Registered> registered = Register(rank);
     ASSERT_TRUE(registered.ok()) << registered.status();
     ASSERT_TRUE(registered->replaced_incarnation.has_value());
-    manager().OnAgentRegistered(kJob, rank, registered->replaced_incarnation);
+    manager().AgentsChanged(kJob);
   }
 
   void HeartbeatAll(std::optional<uint32_t> except = std::nullopt) {
@@ -279,9 +280,20 @@ class SessionManagerTest : public ::testing::Test {
     }
   }
 
+  // `d` of time the coordinator runs through: its clock read every 250 ms, as its ticker
+  // does (a single clock_.Advance is a pause of the coordinator: server/running_clock.h).
+  void Pass(absl::Duration d) {
+    while (d > absl::ZeroDuration()) {
+      const absl::Duration step = std::min(d, absl::Milliseconds(250));
+      clock_.Advance(step);
+      registry_->RunningNow();
+      d -= step;
+    }
+  }
+
   // Moves time and keeps every lease alive, then runs the manager's periodic work.
   void AdvanceAndTick(absl::Duration d) {
-    clock_.Advance(d);
+    Pass(d);
     HeartbeatAll();
     manager().Tick();
   }
@@ -735,7 +747,7 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   const std::string id = *first;
   EXPECT_EQ(State(id), v1::SESSION_STATE_PLANNING);
   EXPECT_THAT(RanksSent(v1::Command::kPin, id), IsEmpty());
-  clock_.Advance(absl::Seconds(1));
+  Pass(absl::Seconds(1));
   for (uint32_t r = 1; r < 4; ++r) {
     absl::StatusOr<std::string> session = Submit(r, 100);
     ASSERT_TRUE(session.ok()) << session.status();
@@ -759,14 +771,14 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
   ASSERT_TRUE(manager().CurrentCommand(kJob, 2).has_value());
   EXPECT_TRUE(manager().CurrentCommand(kJob, 2)->has_pin());
 
-  clock_.Advance(absl::Seconds(2));
+  Pass(absl::Seconds(2));
   PhaseAll(id, v1::AGENT_PHASE_PINNED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
   // The PINs let each trainer copy once its agent pinned: no COPY round.
   EXPECT_THAT(PinsCopyWhenPinned(1, id), ElementsAre(true));
   EXPECT_THAT(RanksSent(v1::Command::kCopy, id), IsEmpty());
 
-  clock_.Advance(absl::Seconds(3));
+  Pass(absl::Seconds(3));
   PhaseAll(id, v1::AGENT_PHASE_STAGED);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
   EXPECT_THAT(RanksSent(v1::Command::kGather, id), ElementsAre(0, 1, 2, 3));
@@ -777,7 +789,7 @@ TEST_F(SessionManagerTest, Save_HappyPath_CommitsAndRecordsLatest) {
     }
   }
 
-  clock_.Advance(absl::Seconds(4));
+  Pass(absl::Seconds(4));
   GatherAll(id);
   EXPECT_THAT(RanksSent(v1::Command::kPersist, id), ElementsAre(0, 1, 2, 3));
   for (const v1::Command& c : CommandsTo(0, id)) {
@@ -1390,6 +1402,104 @@ TEST_F(SessionManagerTest, Submit_TooManyShards_PlanTooLarge) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Liveness (issue 52): a pause of the coordinator is no death; refusals reach every rank
+
+// Bug 1: the coordinator paused (SIGSTOP, a VM freeze) for 2.5 leases heard nothing meanwhile:
+// its agents are not lost, and the save goes on.
+TEST_F(SessionManagerTest, CoordinatorPausedPastTheLease_NobodyLost_TheSaveCommits) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  const std::string id = DriveToPersisting(100);
+  clock_.Advance(absl::Seconds(25));  // paused: nothing read the clock
+  manager().Tick();
+  EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING) << Status(id).error().message();
+  HeartbeatAll();  // their queued heartbeats, read once it resumes
+  manager().Tick();
+  GatherAll(id);
+  PersistAll(id);
+  AdvanceAndTick(absl::Seconds(1));
+  EXPECT_EQ(State(id), v1::SESSION_STATE_COMMITTED);
+}
+
+// Bug 3: a registration refused for a rank a save waits for ends the save at once, for every
+// rank, with the refusal (not AGENT_LOST at the lease, not STALE_INCARNATION).
+TEST_F(SessionManagerTest, RegistrationRefused_TheSaveWaitingForTheRankAbortsWithIt) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  SaveAndCommit(100);
+  std::string id;
+  for (uint32_t r = 0; r < 3; ++r) {
+    absl::StatusOr<std::string> session = Submit(r, 200);
+    ASSERT_TRUE(session.ok()) << session.status();
+    id = *session;
+  }
+  ASSERT_EQ(State(id), v1::SESSION_STATE_PLANNING);
+  // Rank 3's agent restarts with another layout: refused, and the manager told.
+  v1::RegisterAgentRequest other;
+  other.set_job_id(kJob);
+  other.mutable_coord()->set_rank(3);
+  other.set_incarnation(4242);
+  *other.mutable_layout() = *ParseLayoutSpec("tp=4");
+  ASSERT_EQ(GetErrorCode(registry_->Register(other).status()), v1::ERROR_CODE_LAYOUT_MISMATCH);
+  Pass(absl::Seconds(11));  // rank 3's old agent is gone meanwhile, the others heartbeat
+  HeartbeatAll(/*except=*/3);
+  manager().AgentsChanged(kJob);
+
+  const v1::SessionStatus status = Status(id);
+  EXPECT_EQ(status.state(), v1::SESSION_STATE_ABORTED);
+  EXPECT_EQ(status.error().code(), v1::ERROR_CODE_LAYOUT_MISMATCH);
+  EXPECT_THAT(Ranks(status.error()), ElementsAre(3));
+  EXPECT_THAT(status.error().message(),
+              AllOf(HasSubstr("rank 3 during PLANNING"), HasSubstr("registration was refused"),
+                    HasSubstr("tp=4")));
+  EXPECT_THAT(RanksSent(v1::Command::kAbort, id), ElementsAre(0, 1, 2, 3));
+}
+
+// Bug 4: a rank whose client refuses its tensors aborts the save in PLANNING for every rank at
+// once, with its reason; arriving first, every later submission of the step is answered with
+// it, until that rank submits a plan of the step after all.
+TEST_F(SessionManagerTest, RefusedPlan_EndsTheStepsSaveForEveryRankWithItsReason) {
+  StartJob("tp=2,dp=2");
+  UseTpDpPlans();
+  auto refuse = [&](uint32_t rank, int64_t step) {
+    v1::SubmitLocalPlanRequest request;
+    request.set_job_id(kJob);
+    request.set_rank(rank);
+    request.set_incarnation(incarnations_[rank]);
+    request.set_step(step);
+    request.mutable_refusal()->set_code(v1::ERROR_CODE_MALFORMED_SHARD);
+    request.mutable_refusal()->set_message("box [8:12] is outside the tensor on axis 0");
+    return manager().SubmitLocalPlan(request);
+  };
+  // Last to arrive: the others wait in PLANNING.
+  std::string id;
+  for (uint32_t r = 0; r < 3; ++r) id = *Submit(r, 100);
+  ASSERT_TRUE(refuse(3, 100).ok());
+  v1::SessionStatus status = Status(id);
+  EXPECT_EQ(status.state(), v1::SESSION_STATE_ABORTED);
+  EXPECT_EQ(status.error().code(), v1::ERROR_CODE_MALFORMED_SHARD);
+  EXPECT_THAT(Ranks(status.error()), ElementsAre(3));
+  EXPECT_THAT(status.error().message(),
+              HasSubstr("rank 3 refused its tensors for step 100: box [8:12] is outside"));
+  EXPECT_THAT(RanksSent(v1::Command::kAbort, id), ElementsAre(0, 1, 2, 3));
+
+  // First to arrive: nothing is open; each later submission of the step is answered with it.
+  ASSERT_TRUE(refuse(1, 200).ok());
+  absl::StatusOr<std::string> after = Submit(0, 200);
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(GetErrorCode(after.status()), v1::ERROR_CODE_MALFORMED_SHARD);
+  EXPECT_THAT(after.status().message(), HasSubstr("rank 1 refused its tensors for step 200"));
+  // Rank 1 saves the step after all: the refusal no longer stands.
+  ASSERT_TRUE(Submit(1, 200).ok());
+  const std::string pinning = SubmitAll(200);
+  ASSERT_EQ(State(pinning), v1::SESSION_STATE_PINNING);
+
+  // Too late: a refusal of a step past PLANNING changes nothing.
+  EXPECT_EQ(refuse(2, 200).status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(State(pinning), v1::SESSION_STATE_PINNING);
+}
+
+// ---------------------------------------------------------------------------------------------
 // Aborts during execution
 
 TEST_F(SessionManagerTest, Save_AgentLeaseExpiresWhileCopying_AbortsWithAgentLost) {
@@ -1402,12 +1512,12 @@ TEST_F(SessionManagerTest, Save_AgentLeaseExpiresWhileCopying_AbortsWithAgentLos
   ASSERT_EQ(State(id), v1::SESSION_STATE_COPYING);
 
   // Within the lease nothing happens.
-  clock_.Advance(absl::Seconds(9));
+  Pass(absl::Seconds(9));
   manager().Tick();
   EXPECT_EQ(State(id), v1::SESSION_STATE_COPYING);
 
   // Rank 3 stops heartbeating; the others keep their leases.
-  clock_.Advance(absl::Seconds(2));
+  Pass(absl::Seconds(2));
   HeartbeatAll(/*except=*/3);
   manager().Tick();
 
@@ -1993,7 +2103,7 @@ TEST_F(SessionManagerTest, Save_AgentRestartsMidSession_AgentLost) {
   const uint64_t old_incarnation = incarnations_[1];
 
   // A first registration (nothing replaced) is not a restart.
-  manager().OnAgentRegistered(kJob, 1, std::nullopt);
+  manager().AgentsChanged(kJob);
   EXPECT_EQ(State(id), v1::SESSION_STATE_PERSISTING);
 
   RestartAgent(1);
@@ -2156,7 +2266,7 @@ TEST_F(SessionManagerTest, Save_CommitWrittenByAReplacedCommitter_Committed) {
   ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));
   // Rank 2 is lost; rank 3 is asked; rank 2's (late) report arrives.
   for (int i = 0; i < 12; ++i) {
-    clock_.Advance(absl::Seconds(1));
+    Pass(absl::Seconds(1));
     HeartbeatAll(/*except=*/2);
     manager().Tick();
   }
@@ -2179,14 +2289,14 @@ TEST_F(SessionManagerTest, Regression_CommitterNeverRegistersAfterRestart_Anothe
   ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));  // the recovered committer
   // Within the restarted registry's first lease rank 2 may still be on its way back.
   for (int i = 0; i < 5; ++i) {
-    clock_.Advance(absl::Seconds(1));
+    Pass(absl::Seconds(1));
     HeartbeatAll(/*except=*/2);
     manager().Tick();
   }
   ASSERT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(2));
   // Past it, rank 2 is lost and rank 3 commits.
   for (int i = 0; i < 6; ++i) {
-    clock_.Advance(absl::Seconds(1));
+    Pass(absl::Seconds(1));
     HeartbeatAll(/*except=*/2);
     manager().Tick();
   }
@@ -2208,13 +2318,13 @@ TEST_F(SessionManagerTest, Regression_CommitterNeverRegistersAfterRestart_Anothe
 TEST_F(SessionManagerTest, Regression_JobResumedOnSmallerMesh_CommitterGone_AnotherCommits) {
   const std::string id = DriveToCommittingByRank2(54);
   ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
-  clock_.Advance(absl::Seconds(11));  // every agent of tp=2,dp=2 expired
+  Pass(absl::Seconds(11));  // every agent of tp=2,dp=2 expired
   manager().Tick();
   StartJob("tp=2", [](uint32_t r) {
     return AgentSetup{absl::StrCat("node-", r), 0, /*storage_root_mounted=*/true};
   });
   ASSERT_FALSE(registry_->Get(kJob, 2).has_value());
-  clock_.Advance(absl::Seconds(1));
+  Pass(absl::Seconds(1));
   HeartbeatAll();
   manager().Tick();
   EXPECT_THAT(RanksSent(v1::Command::kCommit, id), ElementsAre(0, 2));

@@ -60,9 +60,23 @@ SyncSessions::~SyncSessions() = default;
 JobCore* SyncSessions::Core(const std::string& job_id) {
   std::unique_ptr<JobCore>& core = jobs_[job_id];
   if (core == nullptr) {
-    core = std::make_unique<JobCore>(JobContext{&options_, registry_, epoch_, &commands_emitted_, nullptr}, job_id);
+    core = std::make_unique<JobCore>(JobContext{&options_, epoch_, &commands_emitted_, nullptr},
+                                     job_id);
+    liveness_[job_id].Reset();
   }
   return core.get();
+}
+
+JobCore* SyncSessions::Told(const std::string& job_id, bool tick) {
+  JobCore* core = Core(job_id);
+  std::optional<Effects> told =
+      liveness_[job_id].Feed(*registry_, *core, /*judge_leases=*/tick, clock_->Now());
+  if (told.has_value()) {
+    Carry(job_id, *std::move(told));
+  } else if (tick) {
+    Carry(job_id, core->Tick(clock_->Now()));
+  }
+  return Core(job_id);  // a new one if a refused write recovered the job away
 }
 
 bool SyncSessions::Carry(const std::string& job_id, Effects effects) {
@@ -78,12 +92,13 @@ void SyncSessions::Reload(const std::string& job_id) {
     return;
   }
   absl::StatusOr<std::unique_ptr<JobCore>> core = JobCore::Recover(
-      JobContext{&options_, registry_, epoch_, &commands_emitted_, nullptr}, *store_, job_id, clock_->Now(), out);
+      JobContext{&options_, epoch_, &commands_emitted_, nullptr}, *store_, job_id, clock_->Now(), out);
   if (!core.ok()) {
     jobs_.erase(job_id);
     return;
   }
   jobs_[job_id] = *std::move(core);
+  liveness_[job_id].Reset();
   Carry(job_id, std::move(out));
 }
 
@@ -96,10 +111,11 @@ absl::Status SyncSessions::Recover() {
   for (const v1::JobRecord& record : *records) {
     Effects out;
     absl::StatusOr<std::unique_ptr<JobCore>> core =
-        JobCore::Recover(JobContext{&options_, registry_, epoch_, &commands_emitted_, nullptr}, *store_,
+        JobCore::Recover(JobContext{&options_, epoch_, &commands_emitted_, nullptr}, *store_,
                          record.job_id(), clock_->Now(), out);
     if (!core.ok()) return core.status();
     jobs_[record.job_id()] = *std::move(core);
+    liveness_[record.job_id()].Reset();
     Carry(record.job_id(), std::move(out));
   }
   return absl::OkStatus();
@@ -116,7 +132,7 @@ absl::StatusOr<v1::SubmitLocalPlanResponse> SyncSessions::SubmitLocalPlan(
   if (!layout.has_value()) return absl::NotFoundError("unknown job");
   const std::string job_id = request.job_id();
   Outcome<v1::SubmitLocalPlanResponse> outcome =
-      Core(job_id)->SubmitPlan(std::move(request), *layout, clock_->Now());
+      Told(job_id, /*tick=*/false)->SubmitPlan(std::move(request), *layout, clock_->Now());
   if (!Carry(job_id, std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");
   }
@@ -131,7 +147,8 @@ absl::StatusOr<v1::SessionState> SyncSessions::ReportPhase(
     return s;
   }
   if (!jobs_.count(request.job_id())) return absl::NotFoundError("unknown job");
-  Outcome<v1::SessionState> outcome = Core(request.job_id())->ReportPhase(request, clock_->Now());
+  Outcome<v1::SessionState> outcome =
+      Told(request.job_id(), /*tick=*/false)->ReportPhase(request, clock_->Now());
   if (!Carry(request.job_id(), std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");
   }
@@ -147,17 +164,15 @@ absl::StatusOr<v1::SessionState> SyncSessions::ReportChunks(
   }
   if (!jobs_.count(request.job_id())) return absl::NotFoundError("unknown job");
   Outcome<v1::SessionState> outcome =
-      Core(request.job_id())->ReportChunks(request, clock_->Now());
+      Told(request.job_id(), /*tick=*/false)->ReportChunks(request, clock_->Now());
   if (!Carry(request.job_id(), std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");
   }
   return outcome.reply;
 }
 
-void SyncSessions::OnAgentRegistered(const std::string& job_id, uint32_t rank,
-                                     std::optional<uint64_t> replaced_incarnation) {
-  if (!replaced_incarnation.has_value() || !jobs_.count(job_id)) return;
-  Carry(job_id, Core(job_id)->AgentRestarted(rank, clock_->Now()));
+void SyncSessions::AgentsChanged(const std::string& job_id) {
+  if (jobs_.count(job_id)) Told(job_id, /*tick=*/false);
 }
 
 absl::StatusOr<v1::SessionStatus> SyncSessions::AbortSession(const std::string& job_id,
@@ -174,7 +189,7 @@ void SyncSessions::Tick() {
   std::vector<std::string> ids;
   for (const auto& [id, core] : jobs_) ids.push_back(id);
   for (const std::string& id : ids) {
-    if (jobs_.count(id)) Carry(id, Core(id)->Tick(clock_->Now()));
+    if (jobs_.count(id)) Told(id, /*tick=*/true);
   }
   // The commits due now; one that a result leads to (a retry, a recovery) waits for the next.
   for (size_t due = commits_.size(); due > 0 && !commits_.empty(); --due) {

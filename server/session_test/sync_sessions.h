@@ -20,6 +20,7 @@
 #include "common/clock.h"
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
+#include "server/liveness_feed.h"
 #include "server/planner.h"
 #include "server/relay.h"
 #include "server/session/commit_driver.h"
@@ -40,8 +41,9 @@ class SyncSessions {
   absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(v1::SubmitLocalPlanRequest request);
   absl::StatusOr<v1::SessionState> ReportPhase(const v1::ReportPhaseRequest& request);
   absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request);
-  void OnAgentRegistered(const std::string& job_id, uint32_t rank,
-                         std::optional<uint64_t> replaced_incarnation);
+  // As SessionManager::AgentsChanged. Every other event tells the job's core what changed
+  // first, as registrations reach SessionManager's cores before the agent's next RPC.
+  void AgentsChanged(const std::string& job_id);
   absl::StatusOr<v1::SessionStatus> AbortSession(const std::string& job_id,
                                                  const std::string& reason);
   // Ticks every job, then runs the commits queued before this call (a retry or a recovery a
@@ -62,6 +64,9 @@ class SyncSessions {
  private:
   class Port;
   JobCore* Core(const std::string& job_id);
+  // Core(job_id), told what the registry judged of its agents since the last time (with
+  // `tick`, leases judged and the core ticked too).
+  JobCore* Told(const std::string& job_id, bool tick);
   // Carries out `effects` of `job_id`; false if the store refused them.
   bool Carry(const std::string& job_id, Effects effects);
   void Reload(const std::string& job_id);
@@ -76,6 +81,7 @@ class SyncSessions {
   uint64_t epoch_ = 1;
   std::atomic<uint64_t> commands_emitted_{0};
   std::map<std::string, std::unique_ptr<JobCore>> jobs_;
+  std::map<std::string, LivenessFeed> liveness_;  // by job, with jobs_
   std::map<std::string, RelayedCommands> relayed_;  // by job: replayed with their relay_to
   std::deque<std::pair<std::string, CommitAttempt>> commits_;
   struct Cleanup {

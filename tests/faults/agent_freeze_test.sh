@@ -6,8 +6,10 @@
 #   write_when_staged), with its snapshot staged and nothing written;
 # - the coordinator expires its lease: the save ABORTED with AGENT_LOST naming rank 1 (shown by
 #   `tessera status`), nothing of the step committed or left behind;
-# - SIGCONT: the agent finds its lease lapsed, says it is stale and registers again; whatever
-#   it writes of the save it was frozen in, it removes, and its trainer hears the abort;
+# - SIGCONT: the agent finds its lease lapsed by its own clock and registers again, and the
+#   coordinator's answer says it had given the lease up (agent/lease_keeper.h): its lease
+#   generation moves on; whatever it writes of the save it was frozen in, it removes, and its
+#   trainer hears the abort;
 # - a later save commits with that same agent, `tessera verify` passes, and a reload is byte
 #   for byte identical; every process ends within a bound.
 source tests/faults/lib.sh
@@ -43,8 +45,10 @@ expect_not_committed 11
 while [ $(( ($(date +%s%N) - frozen_at) / 1000000 )) -lt $((LEASE_MS * 2)) ]; do sleep 0.1; done
 mark_agent_log "$JOB" 1
 kill -CONT "$victim"
-wait_for_line "$DIR/logs/agent-$JOB-1.log" "lease lapsed: .* is stale: registering again" 10 ||
+wait_for_line "$DIR/logs/agent-$JOB-1.log" "lease lapsed: .* may be stale: registering again" 10 ||
   fail "the resumed agent did not notice its lease had lapsed"
+wait_for_line "$DIR/logs/agent-$JOB-1.log" "the coordinator gave this agent's lease up meanwhile" 10 ||
+  fail "the resumed agent was not told the coordinator had given its lease up"
 wait_registered "$JOB" 1 || fail "the resumed agent did not register again"
 wait_pid_bounded "$trainers" "$TRAINER_TIMEOUT" "the trainers of step 11"
 [ "$WAITED_RC" -ne 0 ] || fail "the save of step 11 succeeded although rank 1 was lost"

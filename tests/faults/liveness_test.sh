@@ -106,7 +106,7 @@ agent_death)
     at=$(now_ms)
     kill -"$sig" "${AGENT_PIDS[3]}"
     answered_within "$at" "$DEATH_BOUND_MS" "agent 3 SIG$sig in PLANNING" 0 1 2
-    expect_failed_with "SIG$sig" "AGENT_LOST" 0 1 2
+    expect_failed_with "SIG$sig" "lost the agent of rank 3 during PLANNING" 0 1 2
     expect_aborted_status "sig$sig" AGENT_LOST "rank 3"
     expect_not_committed $step
     wait "${AGENT_PIDS[3]}" 2>/dev/null
@@ -133,8 +133,8 @@ refusals)
   at=$(now_ms)
   for r in 0 1 2 3; do start_rank $r --mode=save --steps=11 "${MODEL[@]}"; done
   answered_within "$at" "$REFUSAL_BOUND_MS" "rank 3's registration refused" 0 1 2 3
-  expect_failed_with "registration refused" "UNAVAILABLE.*(registration|layout)" 3
-  expect_failed_with "registration refused" "LAYOUT_MISMATCH.*rank 3" 0 1 2
+  expect_failed_with "registration refused" "UNAVAILABLE.*refused this agent's registration.*layout" 3
+  expect_failed_with "registration refused" "rank 3 during PLANNING \\(its registration was refused" 0 1 2
   expect_aborted_status registration_refused LAYOUT_MISMATCH "rank 3"
   expect_not_committed 11
   stop_process "${AGENT_PIDS[3]}" 10 || fail "agent 3 (tp=4) did not stop"
@@ -149,8 +149,8 @@ refusals)
   at=$(now_ms)
   start_rank 1 --mode=save --steps=12 "${MODEL[@]}" --box_outside_shape
   answered_within "$at" "$REFUSAL_BOUND_MS" "rank 1's client refused its plan (last)" 0 1 2 3
-  expect_failed_with "plan refused (last)" "MALFORMED_SHARD.*outside" 1
-  expect_failed_with "plan refused (last)" "MALFORMED_SHARD.*rank 1.*outside" 0 2 3
+  expect_failed_with "plan refused (last)" "INVALID_ARGUMENT.*outside" 1
+  expect_failed_with "plan refused (last)" "rank 1 refused its tensors for step 12: .*outside" 0 2 3
   expect_aborted_status plan_refused_last MALFORMED_SHARD "rank 1"
   expect_not_committed 12
 
@@ -162,7 +162,7 @@ refusals)
   at=$(now_ms)
   for r in 0 2 3; do start_rank $r --mode=save --steps=13 "${MODEL[@]}"; done
   answered_within "$at" "$REFUSAL_BOUND_MS" "the ranks after rank 1's refusal (first)" 0 2 3
-  expect_failed_with "plan refused (first)" "MALFORMED_SHARD.*rank 1.*outside" 0 2 3
+  expect_failed_with "plan refused (first)" "rank 1 refused its tensors for step 13: .*outside" 0 2 3
   expect_not_committed 13
 
   run_trainers_bounded "$JOB" "$LAYOUT" --mode=save --steps=14 "${MODEL[@]}" ||

@@ -4,8 +4,9 @@ reply per line on stdout:
 
   {"op": "save", "case": NAME, "step": N}  saves this rank's tensors of case NAME at step N,
       then waits for the commit; replies {"raised": exception class or None, "phase": "save"
-      or "wait" (where it raised), "code", "status_code", "message", "fqns", "ranks",
-      "state_key", "dir"}
+      or "wait" (where it raised), "in_save" (raised by client.save, not by building the
+      tensors: tessera.Shard checks its own arguments), "code", "status_code", "message",
+      "fqns", "ranks", "state_key", "dir"}
   {"op": "check"}        {"latest": newest committed step, "equal": whether loading it gives
                           back the bytes saved at that step (into fresh zeroed tensors)}
   {"op": "valid", "step": N}   saves the valid state at step N and waits: {"dir"} or raised
@@ -118,9 +119,12 @@ def error_reply(phase, e):
 def save_and_wait(client, step, build):
     try:
         tensors = build()
+    except Exception as e:  # noqa: BLE001 - the tensors themselves refused (tessera.Shard)
+        return dict(error_reply("save", e), in_save=False)
+    try:
         client.save(step, tensors)
     except Exception as e:  # noqa: BLE001 - reported to the test, which judges it
-        return error_reply("save", e)
+        return dict(error_reply("save", e), in_save=True)
     try:
         directory = client.wait(step, timeout=60)
     except Exception as e:  # noqa: BLE001

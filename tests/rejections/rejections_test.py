@@ -196,8 +196,23 @@ class RejectionsTest(unittest.TestCase):
             if state_key is not None:
                 self.assertEqual(r["state_key"], state_key, (rank, r))
         self.assert_nothing_written(before, job, step, wait_for_cleanup=(phase == "wait"))
+        if ranks is not None and all(r.get("in_save") for r in replies.values()):
+            # Refused by the client's save: the other ranks are told. (A tessera.Shard that
+            # refuses its own arguments raises before any save: nothing to tell.)
+            self.assert_others_told(job, step, code, refused_by=min(ranks))
         self.assert_latest_intact_then_commit(job, step)
         return replies
+
+    def assert_others_told(self, job, step, code, refused_by):
+        """A subset of ranks refused `step` in their own clients: each other rank's save of it
+        is answered at once with the refusal, naming the refusing rank (issue 52, bug 4)."""
+        others = [w.rank for w in self.workers[job] if w.rank != refused_by]
+        for rank, r in sorted(self.ask(job, {"op": "valid", "step": step}, others).items()):
+            self.assertEqual(r.get("raised"), "AbortedError", (rank, r))
+            self.assertEqual(r.get("code"), code, (rank, r))
+            self.assertRegex(r.get("message", ""),
+                             r"rank %d('s plan of| refused its tensors for) step %d: "
+                             % (refused_by, step), (rank, r))
 
     def reject_native(self, case, code, contains, fqn=None, state_key=None):
         """Runs rejection_client `case` as rank 0 of rejdp, then the same checks."""
@@ -218,6 +233,7 @@ class RejectionsTest(unittest.TestCase):
         if state_key is not None:
             self.assertEqual(r["state_key"], state_key, r)
         self.assert_nothing_written(before, job, step, wait_for_cleanup=False)
+        self.assert_others_told(job, step, code, refused_by=0)
         self.assert_latest_intact_then_commit(job, step)
 
     # --- planner rules (both ranks submit; both get the verdict) -------------------------------

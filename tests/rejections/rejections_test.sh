@@ -29,7 +29,7 @@ for job_layout in rejdp:dp=2 rejpp:pp=2; do
 done
 
 export REJ_SOCK_DIR=$SOCK_DIR REJ_DIR=$DIR REJ_CLIENT=$PWD/tests/rejections/rejection_client
-./client/python/run_python_test.sh tests/rejections/rejections_test.py
+./client/python/run_python_test.sh tests/rejections/rejections_test.py "$@"
 rc=$?
 if [ "$rc" -ne 0 ]; then
   tail -n 30 "$DIR"/logs/*.log 2>/dev/null

@@ -31,6 +31,8 @@
 #include "format/manifest_io.h"
 #include "format/verify.h"
 #include "server/agent_registry.h"
+#include "server/liveness_feed.h"
+#include "agent/lease_keeper.h"
 #include "server/planner.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"
@@ -56,6 +58,8 @@ constexpr absl::Duration kSettle = absl::Seconds(30);
 // hundred events long in all).
 constexpr uint64_t kLivelockEvents = 100000;
 constexpr absl::Duration kCoordinatorTick = absl::Milliseconds(200);
+// I8: a refusal reaches every rank within this: the coordinator's next tick, and the network.
+constexpr absl::Duration kRefusalBound = absl::Seconds(2);
 
 // Memory for one session's staging, page-aligned as the pool's is.
 struct AlignedBuffer {
@@ -104,11 +108,14 @@ struct AgentProc {
   std::unique_ptr<SimPeers> peers;
   bool registered = false;
   bool registering = false;
-  // As agent/lifeline.h: the generation moves on only when the agent itself found its lease
-  // lapsed; while it is not registered it has no lease (nullopt).
-  uint64_t lease_generation = 1;
-  bool lease_lapsed = false;
-  absl::Time last_lease_ok;
+  // Registers with another layout than the job's (a refused registration: kRegistrationRefused
+  // and the random fault); `refusal` is the coordinator's last refusal, which its trainer's
+  // calls are answered (agent/trainer_service.h admission).
+  bool wrong_layout = false;
+  absl::Status refusal;
+  // The agent's view of its lease, by the rule the real Lifeline follows (agent/lease_keeper.h):
+  // the generation moves on only when the coordinator says it did not keep the lease.
+  LeaseKeeper lease;
   bool stream_up = false;
   bool stream_opening = false;
   uint64_t stream_epoch = 0;  // bumped by every break: commands of an older stream are lost
@@ -140,7 +147,10 @@ struct CoordProc {
   std::unique_ptr<AgentRegistry> registry;
   std::unique_ptr<PlanCache> cache;
   std::unique_ptr<JobCore> job;
+  LivenessFeed liveness;  // what `job` was told of its agents (server/liveness_feed.h)
   std::map<uint32_t, uint64_t> streams;  // rank -> the agent's stream epoch
+  // Paused (SIGSTOP): until then nothing reaches it and it does nothing (AtCoordinator).
+  absl::Time paused_until = absl::InfinitePast();
   std::atomic<uint64_t> commands_emitted{0};  // the process's (JobContext), reset by a start
 };
 
@@ -202,6 +212,9 @@ class World {
   bool LinkDown(uint32_t rank) const;
   // Agent -> coordinator: a request, handled by the coordinator of the life it was sent to.
   void ToCoordinator(uint32_t rank, std::string what, std::function<void()> handle);
+  // Runs `fn` on the coordinator after `delay`, or once its pause ends.
+  void AtCoordinator(absl::Duration delay, std::string what, std::function<void()> fn);
+  void PauseCoordinator(absl::Duration d, const std::string& why);
   // Coordinator -> agent (an RPC reply), for the agent's life it was sent to.
   void ToAgent(uint32_t rank, std::string what, std::function<void()> handle);
   // Coordinator -> agent on its command stream: ordered, lost with the stream.
@@ -215,6 +228,9 @@ class World {
   bool Carry(Effects effects);
   void ReloadJob();
   void CoordinatorTick();
+  // Tells the job's core what the registry judged of its agents (LivenessFeed); with `tick`,
+  // judges leases and ticks the core, as SessionManager's ticker does.
+  void TellLiveness(bool tick);
   absl::Status HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanRequest> request,
                             v1::SubmitLocalPlanResponse* response);
   absl::Status HandleReportPhase(const v1::ReportPhaseRequest& request);
@@ -224,6 +240,9 @@ class World {
   void StartAgent(uint32_t rank);
   void KillAgent(uint32_t rank, const std::string& why);
   void FreezeAgent(uint32_t rank, absl::Duration d);
+  // Restarts the agent of `rank` with another layout than the job's: refused until it
+  // restarts with the job's, `d` later.
+  void RestartAgentRefused(uint32_t rank, absl::Duration d);
   void CarryAgent(uint32_t rank, SaveEffects fx);
   void Register(uint32_t rank);
   void OpenStream(uint32_t rank);
@@ -281,6 +300,11 @@ class World {
   // Fault intensities.
   double p_drop_ = 0, p_dup_ = 0, p_slow_ = 0, p_break_ = 0, p_store_ = 0, p_disk_ = 0;
   double p_crash_ = 0, p_crash_after_persist_ = 0, p_kill_ = 0, p_freeze_ = 0, p_cut_ = 0;
+  double p_pause_ = 0, p_refuse_ = 0;
+  // I8: when a registration was last refused (InfinitePast: none pending), and the step whose
+  // trainers were busy then or started after.
+  absl::Time refused_at_ = absl::InfinitePast();
+  absl::Time step_started_at_ = absl::InfinitePast();
 
   // Invariant state.
   bool checking_ = false;  // inside the checks: no disk faults
@@ -349,6 +373,8 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   p_kill_ = 0.0005 * f;
   p_freeze_ = 0.0005 * f;
   p_cut_ = 0.001 * f;
+  p_pause_ = 0.0003 * f;
+  p_refuse_ = 0.0003 * f;
 
   store_.set_fault_hook([this](const StoreBatch& batch) {
     ++store_writes_;
@@ -517,11 +543,30 @@ void World::ToCoordinator(uint32_t rank, std::string what, std::function<void()>
   const uint64_t life = coord_.life;
   auto shared = std::make_shared<std::function<void()>>(std::move(handle));
   for (int i = 0; i < copies; ++i) {
-    At(NetDelay(), absl::StrCat("to coordinator: ", what), [this, rank, life, shared] {
+    At(NetDelay(), absl::StrCat("to coordinator: ", what), [this, rank, life, shared, what] {
       if (!coord_.up || coord_.life != life || LinkDown(rank)) return;
-      (*shared)();
+      // Arrived: a paused coordinator reads it from its socket once it resumes.
+      AtCoordinator(absl::ZeroDuration(), what, [this, life, shared] {
+        if (coord_.up && coord_.life == life) (*shared)();
+      });
     });
   }
+}
+
+void World::AtCoordinator(absl::Duration delay, std::string what, std::function<void()> fn) {
+  At(delay, what, [this, what, fn = std::move(fn)] {
+    if (now() < coord_.paused_until) {
+      At(coord_.paused_until - now(), absl::StrCat("(resumed) ", what), fn);
+      return;
+    }
+    fn();
+  });
+}
+
+void World::PauseCoordinator(absl::Duration d, const std::string& why) {
+  if (!coord_.up || now() < coord_.paused_until) return;
+  Trace(absl::StrCat("fault: coordinator paused for ", absl::FormatDuration(d), " (", why, ")"));
+  coord_.paused_until = now() + d;
 }
 
 void World::ToAgent(uint32_t rank, std::string what, std::function<void()> handle) {
@@ -623,7 +668,7 @@ class World::CoordPort : public EffectsPort {
     auto shared = std::make_shared<PlanWork>(std::move(work));
     World* w = w_;
     const uint64_t life = life_;
-    w->At(w->Jitter(absl::Microseconds(100), absl::Milliseconds(50)), "planning done",
+    w->AtCoordinator(w->Jitter(absl::Microseconds(100), absl::Milliseconds(50)), "planning done",
           [w, life, shared] {
             if (!w->coord_.up || w->coord_.life != life || w->coord_.job == nullptr) return;
             PlanVerdict verdict =
@@ -636,7 +681,8 @@ class World::CoordPort : public EffectsPort {
     if (!alive()) return;
     World* w = w_;
     const uint64_t life = life_;
-    w->At(w->Jitter(absl::Microseconds(100), absl::Milliseconds(30)), "coordinator commits",
+    w->AtCoordinator(w->Jitter(absl::Microseconds(100), absl::Milliseconds(30)),
+                     "coordinator commits",
           [w, life, work = std::move(work)] {
             if (!w->coord_.up || w->coord_.life != life || w->coord_.job == nullptr) return;
             const CommitResolution resolution = w->edge_.Commit(work);
@@ -665,8 +711,8 @@ class World::CoordPort : public EffectsPort {
       w->late_cleanups_.push_back({step, std::move(cleanup)});
       return;
     }
-    w->At(w->Jitter(absl::Microseconds(100), absl::Milliseconds(30)), "coordinator cleans up",
-          std::move(cleanup));
+    w->AtCoordinator(w->Jitter(absl::Microseconds(100), absl::Milliseconds(30)),
+                     "coordinator cleans up", std::move(cleanup));
   }
 
  private:
@@ -710,12 +756,14 @@ void World::StartCoordinator() {
 void World::ReloadJob() {
   CoordProc& c = coord_;
   c.job.reset();
-  JobContext context{&options_, c.registry.get(), c.epoch, &c.commands_emitted,
+  JobContext context{&options_, c.epoch, &c.commands_emitted,
                      [this](int64_t step) { return absl::StrCat("s", step, "-", ++session_counter_); }};
   absl::StatusOr<std::optional<v1::JobRecord>> record = ReadJob(store_, kJob);
   if (!record.ok()) return;  // the next tick retries
+  c.liveness.Reset();
   if (!record->has_value()) {
     c.job = std::make_unique<JobCore>(context, kJob);
+    TellLiveness(/*tick=*/false);
     return;
   }
   Effects out;
@@ -727,7 +775,23 @@ void World::ReloadJob() {
   }
   c.job = *std::move(job);
   Trace("coordinator recovered the job from its store");
-  Carry(std::move(out));
+  if (Carry(std::move(out))) TellLiveness(/*tick=*/false);
+}
+
+void World::TellLiveness(bool tick) {
+  if (!coord_.up || coord_.job == nullptr) return;
+  std::optional<Effects> told =
+      coord_.liveness.Feed(*coord_.registry, *coord_.job, /*judge_leases=*/tick, CoordNow());
+  if (told.has_value()) {
+    Carry(*std::move(told));
+  } else if (tick) {
+    Effects effects = coord_.job->Tick(CoordNow());
+    if (config_.trace && !effects.commands.empty()) {
+      Trace(absl::StrCat("coordinator tick: ", effects.commands.size(), " command(s), state ",
+                         v1::SessionState_Name(coord_.job->Info().current_state())));
+    }
+    Carry(std::move(effects));
+  }
 }
 
 void World::CrashCoordinator(const std::string& why) {
@@ -758,17 +822,12 @@ void World::CrashCoordinator(const std::string& why) {
 
 void World::CoordinatorTick() {
   At(kCoordinatorTick, "coordinator tick", [this] { CoordinatorTick(); });
-  if (!coord_.up) return;
+  if (!coord_.up || now() < coord_.paused_until) return;
   if (coord_.job == nullptr) {
     ReloadJob();
     return;
   }
-  Effects effects = coord_.job->Tick(CoordNow());
-  if (config_.trace && !effects.commands.empty()) {
-    Trace(absl::StrCat("coordinator tick: ", effects.commands.size(), " command(s), state ",
-                       v1::SessionState_Name(coord_.job->Info().current_state())));
-  }
-  Carry(std::move(effects));
+  TellLiveness(/*tick=*/true);
 }
 
 absl::Status World::HandleSubmit(std::shared_ptr<const v1::SubmitLocalPlanRequest> request,
@@ -835,6 +894,7 @@ void World::StartAgent(uint32_t rank) {
   a.peers = std::make_unique<SimPeers>(this, rank);
   a.registered = false;
   a.registering = false;
+  a.refusal = absl::OkStatus();  // a new process
   a.stream_up = false;
   a.stream_opening = false;
   ++a.stream_epoch;
@@ -868,6 +928,19 @@ void World::KillAgent(uint32_t rank, const std::string& why) {
      [this, rank] { StartAgent(rank); });
 }
 
+void World::RestartAgentRefused(uint32_t rank, absl::Duration d) {
+  AgentProc& a = agents_[rank];
+  if (!a.alive || a.wrong_layout) return;
+  a.wrong_layout = true;
+  KillAgent(rank, "restarted with another layout");
+  At(d, "agent restarts with the job's layout", [this, rank] {
+    AgentProc& a = agents_[rank];
+    if (!a.wrong_layout) return;
+    a.wrong_layout = false;
+    KillAgent(rank, "restarted with the job's layout");
+  });
+}
+
 void World::FreezeAgent(uint32_t rank, absl::Duration d) {
   AgentProc& a = agents_[rank];
   if (!a.alive || a.frozen_until > now()) return;
@@ -886,6 +959,11 @@ void World::Register(uint32_t rank) {
   request.set_job_id(kJob);
   request.mutable_coord()->set_rank(rank);
   *request.mutable_layout() = *ParseLayoutSpec(job_.layout_spec);
+  if (a.wrong_layout) {  // another mesh than the job's: twice the ranks, a dim of its own
+    v1::MeshDim* extra = request.mutable_layout()->add_dims();
+    extra->set_name("cp");
+    extra->set_degree(2);
+  }
   request.set_incarnation(a.incarnation);
   request.set_node_id(absl::StrCat("node-", rank));
   request.set_peer_address(absl::StrCat("sim:", rank));
@@ -900,19 +978,23 @@ void World::Register(uint32_t rank) {
       Register(rank);
     });
   });
-  ToCoordinator(rank, "RegisterAgent", [this, rank, life, request, answered] {
+  ToCoordinator(rank, "RegisterAgent", [this, rank, life, request, answered, sent = now()] {
     absl::StatusOr<AgentRegistry::Registered> registered = coord_.registry->Register(request);
-    if (registered.ok() && registered->replaced_incarnation.has_value() &&
-        coord_.job != nullptr) {
-      Carry(coord_.job->AgentRestarted(rank, CoordNow()));
+    if (absl::IsInvalidArgument(registered.status()) && refused_at_ == absl::InfinitePast()) {
+      refused_at_ = now();  // I8 counts from the first refusal
     }
+    TellLiveness(/*tick=*/false);  // as CoordinatorService does, refused or not
     const uint64_t coordinator = coord_.incarnation;
+    const bool kept = registered.ok() && registered->lease_kept;
     ToAgent(rank, "RegisterAgent reply",
-            [this, rank, life, ok = registered.ok(), coordinator, answered] {
+            [this, rank, life, status = registered.status(), kept, sent, coordinator, answered] {
+              const bool ok = status.ok();
               if (*answered) return;
               *answered = true;
               AgentProc& a = agents_[rank];
               a.registering = false;
+              if (absl::IsInvalidArgument(status)) a.refusal = status;
+              if (ok) a.refusal = absl::OkStatus();
               if (!ok) {
                 At(absl::Milliseconds(500), "register again", [this, rank, life] {
                   ForAgent(rank, life, "register", [this, rank] { Register(rank); });
@@ -920,10 +1002,8 @@ void World::Register(uint32_t rank) {
                 return;
               }
               a.registered = true;
-              if (a.lease_lapsed) ++a.lease_generation;
-              a.lease_lapsed = false;
-              a.last_lease_ok = now();
-              CarryAgent(rank, a.core->OnLease(now(), a.lease_generation));
+              a.lease.Renewed(sent, kLease, kept);
+              CarryAgent(rank, a.core->OnLease(now(), a.lease.Generation(now())));
               if (!agents_[rank].alive) return;
               CarryAgent(rank, a.core->OnRegistered(now(), coordinator, kRoot));
               if (!agents_[rank].alive) return;
@@ -995,10 +1075,10 @@ void World::AgentHeartbeat(uint32_t rank, uint64_t life) {
     AgentProc& a = agents_[rank];
     // The agent's own clock says its lease lapsed (frozen, cut off): it gives the lease up
     // and registers again under a new one (the coordinator has given up on it by now).
-    if (a.registered && now() - a.last_lease_ok > kLease) {
+    if (a.registered && a.lease.Lapsed(now())) {
       Trace(absl::StrCat("agent ", rank, " sees its lease lapsed"));
       a.registered = false;
-      a.lease_lapsed = true;
+      a.lease.Unregistered();
       CarryAgent(rank, a.core->OnLease(now(), std::nullopt));
       if (!agents_[rank].alive) return;
       Register(rank);
@@ -1008,14 +1088,24 @@ void World::AgentHeartbeat(uint32_t rank, uint64_t life) {
       Register(rank);
       return;
     }
-    ToCoordinator(rank, "Heartbeat", [this, rank, life, incarnation = a.incarnation] {
-      const absl::Status s = coord_.registry->Heartbeat(kJob, rank, incarnation, 0);
-      ToAgent(rank, "Heartbeat reply", [this, rank, s] {
+    ToCoordinator(rank, "Heartbeat", [this, rank, life, incarnation = a.incarnation,
+                                      sent = now()] {
+      absl::StatusOr<AgentRegistry::Renewal> renewal =
+          coord_.registry->Heartbeat(kJob, rank, incarnation, 0);
+      const absl::Status s = renewal.status();
+      const bool kept = renewal.ok() && renewal->lease_kept;
+      ToAgent(rank, "Heartbeat reply", [this, rank, s, kept, sent] {
         AgentProc& a = agents_[rank];
         if (s.ok()) {
-          a.last_lease_ok = now();
+          if (!a.registered) return;  // it gave the lease up meanwhile and registers again
+          const std::optional<uint64_t> before = a.lease.Generation(now());
+          a.lease.Renewed(sent, kLease, kept);
+          if (a.lease.Generation(now()) != before) {
+            CarryAgent(rank, a.core->OnLease(now(), a.lease.Generation(now())));
+          }
         } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
           a.registered = false;  // a restarted coordinator does not know it: register again
+          a.lease.Unregistered();
           CarryAgent(rank, a.core->OnLease(now(), std::nullopt));
           if (!agents_[rank].alive) return;
           BreakStream(rank, "the coordinator does not know this agent");
@@ -1180,6 +1270,7 @@ absl::Status World::Pull(uint32_t from_rank, const std::string& session_id,
 
 void World::StartStep(int index) {
   step_index_ = index;
+  step_started_at_ = now();
   Trace(absl::StrCat("training: save of step ", (index + 1) * 10));
   for (uint32_t r = 0; r < job_.world; ++r) {
     trainers_[r] = TrainerState{true, "", std::nullopt};
@@ -1192,6 +1283,10 @@ void World::TrainerBegin(uint32_t rank) {
   AgentProc& a = agents_[rank];
   if (!a.alive) {
     TrainerDone(rank, absl::UnavailableError("no agent"));
+    return;
+  }
+  if (!a.refusal.ok()) {  // the agent's admission: it answers its refusal, and serves nothing
+    TrainerDone(rank, absl::UnavailableError(a.refusal.message()));
     return;
   }
   const uint64_t ticket = next_ticket_++;
@@ -1285,10 +1380,42 @@ void World::TrainerDone(uint32_t rank, absl::StatusOr<std::string> outcome) {
     ++result_.aborted;
   }
   Trace(absl::StrCat("training: step ", step, any_committed ? " committed" : " not saved"));
+  absl::Duration pause_before_next = Jitter(absl::Milliseconds(10), absl::Milliseconds(500));
+  if (refused_at_ != absl::InfinitePast()) {
+    // I8: from the refusal (or this save's start, if later) to its last rank's answer. Checked
+    // where nothing else can delay the answer: the scenario's schedule, without other faults.
+    const absl::Duration answered = now() - std::max(refused_at_, step_started_at_);
+    result_.longest_refusal_answer = std::max(result_.longest_refusal_answer, answered);
+    if (Is(Scenario::kRegistrationRefused) && answered > kRefusalBound) {
+      Fail(absl::StrCat("I8: a refused registration reached the last rank of step ", step,
+                        " after ", absl::FormatDuration(answered), ", over ",
+                        absl::FormatDuration(kRefusalBound)));
+    }
+    refused_at_ = absl::InfinitePast();
+  }
+  if (Is(Scenario::kRegistrationRefused) && !scenario_fired_ && step_index_ == 0) {
+    // Before the second save: the last rank's agent comes back with another layout, refused.
+    scenario_fired_ = true;
+    Mark("the last rank's agent restarted with another layout and was refused");
+    agents_[job_.world - 1].wrong_layout = true;
+    KillAgent(job_.world - 1, "restarted with another layout");
+    pause_before_next = absl::Seconds(4);  // it is up, and refused, before the save starts
+  } else if (Is(Scenario::kRegistrationRefused) && agents_[job_.world - 1].wrong_layout) {
+    for (uint32_t r = 0; r + 1 < job_.world; ++r) {
+      const absl::Status told = trainers_[r].outcome->status();
+      if (GetErrorCode(told) != v1::ERROR_CODE_LAYOUT_MISMATCH) {
+        Fail(absl::StrCat("trainer ", r, " was told ", told.ToString(),
+                          ", not the refusal of rank ", job_.world - 1, "'s registration"));
+      }
+    }
+    Mark("every rank of the save was answered with the refusal's reason");
+    agents_[job_.world - 1].wrong_layout = false;
+    KillAgent(job_.world - 1, "restarted with the job's layout");
+    pause_before_next = absl::Seconds(4);  // registered again before the next save
+  }
   if (step_index_ + 1 < config_.steps) {
     const int next = step_index_ + 1;
-    At(Jitter(absl::Milliseconds(10), absl::Milliseconds(500)), "next step",
-       [this, next] { StartStep(next); });
+    At(pause_before_next, "next step", [this, next] { StartStep(next); });
   } else {
     training_done_ = true;
     RunLateCleanups(true);
@@ -1343,6 +1470,11 @@ void World::ScenarioPersisted(v1::SessionState state) {
       agents_[r].link_down_until = now() + absl::Seconds(3);
       BreakStream(r, "link cut");
     }
+  } else if (Is(Scenario::kCoordinatorPausedPastTheLease) &&
+             state == v1::SESSION_STATE_PERSISTING) {
+    scenario_fired_ = true;
+    Mark("the coordinator was paused for 2.5 leases as the save entered PERSISTING");
+    PauseCoordinator(kLease * 5 / 2, "scenario");
   } else if (Is(Scenario::kClockBackAcrossRestart) && state == v1::SESSION_STATE_COMMITTED) {
     scenario_fired_ = true;
     clock_back_at_restart_ = true;
@@ -1384,6 +1516,12 @@ void World::MaybeFault() {
     FreezeAgent(rank, Chance(0.5) ? Jitter(absl::Milliseconds(100), absl::Seconds(2))
                                   : Jitter(kLease, kLease * 2));
   }
+  if (Chance(p_pause_)) {
+    PauseCoordinator(Chance(0.5) ? Jitter(absl::Milliseconds(500), kLease)
+                                 : Jitter(kLease, kLease * 3),
+                     "random");
+  }
+  if (Chance(p_refuse_)) RestartAgentRefused(rank, Jitter(absl::Seconds(1), absl::Seconds(8)));
   if (Chance(p_cut_)) {
     AgentProc& a = agents_[rank];
     const absl::Duration d = Jitter(absl::Milliseconds(200), absl::Seconds(6));

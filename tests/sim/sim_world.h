@@ -33,6 +33,10 @@
 //      session ended, every trainer call was answered, the coordinator is idle.
 //   I7 30 s after that, without faults: every checkpoint the store lists is on disk, and every
 //      step directory on disk is listed or pending removal (JobRecord.retention_pending).
+//   I8 a refused registration of a rank a save waits for reaches every rank within
+//      kRefusalBound: the last trainer of that step is answered by then (issue 52).
+// Coordinator pauses (SIGSTOP, a VM freeze: nothing reaches or leaves it, the clock runs on
+// for everyone) and refused registrations are faults of their own besides.
 #ifndef TESSERA_TESTS_SIM_SIM_WORLD_H_
 #define TESSERA_TESTS_SIM_SIM_WORLD_H_
 
@@ -62,6 +66,14 @@ enum class Scenario {
   kRetentionWhileNextSaveWrites,
   // Found by the simulation: the store applies the first COMMITTED write but reports it failed.
   kCommittedWriteFailsAfterApplying,
+  // Issue 52, bug 1: the coordinator is paused (it hears nothing, the clock runs on for
+  // everyone) for 2.5 leases as the first save enters PERSISTING.
+  kCoordinatorPausedPastTheLease,
+  // Issue 52, bug 3: as the second save starts, the last rank's agent restarts with another
+  // layout than the job's and is refused; it comes back with the job's layout once every rank
+  // of that save was answered. The second save aborts, with the refusal as its reason, the
+  // others commit.
+  kRegistrationRefused,
 };
 
 struct SimConfig {
@@ -102,6 +114,9 @@ struct SimResult {
   std::vector<std::string> markers;
   // What the job's directory holds at the end, sorted.
   std::vector<std::string> job_dir;
+  // The longest time from a refused registration (or the start of the save, if later) to the
+  // last answer to that save's trainers (I8); zero if none was refused.
+  absl::Duration longest_refusal_answer;
 };
 
 // Runs one schedule.

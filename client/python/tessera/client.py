@@ -202,12 +202,21 @@ class Client:
         copied; TypeError for an object the encoding refuses; FailedPreconditionError
         (STEP_EXISTS, SESSION_IN_PROGRESS, MEMORY_ONLY_REFUSED: ranks disagree on memory_only
         or an agent's memory tier is off; CUDA tensor without a GPU); AbortedError (the save
-        must be restarted); UnavailableError; DeadlineExceededError.
+        must be restarted); UnavailableError; DeadlineExceededError. What this rank refuses
+        of its own state (the local checks, the objects encoding) is passed to the agent
+        before it is raised: the other ranks' saves of `step` end at once with its reason.
         """
         step = _step(step, allow_latest=False)
-        refs, keep = self._save_refs(tensors, objects)
-        if not isinstance(memory_only, bool):
-            raise errors.malformed("memory_only must be a bool, not %r" % (memory_only,))
+        try:
+            refs, keep = self._save_refs(tensors, objects)
+            if not isinstance(memory_only, bool):
+                raise errors.malformed("memory_only must be a bool, not %r" % (memory_only,))
+        except (errors.TesseraError, TypeError, ValueError) as refused:
+            # This rank will not save `step`: the other ranks' saves end now with its reason
+            # (Agent.RefuseSave), not at the planning timeout.
+            self._native.refuse(step, getattr(refused, "code", None) or "MALFORMED_SHARD",
+                                str(refused))
+            raise
         session_id, stall, cached, copy = _call(self._native.save, step, refs, memory_only)
         del keep  # the tensors had to stay alive until here
         return SaveResult(session_id, stall, cached, copy)
