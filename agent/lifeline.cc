@@ -140,21 +140,26 @@ uint64_t Lifeline::leases_lost() const {
 
 void Lifeline::Run() {
   Backoff backoff(options_.backoff);
+  // A refusal is asked again more slowly: it stands until the job's agents of another layout
+  // are gone (a lease), and every refusal costs the coordinator a warning and a verdict.
+  Backoff refused_backoff(BackoffOptions{absl::Milliseconds(500), absl::Seconds(5), 2.0, 0.5});
   const uint32_t rank = registration_.coord().rank();
   while (true) {
     // CONNECTING: register until it works.
     absl::Time sent = Monotonic();
     absl::StatusOr<v1::RegisterAgentResponse> registered = client_->Register(registration_);
     if (!registered.ok()) {
-      if (registered.status().code() == absl::StatusCode::kInvalidArgument) {
+      const bool refused = registered.status().code() == absl::StatusCode::kInvalidArgument;
+      if (refused) {
         LogError("registration rejected: ", registered.status().message());
         absl::MutexLock lock(&mu_);
         refusal_ = registered.status();
       }
-      if (!WaitFor(backoff.Next())) return;
+      if (!WaitFor(refused ? refused_backoff.Next() : backoff.Next())) return;
       continue;
     }
     backoff.Reset();
+    refused_backoff.Reset();
     const absl::Duration lease = registered->lease_ms() > 0
                                      ? absl::Milliseconds(registered->lease_ms())
                                      : absl::InfiniteDuration();
@@ -166,7 +171,8 @@ void Lifeline::Run() {
     {
       absl::MutexLock lock(&mu_);
       const uint64_t lost_before = lease_.leases_lost();
-      lease_.Renewed(sent, lease, registered->lease_kept());
+      lease_.Renewed(sent, lease, registered->lease_kept(),
+                     registered->coordinator_incarnation());
       if (lease_.leases_lost() != lost_before) {
         LogWarning("the coordinator gave this agent's lease up meanwhile (and aborted any save "
                    "it was part of): lease generation ", lease_.leases_lost());
@@ -192,7 +198,7 @@ void Lifeline::Run() {
           // This thread did not run, or was not answered, for longer than the lease (the
           // process was frozen, e.g. SIGSTOP, starved, or cut off). Whether the coordinator
           // gave this agent up meanwhile only it can say: register again and be told.
-          lease_.Unregistered();
+          lease_.Unregistered(now);
           state_ = State::kConnecting;
           lapsed = true;
           LogError("lease lapsed: no renewal for ", absl::FormatDuration(lease_.SinceRenewal(now)),
@@ -221,7 +227,7 @@ void Lifeline::Run() {
         {
           absl::MutexLock lock(&mu_);
           const uint64_t lost_before = lease_.leases_lost();
-          lease_.Renewed(sent, lease, beat->lease_kept());
+          lease_.Renewed(sent, lease, beat->lease_kept(), beat->coordinator_incarnation());
           if (lease_.leases_lost() != lost_before) {
             LogWarning("the coordinator had given this agent's lease up before this heartbeat: "
                        "lease generation ", lease_.leases_lost());
@@ -243,7 +249,7 @@ void Lifeline::Run() {
       LogWarning("heartbeat failed (", beat.status().ToString(), "); re-registering");
       {
         absl::MutexLock lock(&mu_);
-        lease_.Unregistered();
+        lease_.Unregistered(Monotonic());
         state_ = State::kConnecting;
       }
       if (options_.on_lease_changed) options_.on_lease_changed();

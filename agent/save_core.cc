@@ -113,6 +113,7 @@ SaveEffects SaveCore::Done(absl::Time now, SaveEffects fx) {
     }
     if (AwaitingVerdict(*s)) next = std::min(next, s->remind_at);
     for (const Waiter& w : s->waiters) next = std::min(next, w.deadline);
+    if (s->persist_awaiting_lease.has_value()) next = std::min(next, s->persist_wait_until);
   }
   fx.next_tick = stopped_ ? absl::InfiniteFuture() : next;
   return fx;
@@ -704,6 +705,7 @@ void SaveCore::StartPersist(absl::Time now, Session& s, std::string dir, bool me
     Log(fx, Severity::kInfo,
         absl::StrCat("the write of ", Describe(s), " waits for this agent's lease to be renewed"));
     s.persist_awaiting_lease = std::make_pair(std::move(dir), memory_only);
+    s.persist_wait_until = now + options_.lease_wait;
     return;
   }
   if (!LeaseAllows(s)) {
@@ -998,6 +1000,7 @@ SaveEffects SaveCore::OnLease(absl::Time now, std::optional<uint64_t> generation
     for (auto& [id, s] : sessions_) {
       if (!s->persist_awaiting_lease.has_value() || Ended(s->phase) || s->orphaned) continue;
       auto [dir, memory_only] = *std::exchange(s->persist_awaiting_lease, std::nullopt);
+      s->persist_wait_until = absl::InfiniteFuture();
       StartPersist(now, *s, std::move(dir), memory_only, fx);
     }
   }
@@ -1258,6 +1261,18 @@ SaveEffects SaveCore::Tick(absl::Time now) {
         Log(fx, Severity::kWarning,
             absl::StrCat("not retrying the commit of ", Describe(*s),
                          ": the lease it was asked under has lapsed"));
+      }
+    }
+    if (s->persist_awaiting_lease.has_value() && s->persist_wait_until <= now) {  // R5
+      s->persist_awaiting_lease.reset();
+      s->persist_wait_until = absl::InfiniteFuture();
+      if (!Ended(s->phase) && !s->orphaned) {  // ended meanwhile: nothing to fail
+        Fail(*s, v1::ERROR_CODE_AGENT_LOST,
+             absl::AbortedError(absl::StrCat(
+                 "the lease of rank ", options_.rank, "'s agent was not renewed within ",
+                 absl::FormatDuration(options_.lease_wait),
+                 " of its write being asked for; it does not write its shards")),
+             fx);
       }
     }
     if (AwaitingVerdict(*s) && s->remind_at <= now) {  // R3

@@ -79,8 +79,8 @@
 //    answer to its next renewal, agent/lease_keeper.h) and the session fails with AGENT_LOST
 //    instead. If no lease is current but the generation has not moved (a renewal is late: a
 //    coordinator that was paused answers its queued heartbeats only when it resumes, and its
-//    PERSIST may come first), the write waits for the next OnLease: the same generation
-//    writes, another fails the session. A commit is the coordinator's to ask of any agent at
+//    PERSIST may come first), the write waits for the next OnLease — at most lease_wait, then
+//    the session fails with AGENT_LOST: the same generation writes, another fails the session. A commit is the coordinator's to ask of any agent at
 //    any time once COMMITTING (it is idempotent), so a commit attempt needs only the lease
 //    under which its COMMIT arrived to be current: a COMMIT that arrives while the lease is
 //    lapsed is ignored, and one whose lease lapsed before an attempt is not retried — the
@@ -176,6 +176,9 @@ struct SaveCoreOptions {
   uint64_t seed = 1;
   // Finished sessions remembered for WaitCommitted. Default: 16.
   size_t remember_sessions = 16;
+  // R5: longest a write waits for this agent's lease to be renewed; then the session fails
+  // with AGENT_LOST. Default: 60 s.
+  absl::Duration lease_wait = absl::Seconds(60);
 };
 
 // Where a session is, as the core sees it (for tests and the simulation's invariants).
@@ -328,8 +331,10 @@ class SaveCore {
     std::shared_ptr<const v1::SubmitLocalPlanRequest> slim;
     std::optional<uint64_t> lease;  // generation it began under (R5); none: the next one
     // R5: its write, asked for while no lease was current but the generation had not moved:
-    // the directory and memory_only, started once OnLease says which generation holds.
+    // the directory and memory_only, started once OnLease says which generation holds, or
+    // failed at persist_wait_until.
     std::optional<std::pair<std::string, bool>> persist_awaiting_lease;
+    absl::Time persist_wait_until = absl::InfiniteFuture();
     uint64_t last_seq = 0;
     uint64_t begin_ticket = 0;   // the BeginSave call that owns the session
     bool begin_waiting = false;  // ... and is still waiting for its reply

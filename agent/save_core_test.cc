@@ -1134,6 +1134,45 @@ TEST_F(SaveCoreTest, R5_LeaseChangedBeforePersist_AgentLostNothingWritten) {
   EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("lease"));
 }
 
+// A PERSIST that comes while no lease is current but the generation has not moved (a paused
+// coordinator answers the heartbeats it had queued only after it sent the PERSIST): the write
+// waits for the renewal and goes ahead under the same lease (issue 52, bug 1).
+TEST_F(SaveCoreTest, R5_PersistWhileTheRenewalIsLate_WaitsThenWritesUnderTheSameLease) {
+  Apply(core_.OnLease(now_, 1));
+  ToGathered();
+  Apply(core_.OnLease(now_, std::nullopt));  // not renewed in time by this agent's clock
+  Command(Persist(4));
+  EXPECT_TRUE(work_.empty()) << "nothing written while the lease is not current";
+  EXPECT_TRUE(rpcs_.empty());
+  Apply(core_.OnLease(now_, 1));  // renewed: the coordinator kept it
+  EXPECT_EQ(work_.size(), 1u);
+  EXPECT_THAT(Deliver(), IsEmpty());
+}
+
+// ... and if the renewal says the lease was lost meanwhile, or never comes: AGENT_LOST.
+TEST_F(SaveCoreTest, R5_PersistWhileTheRenewalIsLate_LeaseLostOrNeverRenewed_AgentLost) {
+  Apply(core_.OnLease(now_, 1));
+  ToGathered();
+  Apply(core_.OnLease(now_, std::nullopt));
+  Command(Persist(4));
+  Apply(core_.OnLease(now_, 2));  // the coordinator had given it up
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+}
+
+TEST_F(SaveCoreTest, R5_PersistWhileTheRenewalIsLate_NeverRenewed_AgentLostAtTheBound) {
+  Apply(core_.OnLease(now_, 1));
+  ToGathered();
+  Apply(core_.OnLease(now_, std::nullopt));
+  Command(Persist(4));
+  EXPECT_TRUE(rpcs_.empty());
+  AdvanceTo(next_tick_);
+  Tick();
+  EXPECT_TRUE(work_.empty());
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(AGENT_LOST)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("not renewed within 1m"));
+}
+
 // A commit is asked under a lease: once that lease lapsed, the agent neither retries it nor
 // fails the session; the coordinator's next COMMIT, under the new lease, runs (R5).
 TEST_F(SaveCoreTest, R5_LeaseLapsedBetweenCommitAttempts_NoRetryUntilAskedAgain) {

@@ -3,6 +3,7 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -12,6 +13,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status.h"
@@ -169,18 +171,53 @@ absl::StatusOr<TcpSocket> TcpSocket::Connect(absl::string_view address, absl::Ti
   });
 }
 
-PortProbe ProbePort(absl::string_view address, absl::Time deadline) {
-  bool refused = false;
-  absl::StatusOr<TcpSocket> connected =
-      OnFirstAddress(address, /*passive=*/false, [&](int fd, const addrinfo& a) {
-        RETURN_IF_ERROR(TimeOutAt(fd, deadline, "connect", address));
-        if (::connect(fd, a.ai_addr, a.ai_addrlen) == 0) return absl::OkStatus();
-        refused = errno == ECONNREFUSED;
-        return SocketError(errno, "connect", address);
-      });
-  if (connected.ok()) return PortProbe::kListening;
-  return refused && absl::IsUnavailable(connected.status()) ? PortProbe::kRefused
-                                                            : PortProbe::kUnknown;
+std::vector<PortProbe> ProbePorts(const std::vector<std::string>& addresses,
+                                  absl::Time deadline) {
+  std::vector<PortProbe> found(addresses.size(), PortProbe::kUnknown);
+  std::vector<TcpSocket> sockets(addresses.size());
+  std::vector<pollfd> pending;
+  std::vector<size_t> index;  // pending[i] probes addresses[index[i]]
+  for (size_t i = 0; i < addresses.size(); ++i) {
+    absl::StatusOr<AddrInfoList> list = Resolve(addresses[i], /*passive=*/false);
+    if (!list.ok() || list->get() == nullptr) continue;  // unknown
+    const addrinfo& a = *list->get();
+    TcpSocket socket(::socket(a.ai_family, a.ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                              a.ai_protocol),
+                     addresses[i]);
+    if (!socket.valid()) continue;
+    if (::connect(socket.fd(), a.ai_addr, a.ai_addrlen) == 0) {
+      found[i] = PortProbe::kListening;
+      continue;
+    }
+    if (errno == ECONNREFUSED) {
+      found[i] = PortProbe::kRefused;
+      continue;
+    }
+    if (errno != EINPROGRESS) continue;
+    pending.push_back(pollfd{socket.fd(), POLLOUT, 0});
+    index.push_back(i);
+    sockets[i] = std::move(socket);
+  }
+  while (!pending.empty()) {
+    const absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    const int ready = ::poll(pending.data(), pending.size(),
+                             static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready <= 0) break;
+    for (size_t p = pending.size(); p-- > 0;) {
+      if (pending[p].revents == 0) continue;
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(pending[p].fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      found[index[p]] = err == 0              ? PortProbe::kListening
+                        : err == ECONNREFUSED ? PortProbe::kRefused
+                                              : PortProbe::kUnknown;
+      pending.erase(pending.begin() + static_cast<std::ptrdiff_t>(p));
+      index.erase(index.begin() + static_cast<std::ptrdiff_t>(p));
+    }
+  }
+  return found;  // the sockets close here
 }
 
 absl::StatusOr<TcpSocket> TcpSocket::Listen(absl::string_view address, int backlog) {

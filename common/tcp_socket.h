@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -57,12 +58,14 @@ struct TimeLimit {
   absl::Duration stall = absl::InfiniteDuration();
 };
 
-// What one connection attempt to `address` found by `deadline`: a listener (the connection
+// What one connection attempt to an address found by a deadline: a listener (the connection
 // was made, then closed at once), nobody listening on a host that answered (it refused the
 // connection: ECONNREFUSED), or neither — a timeout, an unreachable host or network, a name
 // that does not resolve — which says nothing about the listener.
 enum class PortProbe { kListening, kRefused, kUnknown };
-PortProbe ProbePort(absl::string_view address, absl::Time deadline);
+// One attempt to each of `addresses` (its first resolved address), all at once: returns by
+// `deadline` whatever the network does, the results in order.
+std::vector<PortProbe> ProbePorts(const std::vector<std::string>& addresses, absl::Time deadline);
 
 class TcpSocket {
  public:

@@ -44,16 +44,18 @@ TEST(SplitHostPortTest, HostPortAndBracketedV6) {
   EXPECT_EQ(SplitHostPort("node-a:").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-TEST(ProbePortTest, AListenerAcceptsAndAClosedPortRefuses) {
+TEST(ProbePortsTest, AListenerAcceptsAClosedPortRefusesTheRestIsUnknown) {
   absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 4);
   ASSERT_TRUE(listener.ok()) << listener.status();
-  const std::string address = "127.0.0.1:" + std::to_string(listener->port());
-  EXPECT_EQ(ProbePort(address, Soon()), PortProbe::kListening);
-  *listener = TcpSocket();  // closed: the process that listened is gone
-  EXPECT_EQ(ProbePort(address, Soon()), PortProbe::kRefused);
-  EXPECT_EQ(ProbePort("no-such-host.invalid:1", Soon()), PortProbe::kUnknown);
-  EXPECT_EQ(ProbePort(address, absl::Now() - absl::Seconds(1)), PortProbe::kUnknown)
-      << "no time left: nothing learned";
+  const std::string open = "127.0.0.1:" + std::to_string(listener->port());
+  absl::StatusOr<TcpSocket> gone = TcpSocket::Listen("127.0.0.1:0", 4);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  const std::string closed = "127.0.0.1:" + std::to_string(gone->port());
+  *gone = TcpSocket();  // the process that listened is gone
+  EXPECT_EQ(ProbePorts({open, closed, "no-such-host.invalid:1", "not an address"}, Soon()),
+            (std::vector<PortProbe>{PortProbe::kListening, PortProbe::kRefused,
+                                    PortProbe::kUnknown, PortProbe::kUnknown}));
+  EXPECT_EQ(ProbePorts({}, Soon()), std::vector<PortProbe>{});
 }
 
 TEST(TcpSocketTest, SendAllRecvAll_MoreThanTheSocketBuffers_ByteIdentical) {

@@ -25,8 +25,8 @@ AgentRegistry::AgentRegistry(const Clock* clock, AgentRegistryOptions options)
     : options_(options), clock_(clock, MaxUnheardStep(options)), serving_since_(clock_.Now()) {}
 
 void AgentRegistry::StartServing() {
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   serving_since_ = now;
   for (auto& [job_id, note] : memory_notes_) {
     note.until = std::max(note.until, serving_since_ + options_.lease);
@@ -76,8 +76,8 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
     }
   }
 
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   auto [it, inserted] = jobs_.try_emplace(request.job_id(), Job{*layout, {}});
   Job& job = it->second;
   if (!inserted && !job.layout.SameMesh(request.layout())) {
@@ -112,7 +112,7 @@ absl::StatusOr<AgentRegistry::Registered> AgentRegistry::Register(
     result.replaced_incarnation = agent.registration.incarnation();
     if (note != nullptr) note->unkept.erase(rank);  // a new process: it holds nothing of it
   } else {
-    result.lease_kept = LiveLocked(agent, now);
+    result.lease_kept = LiveLocked(agent, now) && agent.judged != AgentLiveness::State::kLost;
   }
   agent.registration = request;
   agent.registration.mutable_coord()->clear_index();
@@ -154,16 +154,20 @@ absl::StatusOr<AgentRegistry::Renewal> AgentRegistry::Heartbeat(
     const std::string& job_id, uint32_t rank, uint64_t incarnation, uint64_t pinned_bytes,
     std::optional<v1::MemoryCopy> resident, std::vector<v1::MemoryCopy> buddy_copies,
     std::string last_committed_session) {
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   ASSIGN_OR_RETURN(Agent * agent, FindLocked(job_id, rank, incarnation));
   Job& job = jobs_.at(job_id);
   Renewal renewal;
-  renewal.lease_kept = LiveLocked(*agent, now);
+  // Kept: live now, and not handed to a session as lost meanwhile (Liveness judged it so).
+  renewal.lease_kept = LiveLocked(*agent, now) && agent->judged != AgentLiveness::State::kLost;
   // An agent back from an expired lease (frozen, not dead) rejoins BuddyOf's ring.
   if (!renewal.lease_kept) job.buddies.reset();
   // Heard from: whatever was refused for its rank, or thought of it, no longer stands.
-  if (!renewal.lease_kept || job.refused.erase(rank) > 0) ChangedLocked(job, rank);
+  if (!renewal.lease_kept || agent->judged != AgentLiveness::State::kLive ||
+      job.refused.erase(rank) > 0) {
+    ChangedLocked(job, rank);
+  }
   agent->dead.reset();
   agent->judged = AgentLiveness::State::kLive;
   agent->last_heartbeat = now;
@@ -210,16 +214,28 @@ bool AgentRegistry::MarkDead(const std::string& job_id, uint32_t rank, uint64_t 
 }
 
 void AgentRegistry::RefuseLocked(Job& job, uint32_t rank, const absl::Status& refusal) {
-  if (rank >= job.layout.world_size()) return;  // no rank of this job's mesh
-  v1::ErrorDetail& refused = job.refused[rank];
-  refused = GetErrorDetail(refusal).value_or(v1::ErrorDetail());
-  if (refused.code() == v1::ERROR_CODE_UNSPECIFIED) refused.set_code(v1::ERROR_CODE_LAYOUT_MISMATCH);
+  // Only a rank of this job's mesh, and only a refusal of its layout: one the agent cannot
+  // get past by trying again (a zero incarnation is a broken client, not a verdict on a rank).
+  if (rank >= job.layout.world_size() || GetErrorCode(refusal) != v1::ERROR_CODE_LAYOUT_MISMATCH) {
+    return;
+  }
+  v1::ErrorDetail refused = GetErrorDetail(refusal).value_or(v1::ErrorDetail());
   refused.set_message(absl::StrCat("its registration was refused: ", refusal.message()));
+  job.refused.insert_or_assign(rank, std::move(refused));
   ChangedLocked(job, rank);
 }
 
 void AgentRegistry::ChangedLocked(Job& job, uint32_t rank) {
   job.changes.emplace_back(++job.version, rank);
+  // Nobody may be taking them (a job no session of which this coordinator has seen): keep one
+  // entry per rank, the newest, once the log is twice the mesh.
+  if (job.changes.size() > 2 * static_cast<size_t>(job.layout.world_size()) + 64) {
+    absl::flat_hash_map<uint32_t, uint64_t> newest;
+    for (const auto& [version, r] : job.changes) newest[r] = std::max(newest[r], version);
+    job.changes.clear();
+    for (const auto& [r, version] : newest) job.changes.emplace_back(version, r);
+    std::sort(job.changes.begin(), job.changes.end());
+  }
 }
 
 AgentLiveness AgentRegistry::JudgeLocked(const Job* job, uint32_t rank, absl::Time now) const {
@@ -263,8 +279,8 @@ AgentLiveness AgentRegistry::JudgeLocked(const Job* job, uint32_t rank, absl::Ti
 
 std::vector<AgentLiveness> AgentRegistry::Liveness(const std::string& job_id, uint32_t world,
                                                    uint64_t* since, bool judge_leases) {
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   std::vector<AgentLiveness> out;
   auto it = jobs_.find(job_id);
   if (it == jobs_.end()) {
@@ -382,8 +398,8 @@ std::optional<v1::MemoryBuddy> AgentRegistry::BuddyOf(const std::string& job_id,
 }
 
 bool AgentRegistry::MayMissCopies(const std::string& job_id) const {
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   return MayMissCopiesLocked(job_id, JobLocked(job_id), now);
 }
 
@@ -414,8 +430,8 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
                                                         const std::string& session_id,
                                                         absl::Span<const std::string> files,
                                                         bool* may_miss) const {
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   std::vector<v1::MemoryCopy> copies;
   auto job = jobs_.find(job_id);
   if (may_miss != nullptr) {
@@ -503,8 +519,8 @@ std::vector<NodeBudget> AgentRegistry::NodeBudgets(const std::string& job_id,
 std::vector<RelayPeer> AgentRegistry::RelayPeers(const std::string& job_id,
                                                  uint32_t world) const {
   std::vector<RelayPeer> peers(world);
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   const Job* job = JobLocked(job_id);
   if (job == nullptr) return peers;
   for (const auto& [rank, agent] : job->agents) {
@@ -529,8 +545,8 @@ std::vector<std::string> AgentRegistry::Jobs() const {
 
 absl::StatusOr<std::vector<v1::AgentInfo>> AgentRegistry::ListAgents(
     const std::string& job_id) const {
-  const absl::Time now = clock_.Now();
   absl::MutexLock lock(&mu_);
+  const absl::Time now = clock_.Now();  // under the lock: judged in the order of the events
   auto job = jobs_.find(job_id);
   if (job == jobs_.end()) {
     return absl::NotFoundError(absl::StrCat("unknown job \"", job_id, "\""));

@@ -14,6 +14,9 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
   Reactor(CommandStreams* owner, Key key, uint64_t incarnation)
       : owner_(owner), key_(std::move(key)), incarnation_(incarnation) {}
 
+  // Set by Open under the owner's mutex, before the reactor is used.
+  void set_serial(uint64_t serial) { serial_ = serial; }
+
   // Taken under CommandStreams' mutex, so the reactor is alive; keeps it alive until Release.
   void Hold() ABSL_LOCKS_EXCLUDED(mu_) {
     absl::MutexLock lock(&mu_);
@@ -53,7 +56,7 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
   void OnWriteDone(bool ok) override {
     if (!ok) {  // the client went away
       if (FinishNow(grpc::Status(grpc::StatusCode::UNAVAILABLE, "stream broken"))) {
-        owner_->Broken(key_, incarnation_, this);
+        owner_->Broken(key_, incarnation_, serial_);
       }
       return;
     }
@@ -68,7 +71,7 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
   }
 
   void OnCancel() override {
-    if (FinishNow(grpc::Status::CANCELLED)) owner_->Broken(key_, incarnation_, this);
+    if (FinishNow(grpc::Status::CANCELLED)) owner_->Broken(key_, incarnation_, serial_);
   }
 
   void OnDone() override {
@@ -95,6 +98,7 @@ class CommandStreams::Reactor : public grpc::ServerWriteReactor<v1::Command> {
   CommandStreams* const owner_;
   const Key key_;
   const uint64_t incarnation_;
+  uint64_t serial_ = 0;
   absl::Mutex mu_;
   std::deque<v1::Command> queue_ ABSL_GUARDED_BY(mu_);
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
@@ -122,8 +126,11 @@ grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(
   Key key{job_id, rank};
   auto* reactor = new Reactor(this, key, incarnation);
   Reactor* replaced = nullptr;
+  uint64_t serial = 0;
   {
     absl::MutexLock lock(&mu_);
+    serial = ++next_serial_;
+    reactor->set_serial(serial);
     auto [it, inserted] = streams_.try_emplace(key, reactor);
     if (!inserted) {
       replaced = it->second;
@@ -136,6 +143,7 @@ grpc::ServerWriteReactor<v1::Command>* CommandStreams::Open(
         grpc::Status(grpc::StatusCode::UNAVAILABLE, "replaced by a newer command stream"));
     replaced->Release();
   }
+  if (events_.opened) events_.opened(job_id, rank, incarnation, serial);
   // Not under mu_: `current` takes the SessionManager's lock. The reactor stays alive until
   // returned to gRPC (OnDone cannot run before), so it may be used here even if replaced.
   std::optional<v1::Command> replay = current();
@@ -195,13 +203,8 @@ size_t CommandStreams::open_streams() const {
   return streams_.size();
 }
 
-void CommandStreams::Broken(const Key& key, uint64_t incarnation, Reactor* reactor) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = streams_.find(key);
-    if (it == streams_.end() || it->second != reactor) return;  // replaced: not broken
-  }
-  if (on_broken_) on_broken_(key.first, key.second, incarnation);
+void CommandStreams::Broken(const Key& key, uint64_t incarnation, uint64_t serial) {
+  if (events_.broken) events_.broken(key.first, key.second, incarnation, serial);
 }
 
 void CommandStreams::Detach(const Key& key, Reactor* reactor) {

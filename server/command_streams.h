@@ -41,14 +41,23 @@ v1::Command PinWithEncodedAssignment(const v1::Command& pin, absl::string_view a
 
 class CommandStreams : public CommandSink {
  public:
-  // (job, rank, incarnation)'s stream broke from the agent's side: the call was cancelled or
-  // a write failed (the agent's process or its connection went away) — not a stream this
-  // object finished (replaced by a newer one, or CloseAll). Runs on a gRPC thread, no lock
-  // held (DeathWatch::StreamBroken).
-  using OnBroken =
-      std::function<void(const std::string& job_id, uint32_t rank, uint64_t incarnation)>;
+  // What a death watch needs to know of the streams (server/death_watch.h), each call with the
+  // stream's serial (it grows with every stream opened), on a gRPC thread with no lock held:
+  //   opened  a stream of (job, rank, incarnation) was registered (it replaces any older one);
+  //   broken  it broke from the agent's side — the call was cancelled or a write failed (the
+  //           agent's process or its connection went away) — not a stream this object finished
+  //           (replaced by a newer one, or CloseAll). A broken stream's call may come after a
+  //           newer stream's opened: the serials order them.
+  struct Events {
+    std::function<void(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                       uint64_t serial)>
+        opened;
+    std::function<void(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                       uint64_t serial)>
+        broken;
+  };
 
-  explicit CommandStreams(OnBroken on_broken = nullptr) : on_broken_(std::move(on_broken)) {}
+  explicit CommandStreams(Events events = {}) : events_(std::move(events)) {}
   ~CommandStreams() override;
 
   // Starts a stream for (job, rank). Once the stream is registered, calls `current` (the
@@ -81,15 +90,15 @@ class CommandStreams : public CommandSink {
   using Key = std::pair<std::string, uint32_t>;
 
   void Detach(const Key& key, Reactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
-  // The stream `reactor` of `key` broke from the agent's side: on_broken_, if it is still the
-  // key's current stream.
-  void Broken(const Key& key, uint64_t incarnation, Reactor* reactor) ABSL_LOCKS_EXCLUDED(mu_);
+  // The stream `reactor` of `key` broke from the agent's side: events_.broken.
+  void Broken(const Key& key, uint64_t incarnation, uint64_t serial) ABSL_LOCKS_EXCLUDED(mu_);
 
-  const OnBroken on_broken_;
+  const Events events_;
   // The stream of (job, rank) with a hold taken (Reactor::Release it), or null.
   Reactor* HoldStream(const std::string& job_id, uint32_t rank) ABSL_LOCKS_EXCLUDED(mu_);
 
   mutable absl::Mutex mu_;
+  uint64_t next_serial_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<Key, Reactor*> streams_ ABSL_GUARDED_BY(mu_);
 };
 

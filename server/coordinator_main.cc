@@ -164,12 +164,20 @@ int main(int argc, char** argv) {
   // A command stream broken from the agent's side makes the agent a suspect of the death
   // watch (made below, once the sessions it reports deaths to exist).
   std::atomic<tessera::DeathWatch*> death_watch_ptr{nullptr};
-  tessera::CommandStreams streams(
-      [&death_watch_ptr](const std::string& job_id, uint32_t rank, uint64_t incarnation) {
-        if (tessera::DeathWatch* watch = death_watch_ptr.load()) {
-          watch->StreamBroken(job_id, rank, incarnation);
-        }
-      });
+  tessera::CommandStreams::Events stream_events;
+  stream_events.opened = [&death_watch_ptr](const std::string& job_id, uint32_t rank,
+                                            uint64_t incarnation, uint64_t serial) {
+    if (tessera::DeathWatch* watch = death_watch_ptr.load()) {
+      watch->StreamOpened(job_id, rank, incarnation, serial);
+    }
+  };
+  stream_events.broken = [&death_watch_ptr](const std::string& job_id, uint32_t rank,
+                                            uint64_t incarnation, uint64_t serial) {
+    if (tessera::DeathWatch* watch = death_watch_ptr.load()) {
+      watch->StreamBroken(job_id, rank, incarnation, serial);
+    }
+  };
+  tessera::CommandStreams streams(std::move(stream_events));
   tessera::SessionManagerOptions manager_options;
   tessera::SessionOptions& session_options = manager_options.session;
   session_options.storage_root = absl::GetFlag(FLAGS_storage_root);

@@ -185,9 +185,6 @@ grpc::ServerWriteReactor<v1::Command>* CoordinatorService::Commands(
   // one emitted while the agent connects is not lost.
   const std::string job_id = request->job_id();
   const uint32_t rank = request->rank();
-  if (options_.death_watch != nullptr) {
-    options_.death_watch->StreamOpened(job_id, rank, request->incarnation());
-  }
   return streams_->Open(job_id, rank, request->incarnation(), [this, &job_id, rank] {
     std::optional<v1::Command> replay = sessions_->CurrentCommand(job_id, rank);
     LogInfo("command stream opened by job=", job_id, " rank=", rank,

@@ -34,8 +34,8 @@ struct CoordinatorServiceOptions {
   // Memory tier: name each agent's memory buddy (AgentRegistry::BuddyOf) in its heartbeat
   // replies. Default: true.
   bool memory_buddies = true;
-  // Told of each registration and each command stream that opens, to find dead agents
-  // promptly (death_watch.h); must outlive the service. Default: none (leases alone).
+  // Told of each registration, to find dead agents promptly (death_watch.h; the command
+  // streams tell it of theirs); must outlive the service. Default: none (leases alone).
   DeathWatch* death_watch = nullptr;
 };
 

@@ -1,5 +1,6 @@
 #include "server/death_watch.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -35,10 +36,12 @@ void DeathWatch::Registered(const std::string& job_id, uint32_t rank, uint64_t i
   work_ = work_ || w.probe_to_verify;
 }
 
-void DeathWatch::StreamOpened(const std::string& job_id, uint32_t rank, uint64_t incarnation) {
+void DeathWatch::StreamOpened(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                              uint64_t serial) {
   absl::MutexLock lock(&mu_);
   auto it = agents_.find(Key{job_id, rank});
   if (it == agents_.end() || it->second.incarnation != incarnation) return;
+  it->second.opened_serial = std::max(it->second.opened_serial, serial);
   it->second.suspect = false;
   if (!it->second.verified && !it->second.peer_address.empty()) {
     it->second.probe_to_verify = true;
@@ -46,10 +49,12 @@ void DeathWatch::StreamOpened(const std::string& job_id, uint32_t rank, uint64_t
   }
 }
 
-void DeathWatch::StreamBroken(const std::string& job_id, uint32_t rank, uint64_t incarnation) {
+void DeathWatch::StreamBroken(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                              uint64_t serial) {
   absl::MutexLock lock(&mu_);
   auto it = agents_.find(Key{job_id, rank});
   if (it == agents_.end() || it->second.incarnation != incarnation) return;  // the lease decides
+  if (serial < it->second.opened_serial) return;  // a newer stream is open
   it->second.suspect = true;
   work_ = true;
 }
@@ -77,29 +82,36 @@ void DeathWatch::Run() {
         w.probe_to_verify = false;
       }
     }
-    for (const Probe& p : probes) {
-      const PortProbe found =
-          ProbePort(p.agent.peer_address, absl::Now() + options_.probe_timeout);
-      bool died = false;
-      {
-        absl::MutexLock lock(&mu_);
+    std::vector<std::string> addresses;
+    addresses.reserve(probes.size());
+    for (const Probe& p : probes) addresses.push_back(p.agent.peer_address);
+    const std::vector<PortProbe> found =
+        ProbePorts(addresses, absl::Now() + options_.probe_timeout);
+    std::vector<Probe> dead;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_) return;
+      for (size_t i = 0; i < probes.size(); ++i) {
+        const Probe& p = probes[i];
         auto it = agents_.find(p.key);
         if (it == agents_.end() || it->second.incarnation != p.agent.incarnation) continue;
         Watched& w = it->second;
-        w.verified = w.verified || found == PortProbe::kListening;
+        w.verified = w.verified || found[i] == PortProbe::kListening;
         // Dead: still a suspect, its port refusing, and seen accepting before (a refusal of
         // an address that never accepted proves nothing).
-        if (!p.agent.suspect || !w.suspect || !w.verified || found != PortProbe::kRefused) {
+        if (!p.agent.suspect || !w.suspect || !w.verified || found[i] != PortProbe::kRefused) {
           continue;
         }
         agents_.erase(it);
         ++deaths_;
-        died = true;
+        dead.push_back(p);
       }
+    }
+    for (const Probe& p : dead) {
       const std::string why = absl::StrCat(
           "its process is gone: its command stream broke and its peer port ",
           p.agent.peer_address, " refuses connections");
-      if (died && registry_->MarkDead(p.key.first, p.key.second, p.agent.incarnation, why)) {
+      if (registry_->MarkDead(p.key.first, p.key.second, p.agent.incarnation, why)) {
         LogWarning("agent of job ", p.key.first, " rank ", p.key.second, " (incarnation ",
                    absl::Hex(p.agent.incarnation), ") is dead: ", why);
         if (on_death_) on_death_(p.key.first);

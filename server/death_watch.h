@@ -20,7 +20,7 @@
 //   stream opens.
 //
 // Thread-safety: all methods are safe for concurrent use; probes run on the watch's own
-// thread, one at a time (a suspect across a partition costs a `probe_timeout` per round).
+// thread, a round's all at once (ProbePorts), so a round lasts at most `probe_timeout`.
 #ifndef TESSERA_SERVER_DEATH_WATCH_H_
 #define TESSERA_SERVER_DEATH_WATCH_H_
 
@@ -60,13 +60,15 @@ class DeathWatch {
   // later refusal of that address can count.
   void Registered(const std::string& job_id, uint32_t rank, uint64_t incarnation,
                   const std::string& peer_address) ABSL_LOCKS_EXCLUDED(mu_);
-  // Its command stream opened: not a suspect (and probed again if not verified yet).
-  void StreamOpened(const std::string& job_id, uint32_t rank, uint64_t incarnation)
-      ABSL_LOCKS_EXCLUDED(mu_);
-  // Its command stream broke (the agent's side went away, not the coordinator's): a suspect,
-  // probed until it is found dead or its stream is back.
-  void StreamBroken(const std::string& job_id, uint32_t rank, uint64_t incarnation)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // Its command stream `serial` opened (CommandStreams::Events): not a suspect (and probed
+  // again if not verified yet).
+  void StreamOpened(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                    uint64_t serial) ABSL_LOCKS_EXCLUDED(mu_);
+  // Its command stream `serial` broke (the agent's side went away, not the coordinator's): a
+  // suspect, probed until it is found dead or a newer stream opens. A break of a stream older
+  // than the last opened one is old news: ignored.
+  void StreamBroken(const std::string& job_id, uint32_t rank, uint64_t incarnation,
+                    uint64_t serial) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Agents found dead so far.
   uint64_t deaths() const ABSL_LOCKS_EXCLUDED(mu_);
@@ -79,6 +81,7 @@ class DeathWatch {
     bool verified = false;  // its port accepted a connection from here
     bool probe_to_verify = false;
     bool suspect = false;
+    uint64_t opened_serial = 0;  // of its newest stream
   };
 
   void Run();

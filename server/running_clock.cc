@@ -12,8 +12,10 @@ RunningClock::RunningClock(const Clock* wall, absl::Duration max_step)
 }
 
 absl::Time RunningClock::Now() const {
-  const absl::Time wall = wall_->Now();
+  // The wall clock is read under the lock: two readers racing could otherwise count the same
+  // wall time twice (running time must never run ahead of the wall).
   absl::MutexLock lock(&mu_);
+  const absl::Time wall = wall_->Now();
   const absl::Duration step = std::max(absl::ZeroDuration(), wall - last_wall_);
   if (step > max_step_) paused_ += step - max_step_;
   running_ += std::min(step, max_step_);

@@ -1,5 +1,9 @@
 #include "server/running_clock.h"
 
+#include <atomic>
+#include <thread>
+#include <vector>
+
 #include "common/clock.h"
 #include "gtest/gtest.h"
 
@@ -37,6 +41,30 @@ TEST(RunningClockTest, AWallClockGoingBackAdvancesNothingAndCountingResumesFromT
   EXPECT_EQ(running.Now(), start);
   wall.Advance(absl::Milliseconds(500));
   EXPECT_EQ(running.Now() - start, absl::Milliseconds(500));
+}
+
+// Readers on several threads while the wall moves: running time never runs ahead of the wall
+// (a reading that raced another's update could count a stretch twice).
+TEST(RunningClockTest, ConcurrentReaders_NeverAheadOfTheWall) {
+  FakeClock wall;
+  RunningClock running(&wall, absl::Seconds(1));
+  const absl::Time wall_start = wall.Now();
+  const absl::Time start = running.Now();
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> readers;
+  for (int i = 0; i < 4; ++i) {
+    readers.emplace_back([&] {
+      while (!stop.load()) running.Now();
+    });
+  }
+  for (int i = 0; i < 20000; ++i) {
+    wall.Advance(absl::Microseconds(100));
+    running.Now();
+  }
+  stop = true;
+  for (std::thread& t : readers) t.join();
+  EXPECT_LE(running.Now() - start, wall.Now() - wall_start);
+  EXPECT_EQ(running.Now() - start, absl::Seconds(2)) << "every step was read, none twice";
 }
 
 }  // namespace

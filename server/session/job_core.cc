@@ -301,7 +301,7 @@ void JobCore::RecordRefusal(uint32_t rank, int64_t step, v1::ErrorDetail error,
   if (rank < mesh.world_size()) AddRankRef(mesh, rank, &error);
   LogWarning("job ", job_id_, ": ", error.message());
   RefusedStep& refused = refusals_[step];
-  refused.refusers.emplace(rank, error);
+  refused.refusers.insert_or_assign(rank, error);
   refused.told.erase(rank);
   while (refusals_.size() > kRecentFinals) refusals_.erase(refusals_.begin());
   if (current_ != nullptr && current_->record().step() == step &&
@@ -327,6 +327,8 @@ void JobCore::ForgetRefusalOnceAllKnow(int64_t step, uint32_t world) {
 Effects JobCore::AgentsChanged(const std::vector<AgentLiveness>& verdicts, absl::Time now) {
   Effects out;
   const std::vector<uint32_t> restarted = agents_.Apply(verdicts);
+  // A restarted agent is a new trainer run: what an earlier one refused is no reason now.
+  if (!restarted.empty()) refusals_.clear();
   if (current_ == nullptr) return out;
   for (uint32_t rank : restarted) current_->AgentRestarted(rank, now, out);
   current_->Tick(now, out);

@@ -104,8 +104,9 @@ class JobCore {
   // attempt of the step: the next submission of the step from each rank that neither refused
   // nor was told yet is answered Aborted with it (a rank that arrives after the refusal). The
   // attempt is over, and the refusal forgotten, once every rank of the mesh refused or was
-  // told; a refusing rank's own submission of the step (a retry) no longer counts it as
-  // refusing. Kept in memory only, for the last kRecentFinals steps refused. Replies OK to the
+  // told, or once an agent of the job restarted (a new run of its trainers); a refusing rank's
+  // own submission of the step (a retry) no longer counts it as refusing. Kept in memory only,
+  // for the last kRecentFinals steps refused. Replies OK to the
   // refusal itself. A plan this refuses (PLAN_TOO_LARGE, MALFORMED_SHARD) is that rank's
   // refusal of the step as well.
   // Errors: FailedPrecondition + STEP_EXISTS if `step` is committed or not newer than the

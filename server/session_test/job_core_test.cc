@@ -260,7 +260,10 @@ class SessionManagerTest : public ::testing::Test {
     request.set_storage_root_mounted(setups_[rank].storage_root_mounted);
     request.set_memory_tier(setups_[rank].memory_tier);
     request.set_relays_commands(setups_[rank].relays_commands);
-    return registry_->Register(request);
+    absl::StatusOr<AgentRegistry::Registered> registered = registry_->Register(request);
+    // As CoordinatorService does: the job's core hears of it before the agent's next RPC.
+    if (manager_ != nullptr) manager_->AgentsChanged(kJob);
+    return registered;
   }
 
   // The agent of `rank` restarts: registers with a new incarnation, and the coordinator's
@@ -270,7 +273,6 @@ class SessionManagerTest : public ::testing::Test {
     absl::StatusOr<AgentRegistry::Registered> registered = Register(rank);
     ASSERT_TRUE(registered.ok()) << registered.status();
     ASSERT_TRUE(registered->replaced_incarnation.has_value());
-    manager().AgentsChanged(kJob);
   }
 
   void HeartbeatAll(std::optional<uint32_t> except = std::nullopt) {
@@ -1434,15 +1436,15 @@ TEST_F(SessionManagerTest, RegistrationRefused_TheSaveWaitingForTheRankAbortsWit
     id = *session;
   }
   ASSERT_EQ(State(id), v1::SESSION_STATE_PLANNING);
-  // Rank 3's agent restarts with another layout: refused, and the manager told.
+  // Rank 3's agent is stopped, and comes back with another layout: refused, and the manager
+  // told as CoordinatorService tells it.
+  ASSERT_TRUE(registry_->MarkDead(kJob, 3, incarnations_[3], "its process is gone"));
   v1::RegisterAgentRequest other;
   other.set_job_id(kJob);
   other.mutable_coord()->set_rank(3);
   other.set_incarnation(4242);
   *other.mutable_layout() = *ParseLayoutSpec("tp=4");
   ASSERT_EQ(GetErrorCode(registry_->Register(other).status()), v1::ERROR_CODE_LAYOUT_MISMATCH);
-  Pass(absl::Seconds(11));  // rank 3's old agent is gone meanwhile, the others heartbeat
-  HeartbeatAll(/*except=*/3);
   manager().AgentsChanged(kJob);
 
   const v1::SessionStatus status = Status(id);

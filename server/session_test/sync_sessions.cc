@@ -63,8 +63,9 @@ JobCore* SyncSessions::Core(const std::string& job_id) {
     core = std::make_unique<JobCore>(JobContext{&options_, epoch_, &commands_emitted_, nullptr},
                                      job_id);
     liveness_[job_id].Reset();
+    Told(job_id, /*tick=*/false);  // a new core is told every verdict, as SessionManager's
   }
-  return core.get();
+  return jobs_.at(job_id).get();
 }
 
 JobCore* SyncSessions::Told(const std::string& job_id, bool tick) {
@@ -99,7 +100,7 @@ void SyncSessions::Reload(const std::string& job_id) {
   }
   jobs_[job_id] = *std::move(core);
   liveness_[job_id].Reset();
-  Carry(job_id, std::move(out));
+  if (Carry(job_id, std::move(out)) && jobs_.count(job_id)) Told(job_id, /*tick=*/false);
 }
 
 absl::Status SyncSessions::Recover() {
@@ -116,7 +117,9 @@ absl::Status SyncSessions::Recover() {
     if (!core.ok()) return core.status();
     jobs_[record.job_id()] = *std::move(core);
     liveness_[record.job_id()].Reset();
-    Carry(record.job_id(), std::move(out));
+    if (Carry(record.job_id(), std::move(out)) && jobs_.count(record.job_id())) {
+      Told(record.job_id(), /*tick=*/false);
+    }
   }
   return absl::OkStatus();
 }
@@ -132,7 +135,7 @@ absl::StatusOr<v1::SubmitLocalPlanResponse> SyncSessions::SubmitLocalPlan(
   if (!layout.has_value()) return absl::NotFoundError("unknown job");
   const std::string job_id = request.job_id();
   Outcome<v1::SubmitLocalPlanResponse> outcome =
-      Told(job_id, /*tick=*/false)->SubmitPlan(std::move(request), *layout, clock_->Now());
+      Core(job_id)->SubmitPlan(std::move(request), *layout, clock_->Now());
   if (!Carry(job_id, std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");
   }
@@ -147,8 +150,7 @@ absl::StatusOr<v1::SessionState> SyncSessions::ReportPhase(
     return s;
   }
   if (!jobs_.count(request.job_id())) return absl::NotFoundError("unknown job");
-  Outcome<v1::SessionState> outcome =
-      Told(request.job_id(), /*tick=*/false)->ReportPhase(request, clock_->Now());
+  Outcome<v1::SessionState> outcome = Core(request.job_id())->ReportPhase(request, clock_->Now());
   if (!Carry(request.job_id(), std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");
   }
@@ -164,7 +166,7 @@ absl::StatusOr<v1::SessionState> SyncSessions::ReportChunks(
   }
   if (!jobs_.count(request.job_id())) return absl::NotFoundError("unknown job");
   Outcome<v1::SessionState> outcome =
-      Told(request.job_id(), /*tick=*/false)->ReportChunks(request, clock_->Now());
+      Core(request.job_id())->ReportChunks(request, clock_->Now());
   if (!Carry(request.job_id(), std::move(outcome.effects))) {
     return absl::UnavailableError("the state store refused the write");
   }

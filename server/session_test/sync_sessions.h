@@ -41,8 +41,9 @@ class SyncSessions {
   absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitLocalPlan(v1::SubmitLocalPlanRequest request);
   absl::StatusOr<v1::SessionState> ReportPhase(const v1::ReportPhaseRequest& request);
   absl::StatusOr<v1::SessionState> ReportChunks(const v1::ReportChunksRequest& request);
-  // As SessionManager::AgentsChanged. Every other event tells the job's core what changed
-  // first, as registrations reach SessionManager's cores before the agent's next RPC.
+  // As SessionManager::AgentsChanged: a test that registers an agent calls it, as
+  // CoordinatorService does. A new or recovered core is told every verdict; a Tick judges
+  // the leases and tells what changed.
   void AgentsChanged(const std::string& job_id);
   absl::StatusOr<v1::SessionStatus> AbortSession(const std::string& job_id,
                                                  const std::string& reason);

@@ -1002,7 +1002,7 @@ void World::Register(uint32_t rank) {
                 return;
               }
               a.registered = true;
-              a.lease.Renewed(sent, kLease, kept);
+              a.lease.Renewed(sent, kLease, kept, coordinator);
               CarryAgent(rank, a.core->OnLease(now(), a.lease.Generation(now())));
               if (!agents_[rank].alive) return;
               CarryAgent(rank, a.core->OnRegistered(now(), coordinator, kRoot));
@@ -1078,7 +1078,7 @@ void World::AgentHeartbeat(uint32_t rank, uint64_t life) {
     if (a.registered && a.lease.Lapsed(now())) {
       Trace(absl::StrCat("agent ", rank, " sees its lease lapsed"));
       a.registered = false;
-      a.lease.Unregistered();
+      a.lease.Unregistered(now());
       CarryAgent(rank, a.core->OnLease(now(), std::nullopt));
       if (!agents_[rank].alive) return;
       Register(rank);
@@ -1094,18 +1094,19 @@ void World::AgentHeartbeat(uint32_t rank, uint64_t life) {
           coord_.registry->Heartbeat(kJob, rank, incarnation, 0);
       const absl::Status s = renewal.status();
       const bool kept = renewal.ok() && renewal->lease_kept;
-      ToAgent(rank, "Heartbeat reply", [this, rank, s, kept, sent] {
+      const uint64_t coordinator = coord_.incarnation;
+      ToAgent(rank, "Heartbeat reply", [this, rank, s, kept, sent, coordinator] {
         AgentProc& a = agents_[rank];
         if (s.ok()) {
           if (!a.registered) return;  // it gave the lease up meanwhile and registers again
           const std::optional<uint64_t> before = a.lease.Generation(now());
-          a.lease.Renewed(sent, kLease, kept);
+          a.lease.Renewed(sent, kLease, kept, coordinator);
           if (a.lease.Generation(now()) != before) {
             CarryAgent(rank, a.core->OnLease(now(), a.lease.Generation(now())));
           }
         } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
           a.registered = false;  // a restarted coordinator does not know it: register again
-          a.lease.Unregistered();
+          a.lease.Unregistered(now());
           CarryAgent(rank, a.core->OnLease(now(), std::nullopt));
           if (!agents_[rank].alive) return;
           BreakStream(rank, "the coordinator does not know this agent");
