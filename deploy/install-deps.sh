@@ -5,7 +5,8 @@
 # Idempotent: asks apt-get only for packages that are missing, installs the Python environment
 # only if it is missing or its pins changed, and says what it did.
 #
-# Usage: deploy/install-deps.sh [--quiet]
+# Usage: deploy/install-deps.sh [--quiet] [--no-python]
+#   --no-python  only Debian's packages (the quick start needs no Python environment)
 # Environment: TESSERA_VENV  where the Python environment lives (default: .venv in this clone,
 #              ignored by git; Bazel's tests find it through @tessera_python, bazel/python.bzl)
 set -euo pipefail
@@ -28,7 +29,14 @@ VENV=${TESSERA_VENV:-$ROOT/.venv}
 REQUIREMENTS=$ROOT/deploy/python-requirements.txt
 
 quiet=0
-[ "${1:-}" = "--quiet" ] && quiet=1
+python=1
+for arg in "$@"; do
+  case "$arg" in
+    --quiet) quiet=1 ;;
+    --no-python) python=0 ;;
+    *) echo "install-deps: unknown argument $arg (--quiet, --no-python)" >&2; exit 2 ;;
+  esac
+done
 say() { [ "$quiet" = 1 ] || echo "install-deps: $*"; }
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
@@ -49,6 +57,8 @@ else
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   say "installed: ${missing[*]}"
 fi
+
+[ "$python" = 1 ] || exit 0
 
 # --- The Python environment
 # The stamp holds the hash of the requirements it was installed from: a change of pins

@@ -3,7 +3,8 @@
 #
 #   ./deploy/quickstart.sh
 #
-# 1. installs what is missing (deploy/install-deps.sh) and builds;
+# 1. installs what is missing (deploy/install-deps.sh: Debian's packages) and builds the four
+#    programs it runs;
 # 2. starts a coordinator (RocksDB and checkpoints under $TESSERA_DEMO_DIR) and 8 agents;
 # 3. runs 8 trainer processes as PP2 x TP2 x DP2 of a llama-like model (about 1 GiB with AdamW
 #    state, optimizer state sliced across DP like a distributed optimizer) saving 3 checkpoints;
@@ -20,8 +21,12 @@ cd "$(dirname "$0")/.."
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
 
-./deploy/install-deps.sh
-echo "== building (bazel build //...; the first build takes about 10 minutes on 2 cores)"
+# The demo runs four binaries and no Python package: only Debian's packages, and only those
+# four built (the tests, the Python package and the benchmarks are ./tests/run.sh's).
+./deploy/install-deps.sh --no-python
+TARGETS=(//server:tessera-coordinator //agent:tessera-agent //examples:tessera-llama-trainer
+         //client/cli:tessera)
+echo "== building ${TARGETS[*]} (the first build takes about 5 minutes on 2 cores)"
 # show_progress: Bazel's output reduced to its progress lines ("[done / total] what runs", at
 # most one per 30 s) and its verdict; under pipefail the pipeline fails if the build does.
 show_progress() {
@@ -34,7 +39,7 @@ show_progress() {
     esac
   done
 }
-bazel build --show_progress_rate_limit=30 //... 2>&1 | show_progress
+bazel build --show_progress_rate_limit=30 "${TARGETS[@]}" 2>&1 | show_progress
 BIN=$(bazel info bazel-bin 2>/dev/null)
 TESSERA="$BIN/client/cli/tessera"
 

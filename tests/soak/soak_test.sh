@@ -31,8 +31,10 @@
 #
 # Knobs (environment, or the flags --seed=N --minutes=M --rounds=N):
 #   SOAK_SEED        RNG seed (default: derived from the clock; always printed)
-#   SOAK_MINUTES     run rounds for about this many minutes (default: CI bound, ~95 s of rounds)
-#   SOAK_ROUNDS      at most this many rounds (default 40 in CI, unlimited with SOAK_MINUTES)
+#   SOAK_MINUTES     run rounds for about this many minutes (default: the suite's bound, ~30 s
+#                    of rounds: a new seed every run, so CI covers more seeds over time)
+#   SOAK_ROUNDS      at most this many rounds (default 15 in the suite, unlimited with
+#                    SOAK_MINUTES)
 #   SOAK_KEEP_LAST   coordinator --keep_last (default 5, so retention runs under faults too)
 #   SOAK_LOAD_EVERY  reload latest every N rounds (default 3)
 #   SOAK_COORD_STATES  states coord_kill picks from (default PLANNING PINNING COPYING
@@ -64,8 +66,8 @@ if [ -n "${SOAK_MINUTES:-}" ]; then
   BUDGET_S=$((SOAK_MINUTES * 60 - 20))
   MAX_ROUNDS=${SOAK_ROUNDS:-1000000}
 else
-  BUDGET_S=95
-  MAX_ROUNDS=${SOAK_ROUNDS:-40}
+  BUDGET_S=30
+  MAX_ROUNDS=${SOAK_ROUNDS:-15}
 fi
 KEEP_LAST=${SOAK_KEEP_LAST:-5}
 LOAD_EVERY=${SOAK_LOAD_EVERY:-3}
