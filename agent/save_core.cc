@@ -156,7 +156,6 @@ SaveEffects SaveCore::BeginSave(absl::Time now, uint64_t ticket, v1::BeginSaveRe
   header.set_rank(options_.rank);
   header.set_incarnation(options_.incarnation);
   header.set_step(request.step());
-  header.set_plan_fingerprint(request.plan_fingerprint());
   header.set_memory_only(request.memory_only());
   header.set_local_plan_fingerprint(FingerprintShards(options_.rank, request.shards()));
   const bool held = held_plan_.has_value() &&

@@ -451,7 +451,6 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   v1::BeginSaveRequest request;
   request.set_step(step);
   request.set_memory_only(save_options.memory_only);
-  request.set_plan_fingerprint(PlanFingerprint(shards));
   request.mutable_shards()->Reserve(static_cast<int>(shards.size()));
   for (v1::ShardDesc& s : shards) *request.add_shards() = std::move(s);
   shards.clear();

@@ -32,6 +32,7 @@
 #include "agent/staging_pool.h"
 #include "client/bounce_copy.h"
 #include "client/describe.h"
+#include "common/plan_fingerprint.h"
 #include "common/fake_bulk_holder.h"
 #include "client/parallel_copy.h"
 #include "common/checksum.h"
@@ -203,9 +204,10 @@ class FakeAgent final : public v1::Agent::Service {
     response->set_shm_size(total);
     for (const v1::StagingSlot& slot : slots) *response->add_slots() = slot;
     if (bad_slot_count) response->mutable_slots()->RemoveLast();
-    response->set_plan_cached(begin_requests.size() > 1 &&
-                              begin_requests[begin_requests.size() - 2].plan_fingerprint() ==
-                                  request->plan_fingerprint());
+    response->set_plan_cached(
+        begin_requests.size() > 1 &&
+        FingerprintShards(0, begin_requests[begin_requests.size() - 2].shards()) ==
+            FingerprintShards(0, request->shards()));
     slots_ = slots;
     return grpc::Status::OK;
   }
@@ -586,8 +588,6 @@ TEST_F(ClientTest, Save_CopiesEachTensorIntoItsSlot) {
   EXPECT_THAT(request.shards(2).box().lengths(), IsEmpty());
   EXPECT_EQ(request.shards(3).nbytes(), 0u);
   EXPECT_EQ(request.shards(4).kind(), v1::SHARD_KIND_EXTRA);
-  EXPECT_EQ(request.plan_fingerprint(), PlanFingerprint(std::vector<v1::ShardDesc>(
-                                            request.shards().begin(), request.shards().end())));
 
   ASSERT_EQ(fake_->staged.size(), 1u);
   const FakeAgent::Snapshot& staged = fake_->staged[0];
@@ -694,7 +694,7 @@ TEST_F(ClientTest, Save_MalformedTensor_InvalidArgumentBeforeAnyRpc) {
       {"null data", [](TensorRef* t) { t->data = nullptr; }, "data is null"},
       {"dtype", [](TensorRef* t) { t->dtype = v1::DTYPE_UNSPECIFIED; }, "dtype 0 is not known"},
       {"kind", [](TensorRef* t) { t->kind = v1::SHARD_KIND_UNSPECIFIED; }, "not a shard kind"},
-      {"fqn", [](TensorRef* t) { t->fqn.clear(); }, "fqn must be 1..1024 bytes"},
+      {"fqn", [](TensorRef* t) { t->fqn.clear(); }, "bad fqn: name is empty"},
       {"fqn not UTF-8", [](TensorRef* t) { t->fqn = "layers.\xff\xfe.w"; },
        "bad fqn: name is not valid UTF-8 at byte 7"},
       {"fqn control character", [](TensorRef* t) { t->fqn = "layers.2\n.w"; },
@@ -1885,6 +1885,8 @@ TEST(ParallelCopy, SmallOrEmpty_SerialOrNothing) {
   EXPECT_EQ(ParallelCopy({}, 4, 0), 0);
 }
 
+// The one fingerprint of a local plan (the agent's, common/plan_fingerprint.h) over what
+// DescribeShards makes of the trainer's tensors.
 TEST(PlanFingerprint, EqualForEqualPlans_DiffersWhenAPieceChanges) {
   std::vector<uint8_t> bytes(64);
   TensorRef t;
@@ -1898,7 +1900,7 @@ TEST(PlanFingerprint, EqualForEqualPlans_DiffersWhenAPieceChanges) {
   auto fingerprint = [&](const TensorRef& ref) {
     absl::StatusOr<std::vector<v1::ShardDesc>> shards = DescribeShards(mesh, {ref});
     EXPECT_TRUE(shards.ok()) << shards.status();
-    return PlanFingerprint(*shards);
+    return FingerprintShards(0, *shards);
   };
   const uint64_t base = fingerprint(t);
   EXPECT_EQ(fingerprint(t), base);

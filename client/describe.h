@@ -1,7 +1,6 @@
 // How a trainer names the tensors it saves or loads (TensorRef), and their translation into
 // the wire's ShardDescs: defaults filled in, every piece checked locally so that a mistake is
-// an InvalidArgument naming the tensor before any RPC, and the plan fingerprint that lets the
-// coordinator reuse an unchanged plan.
+// an InvalidArgument naming the tensor before any RPC.
 //
 // Thread-safety: value types and pure functions.
 #ifndef TESSERA_CLIENT_DESCRIBE_H_
@@ -17,6 +16,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "common/box.h"
+#include "common/shard_rules.h"
 #include "common/tensor_key.h"
 #include "tessera/v1/types.pb.h"
 
@@ -58,31 +58,22 @@ struct TensorRef {
   Memory memory = Memory::kHost;
 };
 
-// Longest fqn accepted: kMaxFqnBytes (common/tensor_key.h, types.proto ShardDesc.fqn).
-
-// Most axes a tensor may have; the coordinator's planner refuses more (MALFORMED_SHARD).
-inline constexpr size_t kMaxTensorAxes = 64;
+// Longest fqn accepted: kMaxFqnBytes (common/tensor_key.h); most axes: kMaxTensorAxes
+// (common/shard_rules.h).
 
 // The region of the global tensor `t` holds: its box, or the whole tensor when the box has no
 // axes (TensorRef::box's default). Not checked against the shape (DescribeShards does that).
 Box BoxOf(const TensorRef& t);
 
 // The ShardDescs of `tensors`, in order, for a job whose mesh is `layout`: the default box and
-// replicated_over filled in, nbytes copied. Checks each piece as the coordinator's planner
-// would check its form: fqn and state_key valid names (common/tensor_key.h ValidateName:
-// 1..1024 bytes of UTF-8 without control characters, '#' or '@'), known kind and dtype, at
-// most kMaxTensorAxes axes, box inside global_shape, flat range inside the box, state_key/state_absent only on optimizer shards (and a state_key unless absent), extra
-// shards U8 1-d whole, replicated_over dims in the mesh, nbytes == elements x dtype size (0 for
-// absent state), data non-null when nbytes > 0.
+// replicated_over filled in, nbytes copied; each checked by the shard rules the coordinator's
+// planner applies (common/shard_rules.h CheckShardForm, in its words), and for data non-null
+// when nbytes > 0. The memory kind is not checked here.
 // Errors: InvalidArgument with an ErrorDetail MALFORMED_SHARD naming the fqn (and the
 // tensor's index; a name that is not valid UTF-8 is shown C-escaped, "\\xff") for the first
-// piece that breaks a rule. The memory kind is not checked here.
+// piece that breaks a rule; InvalidArgument if `layout` is not a mesh.
 absl::StatusOr<std::vector<v1::ShardDesc>> DescribeShards(const v1::Layout& layout,
                                                           absl::Span<const TensorRef> tensors);
-
-// XXH3-64 over the shards' serialized bytes (each length-prefixed), in order: equal for an
-// unchanged local plan, so the coordinator reuses its validated global plan. Errors: none.
-uint64_t PlanFingerprint(absl::Span<const v1::ShardDesc> shards);
 
 }  // namespace tessera
 

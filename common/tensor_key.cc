@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -73,6 +74,10 @@ absl::Status ValidateName(absl::string_view name) {
     i += len;
   }
   return absl::OkStatus();
+}
+
+std::string PrintableName(absl::string_view name) {
+  return ValidateName(name).ok() ? std::string(name) : absl::CHexEscape(name);
 }
 
 std::string TensorKey(v1::ShardKind kind, absl::string_view fqn, absl::string_view state_key,

@@ -26,6 +26,10 @@ inline constexpr size_t kMaxFqnBytes = 1024;
 // what is wrong (empty, too long, invalid UTF-8, control character, reserved '#' or '@').
 absl::Status ValidateName(absl::string_view name);
 
+// `name` as it may appear in a message and in ErrorDetail's string fields: itself if it is a
+// valid name, else C-escaped ("\\xff"; proto3 strings must be UTF-8, and Python decodes them).
+std::string PrintableName(absl::string_view name);
+
 // The tensor key of a shard (see the header comment).
 std::string TensorKey(v1::ShardKind kind, absl::string_view fqn, absl::string_view state_key,
                       uint32_t rank);

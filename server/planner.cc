@@ -18,6 +18,7 @@
 #include "common/checksum.h"
 #include "common/dtype.h"
 #include "common/plan_fingerprint.h"
+#include "common/shard_rules.h"
 #include "common/status.h"
 #include "common/tensor_key.h"
 #include "common/threads.h"
@@ -29,9 +30,6 @@ namespace tessera {
 namespace {
 
 using Int64s = google::protobuf::RepeatedField<int64_t>;
-
-// Most axes a tensor may have (MALFORMED_SHARD beyond).
-constexpr size_t kMaxTensorRank = 64;
 
 absl::Span<const int64_t> SpanOf(const Int64s& field) {
   return absl::Span<const int64_t>(field.data(), field.size());
@@ -65,11 +63,6 @@ std::string DifferingDims(const MeshLayout& layout, uint32_t a, uint32_t b) {
   return absl::StrJoin(names, ", ");
 }
 
-// A name fit for a message and for ErrorDetail's string fields even if it is not valid UTF-8.
-std::string Printable(absl::string_view name) {
-  return ValidateName(name).ok() ? std::string(name) : absl::CHexEscape(name);
-}
-
 // Collects an ErrorDetail; Build() makes the InvalidArgument status every planning error is.
 class PlanError {
  public:
@@ -77,7 +70,7 @@ class PlanError {
     detail_.set_code(code);
   }
   PlanError& Fqn(absl::string_view fqn) {
-    std::string printable = Printable(fqn);
+    std::string printable = PrintableName(fqn);
     for (const std::string& f : detail_.fqns()) {
       if (f == printable) return *this;
     }
@@ -98,7 +91,7 @@ class PlanError {
     return *this;
   }
   PlanError& StateKey(absl::string_view state_key) {
-    detail_.set_state_key(Printable(state_key));
+    detail_.set_state_key(PrintableName(state_key));
     return *this;
   }
   absl::Status Build(std::string message) {
@@ -126,7 +119,7 @@ struct Piece {
   uint32_t rank;
   int32_t local;     // index in the rank's local plan
   uint32_t key;      // index into Planner::keys_
-  uint8_t box_rank;  // <= kMaxTensorRank
+  uint8_t box_rank;  // <= kMaxTensorAxes (common/shard_rules.h)
   uint8_t dtype;     // a v1::DType
   bool ranged;
   bool shape_differs;  // dtype or global shape differs from the key's first claim
@@ -187,48 +180,17 @@ struct Chunk {
   uint32_t sources_begin = 0, sources_end = 0;  // Planner::sources_[begin, end)
 };
 
-// ValidateBoxInShape's test without copying the box out of the proto (a million shards).
-bool BoxFitsShape(const v1::ShardDesc& s) {
-  const int rank = s.global_shape_size();
-  if (s.box().offsets_size() != rank || s.box().lengths_size() != rank) return false;
-  if (!CheckedVolume(SpanOf(s.global_shape())).ok()) return false;
-  for (int d = 0; d < rank; ++d) {
-    const int64_t off = s.box().offsets(d), len = s.box().lengths(d), dim = s.global_shape(d);
-    if (off < 0 || len < 0 || off > dim || len > dim - off) return false;
-  }
-  return true;
-}
-
-// Rule 1: one shard is well formed. Fills `piece` (but its key).
+// Rule 1: one shard is well formed (common/shard_rules.h). Fills `piece` (but its key).
 absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t index,
                            const v1::ShardDesc& s, Piece* piece) {
-  auto malformed = [&](absl::string_view why) {
+  ShardExtent extent;
+  if (absl::Status why = CheckShardForm(layout, s, &extent); !why.ok()) {
     PlanError error(layout, v1::ERROR_CODE_MALFORMED_SHARD);
     error.Fqn(s.fqn()).Rank(rank);
     if (!s.state_key().empty()) error.StateKey(s.state_key());
-    return error.Build(absl::StrCat("Shard ", index, " (\"", Printable(s.fqn()), "\") of ",
-                                    RankName(layout, rank), " is malformed: ", why,
+    return error.Build(absl::StrCat("Shard ", index, " (\"", PrintableName(s.fqn()), "\") of ",
+                                    RankName(layout, rank), " is malformed: ", why.message(),
                                     "; fix how this rank describes its tensors."));
-  };
-  if (absl::Status st = ValidateName(s.fqn()); !st.ok()) {
-    return malformed(absl::StrCat("bad fqn: ", st.message()));
-  }
-  if (s.kind() == v1::SHARD_KIND_UNSPECIFIED || !v1::ShardKind_IsValid(s.kind())) {
-    return malformed(absl::StrCat("kind ", static_cast<int>(s.kind()), " is not a shard kind"));
-  }
-  if (!IsKnownDType(s.dtype())) {
-    return malformed(absl::StrCat("dtype ", static_cast<int>(s.dtype()), " is not known"));
-  }
-  if (!BoxFitsShape(s)) {  // ValidateBoxInShape says what is wrong
-    absl::Status st = ValidateBoxInShape(BoxFromProto(s.box()), SpanOf(s.global_shape()));
-    return malformed(st.ok() ? "box does not fit the tensor" : st.message());
-  }
-  absl::StatusOr<int64_t> box_volume = CheckedVolume(SpanOf(s.box().lengths()));
-  if (!box_volume.ok()) return malformed(box_volume.status().message());
-
-  if (s.global_shape_size() > static_cast<int>(kMaxTensorRank)) {
-    return malformed(absl::StrCat("the tensor has ", s.global_shape_size(), " axes; at most ",
-                                  kMaxTensorRank, " are supported"));
   }
   piece->shard = &s;
   piece->offsets = s.box().offsets().data();
@@ -239,64 +201,9 @@ absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t inde
   piece->rank = rank;
   piece->local = index;
   piece->ranged = s.has_flat_range();
-  piece->begin = 0;
-  piece->end = *box_volume;
-  if (piece->ranged) {
-    const int64_t begin = s.flat_range().begin(), end = s.flat_range().end();
-    if (begin < 0 || begin > end || end > *box_volume) {
-      return malformed(absl::StrCat("flat range [", begin, ", ", end, ") is not within the ",
-                                    *box_volume, " elements of box ", BoxString(s.box())));
-    }
-    piece->begin = begin;
-    piece->end = end;
-  }
-
-  const bool optimizer = s.kind() == v1::SHARD_KIND_OPTIMIZER;
-  if (!optimizer && (s.state_absent() || !s.state_key().empty())) {
-    return malformed("only optimizer shards have a state_key or state_absent");
-  }
-  if (optimizer) {
-    if (s.state_absent() && !s.state_key().empty()) {
-      return malformed("state_absent shards must have an empty state_key");
-    }
-    if (!s.state_absent()) {
-      if (absl::Status st = ValidateName(s.state_key()); !st.ok()) {
-        return malformed(absl::StrCat("bad state_key: ", st.message()));
-      }
-    }
-  }
-  if (s.kind() == v1::SHARD_KIND_EXTRA) {
-    if (s.dtype() != v1::DTYPE_U8 || s.global_shape_size() != 1 || s.box().offsets(0) != 0 ||
-        s.box().lengths(0) != s.global_shape(0) || piece->ranged) {
-      return malformed("extra shards must be U8, 1-d, and hold their whole tensor (no flat range)");
-    }
-  }
-
-  uint64_t expected = 0;
-  if (!s.state_absent() && __builtin_mul_overflow(static_cast<uint64_t>(piece->elements()),
-                                                  DTypeSize(s.dtype()), &expected)) {
-    return malformed("its byte size overflows");
-  }
-  if (s.nbytes() != expected) {
-    return malformed(absl::StrCat("nbytes is ", s.nbytes(), " but ",
-                                  s.state_absent()
-                                      ? "absent state stages nothing (0)"
-                                      : absl::StrCat(piece->elements(), " ", DTypeName(s.dtype()),
-                                                     " elements are ", expected)));
-  }
-
-  piece->mask = 0;
-  if (s.kind() != v1::SHARD_KIND_EXTRA) {  // extras belong to their rank; the field is ignored
-    for (const std::string& dim : s.replicated_over()) {
-      std::optional<size_t> i = layout.DimIndex(dim);
-      if (!i.has_value()) {
-        std::vector<std::string> dims(s.replicated_over().begin(), s.replicated_over().end());
-        return malformed(
-            absl::StrCat("replicated_over: ", layout.DimMask(dims).status().message()));
-      }
-      piece->mask |= uint64_t{1} << *i;
-    }
-  }
+  piece->begin = extent.begin;
+  piece->end = extent.end;
+  piece->mask = extent.replicated_mask;
   return absl::OkStatus();
 }
 

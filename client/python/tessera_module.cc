@@ -29,11 +29,13 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "client/client.h"
 #include "client/describe.h"
 #include "common/box.h"
 #include "common/dtype.h"
+#include "common/shard_rules.h"
 #include "common/status.h"
 #include "pybind11/pybind11.h"
 #include "pybind11/stl.h"
@@ -273,6 +275,20 @@ void Describe(const std::vector<std::pair<std::string, uint32_t>>& mesh, const p
   if (!shards.ok()) RaiseStatus(shards.status());
 }
 
+// The shard rules' box and flat-range checks (common/shard_rules.h CheckBoxAndRange) for the
+// package's Shard and Absent, so that Python keeps no copy of them: raises StatusError
+// MALFORMED_SHARD with the rules' reason after "`where`: ". Returns the box's volume.
+int64_t CheckBox(const std::string& where, const std::vector<int64_t>& global_shape,
+                 const std::vector<int64_t>& offsets, const std::vector<int64_t>& lengths,
+                 std::optional<std::pair<int64_t, int64_t>> flat_range) {
+  absl::StatusOr<int64_t> elements = CheckBoxAndRange(global_shape, offsets, lengths, flat_range);
+  if (!elements.ok()) {
+    RaiseStatus(MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
+                          absl::StrCat(where, ": ", elements.status().message())));
+  }
+  return *elements;
+}
+
 }  // namespace
 }  // namespace tessera
 
@@ -295,4 +311,6 @@ PYBIND11_MODULE(_tessera, m) {
       .def("stats", &tessera::PyClient::Stats)
       .def("await_prefetch", &tessera::PyClient::AwaitPrefetch, py::arg("timeout_s"));
   m.def("describe", &tessera::Describe, py::arg("mesh"), py::arg("refs"));
+  m.def("check_box", &tessera::CheckBox, py::arg("where"), py::arg("global_shape"),
+        py::arg("offsets"), py::arg("lengths"), py::arg("flat_range"));
 }

@@ -306,7 +306,7 @@ class RejectionsTest(unittest.TestCase):
 
     def test_Malformed_EmptyFqn(self):
         self.reject("empty_fqn", "rejdp", "MALFORMED_SHARD",
-                    ['("") is malformed: the fqn must be 1..1024 bytes, not 0'], ranks=[0])
+                    ['("") is malformed: bad fqn: name is empty'], ranks=[0])
 
     def test_Malformed_NonUtf8FqnFromPython(self):
         self.reject("non_utf8_fqn", "rejdp", "MALFORMED_SHARD",

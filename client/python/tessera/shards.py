@@ -231,15 +231,13 @@ def _dims(replicated_over):
     return dims
 
 
-def _check_box(global_shape, offsets, lengths, where):
-    if len(offsets) != len(global_shape) or len(lengths) != len(global_shape):
-        raise errors.malformed("%s: offsets %s and box shape %s must have one entry per axis of "
-                               "global_shape %s" % (where, offsets, lengths, global_shape))
-    for axis, (o, n, g) in enumerate(zip(offsets, lengths, global_shape)):
-        if o + n > g:
-            raise errors.malformed(
-                "%s: the box (offsets %s, shape %s) exceeds global_shape %s on axis %d"
-                % (where, offsets, lengths, global_shape, axis))
+def _check_box(global_shape, offsets, lengths, where, flat_range=None):
+    """The shard rules' box and flat-range checks (common/shard_rules.h, through the native
+    module: the coordinator's words, kept in one place). Returns the box's element count."""
+    from .client import _call  # the native module comes with the client
+    from . import _tessera
+    return _call(_tessera.check_box, where, list(global_shape), list(offsets), list(lengths),
+                 None if flat_range is None else tuple(flat_range))
 
 
 class Shard:
@@ -283,10 +281,9 @@ class Shard:
             raise errors.malformed("a Shard needs its global_shape")
         offsets = _int_tuple(offsets, "offsets") or (0,) * len(global_shape)
         if flat_range is not None:
-            flat_range = _int_tuple(flat_range, "flat_range")
-            if len(flat_range) != 2 or flat_range[0] > flat_range[1]:
-                raise errors.malformed("flat_range must be (begin, end) with begin <= end, not %r"
-                                       % (flat_range,))
+            flat_range = _int_tuple(flat_range, "flat_range", allow_negative=True)
+            if len(flat_range) != 2:
+                raise errors.malformed("flat_range must be (begin, end), not %r" % (flat_range,))
         if local_shape is None:
             if flat_range is None:
                 local_shape = info.shape
@@ -295,19 +292,14 @@ class Shard:
             else:
                 local_shape = global_shape
         local_shape = _int_tuple(local_shape, "local_shape")
-        _check_box(global_shape, offsets, local_shape, where)
+        _check_box(global_shape, offsets, local_shape, where, flat_range)
         if flat_range is None:
             if info.shape != local_shape:
                 raise errors.malformed("Shard: the tensor's shape %s differs from the box shape %s"
                                        % (info.shape, local_shape))
-        else:
-            box_elements = math.prod(local_shape)
-            if flat_range[1] > box_elements:
-                raise errors.malformed("Shard: flat_range %s exceeds the %d elements of the box %s"
-                                       % (flat_range, box_elements, local_shape))
-            if info.numel != flat_range[1] - flat_range[0]:
-                raise errors.malformed("Shard: flat_range %s holds %d elements but the tensor has %d"
-                                       % (flat_range, flat_range[1] - flat_range[0], info.numel))
+        elif info.numel != flat_range[1] - flat_range[0]:
+            raise errors.malformed("Shard: flat_range %s holds %d elements but the tensor has %d"
+                                   % (flat_range, flat_range[1] - flat_range[0], info.numel))
         self.tensor = tensor
         self.global_shape = global_shape
         self.offsets = offsets
