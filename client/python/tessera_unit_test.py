@@ -699,14 +699,16 @@ class MalformedNameAndShapeTest(unittest.TestCase):
         with self.assertRaisesRegex(tessera.InvalidArgumentError, "must not be negative"):
             tessera.Shard(torch.zeros(1), (-4, 8), local_shape=(1, 1))
 
-    def test_Native_VolumeOverflowAndTooManyAxes_Malformed(self):
-        big = tessera.Shard(torch.zeros(1, 1), (1 << 40, 1 << 40))
-        with self.assertRaisesRegex(tessera.InvalidArgumentError, "overflows int64"):
-            describe([("dp", 2)], {"big": big})
-        deep = tessera.Shard(torch.zeros(1), (1,) * 65, flat_range=(0, 1))
+    def test_Shard_VolumeOverflowAndTooManyAxes_RefusedAtConstruction(self):
+        # The shard rules (common/shard_rules.h) run when the Shard is made, so the mistake is
+        # raised on the line that made it, before any save.
         with self.assertRaisesRegex(tessera.InvalidArgumentError,
-                                    "65 axes; at most 64 are supported"):
-            describe([("dp", 2)], {"deep": deep})
+                                    r"Shard: element count of \[1099511627776, 1099511627776\] "
+                                    "overflows int64"):
+            tessera.Shard(torch.zeros(1, 1), (1 << 40, 1 << 40))
+        with self.assertRaisesRegex(tessera.InvalidArgumentError,
+                                    "Shard: the tensor has 65 axes; at most 64 are supported"):
+            tessera.Shard(torch.zeros(1), (1,) * 65, flat_range=(0, 1))
 
 
 class ErrorMappingTest(unittest.TestCase):
