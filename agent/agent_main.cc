@@ -54,8 +54,7 @@
 #include "common/strand.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
-#include "storage/fault_injecting_storage.h"
-#include "storage/posix_storage.h"
+#include "storage/process_storage.h"
 #include "storage/storage.h"
 
 ABSL_FLAG(std::string, coordinator, "127.0.0.1:7070", "host:port of tessera-coordinator");
@@ -268,18 +267,10 @@ int main(int argc, char** argv) {
       tessera::StagingPool::Create(tessera::LoadPoolOptions(pool_options));
   if (!load_pool.ok()) return Fail(load_pool.status().ToString());
 
-  tessera::PosixStorage posix_storage;
-  tessera::FaultInjectingStorage faulty_storage(&posix_storage);
-  const std::string storage_fault = absl::GetFlag(FLAGS_inject_storage_fault);
-  if (absl::Status armed = faulty_storage.Configure(storage_fault); !armed.ok()) {
-    return Fail(absl::StrCat("--inject_storage_fault: ", armed.message()));
-  }
-  if (!storage_fault.empty()) {
-    tessera::LogWarning("fault injection: storage faults armed: ", storage_fault);
-  }
-  tessera::Storage& storage = storage_fault.empty()
-                                  ? static_cast<tessera::Storage&>(posix_storage)
-                                  : static_cast<tessera::Storage&>(faulty_storage);
+  absl::StatusOr<std::unique_ptr<tessera::ProcessStorage>> process_storage =
+      tessera::ProcessStorage::Open(absl::GetFlag(FLAGS_inject_storage_fault));
+  if (!process_storage.ok()) return Fail(std::string(process_storage.status().message()));
+  tessera::Storage& storage = (*process_storage)->storage();
   // The memory tier (DESIGN.md "Memory tier"): a committed save's staging stays resident;
   // every heartbeat states it (at once after a commit) and the copies this agent holds as
   // other ranks' buddy; the buddy the coordinator names gets a copy; loads read copies from

@@ -17,8 +17,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "storage/fault_injecting_storage.h"
-#include "storage/posix_storage.h"
+#include "storage/process_storage.h"
 #include "storage/storage.h"
 #include "common/clock.h"
 #include "common/ids.h"
@@ -149,18 +148,10 @@ int main(int argc, char** argv) {
   registry_options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   tessera::AgentRegistry registry(clock, registry_options);
 
-  tessera::PosixStorage posix_storage;
-  tessera::FaultInjectingStorage faulty_storage(&posix_storage);
-  const std::string storage_fault = absl::GetFlag(FLAGS_inject_storage_fault);
-  if (absl::Status armed = faulty_storage.Configure(storage_fault); !armed.ok()) {
-    return Fail(absl::StrCat("--inject_storage_fault: ", armed.message()));
-  }
-  if (!storage_fault.empty()) {
-    tessera::LogWarning("fault injection: storage faults armed: ", storage_fault);
-  }
-  tessera::Storage& storage = storage_fault.empty()
-                                  ? static_cast<tessera::Storage&>(posix_storage)
-                                  : static_cast<tessera::Storage&>(faulty_storage);
+  absl::StatusOr<std::unique_ptr<tessera::ProcessStorage>> process_storage =
+      tessera::ProcessStorage::Open(absl::GetFlag(FLAGS_inject_storage_fault));
+  if (!process_storage.ok()) return Fail(std::string(process_storage.status().message()));
+  tessera::Storage& storage = (*process_storage)->storage();
   // A command stream broken from the agent's side makes the agent a suspect of the death
   // watch (made below, once the sessions it reports deaths to exist).
   std::atomic<tessera::DeathWatch*> death_watch_ptr{nullptr};
