@@ -87,15 +87,8 @@ absl::Status MemoryStateStore::Scan(Table table, absl::string_view prefix,
   return RunScan(records, fn);
 }
 
-absl::Status MemoryStateStore::ScanRange(Table table, absl::string_view begin,
-                                         absl::string_view end, const ScanFn& fn) const {
-  if (begin > end) {
-    return absl::InvalidArgumentError(absl::StrCat("ScanRange on table ", TableName(table),
-                                                   ": begin \"", absl::CEscape(begin),
-                                                   "\" is after end \"", absl::CEscape(end),
-                                                   "\""));
-  }
-  if (begin == end) return absl::OkStatus();
+absl::Status MemoryStateStore::ScanKeyRange(Table table, absl::string_view begin,
+                                            absl::string_view end, const ScanFn& fn) const {
   std::vector<std::pair<std::string, std::string>> records;
   {
     absl::MutexLock lock(&mu_);

@@ -43,9 +43,6 @@ class MemoryStateStore : public StateStore {
                                                  absl::string_view key) const override;
   // Errors: none.
   absl::Status Scan(Table table, absl::string_view prefix, const ScanFn& fn) const override;
-  // Errors: InvalidArgument if begin > end.
-  absl::Status ScanRange(Table table, absl::string_view begin, absl::string_view end,
-                         const ScanFn& fn) const override;
 
   // The next Commit (of a valid batch, empty ones included) returns `status` and applies
   // nothing. Calls queue up: the second failure is for the commit after that. An OK `status`
@@ -57,6 +54,11 @@ class MemoryStateStore : public StateStore {
 
   // Records in `table`: for tests that check pruning.
   size_t TableSize(Table table) const;
+
+ protected:
+  // Errors: none.
+  absl::Status ScanKeyRange(Table table, absl::string_view begin, absl::string_view end,
+                            const ScanFn& fn) const override;
 
  private:
   using TableMap = std::map<std::string, std::string>;

@@ -301,15 +301,8 @@ absl::Status RocksDbStateStore::Scan(Table table, absl::string_view prefix,
   return Iterate(table, prefix, PrefixSuccessor(prefix), fn);
 }
 
-absl::Status RocksDbStateStore::ScanRange(Table table, absl::string_view begin,
-                                          absl::string_view end, const ScanFn& fn) const {
-  if (begin > end) {
-    return absl::InvalidArgumentError(absl::StrCat("ScanRange on table ", TableName(table),
-                                                   ": begin \"", absl::CEscape(begin),
-                                                   "\" is after end \"", absl::CEscape(end),
-                                                   "\""));
-  }
-  if (begin == end) return absl::OkStatus();
+absl::Status RocksDbStateStore::ScanKeyRange(Table table, absl::string_view begin,
+                                             absl::string_view end, const ScanFn& fn) const {
   return Iterate(table, begin, std::string(end), fn);
 }
 

@@ -93,11 +93,13 @@ class RocksDbStateStore : public StateStore {
                                                  absl::string_view key) const override;
   // Errors: as StateStore::Scan.
   absl::Status Scan(Table table, absl::string_view prefix, const ScanFn& fn) const override;
-  // Errors: as StateStore::ScanRange.
-  absl::Status ScanRange(Table table, absl::string_view begin, absl::string_view end,
-                         const ScanFn& fn) const override;
 
   const std::string& path() const { return options_.path; }
+
+ protected:
+  // Errors: as StateStore::Scan.
+  absl::Status ScanKeyRange(Table table, absl::string_view begin, absl::string_view end,
+                            const ScanFn& fn) const override;
 
  private:
   RocksDbStateStore(const RocksDbStoreOptions& options, std::unique_ptr<rocksdb::DB> db,

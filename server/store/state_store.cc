@@ -78,6 +78,18 @@ void StoreBatch::Clear() {
   byte_size_ = 0;
 }
 
+absl::Status StateStore::ScanRange(Table table, absl::string_view begin, absl::string_view end,
+                                   const ScanFn& fn) const {
+  if (begin > end) {
+    return absl::InvalidArgumentError(absl::StrCat("ScanRange on table ", TableName(table),
+                                                   ": begin \"", absl::CEscape(begin),
+                                                   "\" is after end \"", absl::CEscape(end),
+                                                   "\""));
+  }
+  if (begin == end) return absl::OkStatus();
+  return ScanKeyRange(table, begin, end, fn);
+}
+
 absl::Status StoreBatch::Validate() const {
   for (size_t i = 0; i < ops_.size(); ++i) {
     const Op& op = ops_[i];

@@ -131,10 +131,15 @@ class StateStore {
   // Records already passed to fn stay passed: a scan that fails midway has been partial.
   virtual absl::Status Scan(Table table, absl::string_view prefix, const ScanFn& fn) const = 0;
 
-  // As Scan, for the keys k with begin <= k < end.
+  // As Scan, for the keys k with begin <= k < end. Checks the range, then ScanKeyRange.
   // Errors: InvalidArgument if begin > end; otherwise as Scan.
-  virtual absl::Status ScanRange(Table table, absl::string_view begin, absl::string_view end,
-                                 const ScanFn& fn) const = 0;
+  absl::Status ScanRange(Table table, absl::string_view begin, absl::string_view end,
+                         const ScanFn& fn) const;
+
+ protected:
+  // ScanRange's scan, for begin < end (ScanRange checked it). Errors: as Scan.
+  virtual absl::Status ScanKeyRange(Table table, absl::string_view begin, absl::string_view end,
+                                    const ScanFn& fn) const = 0;
 };
 
 }  // namespace tessera

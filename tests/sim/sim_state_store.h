@@ -29,8 +29,10 @@ class SimStateStore : public StateStore {
   absl::Status Scan(Table table, absl::string_view prefix, const ScanFn& fn) const override {
     return store_.Scan(table, prefix, fn);
   }
-  absl::Status ScanRange(Table table, absl::string_view begin, absl::string_view end,
-                         const ScanFn& fn) const override {
+
+ protected:
+  absl::Status ScanKeyRange(Table table, absl::string_view begin, absl::string_view end,
+                            const ScanFn& fn) const override {
     return store_.ScanRange(table, begin, end, fn);
   }
 
