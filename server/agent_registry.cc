@@ -468,6 +468,32 @@ std::vector<v1::MemoryCopy> AgentRegistry::MemoryCopies(const std::string& job_i
   return copies;
 }
 
+absl::StatusOr<std::vector<v1::MemoryCopy>> AgentRegistry::FindMemoryCopies(
+    const v1::FindMemoryCopiesRequest& request) const {
+  RETURN_IF_ERROR(CheckIncarnation(request.job_id(), request.rank(), request.incarnation()));
+  const std::vector<std::string> files(request.files().begin(), request.files().end());
+  bool may_miss = false;
+  std::vector<v1::MemoryCopy> copies =
+      MemoryCopies(request.job_id(), request.step(), request.session_id(), files, &may_miss);
+  if (!request.memory_only() || !may_miss) return copies;
+  absl::flat_hash_set<absl::string_view> held;
+  for (const v1::MemoryCopy& copy : copies) held.insert(copy.file());
+  std::string unknown = files.empty() ? "the checkpoint's files" : "";
+  for (const std::string& file : files) {
+    if (!held.contains(file)) {
+      unknown = file;
+      break;
+    }
+  }
+  if (unknown.empty()) return copies;
+  return absl::UnavailableError(
+      absl::StrCat("not every live agent of job ", request.job_id(),
+                   " has stated its memory copies of step ", request.step(),
+                   " yet (the coordinator started, or an agent registered again, less than a "
+                   "lease ago; or an agent has not handled its commit yet): who holds ",
+                   unknown, " is not known; ask again"));
+}
+
 absl::Status AgentRegistry::CheckIncarnation(const std::string& job_id, uint32_t rank,
                                              uint64_t incarnation) const {
   absl::MutexLock lock(&mu_);

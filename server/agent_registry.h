@@ -165,6 +165,16 @@ class AgentRegistry {
                                            bool* may_miss = nullptr) const
       ABSL_LOCKS_EXCLUDED(mu_);
 
+  // The answer to agent (request.job_id, request.rank)'s FindMemoryCopies: MemoryCopies of
+  // the request's step, session and files. For a memory-only checkpoint (request.memory_only)
+  // asked while copies may be missing (MemoryCopies' may_miss), a file of the request that no
+  // copy found is held of has no known holder — "not known yet", not "none" — so the question
+  // is refused rather than answered short. (A checkpoint on disk reads what no copy is known
+  // of from disk, so its question is answered as it stands.)
+  // Errors: as CheckIncarnation; Unavailable naming such a file ("ask again").
+  absl::StatusOr<std::vector<v1::MemoryCopy>> FindMemoryCopies(
+      const v1::FindMemoryCopiesRequest& request) const ABSL_LOCKS_EXCLUDED(mu_);
+
   // Whether MemoryCopies may lack copies that live agents of `job_id` hold: while an agent
   // that registered (again — after a failed heartbeat, or restarted) is live and has not
   // heartbeated since, and for one lease after StartServing (a coordinator that restarted

@@ -91,67 +91,27 @@ grpc::ServerUnaryReactor* CoordinatorService::Heartbeat(grpc::CallbackServerCont
 grpc::ServerUnaryReactor* CoordinatorService::FindMemoryCopies(
     grpc::CallbackServerContext* context, const v1::FindMemoryCopiesRequest* request,
     v1::FindMemoryCopiesResponse* response) {
-  absl::Status status =
-      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
-  if (status.ok()) {
-    const std::vector<std::string> files(request->files().begin(), request->files().end());
-    bool may_miss = false;
-    for (v1::MemoryCopy& copy : registry_->MemoryCopies(request->job_id(), request->step(),
-                                                        request->session_id(), files, &may_miss)) {
-      *response->add_copies() = std::move(copy);
-    }
-    if (request->memory_only() && may_miss) status = UnknownHolders(*request, *response);
-    if (!status.ok()) response->clear_copies();
+  absl::StatusOr<std::vector<v1::MemoryCopy>> copies = registry_->FindMemoryCopies(*request);
+  if (copies.ok()) {
+    for (v1::MemoryCopy& copy : *copies) *response->add_copies() = std::move(copy);
   }
-  return FinishUnary(context, status);
-}
-
-absl::Status CoordinatorService::UnknownHolders(const v1::FindMemoryCopiesRequest& request,
-                                                const v1::FindMemoryCopiesResponse& found) {
-  absl::flat_hash_set<absl::string_view> held;
-  for (const v1::MemoryCopy& copy : found.copies()) held.insert(copy.file());
-  std::string unknown = request.files().empty() ? "the checkpoint's files" : "";
-  for (const std::string& file : request.files()) {
-    if (!held.contains(file)) {
-      unknown = file;
-      break;
-    }
-  }
-  if (unknown.empty()) return absl::OkStatus();
-  return absl::UnavailableError(
-      absl::StrCat("not every live agent of job ", request.job_id(),
-                   " has stated its memory copies of step ", request.step(),
-                   " yet (the coordinator started, or an agent registered again, less than a "
-                   "lease ago; or an agent has not handled its commit yet): who holds ",
-                   unknown, " is not known; ask again"));
+  return FinishUnary(context, copies.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::RelayFailed(grpc::CallbackServerContext* context,
                                                          const v1::RelayFailedRequest* request,
                                                          v1::RelayFailedResponse* /*response*/) {
-  absl::Status status =
-      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
-  if (status.ok() && sessions_ == nullptr) status = NoSessions();
-  if (status.ok()) sessions_->RelayFailed(*request);
-  return FinishUnary(context, status);
+  if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
+  return FinishUnary(context, sessions_->RelayFailed(*request));
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::GetMemoryCheckpoint(
     grpc::CallbackServerContext* context, const v1::GetMemoryCheckpointRequest* request,
     v1::GetMemoryCheckpointResponse* response) {
-  absl::Status status =
-      registry_->CheckIncarnation(request->job_id(), request->rank(), request->incarnation());
-  if (status.ok() && sessions_ == nullptr) status = NoSessions();
-  if (status.ok()) {
-    absl::StatusOr<v1::Manifest> manifest =
-        sessions_->GetMemoryCheckpoint(request->job_id(), request->step());
-    if (manifest.ok()) {
-      *response->mutable_manifest() = *std::move(manifest);
-    } else {
-      status = manifest.status();
-    }
-  }
-  return FinishUnary(context, status);
+  if (sessions_ == nullptr) return FinishUnary(context, NoSessions());
+  absl::StatusOr<v1::Manifest> manifest = sessions_->GetMemoryCheckpoint(*request);
+  if (manifest.ok()) *response->mutable_manifest() = *std::move(manifest);
+  return FinishUnary(context, manifest.status());
 }
 
 grpc::ServerUnaryReactor* CoordinatorService::SubmitLocalPlan(

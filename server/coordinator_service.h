@@ -7,6 +7,12 @@
 // the Commands stream is a reactor fed by CommandStreams, and ExchangePeerId finishes from the
 // broker's callback (STYLE.md 8).
 //
+// Admission: an agent RPC from anything but the registered incarnation of its (job, rank) is
+// refused STALE_INCARNATION by one rule, AgentRegistry::CheckIncarnation, applied once by the
+// core object that handles it — the registry (Heartbeat, FindMemoryCopies), SessionManager
+// (the session RPCs) — and here only for Commands and ExchangePeerId, whose handlers
+// (CommandStreams, PeerIdBroker) are plumbing that knows no agents.
+//
 // Thread-safety: safe for concurrent RPCs; all state lives in the thread-safe core objects.
 #ifndef TESSERA_SERVER_COORDINATOR_SERVICE_H_
 #define TESSERA_SERVER_COORDINATOR_SERVICE_H_
@@ -77,14 +83,6 @@ class CoordinatorService final : public v1::Coordinator::CallbackService {
                                         v1::RelayFailedResponse* response) override;
 
  private:
-  // For a memory-only checkpoint's question asked while the registry may not know every copy
-  // (AgentRegistry::MemoryCopies' may_miss; `found`, its answer): Unavailable naming a
-  // file of `request` that `found` has no holder of — no holder then is not the answer
-  // "none". Else OK. (A checkpoint on disk reads what no copy is known of from disk: not
-  // asked.)
-  static absl::Status UnknownHolders(const v1::FindMemoryCopiesRequest& request,
-                                     const v1::FindMemoryCopiesResponse& found);
-
   AgentRegistry* const registry_;
   SessionManager* const sessions_;
   CommandStreams* const streams_;

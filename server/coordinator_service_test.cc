@@ -123,25 +123,6 @@ TEST_F(CoordinatorServiceTest, SessionRpcs_WithoutSessionManager_Unimplemented) 
             grpc::StatusCode::UNIMPLEMENTED);
 }
 
-// Relayed PINs: a relay's report of the ranks it missed is taken only from the registered
-// incarnation (a restarted relay's older self is refused, its payload crossing the wire).
-TEST_F(CoordinatorServiceTest, RelayFailed_StaleIncarnation_Refused) {
-  ASSERT_TRUE(client_->Register(Registration(1, 1)).ok());
-  ASSERT_TRUE(client_->Register(Registration(1, 2)).ok());
-  v1::RelayFailedRequest report;
-  report.set_job_id("job");
-  report.set_rank(1);
-  report.set_incarnation(1);
-  report.set_session_id("s1");
-  report.add_ranks(2);
-  absl::StatusOr<v1::RelayFailedResponse> stale = client_->RelayFailed(report);
-  EXPECT_EQ(stale.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_EQ(GetErrorCode(stale.status()), v1::ERROR_CODE_STALE_INCARNATION);
-  // The current incarnation gets past the check (to the sessions this test has none of).
-  report.set_incarnation(2);
-  EXPECT_EQ(client_->RelayFailed(report).status().code(), absl::StatusCode::kUnimplemented);
-}
-
 TEST_F(CoordinatorServiceTest, Heartbeat_Unregistered_NotFound) {
   v1::HeartbeatRequest beat;
   beat.set_job_id("job");

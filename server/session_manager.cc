@@ -260,7 +260,7 @@ class SessionManager::Port : public EffectsPort {
   void StartCleanup(std::optional<RetentionWork> retention,
                     std::vector<std::string> remove_dirs) override {
     if (m_->edge_ == nullptr) return;
-    const absl::Time due = absl::Now() + m_->options_.cleanup_grace;
+    const absl::Time due = m_->clock_->Now() + m_->options_.cleanup_grace;
     {
       absl::MutexLock lock(&job_->cleanup_mu);
       job_->cleanups.push_back(PendingCleanup{std::move(retention), std::move(remove_dirs), due,
@@ -310,7 +310,7 @@ void SessionManager::OfferCleanups(Job* job) {
 
 int SessionManager::RunDueCleanups(Job* job) {
   std::vector<PendingCleanup> due;
-  const absl::Time now = absl::Now();
+  const absl::Time now = clock_->Now();
   const bool quiet = jobs_blocking_.load() == 0;
   {
     absl::MutexLock lock(&job->cleanup_mu);
@@ -492,7 +492,9 @@ void SessionManager::AbortSession(const std::string& job_id, const std::string& 
       std::move(done));
 }
 
-void SessionManager::RelayFailed(const v1::RelayFailedRequest& request) {
+absl::Status SessionManager::RelayFailed(const v1::RelayFailedRequest& request) {
+  RETURN_IF_ERROR(
+      registry_->CheckIncarnation(request.job_id(), request.rank(), request.incarnation()));
   std::vector<uint32_t> sent;
   for (uint32_t rank : request.ranks()) {
     std::optional<v1::Command> current = CurrentCommand(request.job_id(), rank);
@@ -505,6 +507,7 @@ void SessionManager::RelayFailed(const v1::RelayFailedRequest& request) {
              request.session_id(), "'s command to ranks ", absl::StrJoin(request.ranks(), ","),
              "; sent on their own streams to ",
              sent.empty() ? std::string("none (the session moved on)") : absl::StrJoin(sent, ","));
+  return absl::OkStatus();
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -565,8 +568,12 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> SessionManager::ListCheckpoints(
                                    *registry_, job_id);
 }
 
-absl::StatusOr<v1::Manifest> SessionManager::GetMemoryCheckpoint(const std::string& job_id,
-                                                                 int64_t step) const {
+absl::StatusOr<v1::Manifest> SessionManager::GetMemoryCheckpoint(
+    const v1::GetMemoryCheckpointRequest& request) const {
+  RETURN_IF_ERROR(
+      registry_->CheckIncarnation(request.job_id(), request.rank(), request.incarnation()));
+  const std::string& job_id = request.job_id();
+  const int64_t step = request.step();
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("unknown job ", job_id));
   absl::MutexLock lock(&job->mu);

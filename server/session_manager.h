@@ -115,7 +115,8 @@ class SessionManager {
 
   // A relay could not hand `request.session_id`'s command to `request.ranks` (relay.h): each
   // of them that still has a command of that session is sent it on its own stream. Logged.
-  void RelayFailed(const v1::RelayFailedRequest& request);
+  // Errors: STALE_INCARNATION (nothing is sent).
+  absl::Status RelayFailed(const v1::RelayFailedRequest& request);
 
   // --- Operator RPCs
 
@@ -135,9 +136,11 @@ class SessionManager {
   // Errors: NotFound for an unknown job.
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(
       const std::string& job_id) const;
-  // The manifest of the job's memory-only commit of `step` (-1: whatever its step).
-  // Errors: NotFound for an unknown job; as MemoryManifest (memory_only.h).
-  absl::StatusOr<v1::Manifest> GetMemoryCheckpoint(const std::string& job_id, int64_t step) const;
+  // The manifest of the job's memory-only commit of `request.step` (-1: whatever its step),
+  // for the agent (request.job_id, request.rank).
+  // Errors: STALE_INCARNATION; NotFound for an unknown job; as MemoryManifest (memory_only.h).
+  absl::StatusOr<v1::Manifest> GetMemoryCheckpoint(
+      const v1::GetMemoryCheckpointRequest& request) const;
   std::vector<v1::JobInfo> ListJobs() const;
   SessionStats Stats() const;
 

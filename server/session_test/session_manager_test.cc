@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
 #include "common/layout.h"
+#include "common/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/agent_registry.h"
@@ -468,12 +469,17 @@ TEST_F(SessionManagerTest, RelayFailed_RanksAreSentTheirCurrentCommandOfThatSess
   other.set_incarnation(1000);
   other.set_session_id("another-session");
   other.add_ranks(1);
-  manager_->RelayFailed(other);
+  EXPECT_TRUE(manager_->RelayFailed(other).ok());
   v1::RelayFailedRequest failed = other;
   failed.set_session_id(session);
   failed.clear_ranks();
   failed.add_ranks(2);
-  manager_->RelayFailed(failed);
+  // From a relay's earlier incarnation: refused, and nothing is sent for it.
+  v1::RelayFailedRequest stale = failed;
+  stale.set_incarnation(999);
+  EXPECT_EQ(GetErrorCode(manager_->RelayFailed(stale)), v1::ERROR_CODE_STALE_INCARNATION);
+  EXPECT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ElementsAre(0, 1, 2));
+  EXPECT_TRUE(manager_->RelayFailed(failed).ok());
 
   EXPECT_THAT(sink_.RanksSent("job-a", v1::Command::kPin), ElementsAre(0, 1, 2, 2));
   const std::vector<v1::Command> to_2 = sink_.CommandsTo("job-a", 2);
