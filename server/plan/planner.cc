@@ -1,4 +1,4 @@
-#include "server/planner.h"
+#include "server/plan/planner.h"
 
 #include <algorithm>
 #include <cstring>
@@ -22,11 +22,17 @@
 #include "common/status.h"
 #include "common/tensor_key.h"
 #include "common/threads.h"
-#include "server/plan_tiling.h"
-#include "server/plan_wire.h"
+#include "server/plan/parallel_runs.h"
+#include "server/plan/plan_tiling.h"
+#include "server/plan/plan_wire.h"
 #include "tessera/v1/coordinator_state.pb.h"
 
 namespace tessera {
+
+using plan_internal::ForEachInRuns;
+using plan_internal::PassThreads;
+using plan_internal::SplitRuns;
+
 namespace {
 
 using Int64s = google::protobuf::RepeatedField<int64_t>;
@@ -204,56 +210,6 @@ absl::Status ValidateShard(const MeshLayout& layout, uint32_t rank, int32_t inde
   piece->begin = extent.begin;
   piece->end = extent.end;
   piece->mask = extent.replicated_mask;
-  return absl::OkStatus();
-}
-
-// ---------------------------------------------------------------------------------------------
-// Fingerprint
-
-// Passes over every shard (rule 1 with the ranks' fingerprints, and FingerprintPlans) run on
-// several threads for plans of at least this many shards: they are bound by memory latency
-// (a shard's fields live in separate allocations), and ranks are independent.
-constexpr size_t kParallelShards = 1 << 16;
-constexpr size_t kMaxPassThreads = 8;
-
-// How many threads a pass over `shards` shards uses: `requested` (PlannerOptions.threads) if
-// not 0, else one per core; at most kMaxPassThreads; one below kParallelShards.
-size_t PassThreads(size_t shards, size_t requested = 0) {
-  if (shards < kParallelShards) return 1;
-  if (requested != 0) return std::min(requested, kMaxPassThreads);
-  return std::clamp<size_t>(UsableCpus(), 1, kMaxPassThreads);
-}
-
-// Splits the items [0, n) into `parts` contiguous runs of about equal weight, where
-// prefix[i] (n + 1 entries, prefix[0] = 0) is the weight of items [0, i). Run t is
-// [runs[t], runs[t + 1]); runs may be empty.
-std::vector<uint32_t> SplitRuns(const std::vector<size_t>& prefix, size_t parts) {
-  const size_t total = prefix.back();
-  std::vector<uint32_t> runs(parts + 1, static_cast<uint32_t>(prefix.size() - 1));
-  for (size_t t = 0; t < parts; ++t) {
-    const size_t weight = total / parts * t + total % parts * t / parts;  // total * t / parts
-    runs[t] = static_cast<uint32_t>(std::lower_bound(prefix.begin(), prefix.end(), weight) -
-                                    prefix.begin());
-  }
-  runs[0] = 0;
-  return runs;
-}
-
-// Runs fn(t, item) for every item of every run (SplitRuns), each run in order on its own
-// thread; a run stops at its first error. Returns the first run's error: runs are in item
-// order, so it is the error one thread going through every item would meet first.
-template <typename Fn>
-absl::Status ForEachInRuns(const std::vector<uint32_t>& runs, const Fn& fn) {
-  const size_t threads = runs.size() - 1;
-  std::vector<absl::Status> errors(threads);
-  RunOnThreads(threads, [&](size_t t) {
-    for (uint32_t item = runs[t]; item < runs[t + 1] && errors[t].ok(); ++item) {
-      errors[t] = fn(t, item);
-    }
-  });
-  for (absl::Status& error : errors) {
-    if (!error.ok()) return std::move(error);
-  }
   return absl::OkStatus();
 }
 
@@ -1169,30 +1125,6 @@ std::string EncodePlanRecord(const GlobalPlan& plan) {
   return out;
 }
 
-uint64_t FingerprintLocalPlan(const LocalPlan& plan) {
-  return FingerprintShards(plan.rank, plan.shards);
-}
-
-uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>& plans) {
-  std::vector<const LocalPlan*> ordered;
-  ordered.reserve(plans.size());
-  size_t shards = 0;
-  for (const LocalPlan& plan : plans) {
-    ordered.push_back(&plan);
-    shards += plan.shards.size();
-  }
-  std::stable_sort(ordered.begin(), ordered.end(),
-                   [](const LocalPlan* a, const LocalPlan* b) { return a->rank < b->rank; });
-  std::vector<uint64_t> per_rank(ordered.size());
-  const size_t threads = PassThreads(shards);
-  RunOnThreads(threads, [&](size_t first) {
-    for (size_t i = first; i < ordered.size(); i += threads) {
-      per_rank[i] = FingerprintLocalPlan(*ordered[i]);
-    }
-  });
-  return CombineFingerprints(layout, per_rank);
-}
-
 absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
                                            const std::vector<LocalPlan>& plans,
                                            const PlannerOptions& options) {
@@ -1246,50 +1178,6 @@ absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
     }
   }
   return plan;
-}
-
-// ---------------------------------------------------------------------------------------------
-// PlanCache
-
-PlanCache::PlanCache(PlanCacheOptions options) : options_(options) {}
-
-std::shared_ptr<const GlobalPlan> PlanCache::Lookup(absl::string_view job_id,
-                                                    uint64_t fingerprint) {
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(job_id);
-  if (it == entries_.end() || it->second.plan->fingerprint != fingerprint) return nullptr;
-  it->second.last_used = ++clock_;
-  return it->second.plan;
-}
-
-void PlanCache::Insert(absl::string_view job_id, std::shared_ptr<const GlobalPlan> plan) {
-  if (plan == nullptr) {
-    Erase(job_id);
-    return;
-  }
-  absl::MutexLock lock(&mu_);
-  auto it = entries_.find(job_id);
-  if (it == entries_.end() && entries_.size() >= std::max<size_t>(options_.max_jobs, 1)) {
-    // O(jobs) eviction; the cache is small and inserts happen once per changed plan.
-    auto victim = entries_.begin();
-    for (auto e = entries_.begin(); e != entries_.end(); ++e) {
-      if (e->second.last_used < victim->second.last_used) victim = e;
-    }
-    entries_.erase(victim);
-  }
-  Entry& entry = entries_[job_id];
-  entry.plan = std::move(plan);
-  entry.last_used = ++clock_;
-}
-
-void PlanCache::Erase(absl::string_view job_id) {
-  absl::MutexLock lock(&mu_);
-  entries_.erase(job_id);
-}
-
-size_t PlanCache::size() const {
-  absl::MutexLock lock(&mu_);
-  return entries_.size();
 }
 
 }  // namespace tessera
