@@ -1,7 +1,7 @@
 // The planner's parallel passes: how many threads a pass over every shard, rank or key uses,
 // and how the items are split into contiguous runs, one per thread, so that the first error
 // and the result are those of a single thread going through every item in order. Shared by
-// the planner's passes (planner.cc, FillDerived included) and FingerprintPlans (fingerprint.cc).
+// the planner's passes (validate.cc, encode.cc, FillDerived in planner.cc) and FingerprintPlans.
 // Internal to server/plan/ (BUILD visibility).
 //
 // Thread-safety: pure functions; ForEachInRuns calls fn on several threads at once, one run

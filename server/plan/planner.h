@@ -1,7 +1,9 @@
 // The global planner: turns every rank's local plan (the tensor pieces it holds) into one
 // validated global save plan — what each rank writes, hashes and sends — and the manifest
 // skeleton of the checkpoint. DESIGN.md "Global planning rules" and "Gathering optimizer state
-// across DP" are implemented here, one rule per function in planner.cc.
+// across DP" are implemented in this package, one rule per function: rule 0 in BuildGlobalPlan
+// (planner.cc), rules 1 to 5 in validate.cc, the writers in assign.cc, the wire encoding of
+// the assignments in encode.cc (planner_internal.h declares the Planner they share).
 //
 // The rules, in the order they are checked (the first violation is returned, so the error a
 // plan gets is deterministic):
