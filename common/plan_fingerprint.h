@@ -1,5 +1,5 @@
 // Plan fingerprints: 64-bit XXH3 digests of a canonical encoding of local plans, shared by the
-// coordinator (which caches validated global plans by them, server/planner.h) and the agent
+// coordinator (which caches validated global plans by them, server/plan/plan_cache.h) and the agent
 // (which submits a fingerprint instead of its shards when its plan is unchanged,
 // coordinator.proto SubmitLocalPlanRequest). Both sides compute the same number with this one
 // function, so neither trusts a value the other computed differently.

@@ -177,7 +177,7 @@ TEST_F(ManifestIoTest, Read_Malformed_DataLossSayingWhy) {
 }
 
 // The planner records optimizer state that no rank has yet as one entry "<fqn>#" with an
-// empty state key (server/planner.h); such a manifest must commit and read back.
+// empty state key (server/plan/planner.h); such a manifest must commit and read back.
 TEST_F(ManifestIoTest, Validate_AbsentOptimizerStateWithoutKey_Accepted) {
   v1::Manifest m = manifest_;
   v1::TensorEntry* absent = m.add_tensors();

@@ -49,7 +49,7 @@
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
 #include "server/liveness_feed.h"
-#include "server/planner.h"
+#include "server/plan/plan_cache.h"
 #include "server/session/job_core.h"
 #include "server/session/options.h"
 #include "server/store/state_store.h"

@@ -19,7 +19,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "common/layout.h"
-#include "server/planner.h"
+#include "server/plan/planner.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/types.pb.h"

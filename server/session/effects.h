@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "common/layout.h"
-#include "server/planner.h"
+#include "server/plan/planner.h"
 #include "server/session/options.h"
 #include "server/store/state_store.h"
 #include "tessera/v1/coordinator.pb.h"

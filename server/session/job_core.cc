@@ -8,6 +8,7 @@
 #include "common/ids.h"
 #include "common/log.h"
 #include "common/status.h"
+#include "server/plan/fingerprint.h"
 #include "server/session/memory_only.h"
 #include "server/session/schema.h"
 #include "server/session/status_view.h"

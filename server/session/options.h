@@ -7,7 +7,7 @@
 #include <string>
 
 #include "absl/time/time.h"
-#include "server/planner.h"
+#include "server/plan/planner.h"
 
 namespace tessera {
 

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/log.h"
+#include "common/plan_fingerprint.h"
 #include "common/status.h"
 
 namespace tessera {

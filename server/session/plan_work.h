@@ -1,5 +1,5 @@
 // Planning a session, off the job's lock: the job's cached plan if the local plans are
-// unchanged, else the planner (server/planner.h); then host-RAM admission. The shell runs it
+// unchanged, else the planner (server/plan/planner.h); then host-RAM admission. The shell runs it
 // for a PlanWork (effects.h) and feeds the verdict to JobCore::PlanDecided.
 //
 // Thread-safety: free functions. DecidePlan reads the registry and the plan cache, both
@@ -13,7 +13,8 @@
 
 #include "absl/status/status.h"
 #include "server/agent_registry.h"
-#include "server/planner.h"
+#include "server/plan/plan_cache.h"
+#include "server/plan/planner.h"
 #include "server/session/effects.h"
 
 namespace tessera {

@@ -25,7 +25,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "server/planner.h"
+#include "server/plan/planner.h"
 #include "server/store/state_store.h"
 #include "tessera/v1/admin.pb.h"
 #include "tessera/v1/coordinator_state.pb.h"

@@ -94,7 +94,7 @@
 #include "absl/time/time.h"
 #include "common/layout.h"
 #include "format/commit.h"
-#include "server/planner.h"
+#include "server/plan/planner.h"
 #include "server/session/agent_roster.h"
 #include "server/session/chunk_ledger.h"
 #include "server/session/effects.h"

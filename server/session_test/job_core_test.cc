@@ -41,7 +41,7 @@
 #include "gtest/gtest.h"
 #include "server/testing/plan_fixtures.h"
 #include "server/agent_registry.h"
-#include "server/planner.h"
+#include "server/plan/planner.h"
 #include "format/test_checkpoint.h"
 #include "server/session/commit_driver.h"
 #include "server/store/memory_state_store.h"

@@ -8,7 +8,9 @@
 #include "common/layout.h"
 #include "gtest/gtest.h"
 #include "server/agent_registry.h"
-#include "server/planner.h"
+#include "server/plan/fingerprint.h"
+#include "server/plan/plan_cache.h"
+#include "server/plan/planner.h"
 #include "server/testing/plan_fixtures.h"
 
 namespace tessera {

@@ -21,7 +21,7 @@
 #include "server/agent_registry.h"
 #include "server/command_sink.h"
 #include "server/liveness_feed.h"
-#include "server/planner.h"
+#include "server/plan/plan_cache.h"
 #include "server/relay.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"

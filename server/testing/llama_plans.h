@@ -1,5 +1,5 @@
 // Local plans of a llama-like model under pp × tp × dp with a distributed optimizer, at any
-// scale: the input of the planning benchmarks (server/planner_benchmark.cc, the library; and
+// scale: the input of the planning benchmarks (server/plan/planner_benchmark.cc, the library; and
 // tests/bench/plan_load.cc, the real coordinator over gRPC), so both measure the same plans.
 //
 // Each pipeline stage holds `params_per_stage` parameters (bf16): every tenth a 4,096-element

@@ -2,9 +2,9 @@
 //
 // Registers one fake agent per rank of a pp x tp x dp mesh (default 4 x 8 x 32 = 1,024 ranks),
 // each submitting a local plan of `--shards_per_rank` pieces shaped like a llama model under a
-// distributed optimizer (server/planner_benchmark.cc's generator: TP shards replicated over dp,
-// three optimizer states as flat DP slices, every tenth parameter a norm replicated over dp and
-// tp). The fake agents speak the coordinator protocol as a real agent does
+// distributed optimizer (server/plan/planner_benchmark.cc's generator: TP shards replicated over
+// dp, three optimizer states as flat DP slices, every tenth parameter a norm replicated over dp
+// and tp). The fake agents speak the coordinator protocol as a real agent does
 // (proto/tessera/v1/coordinator.proto; modelled on server/protocol_test.cc's FakeAgent):
 // RegisterAgent, heartbeats, a Commands stream each (read by a callback reactor, no thread per
 // agent), PINNED, STAGED, replica hashes + GATHERED, chunk reports + PERSISTED — with made-up
@@ -101,7 +101,7 @@ namespace tessera {
 namespace {
 
 // The plans: server/testing/llama_plans.h LlamaRankShards, the same as
-// server/planner_benchmark.cc's, each worker building only its ranks'.
+// server/plan/planner_benchmark.cc's, each worker building only its ranks'.
 
 // Ranks a fake node holds (RegisterAgentRequest.node_id), as on an 8-GPU machine.
 constexpr uint32_t kRanksPerNode = 8;

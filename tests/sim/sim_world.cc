@@ -33,7 +33,7 @@
 #include "server/agent_registry.h"
 #include "server/liveness_feed.h"
 #include "agent/lease_keeper.h"
-#include "server/planner.h"
+#include "server/plan/plan_cache.h"
 #include "server/session/commit_driver.h"
 #include "server/session/effects_carrier.h"
 #include "server/session/job_core.h"

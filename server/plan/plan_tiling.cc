@@ -1,4 +1,4 @@
-#include "server/plan_tiling.h"
+#include "server/plan/plan_tiling.h"
 
 #include <algorithm>
 #include <vector>

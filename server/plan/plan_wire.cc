@@ -1,4 +1,4 @@
-#include "server/plan_wire.h"
+#include "server/plan/plan_wire.h"
 
 #include <algorithm>
 #include <optional>

@@ -14,7 +14,7 @@
 // plan < 50 ms. Wall ("Time") and process CPU time are both shown: on a shared machine the
 // first is inflated by other processes.
 //
-//   bazel run //server:planner_benchmark
+//   bazel run //server/plan:planner_benchmark
 #include <sys/resource.h>
 
 #include <cstdio>
@@ -24,7 +24,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "benchmark/benchmark.h"
-#include "server/planner.h"
+#include "server/plan/fingerprint.h"
+#include "server/plan/plan_cache.h"
+#include "server/plan/planner.h"
 #include "server/testing/llama_plans.h"
 
 namespace tessera {

@@ -1,7 +1,9 @@
 // The global planner: turns every rank's local plan (the tensor pieces it holds) into one
 // validated global save plan — what each rank writes, hashes and sends — and the manifest
 // skeleton of the checkpoint. DESIGN.md "Global planning rules" and "Gathering optimizer state
-// across DP" are implemented here, one rule per function in planner.cc.
+// across DP" are implemented in this package, one rule per function: rule 0 in BuildGlobalPlan
+// (planner.cc), rules 1 to 5 in validate.cc, the writers in assign.cc, the wire encoding of
+// the assignments in encode.cc (planner_internal.h declares the Planner they share).
 //
 // The rules, in the order they are checked (the first violation is returned, so the error a
 // plan gets is deterministic):
@@ -43,19 +45,18 @@
 // well under a second and the planner's own memory is a fraction of the local plans'
 // (planner_benchmark.cc).
 //
-// Thread-safety: BuildGlobalPlan and the fingerprint functions are pure functions. On plans of
-// 65,536 shards or more, their passes over every shard, rank or key (validation with the
-// grouping of pieces by key, fingerprints, rules 4 and 5 per key, encoding the assignments,
-// FillDerived) run on up to 8 threads of their own, one per core. Each thread takes a
-// contiguous run of ranks (or of keys in name order) and the lowest run's error wins, so the
-// error is the one a single thread would find first.
-// PlanCache is safe for concurrent use.
-#ifndef TESSERA_SERVER_PLANNER_H_
-#define TESSERA_SERVER_PLANNER_H_
+// Thread-safety: BuildGlobalPlan and the fingerprint functions (fingerprint.h) are pure
+// functions. On plans of 65,536 shards or more, their passes over every shard, rank or key
+// (validation with the grouping of pieces by key, fingerprints, rules 4 and 5 per key, encoding
+// the assignments, FillDerived) run on up to 8 threads of their own, one per core
+// (parallel_runs.h). Each thread takes a contiguous run of ranks (or of keys in name order) and
+// the lowest run's error wins, so the error is the one a single thread would find first.
+// PlanCache (plan_cache.h) is safe for concurrent use.
+#ifndef TESSERA_SERVER_PLAN_PLANNER_H_
+#define TESSERA_SERVER_PLAN_PLANNER_H_
 
 #include <cstddef>
 #include <cstdint>
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -63,10 +64,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/types/span.h"
 #include "common/layout.h"
-#include "common/plan_fingerprint.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/types.pb.h"
@@ -95,7 +93,7 @@ struct PlannerOptions {
 
 // A validated global plan.
 struct GlobalPlan {
-  // FingerprintPlans() of the layout and local plans this plan was built from.
+  // FingerprintPlans() (fingerprint.h) of the layout and local plans this plan was built from.
   uint64_t fingerprint = 0;
   // Index = rank: the rank's v1::RankAssignment, serialized — what its PinCommand carries and
   // what the session persists. Kept serialized because at a million pieces the parsed
@@ -170,63 +168,6 @@ absl::StatusOr<GlobalPlan> BuildGlobalPlan(const MeshLayout& layout,
                                            const std::vector<LocalPlan>& plans,
                                            const PlannerOptions& options = {});
 
-// A 64-bit XXH3 fingerprint of the layout and the local plans, over a canonical encoding of
-// every field (independent of protobuf's wire format). Plans are taken in rank order whatever
-// their order in `plans`; the order of shards within a plan matters (assignments refer to
-// shards by index). Equal fingerprints mean, up to a 2^-64 collision, an identical global plan.
-// Equals CombineFingerprints(layout, {FingerprintLocalPlan(plan) in rank order}); plans of
-// 65,536 shards or more are hashed on up to 8 threads.
-// Errors: none.
-uint64_t FingerprintPlans(const MeshLayout& layout, const std::vector<LocalPlan>& plans);
-
-// The fingerprint of one rank's local plan (its rank and its shards, in order). A coordinator
-// computes it when the plan arrives, so that at save time the job's fingerprint is
-// CombineFingerprints over one number per rank — microseconds instead of a pass over every
-// shard. Errors: none.
-uint64_t FingerprintLocalPlan(const LocalPlan& plan);
-
-
-struct PlanCacheOptions {
-  // Most jobs whose last plan is kept; inserting one more evicts the least recently used.
-  // Default: 1024.
-  size_t max_jobs = 1024;
-};
-
-// The last validated global plan of each job, so that a save whose local plans are unchanged
-// (every save after the first, usually) skips validation. Plans are shared, immutable.
-//
-// Thread-safety: every method may be called concurrently.
-class PlanCache {
- public:
-  explicit PlanCache(PlanCacheOptions options = {});
-
-  // The cached plan of `job_id` if its fingerprint equals `fingerprint`, else nullptr.
-  // Errors: none.
-  std::shared_ptr<const GlobalPlan> Lookup(absl::string_view job_id, uint64_t fingerprint);
-
-  // Makes `plan` the cached plan of `job_id`, replacing any previous one. A null plan erases.
-  // Errors: none.
-  void Insert(absl::string_view job_id, std::shared_ptr<const GlobalPlan> plan);
-
-  // Forgets `job_id`'s plan (e.g. when the job's layout changes or the job is deleted).
-  // Errors: none.
-  void Erase(absl::string_view job_id);
-
-  // Jobs with a cached plan. Errors: none.
-  size_t size() const;
-
- private:
-  struct Entry {
-    std::shared_ptr<const GlobalPlan> plan;
-    uint64_t last_used = 0;
-  };
-
-  const PlanCacheOptions options_;
-  mutable absl::Mutex mu_;
-  absl::flat_hash_map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
-  uint64_t clock_ ABSL_GUARDED_BY(mu_) = 0;  // LRU stamp, bumped on every use
-};
-
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_PLANNER_H_
+#endif  // TESSERA_SERVER_PLAN_PLANNER_H_

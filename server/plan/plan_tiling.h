@@ -12,8 +12,8 @@
 // them) fall back to a sweep for overlaps plus a volume sum.
 //
 // Thread-safety: pure functions.
-#ifndef TESSERA_SERVER_PLAN_TILING_H_
-#define TESSERA_SERVER_PLAN_TILING_H_
+#ifndef TESSERA_SERVER_PLAN_PLAN_TILING_H_
+#define TESSERA_SERVER_PLAN_PLAN_TILING_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -51,4 +51,4 @@ std::optional<Box> FindUncovered(absl::Span<const int64_t> shape, absl::Span<con
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_PLAN_TILING_H_
+#endif  // TESSERA_SERVER_PLAN_PLAN_TILING_H_

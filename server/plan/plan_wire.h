@@ -9,8 +9,8 @@
 // message; planner_test checks that.
 //
 // Thread-safety: writers are not thread-safe; the free functions are pure.
-#ifndef TESSERA_SERVER_PLAN_WIRE_H_
-#define TESSERA_SERVER_PLAN_WIRE_H_
+#ifndef TESSERA_SERVER_PLAN_PLAN_WIRE_H_
+#define TESSERA_SERVER_PLAN_PLAN_WIRE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -109,4 +109,4 @@ absl::StatusOr<std::vector<uint32_t>> AssignmentPeers(absl::string_view assignme
 
 }  // namespace tessera
 
-#endif  // TESSERA_SERVER_PLAN_WIRE_H_
+#endif  // TESSERA_SERVER_PLAN_PLAN_WIRE_H_
