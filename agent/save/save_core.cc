@@ -1,4 +1,4 @@
-#include "agent/save_core.h"
+#include "agent/save/save_core.h"
 
 #include <algorithm>
 #include <utility>

@@ -1,7 +1,7 @@
 // SaveCore: this rank's part of every save session, as a pure state machine (STYLE.md 16).
 //
 // No threads, no mutex, no clock reads, no I/O, no RPCs inside. Events come in as method calls,
-// each with the current time; what to do comes out as plain data (agent/save_effects.h): RPCs
+// each with the current time; what to do comes out as plain data (agent/save/save_effects.h): RPCs
 // to send, work to run, answers to the trainer, exchanges to cancel, lines to log, and when
 // the next Tick() is due. Each RPC and work item carries an id; its result comes back as an
 // event with that id. The same events in the same order give the same effects, so the agent's
@@ -133,8 +133,8 @@
 //    GATHER or PERSIST that comes later is for a phase under way or done (R1).
 //
 // Thread-safety: none. One caller at a time (the shell holds its mutex around every call).
-#ifndef TESSERA_AGENT_SAVE_CORE_H_
-#define TESSERA_AGENT_SAVE_CORE_H_
+#ifndef TESSERA_AGENT_SAVE_SAVE_CORE_H_
+#define TESSERA_AGENT_SAVE_SAVE_CORE_H_
 
 #include <cstdint>
 #include <deque>
@@ -150,9 +150,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "agent/backoff.h"
-#include "agent/report_queue.h"
-#include "agent/save_effects.h"
-#include "agent/staging_layout.h"
+#include "agent/save/report_queue.h"
+#include "agent/save/save_effects.h"
+#include "agent/save/staging_layout.h"
 #include "tessera/v1/agent.pb.h"
 #include "tessera/v1/coordinator.pb.h"
 
@@ -494,4 +494,4 @@ class SaveCore {
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SAVE_CORE_H_
+#endif  // TESSERA_AGENT_SAVE_SAVE_CORE_H_
