@@ -42,7 +42,7 @@
 #include "agent/peer/peer_address_book.h"
 #include "agent/peer_memory.h"
 #include "agent/shm_huge_pages.h"
-#include "agent/save_executor.h"
+#include "agent/save/save_executor.h"
 #include "agent/staging_pool.h"
 #include "agent/trainer_service.h"
 #include "common/clock.h"

@@ -5,7 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "agent/report_queue.h"
+#include "agent/save/report_queue.h"
 #include "common/grpc_reactors.h"
 #include "common/log.h"
 #include "common/relayable.h"

@@ -157,7 +157,7 @@ class CommandRelayer {
 // A relay's report that `request.ranks()` did not get its command (Coordinator.RelayFailed):
 // until the coordinator hears it those ranks have no PIN, and only the session's PINNING
 // deadline would end the wait. Sends it, and again after each failure worth resending
-// (agent/report_queue.h WorthResending), sleeping `backoff.Next()` between, until it gets
+// (agent/save/report_queue.h WorthResending), sleeping `backoff.Next()` between, until it gets
 // through or `clock` passes `give_up`. Returns the last answer: OK, the error that is not
 // worth resending (e.g. FailedPrecondition: the session ended or this incarnation is stale),
 // or the last failure. Blocks; run it where a wait does not hold up other work.

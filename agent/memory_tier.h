@@ -2,7 +2,7 @@
 // reads it through (DESIGN.md "Memory tier").
 //
 // An agent outlives its trainer. When a save commits, the agent's staging region begins with
-// the body of the data file it wrote (agent/staging_layout.h), so the shell keeps that region
+// the body of the data file it wrote (agent/save/staging_layout.h), so the shell keeps that region
 // resident (StagingPool::Retain) and publishes it here. A trainer restarted on the same node
 // then loads that checkpoint from memory: Find gives the loader the file's bytes as
 // format/checkpoint_reader.h ResidentFiles — which the reader verifies block by block against

@@ -5,7 +5,7 @@
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "agent/staging_layout.h"
+#include "agent/save/staging_layout.h"
 #include "common/grpc_reactors.h"
 #include "common/log.h"
 #include "common/grpc_status.h"

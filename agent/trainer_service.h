@@ -17,7 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "agent/loader.h"
 #include "agent/memory_tier.h"
-#include "agent/save_executor.h"
+#include "agent/save/save_executor.h"
 #include "agent/staging_pool.h"
 #include "tessera/v1/agent.grpc.pb.h"
 

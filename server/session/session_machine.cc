@@ -275,7 +275,7 @@ absl::StatusOr<v1::SessionState> SessionMachine::ReportPhase(
       EndRolledBack(std::move(error), now, out);
     } else if (HasError(request)) {
       // A committer retries an unresolved commit without a word; it reports an error only
-      // when it refused the COMMIT (agent/save_core.h R4: a directory is not the one it
+      // when it refused the COMMIT (agent/save/save_core.h R4: a directory is not the one it
       // computes, so it touched nothing), and it acts on no later COMMIT of the session.
       // Another committer is asked, if there is one.
       refused_commit_.insert(rank);

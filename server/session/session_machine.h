@@ -63,7 +63,7 @@
 // attempt (an I/O error) is retried with backoff (the coordinator's own commit) or by the
 // committer agent (which retries until resolved); a committer agent that is lost
 // (CommitterLost: its lease expired, or it never registered with a restarted coordinator or
-// a job's new mesh) or that refused the COMMIT (its error report: agent/save_core.h R4) is
+// a job's new mesh) or that refused the COMMIT (its error report: agent/save/save_core.h R4) is
 // replaced by another live one with the storage mounted (the commit is idempotent). With no
 // other, the session waits for one: an agent that registers, or the refusing one restarted.
 //
@@ -322,7 +322,7 @@ class SessionMachine {
   bool commit_in_flight_ = false;    // a CommitAttempt is out
   bool roll_back_requested_ = false;  // asked of the committer agent
   // Ranks whose agent refused this session's COMMIT (reported an error as its committer:
-  // agent/save_core.h R4), never picked again — until that agent restarts (AgentRestarted).
+  // agent/save/save_core.h R4), never picked again — until that agent restarts (AgentRestarted).
   // Not persisted: after a coordinator restart an agent asked again repeats its refusal.
   absl::btree_set<uint32_t> refused_commit_;
   absl::Time next_commit_attempt_ = absl::InfinitePast();

@@ -367,7 +367,7 @@ class SessionManagerTest : public ::testing::Test {
     return response->session_id();
   }
 
-  // Rank `rank`'s plan as an agent submits it (agent/save_core.h R10): with its shards, or
+  // Rank `rank`'s plan as an agent submits it (agent/save/save_core.h R10): with its shards, or
   // only its fingerprint (`omit_shards`), naming the global plan whose assignment it holds.
   absl::StatusOr<v1::SubmitLocalPlanResponse> SubmitAs(uint32_t rank, int64_t step,
                                                        bool omit_shards = false,
@@ -563,7 +563,7 @@ class SessionManagerTest : public ::testing::Test {
   }
 
   // What an agent told write_when_staged reports after its PINNED and STAGED, unasked: its
-  // replica hashes, GATHERED, its chunks, PERSISTED (agent/save_core.h R13).
+  // replica hashes, GATHERED, its chunks, PERSISTED (agent/save/save_core.h R13).
   void GatherAndPersist(uint32_t rank, const std::string& session_id) {
     ASSERT_TRUE(ReportHashes(rank, session_id).ok()) << "rank " << rank;
     ASSERT_TRUE(Phase(rank, session_id, v1::AGENT_PHASE_GATHERED).ok()) << "rank " << rank;
@@ -2316,7 +2316,7 @@ TEST_F(SessionManagerTest, Regression_CommitterNeverRegistersAfterRestart_Anothe
 // committer (rank 2) among them. Before, that committer was never lost (no lease of it
 // expires any more) and the session waited for it forever; now an agent of the new mesh that
 // mounts the storage commits it (a COMMIT for a session it does not know: edge 11 of
-// agent/save_core.h).
+// agent/save/save_core.h).
 TEST_F(SessionManagerTest, Regression_JobResumedOnSmallerMesh_CommitterGone_AnotherCommits) {
   const std::string id = DriveToCommittingByRank2(54);
   ASSERT_EQ(State(id), v1::SESSION_STATE_COMMITTING);
@@ -2337,7 +2337,7 @@ TEST_F(SessionManagerTest, Regression_JobResumedOnSmallerMesh_CommitterGone_Anot
   EXPECT_TRUE(next.ok()) << next.status();
 }
 
-// A committer agent that refuses its COMMIT (agent/save_core.h R4: a directory is not the one
+// A committer agent that refuses its COMMIT (agent/save/save_core.h R4: a directory is not the one
 // it computes, so it touches nothing) reports the error and acts on no later COMMIT of the
 // session. Before, the coordinator only logged the error ("it retries") and re-sent COMMIT to
 // that agent forever, never asking rank 3, which mounts the storage too.

@@ -259,7 +259,7 @@ class FakeAgent {
 
   // Prepared SubmitLocalPlan requests (built before the clock starts): the full plan, and the
   // fingerprint-only one a real agent sends once it holds the plan's assignment
-  // (agent/save_core.h R10).
+  // (agent/save/save_core.h R10).
   // Finds the fake agents of this worker by rank (null for a rank that is not here), for
   // passing on relayed PINs.
   void SetPeers(std::function<FakeAgent*(uint32_t rank)> peers) { peers_ = std::move(peers); }

@@ -19,7 +19,7 @@ BIN=.
 DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 # Long enough that the coordinator's restart and the agents' re-registration fit in it on a
 # loaded 2-core CI machine: an agent whose lease lapses meanwhile refuses to write a save it
-# began before (agent/save_core.h R5), and this test expects every save to commit.
+# began before (agent/save/save_core.h R5), and this test expects every save to commit.
 LEASE_MS=10000
 LAYOUT=tp=2,dp=2
 TRAINER_TIMEOUT=90

@@ -103,7 +103,7 @@ INSTANTIATE_TEST_SUITE_P(Parts, RandomSchedules, ::testing::Range(0, kParts));
 //   reconnected; the reconnection's re-submission had come before the session was known, and
 //   the session's ABORT went to the broken stream (3175970) or arrived, for a session not yet
 //   named, and was dropped (3228777). The agent waited for a verdict forever (the hang
-//   invariant): agent/save_core.h R1 and R3.
+//   invariant): agent/save/save_core.h R1 and R3.
 TEST_F(Sim, RegressionSeeds_InvariantsHold) {
   for (uint64_t seed : {3175970, 3228777}) {
     SCOPED_TRACE(seed);

@@ -5,8 +5,8 @@
 //   - the coordinator: the real session core (server/session: JobCore, driven through
 //     CarryEffects as SessionManager drives it), the real AgentRegistry and planner, over a
 //     simulated state store (SimStateStore) that can refuse a write or fail after it;
-//   - each agent: the real save core (agent/save_core.h) and the real work functions
-//     (agent/save_work.h: staging preparation, replica hashing, the shard writer, commit
+//   - each agent: the real save core (agent/save/save_core.h) and the real work functions
+//     (agent/save/save_work.h: staging preparation, replica hashing, the shard writer, commit
 //     resolution, retention) over a simulated disk (SimStorage) shared with the coordinator,
 //     and a peer transport that moves DP slices between the simulated agents' staging;
 //   - trainers that save every step in lockstep and check what they are told.

@@ -1,4 +1,4 @@
-#include "agent/report_queue.h"
+#include "agent/save/report_queue.h"
 
 #include <utility>
 

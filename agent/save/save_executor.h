@@ -1,4 +1,4 @@
-// SaveExecutor: the shell around the agent's save core (agent/save_core.h, where the session's
+// SaveExecutor: the shell around the agent's save core (agent/save/save_core.h, where the session's
 // state diagram and every rule live). It owns nothing of the protocol; it carries out what the
 // core asks for and feeds back what happened:
 //
@@ -8,7 +8,7 @@
 //   - RPCs to the coordinator run on their own thread, in the order the core asked for them;
 //     each result goes back to the core, which decides about retries (no blocking retry loop);
 //   - work (staging acquisition and zeroing, the DP exchange, writes, commits, removals) runs
-//     on one worker thread in order, through agent/save_work.h — the functions a simulation
+//     on one worker thread in order, through agent/save/save_work.h — the functions a simulation
 //     runs too;
 //   - a timer thread calls the core's Tick when the core asked for one;
 //   - trainer replies run on the thread of the event that decided them, with no lock held:
@@ -17,8 +17,8 @@
 //
 // Thread-safety: all public methods are safe for concurrent use. Callbacks run with no lock
 // held.
-#ifndef TESSERA_AGENT_SAVE_EXECUTOR_H_
-#define TESSERA_AGENT_SAVE_EXECUTOR_H_
+#ifndef TESSERA_AGENT_SAVE_SAVE_EXECUTOR_H_
+#define TESSERA_AGENT_SAVE_SAVE_EXECUTOR_H_
 
 #include <cstdint>
 #include <deque>
@@ -37,8 +37,8 @@
 #include "agent/coordinator_client.h"
 #include "agent/memory_tier.h"
 #include "agent/peer/peer_transport.h"
-#include "agent/save_core.h"
-#include "agent/save_effects.h"
+#include "agent/save/save_core.h"
+#include "agent/save/save_effects.h"
 #include "agent/staging_pool.h"
 #include "format/shard_writer.h"
 #include "storage/storage.h"
@@ -48,7 +48,7 @@
 namespace tessera {
 
 struct SaveExecutorOptions {
-  // The core's options: identity, timeouts, batching, backoff (agent/save_core.h).
+  // The core's options: identity, timeouts, batching, backoff (agent/save/save_core.h).
   SaveCoreOptions core;
   // How data files are written; writer_rank is set to core.rank. Default: ShardWriterOptions.
   ShardWriterOptions writer;
@@ -213,4 +213,4 @@ class SaveExecutor {
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SAVE_EXECUTOR_H_
+#endif  // TESSERA_AGENT_SAVE_SAVE_EXECUTOR_H_

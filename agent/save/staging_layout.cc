@@ -1,4 +1,4 @@
-#include "agent/staging_layout.h"
+#include "agent/save/staging_layout.h"
 
 #include <algorithm>
 #include <limits>

@@ -27,8 +27,8 @@
 //
 // Pure: no clock, no I/O, no RPC; the owner sends what Next() hands out and feeds the result
 // back. Thread-safety: none; owned by one SaveCore.
-#ifndef TESSERA_AGENT_REPORT_QUEUE_H_
-#define TESSERA_AGENT_REPORT_QUEUE_H_
+#ifndef TESSERA_AGENT_SAVE_REPORT_QUEUE_H_
+#define TESSERA_AGENT_SAVE_REPORT_QUEUE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -117,4 +117,4 @@ class ReportQueue {
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_REPORT_QUEUE_H_
+#endif  // TESSERA_AGENT_SAVE_REPORT_QUEUE_H_

@@ -1,4 +1,4 @@
-#include "agent/save_work.h"
+#include "agent/save/save_work.h"
 
 #include "absl/strings/str_cat.h"
 #include "common/box.h"

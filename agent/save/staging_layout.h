@@ -10,8 +10,8 @@
 //   [ data section: chunk 0 | pad | chunk 1 (own slice | peer slices) | ... ][ hashed ][ sent ]
 //
 // Thread-safety: pure function over values.
-#ifndef TESSERA_AGENT_STAGING_LAYOUT_H_
-#define TESSERA_AGENT_STAGING_LAYOUT_H_
+#ifndef TESSERA_AGENT_SAVE_STAGING_LAYOUT_H_
+#define TESSERA_AGENT_SAVE_STAGING_LAYOUT_H_
 
 #include <cstdint>
 #include <optional>
@@ -88,4 +88,4 @@ absl::StatusOr<uint64_t> ReservedStagingBytes(uint64_t bytes, uint64_t gather_by
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_STAGING_LAYOUT_H_
+#endif  // TESSERA_AGENT_SAVE_STAGING_LAYOUT_H_

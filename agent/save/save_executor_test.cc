@@ -1,6 +1,6 @@
 // SaveExecutor as a whole, in one process: a fake coordinator, real staging, real storage in a
 // temporary directory, loopback peers. Synchronised on the fake's notifications, never on sleeps.
-#include "agent/save_executor.h"
+#include "agent/save/save_executor.h"
 
 #include <unistd.h>
 
@@ -13,7 +13,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "agent/peer/loopback_peer_transport.h"
-#include "agent/save_test_messages.h"
+#include "agent/save/save_test_messages.h"
 #include "common/ids.h"
 #include "common/status.h"
 #include "format/test_checkpoint.h"

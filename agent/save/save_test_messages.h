@@ -1,7 +1,7 @@
 // Messages for tests of the agent's save path (SaveCore, SaveExecutor): one rank saving one
 // float tensor "w" of 1024 elements (4096 bytes), which it writes into its own data file.
-#ifndef TESSERA_AGENT_SAVE_TEST_MESSAGES_H_
-#define TESSERA_AGENT_SAVE_TEST_MESSAGES_H_
+#ifndef TESSERA_AGENT_SAVE_SAVE_TEST_MESSAGES_H_
+#define TESSERA_AGENT_SAVE_SAVE_TEST_MESSAGES_H_
 
 #include <cstdint>
 #include <string>
@@ -57,4 +57,4 @@ inline v1::Command OneShardPin(const std::string& session, int64_t step, uint64_
 }  // namespace testing_save
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SAVE_TEST_MESSAGES_H_
+#endif  // TESSERA_AGENT_SAVE_SAVE_TEST_MESSAGES_H_

@@ -1,7 +1,7 @@
 // SaveCore as a pure state machine: events in, effects out. No threads, no sleeps, no clock:
 // the test owns the time and answers every RPC and work item itself. Test names follow the
-// edges and rules of agent/save_core.h.
-#include "agent/save_core.h"
+// edges and rules of agent/save/save_core.h.
+#include "agent/save/save_core.h"
 
 #include <algorithm>
 #include <deque>
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/save_test_messages.h"
+#include "agent/save/save_test_messages.h"
 #include "common/ids.h"
 #include "common/plan_fingerprint.h"
 #include "common/status.h"

@@ -1,4 +1,4 @@
-// The memory and storage work of a save session (agent/save_effects.h's work items), as free
+// The memory and storage work of a save session (agent/save/save_effects.h's work items), as free
 // functions over interfaces — Storage, PeerTransport, staging memory as a pointer — so the
 // agent's shell (SaveExecutor) and a simulation of the protocol run the very same code.
 //
@@ -8,14 +8,14 @@
 //   COMMIT   ResolveAndRetain the commit resolved from the disk, then retention
 //   ABORT    RemoveSessionDir the temporary directory this rank wrote into removed
 //
-// None of them checks paths or leases: the core (agent/save_core.h, R4 and R5) decided that
+// None of them checks paths or leases: the core (agent/save/save_core.h, R4 and R5) decided that
 // before it asked for the work.
 //
 // Thread-safety: free functions; each may run concurrently with the others for different
 // sessions (Storage and PeerTransport are thread-safe). The staging memory must not change
 // while a function reads it.
-#ifndef TESSERA_AGENT_SAVE_WORK_H_
-#define TESSERA_AGENT_SAVE_WORK_H_
+#ifndef TESSERA_AGENT_SAVE_SAVE_WORK_H_
+#define TESSERA_AGENT_SAVE_SAVE_WORK_H_
 
 #include <string>
 #include <vector>
@@ -23,8 +23,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "agent/peer/peer_transport.h"
-#include "agent/save_effects.h"
-#include "agent/staging_layout.h"
+#include "agent/save/save_effects.h"
+#include "agent/save/staging_layout.h"
 #include "format/shard_writer.h"
 #include "storage/storage.h"
 #include "tessera/v1/coordinator.pb.h"
@@ -67,4 +67,4 @@ absl::Status RemoveSessionDir(Storage& storage, const RemoveWork& work);
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SAVE_WORK_H_
+#endif  // TESSERA_AGENT_SAVE_SAVE_WORK_H_

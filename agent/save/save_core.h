@@ -1,7 +1,7 @@
 // SaveCore: this rank's part of every save session, as a pure state machine (STYLE.md 16).
 //
 // No threads, no mutex, no clock reads, no I/O, no RPCs inside. Events come in as method calls,
-// each with the current time; what to do comes out as plain data (agent/save_effects.h): RPCs
+// each with the current time; what to do comes out as plain data (agent/save/save_effects.h): RPCs
 // to send, work to run, answers to the trainer, exchanges to cancel, lines to log, and when
 // the next Tick() is due. Each RPC and work item carries an id; its result comes back as an
 // event with that id. The same events in the same order give the same effects, so the agent's
@@ -132,9 +132,15 @@
 //    TmpDirPath of the registered storage root (R4's check; no root: IO_ERROR), under R5. A
 //    GATHER or PERSIST that comes later is for a phase under way or done (R1).
 //
+// Where the code is: one class, defined in parts, one concept each (each file says which):
+// save_core.cc (construction, the trainer's calls, command dispatch, the lease, time, shutdown,
+// the sessions kept), submission.cc (edges 1, 2; R1's held commands, R3's re-submission, R10),
+// phases.cc (edges 3–10), commit.cc (C1–C5), reports.cc (R3's reports and re-sending) and
+// ending.cc (edges 13–16). This header is the whole contract.
+//
 // Thread-safety: none. One caller at a time (the shell holds its mutex around every call).
-#ifndef TESSERA_AGENT_SAVE_CORE_H_
-#define TESSERA_AGENT_SAVE_CORE_H_
+#ifndef TESSERA_AGENT_SAVE_SAVE_CORE_H_
+#define TESSERA_AGENT_SAVE_SAVE_CORE_H_
 
 #include <cstdint>
 #include <deque>
@@ -150,9 +156,9 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "agent/backoff.h"
-#include "agent/report_queue.h"
-#include "agent/save_effects.h"
-#include "agent/staging_layout.h"
+#include "agent/save/report_queue.h"
+#include "agent/save/save_effects.h"
+#include "agent/save/staging_layout.h"
 #include "tessera/v1/agent.pb.h"
 #include "tessera/v1/coordinator.pb.h"
 
@@ -388,6 +394,7 @@ class SaveCore {
     std::shared_ptr<const StagingLayout> layout;
   };
 
+  // --- Part 1 (save_core.cc).
   // Every event ends with Done(): forgets old sessions, sets next_tick.
   SaveEffects Done(absl::Time now, SaveEffects fx);
   void Log(SaveEffects& fx, LogLine::Severity severity, std::string text);
@@ -397,7 +404,22 @@ class SaveCore {
   uint64_t NewSeed();
   std::string Describe(const Session& s) const;  // "session <id> (step N)"
 
-  // Plan submission (edges 1, 2).
+  // Commands (R1).
+  void Dispatch(absl::Time now, Session& s, const v1::Command& command, SaveEffects& fx);
+
+  // R4, R5.
+  absl::Status CheckPath(const std::string& what, const std::string& received,
+                         const std::string& expected) const;
+  bool LeaseAllows(const Session& s) const;
+  absl::Status LeaseLapsed(absl::string_view what) const;
+
+  Session* Find(const std::string& session_id);
+  const Session* Find(const std::string& session_id) const;
+  Session& NewSession(const std::string& id, int64_t step);
+  void Forget(SaveEffects& fx);
+  SessionView ViewOf(const Session& s) const;
+
+  // --- Part 2 (submission.cc): plan submission (edges 1, 2).
   void SendSubmission(PendingBegin& begin, SaveEffects& fx);
   // R3, R10: the session's plan again (as a fingerprint while `slim` is set).
   void Resubmit(Session& s, SaveEffects& fx);
@@ -410,14 +432,13 @@ class SaveCore {
   std::vector<v1::Command> TakeHeld(const std::string& session_id);
   // R1: drops (and logs) held commands no submission can claim any more.
   void PruneHeld(SaveEffects& fx);
-  // R3: re-submits a PLANNED session whose plan was out while the stream reconnected.
   // R3: a re-submission's reply named `moved_to`, but `s` ended here first: fail that session.
   void DisownMovedPlan(const Session& s, const std::string& moved_to, SaveEffects& fx);
+  // R3: re-submits a PLANNED session whose plan was out while the stream reconnected.
   void AskAgainAfterReconnect(Session& s, SaveEffects& fx);
   v1::BeginSaveResponse SlotsOf(const Session& s) const;
 
-  // Commands (R1).
-  void Dispatch(absl::Time now, Session& s, const v1::Command& command, SaveEffects& fx);
+  // --- Part 3 (phases.cc): the commands that start a phase's work (R1), and its results.
   void HandlePin(Session& s, const v1::PinCommand& pin, SaveEffects& fx);
   void HandleCopy(Session& s, SaveEffects& fx);
   // Edge 7: hash, exchange with `peer_addresses`.
@@ -430,42 +451,32 @@ class SaveCore {
                     SaveEffects& fx);
   void HandlePersist(absl::Time now, Session& s, const v1::PersistCommand& persist,
                      SaveEffects& fx);
-  void HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx);
-  void StartCommit(Session& s, SaveEffects& fx);
   void StartWork(Session& s, WorkItem item, SaveEffects& fx);
   // The session `work_id` was for, its work slot cleared, if it is still under way (and in
   // `expected`, if given); a session ENDING goes on ending instead (R7). Null after Shutdown.
   Session* TakeWork(uint64_t work_id, std::optional<SavePhase> expected, SaveEffects& fx);
 
-  // Reports (R3).
+  // --- Part 4 (commit.cc): the commit sub-machine (C1–C5).
+  void HandleCommit(Session& s, const v1::Command& command, SaveEffects& fx);
+  void StartCommit(Session& s, SaveEffects& fx);
+  // R5 for commits: the lease `latest` arrived under is current.
+  bool CommitLeaseCurrent(const Commit& c) const;
+
+  // --- Part 5 (reports.cc): reports (R3).
   // `report`: its phase and that phase's fields (PhaseReport); the rest is filled in here.
   void AddPhaseReport(Session& s, v1::ReportPhaseRequest report, SaveEffects& fx);
   void AddChunkReport(Session& s, v1::ReportChunksRequest request, SaveEffects& fx);
   void Pump(Session& s, SaveEffects& fx);
   // Logs `why` unless it is empty.
   void ResendAll(absl::string_view why, SaveEffects& fx);
-
-  // R4, R5.
-  absl::Status CheckPath(const std::string& what, const std::string& received,
-                         const std::string& expected) const;
-  bool LeaseAllows(const Session& s) const;
   // R3: the coordinator ended the session, and its verdict has not arrived.
   bool AwaitingVerdict(const Session& s) const;
-  // R5 for commits: the lease `latest` arrived under is current.
-  bool CommitLeaseCurrent(const Commit& c) const;
-  absl::Status LeaseLapsed(absl::string_view what) const;
 
-  // Failure and the end (edges 13–16).
+  // --- Part 6 (ending.cc): failure and the end (edges 13–16).
   void Fail(Session& s, v1::ErrorCode code, const absl::Status& cause, SaveEffects& fx);
   void BeginEnding(Session& s, absl::Status verdict, SaveEffects& fx);
   void ContinueEnding(Session& s, SaveEffects& fx);
   void End(Session& s, absl::Status outcome, std::string checkpoint_dir, SaveEffects& fx);
-
-  Session* Find(const std::string& session_id);
-  const Session* Find(const std::string& session_id) const;
-  Session& NewSession(const std::string& id, int64_t step);
-  void Forget(SaveEffects& fx);
-  SessionView ViewOf(const Session& s) const;
 
   const SaveCoreOptions options_;
 
@@ -494,4 +505,4 @@ class SaveCore {
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SAVE_CORE_H_
+#endif  // TESSERA_AGENT_SAVE_SAVE_CORE_H_

@@ -1,11 +1,11 @@
-#include "agent/save_executor.h"
+#include "agent/save/save_executor.h"
 
 #include <type_traits>
 #include <utility>
 #include <variant>
 
 #include "absl/strings/str_cat.h"
-#include "agent/save_work.h"
+#include "agent/save/save_work.h"
 #include "common/log.h"
 
 namespace tessera {

@@ -1,5 +1,5 @@
 // The save work functions on real files in a temporary directory.
-#include "agent/save_work.h"
+#include "agent/save/save_work.h"
 
 #include <memory>
 #include <string>

@@ -1,10 +1,10 @@
-// What the agent's save core (agent/save_core.h) asks of the world, and what comes back: plain
+// What the agent's save core (agent/save/save_core.h) asks of the world, and what comes back: plain
 // data, so that the agent's shell (SaveExecutor) and a deterministic simulation can both carry
 // them out. Every request carries an id; its result is fed back to the core with that id.
 //
 //   CoordinatorRpc  a plan submission or a report to send; its result comes back through
 //                   SaveCore::OnPlanSubmitted / OnReportDone.
-//   SaveWork        memory and storage work to run (agent/save_work.h runs each kind); its
+//   SaveWork        memory and storage work to run (agent/save/save_work.h runs each kind); its
 //                   result comes back through SaveCore::OnStagingReady / OnGathered /
 //                   OnPersisted / OnCommitResolved / OnRemoved.
 //   TrainerReply    the answer to a trainer's call, keyed by the ticket the caller gave it.
@@ -22,8 +22,8 @@
 //
 // Thread-safety: values; the pointers they hold are to immutable objects (shared_ptr<const>)
 // or to staging memory, which the work that receives it may use until it returns.
-#ifndef TESSERA_AGENT_SAVE_EFFECTS_H_
-#define TESSERA_AGENT_SAVE_EFFECTS_H_
+#ifndef TESSERA_AGENT_SAVE_SAVE_EFFECTS_H_
+#define TESSERA_AGENT_SAVE_SAVE_EFFECTS_H_
 
 #include <cstdint>
 #include <map>
@@ -36,7 +36,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "agent/staging_layout.h"
+#include "agent/save/staging_layout.h"
 #include "format/commit.h"
 #include "tessera/v1/agent.pb.h"
 #include "tessera/v1/coordinator.pb.h"
@@ -78,12 +78,12 @@ struct CoordinatorRpc {
 // ---------------------------------------------------------------------------------------------
 // Work items. Each names the session it is for; at most one runs per session at a time.
 
-// Acquire staging of layout->total_bytes, then PrepareStaging (agent/save_work.h).
+// Acquire staging of layout->total_bytes, then PrepareStaging (agent/save/save_work.h).
 struct PinWork {
   std::shared_ptr<const StagingLayout> layout;
 };
 
-// GatherSlices: hash the replicas, exchange DP slices with peers (agent/save_work.h).
+// GatherSlices: hash the replicas, exchange DP slices with peers (agent/save/save_work.h).
 struct GatherWork {
   std::map<uint32_t, std::string> peer_addresses;  // for the transport's resolver
   std::shared_ptr<const StagingLayout> layout;
@@ -91,7 +91,7 @@ struct GatherWork {
   absl::Time deadline;      // of the exchange
 };
 
-// WriteShards: write this rank's data file into `dir` (agent/save_work.h).
+// WriteShards: write this rank's data file into `dir` (agent/save/save_work.h).
 struct PersistWork {
   std::string dir;  // the session's temporary directory, checked by the core; empty if memory_only
   std::shared_ptr<const StagingLayout> layout;
@@ -172,4 +172,4 @@ struct SaveEffects {
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_SAVE_EFFECTS_H_
+#endif  // TESSERA_AGENT_SAVE_SAVE_EFFECTS_H_
