@@ -32,7 +32,6 @@
 #include "agent/command_relay.h"
 #include "agent/command_stream.h"
 #include "agent/coordinator_client.h"
-#include "agent/cuda_host.h"
 #include "agent/lifeline.h"
 #include "agent/loader.h"
 #include "agent/memory_budgets.h"
@@ -54,6 +53,8 @@
 #include "common/strand.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
+#include "shm/cuda_host.h"
+#include "shm/ownership.h"
 #include "storage/process_storage.h"
 #include "storage/storage.h"
 

@@ -23,6 +23,7 @@
 #include "format/test_checkpoint.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "shm/mapped_region.h"
 #include "storage/posix_storage.h"
 #include "storage/storage.h"
 #include "storage/testing.h"

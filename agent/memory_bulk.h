@@ -9,7 +9,7 @@
 // once, each receiving straight into its part of the destination; SendMemoryCopyBulk puts one.
 // On either side the kernel's copy is the only one. Over gRPC the receiver copies every byte
 // once more out of gRPC's buffers (and a put copies it twice more on the sending side);
-// agent/peer_memory_benchmark.cc measures both against plain sockets.
+// tests/bench/peer_memory_benchmark.cc measures both against plain sockets.
 //
 // Never hangs on a peer: a transfer ends once no byte has moved for its stall limit (the
 // caller's, or the server's for a peer that stops sending or taking bytes) — a limit on each

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "shm/mapped_region.h"
 
 namespace tessera {
 

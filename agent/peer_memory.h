@@ -101,13 +101,13 @@ absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const
                             const std::function<void()>& before_chunk = nullptr);
 
 // Connections ReadMemoryCopy uses by default: on two cores, four new connections read 256 MiB
-// at 1.8x the bytes per second of one (agent/peer_memory_benchmark.cc).
+// at 1.8x the bytes per second of one (tests/bench/peer_memory_benchmark.cc).
 inline constexpr int kMemoryCopyReadStreams = 4;
 
 // `streams` channels to the agent at `address`, each on its own connection, for one
 // ReadMemoryCopy. Each receives with a fixed 16 MiB flow-control window instead of gRPC's
 // bandwidth-delay probing, which starts every new connection at 64 KiB: 1.5x the bytes per
-// second of a read of 256 MiB over four new connections (agent/peer_memory_benchmark.cc).
+// second of a read of 256 MiB over four new connections (tests/bench/peer_memory_benchmark.cc).
 std::vector<std::shared_ptr<grpc::Channel>> MemoryCopyChannels(
     const std::string& address, const std::shared_ptr<grpc::ChannelCredentials>& credentials,
     int streams = kMemoryCopyReadStreams);

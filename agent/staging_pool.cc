@@ -2,7 +2,6 @@
 
 #include <dirent.h>
 #include <fcntl.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -12,14 +11,12 @@
 #include <cstring>
 #include <utility>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
-#include "absl/strings/strip.h"
-#include "agent/cuda_host.h"
-#include "storage/storage.h"
 #include "common/status.h"
+#include "shm/cuda_host.h"
+#include "shm/region_names.h"
+#include "storage/storage.h"
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {
@@ -32,26 +29,6 @@ StagingPoolOptions LoadPoolOptions(StagingPoolOptions save) {
 }
 
 namespace {
-
-// Between a region name's "<incarnation>-" and its number in a load pool (Kind::kLoad).
-constexpr absl::string_view kLoadTag = "load";
-
-constexpr size_t kMaxJobChars = 64;
-
-std::string SanitizeJob(absl::string_view job_id) {
-  std::string out;
-  for (char c : job_id.substr(0, kMaxJobChars)) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    out.push_back(ok ? c : '_');
-  }
-  return out;
-}
-
-// "tessera-<job>-r<rank>-" (no leading '/'): the prefix of every region of (job, rank).
-std::string NamePrefix(absl::string_view job_id, uint32_t rank) {
-  return absl::StrCat("tessera-", SanitizeJob(job_id), "-r", rank, "-");
-}
 
 uint64_t PageSize() {
   const long page = sysconf(_SC_PAGESIZE);
@@ -130,9 +107,9 @@ StagingPool::StagingPool(StagingPoolOptions options, uint64_t budget_bytes)
 StagingPool::~StagingPool() { ReleaseAll(); }
 
 std::string StagingPool::RegionName(uint64_t n) const {
-  return absl::StrCat("/", NamePrefix(options_.job_id, options_.rank),
-                      absl::StrFormat("%016x", options_.incarnation), "-",
-                      options_.kind == StagingPoolOptions::Kind::kLoad ? kLoadTag : "", n);
+  return StagingRegionName(options_.job_id, options_.rank, options_.incarnation,
+                           options_.kind == StagingPoolOptions::Kind::kLoad ? kLoadRegionTag : "",
+                           n);
 }
 
 absl::StatusOr<std::unique_ptr<StagingPool::Region>> StagingPool::CreateRegionLocked(
@@ -416,8 +393,8 @@ uint64_t StagingPool::regions_created() const {
 
 absl::StatusOr<int> StagingPool::RemoveStaleRegions(absl::string_view job_id, uint32_t rank,
                                                     uint64_t keep_incarnation) {
-  const std::string prefix = NamePrefix(job_id, rank);
-  const std::string keep = absl::StrCat(prefix, absl::StrFormat("%016x", keep_incarnation), "-");
+  const std::string prefix = StagingRegionPrefix(job_id, rank);
+  const std::string keep = StagingIncarnationPrefix(job_id, rank, keep_incarnation);
   // glibc implements shm_open on /dev/shm; listing it is the only way to enumerate objects.
   DIR* dir = opendir("/dev/shm");
   if (dir == nullptr) {
@@ -427,106 +404,11 @@ absl::StatusOr<int> StagingPool::RemoveStaleRegions(absl::string_view job_id, ui
   while (struct dirent* entry = readdir(dir)) {
     const absl::string_view name = entry->d_name;
     if (!absl::StartsWith(name, prefix) || absl::StartsWith(name, keep)) continue;
-    // The rest must be "<16 hex>-<n>" or "<16 hex>-load<n>", so a job named like another's
-    // prefix is never touched.
-    absl::string_view rest = name.substr(prefix.size());
-    if (rest.size() < 18 || rest[16] != '-') continue;
-    absl::string_view number = rest.substr(17);
-    absl::ConsumePrefix(&number, kLoadTag);
-    const auto is_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
-    const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
-    if (number.empty() || !std::all_of(rest.begin(), rest.begin() + 16, is_hex) ||
-        !std::all_of(number.begin(), number.end(), is_digit)) {
-      continue;
-    }
+    if (!IsStagingRegionRest(name.substr(prefix.size()))) continue;
     if (shm_unlink(absl::StrCat("/", name).c_str()) == 0) ++removed;
   }
   closedir(dir);
   return removed;
-}
-
-// ---------------------------------------------------------------------------------------------
-
-absl::StatusOr<std::unique_ptr<MappedStaging>> MappedStaging::Map(
-    const std::string& name, uint64_t size, const MapStagingOptions& options) {
-  if (name.empty() || name[0] != '/') {
-    return absl::InvalidArgumentError(
-        absl::StrCat("staging region name \"", name, "\" must start with '/'"));
-  }
-  const int fd = shm_open(name.c_str(), (options.read_only ? O_RDONLY : O_RDWR) | O_CLOEXEC, 0);
-  if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
-  struct stat st;
-  if (fstat(fd, &st) != 0) {
-    const int err = errno;
-    close(fd);
-    return ErrnoToStatus(err, "fstat", name);
-  }
-  const uint64_t region_size = static_cast<uint64_t>(st.st_size);
-  if (region_size < size || region_size == 0) {
-    close(fd);
-    return absl::FailedPreconditionError(absl::StrCat("staging region ", name, " holds ",
-                                                      region_size, " bytes, ", size,
-                                                      " are needed"));
-  }
-  const uint64_t map_size = size == 0 ? region_size : size;
-  void* data = mmap(nullptr, map_size, options.read_only ? PROT_READ : PROT_READ | PROT_WRITE,
-                    MAP_SHARED | (options.populate ? MAP_POPULATE : 0), fd, 0);
-  const int err = errno;
-  close(fd);
-  if (data == MAP_FAILED) return ErrnoToStatus(err, "mmap", name);
-  bool pinned = false;
-  if (options.pin && GpuAvailable()) {
-    absl::Status status = RegisterHost(data, map_size);
-    if (!status.ok()) {
-      munmap(data, map_size);
-      return status;
-    }
-    pinned = true;
-  }
-  return std::unique_ptr<MappedStaging>(new MappedStaging(name, data, map_size, pinned));
-}
-
-MappedStaging::~MappedStaging() {
-  if (pinned_) (void)UnregisterHost(data_);
-  munmap(data_, size_);
-}
-
-// ---------------------------------------------------------------------------------------------
-
-absl::StatusOr<std::unique_ptr<StagingOwnership>> StagingOwnership::Acquire(
-    absl::string_view job_id, uint32_t rank) {
-  const std::string name = absl::StrCat("/tessera-", SanitizeJob(job_id), "-r", rank, ".owner");
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoToStatus(errno, "shm_open", name);
-  if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    char pid[32] = {0};
-    const ssize_t n = pread(fd, pid, sizeof(pid) - 1, 0);
-    close(fd);
-    if (err == EWOULDBLOCK) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "another agent (pid ", n > 0 ? absl::StripAsciiWhitespace(pid) : "unknown",
-          ") serves job ", job_id, " rank ", rank, " on this host (it holds /dev/shm", name,
-          "); stop it first, or give this job a distinct --job"));
-    }
-    return ErrnoToStatus(err, "flock", name);
-  }
-  const std::string pid = absl::StrCat(getpid(), "\n");
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, pid.data(), pid.size(), 0) < 0) {
-    const int err = errno;
-    close(fd);
-    return ErrnoToStatus(err, "write", name);
-  }
-  return std::unique_ptr<StagingOwnership>(new StagingOwnership(fd, name));
-}
-
-StagingOwnership::~StagingOwnership() {
-  // Unlink while still holding the lock: an agent starting now either fails on the lock or
-  // creates a fresh object. (One that opened the old object just before and locks it after
-  // this close would share ownership with a third agent creating the new object: three
-  // agents of one rank racing; not worth a second lock.)
-  shm_unlink(name_.c_str());
-  close(fd_);
 }
 
 }  // namespace tessera

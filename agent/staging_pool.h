@@ -1,11 +1,11 @@
 // StagingPool: the agent's host-memory staging regions, shared with its trainer.
 //
 // A region is a POSIX shared-memory object ("/tessera-<job>-r<rank>-<incarnation hex>-<n>",
-// shm_open + ftruncate + mmap) that the agent creates, owns and unlinks; the trainer maps the
-// same object by name (MapStaging) and copies its tensors into it, and the agent writes data
-// files straight from it. Memory is page-aligned (mmap), so a region can be the source of
-// O_DIRECT writes and, when a GPU is present at run time, is page-locked (cudaHostRegister)
-// for full-bandwidth device copies and NCCL.
+// shm/region_names.h; shm_open + ftruncate + mmap) that the agent creates, owns and unlinks;
+// the trainer maps the same object by name (MapStaging, shm/mapped_region.h) and copies its
+// tensors into it, and the agent writes data files straight from it. Memory is page-aligned
+// (mmap), so a region can be the source of O_DIRECT writes and, when a GPU is present at run
+// time, is page-locked (cudaHostRegister) for full-bandwidth device copies and NCCL.
 //
 // Lifecycle: the pool is created at agent start and lives as long as the agent. Each save
 // calls Acquire() with the sizes it needs; regions are reused across saves and only grow (a
@@ -33,8 +33,7 @@
 //
 // Thread-safety: StagingPool is thread-safe. The StagingSlot pointers returned by Acquire()
 // stay valid until the next Acquire(), ReleaseAll() or the pool's destruction; the caller
-// must not call those while slots are in use. MappedStaging is not thread-safe to destroy
-// while its memory is in use.
+// must not call those while slots are in use.
 #ifndef TESSERA_AGENT_STAGING_POOL_H_
 #define TESSERA_AGENT_STAGING_POOL_H_
 
@@ -55,7 +54,7 @@ namespace tessera {
 
 struct StagingPoolOptions {
   // Job id, part of region names (characters outside [A-Za-z0-9._-] become '_', at most
-  // 64 kept). Default: "".
+  // 64 kept: shm/region_names.h). Default: "".
   std::string job_id;
 
   // The agent's rank, part of region names. Default: 0.
@@ -201,14 +200,14 @@ class StagingPool {
   uint64_t regions_created() const;
 
   // The name region number `n` of this pool gets: "/tessera-<job>-r<rank>-<incarnation as
-  // 16 hex digits>-<n>".
+  // 16 hex digits>-<n>" (StagingRegionName, shm/region_names.h).
   std::string RegionName(uint64_t n) const;
 
   // Unlinks shared-memory objects of (job_id, rank) left by other incarnations (an agent
   // that crashed cannot unlink its regions), of both pools. Returns how many were removed.
   // Mappings other processes still hold stay valid. Call it only while holding the
-  // StagingOwnership of (job_id, rank): then every other incarnation is dead. Errors:
-  // Internal if /dev/shm cannot be listed.
+  // StagingOwnership of (job_id, rank) (shm/ownership.h): then every other incarnation is
+  // dead. Errors: Internal if /dev/shm cannot be listed.
   static absl::StatusOr<int> RemoveStaleRegions(absl::string_view job_id, uint32_t rank,
                                                 uint64_t keep_incarnation);
 
@@ -251,82 +250,6 @@ class StagingPool {
   uint64_t next_region_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t acquisitions_ ABSL_GUARDED_BY(mu_) = 0;  // of regions_: the last Acquire's number
   uint64_t evictions_ ABSL_GUARDED_BY(mu_) = 0;
-};
-
-// A staging region mapped by another process (the trainer) by name. Unmaps (and unpins) on
-// destruction; never unlinks: the agent owns the name.
-// How MappedStaging::Map maps a region.
-struct MapStagingOptions {
-  // Page-lock the mapping in this process too when a GPU is present (pinning is per process).
-  bool pin = false;
-  // Map read-only (a trainer reading a load region) instead of read-write.
-  bool read_only = false;
-  // Fault every page in at map time (MAP_POPULATE): right for a save region mapped once and
-  // reused; a one-off load mapping is faster faulted in by the parallel copy that reads it.
-  bool populate = true;
-};
-
-class MappedStaging {
- public:
-  // Maps the existing region `name`; `size` = 0 maps all of it.
-  // Errors: NotFound (+IO_ERROR) if no region has that name; FailedPrecondition if the region
-  // is smaller than `size`; InvalidArgument if `name` does not start with '/'; errors of
-  // RegisterHost.
-  static absl::StatusOr<std::unique_ptr<MappedStaging>> Map(const std::string& name,
-                                                             uint64_t size,
-                                                             const MapStagingOptions& options);
-  static absl::StatusOr<std::unique_ptr<MappedStaging>> Map(const std::string& name,
-                                                             uint64_t size, bool pin = false) {
-    MapStagingOptions options;
-    options.pin = pin;
-    return Map(name, size, options);
-  }
-  ~MappedStaging();
-  MappedStaging(const MappedStaging&) = delete;
-  MappedStaging& operator=(const MappedStaging&) = delete;
-
-  void* data() const { return data_; }
-  uint64_t size() const { return size_; }
-  const std::string& name() const { return name_; }
-  bool pinned() const { return pinned_; }
-
- private:
-  MappedStaging(std::string name, void* data, uint64_t size, bool pinned)
-      : name_(std::move(name)), data_(data), size_(size), pinned_(pinned) {}
-
-  const std::string name_;
-  void* const data_;
-  const uint64_t size_;
-  const bool pinned_;
-};
-
-// Shorthand for MappedStaging::Map, for the client side.
-inline absl::StatusOr<std::unique_ptr<MappedStaging>> MapStaging(const std::string& name,
-                                                                 uint64_t size,
-                                                                 bool pin = false) {
-  return MappedStaging::Map(name, size, pin);
-}
-
-// The exclusive claim of one process on the staging of (job_id, rank) on this host: an
-// flock(2) on the shared-memory object "/tessera-<job>-r<rank>.owner", which holds the
-// owner's pid as text. The kernel releases it when the process ends, however it ends, so a
-// crashed agent never blocks its successor. An agent takes it at start, before
-// RemoveStaleRegions, and keeps it for its lifetime: a second agent for the same rank and
-// job on the host is refused instead of deleting the staging the first one is using.
-class StagingOwnership {
- public:
-  // Errors: AlreadyExists if another live process holds it (the message names its pid and
-  // the object); Internal (with errno) if the object cannot be opened or locked.
-  static absl::StatusOr<std::unique_ptr<StagingOwnership>> Acquire(absl::string_view job_id,
-                                                                   uint32_t rank);
-  ~StagingOwnership();  // releases the claim and removes the object
-  StagingOwnership(const StagingOwnership&) = delete;
-  StagingOwnership& operator=(const StagingOwnership&) = delete;
-
- private:
-  StagingOwnership(int fd, std::string name) : fd_(fd), name_(std::move(name)) {}
-  int fd_;
-  std::string name_;
 };
 
 }  // namespace tessera

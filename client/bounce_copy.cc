@@ -4,10 +4,10 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "agent/cuda_host.h"
 #include "client/device_copy.h"
 #include "client/on_device.h"
 #include "cuda_runtime_api.h"
+#include "shm/cuda_host.h"
 
 namespace tessera {
 

@@ -57,11 +57,11 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/types/span.h"
-#include "agent/staging_pool.h"
 #include "client/describe.h"
 #include "client/device_copy.h"
 #include "client/parallel_copy.h"
 #include "client/resident_prefetch.h"
+#include "shm/mapped_region.h"
 #include "tessera/v1/agent.grpc.pb.h"
 
 namespace tessera {

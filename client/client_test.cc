@@ -26,7 +26,6 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "agent/buddy_store.h"
-#include "agent/cuda_host.h"
 #include "agent/memory_bulk.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
@@ -47,6 +46,7 @@
 #include "grpcpp/server.h"
 #include "grpcpp/server_builder.h"
 #include "gtest/gtest.h"
+#include "shm/cuda_host.h"
 #include "tessera/v1/agent.grpc.pb.h"
 
 namespace tessera {

@@ -3,9 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "agent/cuda_host.h"
 #include "client/on_device.h"
 #include "cuda_runtime_api.h"
+#include "shm/cuda_host.h"
 
 namespace tessera {
 namespace {

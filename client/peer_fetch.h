@@ -30,7 +30,7 @@
 namespace tessera {
 
 // Connections a load's fetch uses at once, as the agent's own reads of a copy
-// (agent/peer_memory.h kMemoryCopyReadStreams: agent/peer_memory_benchmark.cc measured four
+// (agent/peer_memory.h kMemoryCopyReadStreams: tests/bench/peer_memory_benchmark.cc measured four
 // new connections near the loopback limit on the 2-core VM).
 inline constexpr int kFetchStreams = 4;
 

@@ -49,8 +49,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "absl/status/statusor.h"
-#include "agent/staging_pool.h"
 #include "common/checksum.h"
+#include "shm/mapped_region.h"
 
 namespace tessera {
 

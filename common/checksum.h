@@ -41,7 +41,7 @@ uint64_t ChunkDigest(const std::vector<uint64_t>& block_xxh3);
 // The most bytes a reader that checks what it receives takes in one receive before it hashes
 // them (client/peer_fetch.h FetchVerified; the link it is judged against,
 // tests/bench/loopback_link.h): what the kernel just wrote is hashed from the core's cache.
-// agent/peer_memory_benchmark (256 MiB over 2 and 4 connections, the 2-core VM, three runs of
+// tests/bench/peer_memory_benchmark (256 MiB over 2 and 4 connections, the 2-core VM, three runs of
 // medians of 3, the builds alternating) took 58.2-66.7 and 59.3-65.2 ms receiving fixed 64 KiB
 // pieces, 51.8-55.8 and 53.5-55.4 ms with fixed 1 MiB pieces, 52.5-56.2 and 53.3-56.6 ms
 // receiving what had arrived up to 1 MiB (plain loopback sockets: 39.4-43.1 and 35.8-44.4

@@ -1,5 +1,5 @@
 // The loopback link a buddy restore crosses when both "nodes" are one machine, measured as the
-// restore's baseline (tests/bench/run.sh figure 4m; agent/peer_memory_benchmark.cc): plain TCP
+// restore's baseline (tests/bench/run.sh figure 4m; peer_memory_benchmark.cc): plain TCP
 // connections on 127.0.0.1 moving bytes from memory into a preallocated destination — the
 // kernel's two copies and nothing else, the physical limit any reader over this link is held
 // to.

@@ -8,8 +8,8 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "agent/cuda_host.h"
 #include "cuda_runtime_api.h"
+#include "shm/cuda_host.h"
 
 namespace tessera::gpubench {
 namespace {

@@ -1,7 +1,7 @@
 // Where the GPU benchmark's tensors live, and the physical limit it compares against.
 //
 // ChooseMemory("auto") takes CUDA device memory when cudaGetDeviceCount finds a GPU and host
-// memory otherwise: the same run-time choice the agent and the client make (agent/cuda_host.h),
+// memory otherwise: the same run-time choice the agent and the client make (shm/cuda_host.h),
 // so a machine without a GPU runs the same binary on its CPU fallback. "cuda" insists on a GPU
 // (a GPU run must never fall back silently); "host" never touches CUDA.
 //

@@ -86,7 +86,7 @@ else
     esac
   done
   # The CUDA runtime from the pack, with no driver at all: the CPU branch, for real.
-  in_root /pack/bin/agent/cuda_host_test >"$T/cuda_host.out" 2>&1 ||
+  in_root /pack/bin/shm/cuda_host_test >"$T/cuda_host.out" 2>&1 ||
     fail "cuda_host_test in the chroot: $(cat "$T/cuda_host.out")"
   grep -q "^\[  PASSED  \] 2 tests" "$T/cuda_host.out" ||
     fail "cuda_host_test in the chroot: $(tail -n 5 "$T/cuda_host.out")"

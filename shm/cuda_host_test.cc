@@ -2,7 +2,7 @@
 // fails here instead of silently sending a GPU machine down the CPU path (or the reverse).
 // The registration cases run on the branch the machine allows; the other is skipped, naming
 // why, and never counts as passed.
-#include "agent/cuda_host.h"
+#include "shm/cuda_host.h"
 
 #include <stdlib.h>
 #include <unistd.h>

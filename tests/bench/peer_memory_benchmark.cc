@@ -11,7 +11,7 @@
 // time) received straight into the destination and hashed there, every 4 MiB block checked —
 // held to the same sockets with the receivers hashing what arrives (BM_LoopbackTcp/n/1).
 //
-//   bazel run -c opt //agent:peer_memory_benchmark
+//   bazel run -c opt //tests/bench:peer_memory_benchmark
 #include <algorithm>
 #include <memory>
 #include <string>

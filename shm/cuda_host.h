@@ -5,9 +5,13 @@
 // GPU", so the same binary takes the CPU path. Nothing here initialises a CUDA context unless a
 // GPU is present.
 //
+// Part of the shared-memory contract (shm/): the agent page-locks its staging regions with it,
+// the trainer its own mappings of them (pinning is per process) and its device copies.
+// Lifecycle: the probe runs once per process; a registration lasts until UnregisterHost.
+//
 // Thread-safety: all functions are thread-safe.
-#ifndef TESSERA_AGENT_CUDA_HOST_H_
-#define TESSERA_AGENT_CUDA_HOST_H_
+#ifndef TESSERA_SHM_CUDA_HOST_H_
+#define TESSERA_SHM_CUDA_HOST_H_
 
 #include <cstddef>
 
@@ -39,4 +43,4 @@ absl::Status CudaStatus(int cuda_error, absl::string_view op);
 
 }  // namespace tessera
 
-#endif  // TESSERA_AGENT_CUDA_HOST_H_
+#endif  // TESSERA_SHM_CUDA_HOST_H_

@@ -1,4 +1,4 @@
-#include "agent/cuda_host.h"
+#include "shm/cuda_host.h"
 
 #include <mutex>
 
