@@ -120,6 +120,50 @@ void SkipUnreadableHolders(const google::protobuf::RepeatedPtrField<std::string>
       copies.end());
 }
 
+// A load's reads of the checkpoint, one per requested shard it holds.
+struct PlannedReads {
+  std::vector<bool> absent;  // per requested shard: reported as absent, not read
+  std::vector<ReadRequest> reads;
+  std::vector<int> read_index;  // reads[k] serves request shard read_index[k]
+};
+
+// What each requested shard reads, from `reader`'s checkpoint as this rank's key names it.
+// Reported as absent, not read (the trainer keeps its destination and knows): optimizer
+// state the checkpoint records as absent (one entry "<fqn>#", no chunks), and a per-rank
+// extra of a rank that did not exist when the checkpoint was saved (a job resumed on more
+// ranks has no RNG state for its new ones). Destinations are set once the region is known.
+PlannedReads PlanReads(const v1::LoadRequest& request, const CheckpointReader& reader,
+                       uint32_t rank) {
+  PlannedReads planned;
+  planned.absent.assign(request.shards_size(), false);
+  planned.reads.reserve(request.shards_size());
+  for (int i = 0; i < request.shards_size(); ++i) {
+    const v1::ShardDesc& shard = request.shards(i);
+    const std::string key = TensorKeyOf(shard, rank);
+    if (shard.kind() == v1::SHARD_KIND_EXTRA && reader.FindTensor(key) == nullptr) {
+      planned.absent[i] = true;
+      continue;
+    }
+    if (shard.kind() == v1::SHARD_KIND_OPTIMIZER && reader.FindTensor(key) == nullptr) {
+      const v1::TensorEntry* marker = reader.FindTensor(shard.fqn() + "#");
+      if (marker != nullptr && marker->state_absent()) {
+        planned.absent[i] = true;
+        continue;
+      }
+    }
+    ReadRequest read;
+    read.key = key;
+    read.dtype = shard.dtype();
+    read.global_shape.assign(shard.global_shape().begin(), shard.global_shape().end());
+    read.box = shard.has_box() ? BoxFromProto(shard.box()) : FullBox(read.global_shape);
+    if (shard.has_flat_range()) read.flat_range = shard.flat_range();
+    read.dest_size = shard.nbytes();
+    planned.reads.push_back(std::move(read));
+    planned.read_index.push_back(i);
+  }
+  return planned;
+}
+
 }  // namespace
 
 uint64_t Loader::FetchNeeded(const CheckpointReader& reader, const std::vector<ReadRequest>& reads,
@@ -407,38 +451,7 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   JoinReleaserLocked();  // its ReleaseAll must not run after our Acquire
   ReleaseCurrentLocked();
 
-  // Reported as absent, not read (the trainer keeps its destination and knows): optimizer
-  // state the checkpoint records as absent (one entry "<fqn>#", no chunks), and a per-rank
-  // extra of a rank that did not exist when the checkpoint was saved (a job resumed on more
-  // ranks has no RNG state for its new ones). Destinations are set once the region is known.
-  std::vector<bool> absent(request.shards_size(), false);
-  std::vector<ReadRequest> reads;
-  std::vector<int> read_index;  // reads[k] serves request shard read_index[k]
-  reads.reserve(request.shards_size());
-  for (int i = 0; i < request.shards_size(); ++i) {
-    const v1::ShardDesc& shard = request.shards(i);
-    const std::string key = TensorKeyOf(shard, rank_);
-    if (shard.kind() == v1::SHARD_KIND_EXTRA && (*reader)->FindTensor(key) == nullptr) {
-      absent[i] = true;
-      continue;
-    }
-    if (shard.kind() == v1::SHARD_KIND_OPTIMIZER && (*reader)->FindTensor(key) == nullptr) {
-      const v1::TensorEntry* marker = (*reader)->FindTensor(shard.fqn() + "#");
-      if (marker != nullptr && marker->state_absent()) {
-        absent[i] = true;
-        continue;
-      }
-    }
-    ReadRequest read;
-    read.key = key;
-    read.dtype = shard.dtype();
-    read.global_shape.assign(shard.global_shape().begin(), shard.global_shape().end());
-    read.box = shard.has_box() ? BoxFromProto(shard.box()) : FullBox(read.global_shape);
-    if (shard.has_flat_range()) read.flat_range = shard.flat_range();
-    read.dest_size = shard.nbytes();
-    reads.push_back(std::move(read));
-    read_index.push_back(i);
-  }
+  PlannedReads planned = PlanReads(request, **reader, rank_);
   // The memory tier: what this agent holds of this very checkpoint (step and session). Served
   // in place if it can be, else by copying.
   std::optional<HeldCheckpoint> held;
@@ -449,15 +462,33 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   response.set_load_id(absl::StrCat("load-", rank_, "-", ++loads_));
   response.set_step(step);
   const absl::Time read_start = absl::Now();
+  absl::StatusOr<Staged> staged =
+      Stage(**reader, request, planned.reads, std::move(held), response.load_id());
+  if (!staged.ok()) return staged.status();
+  current_hold_ = std::move(staged->hold);
+  const absl::Time read_end = absl::Now();
+  FillResponse(request, **reader, *staged, std::move(planned.absent), planned.read_index,
+               &response);
+  current_load_ = response.load_id();
+  LogLoad(response, request.shards_size(), *staged, read_start - start, read_end - read_start);
+  return response;
+}
+
+absl::StatusOr<Loader::Staged> Loader::Stage(const CheckpointReader& reader,
+                                             const v1::LoadRequest& request,
+                                             std::vector<ReadRequest>& reads,
+                                             std::optional<HeldCheckpoint> held,
+                                             const std::string& load_id) {
+  const int64_t step = reader.manifest().step();
   // The job's memory copies of the checkpoint, from the coordinator: not needed to serve this
   // agent's own copy in place, asked once otherwise.
   MemoryCopies copies = absl::FailedPreconditionError("no coordinator to ask for memory copies");
   bool copies_asked = false;
   auto find_copies = [&]() -> MemoryCopies& {
     if (!copies_asked && options_.find_copies) {
-      copies = options_.find_copies(step, (*reader)->manifest().session_id(),
-                                    FilesRead(**reader, reads), !(*reader)->on_disk());
-      if (copies.ok() && (*reader)->on_disk()) {
+      copies = options_.find_copies(step, reader.manifest().session_id(), FilesRead(reader, reads),
+                                    !reader.on_disk());
+      if (copies.ok() && reader.on_disk()) {
         SkipUnreadableHolders(request.unreadable_holders(), *copies);
       }
     }
@@ -466,76 +497,81 @@ absl::StatusOr<v1::LoadResponse> Loader::Load(const v1::LoadRequest& request) {
   };
   absl::StatusOr<Staged> staged = absl::FailedPreconditionError("nothing resident");
   if (held.has_value()) {
-    staged = StageInPlace(**reader, reads, *held, request.client_verifies());
+    staged = StageInPlace(reader, reads, *held, request.client_verifies());
   } else if (options_.fetch_copy) {
-    staged = StageFetched(**reader, reads, find_copies(), request.client_verifies(),
+    staged = StageFetched(reader, reads, find_copies(), request.client_verifies(),
                           request.client_fetches());
   }
   if (!staged.ok() && held.has_value()) {
-    LogInfo("load ", response.load_id(), " step=", step, ": copying, not served in place (",
+    LogInfo("load ", load_id, " step=", step, ": copying, not served in place (",
             staged.status().message(), ")");
   }
-  if (!staged.ok()) staged = StageCopy(**reader, step, reads, std::move(held), find_copies());
-  if (!staged.ok()) return staged.status();
-  const bool in_place = staged->in_place;
-  const ReadStats& stats = staged->stats;
-  const uint64_t fetched = staged->fetched_from_peers;
-  current_hold_ = std::move(staged->hold);
-  const absl::Time read_end = absl::Now();
+  if (!staged.ok()) staged = StageCopy(reader, step, reads, std::move(held), find_copies());
+  return staged;
+}
+
+void Loader::FillResponse(const v1::LoadRequest& request, const CheckpointReader& reader,
+                          const Staged& staged, std::vector<bool> absent,
+                          const std::vector<int>& read_index, v1::LoadResponse* response) const {
+  const ReadStats& stats = staged.stats;
   std::vector<uint64_t> offsets(request.shards_size(), 0);
-  for (size_t k = 0; k < reads.size(); ++k) {
-    if (staged->results[k].state_absent) absent[read_index[k]] = true;
-    offsets[read_index[k]] = staged->offsets[k];
+  for (size_t k = 0; k < read_index.size(); ++k) {
+    if (staged.results[k].state_absent) absent[read_index[k]] = true;
+    offsets[read_index[k]] = staged.offsets[k];
   }
-  response.set_shm_name(staged->shm_name);
-  response.set_shm_size(staged->shm_size);
+  response->set_shm_name(staged.shm_name);
+  response->set_shm_size(staged.shm_size);
   for (int i = 0; i < request.shards_size(); ++i) {
-    v1::StagingSlot* slot = response.add_slots();
+    v1::StagingSlot* slot = response->add_slots();
     slot->set_offset(absent[i] ? 0 : offsets[i]);
     slot->set_nbytes(absent[i] ? 0 : request.shards(i).nbytes());
-    if (absent[i]) response.add_absent(static_cast<uint32_t>(i));
+    if (absent[i]) response->add_absent(static_cast<uint32_t>(i));
   }
-  response.set_bytes_from_memory(stats.bytes_from_memory);
-  response.set_bytes_from_disk(stats.bytes_read);
-  response.set_memory_blocks_rejected(stats.memory_blocks_rejected);
-  response.set_bytes_fetched_from_peers(fetched);
-  response.set_memory_only(!(*reader)->on_disk());
-  for (const BlockCheck& block : staged->unverified) {
-    v1::BlockCheck* check = response.add_unverified_blocks();
+  response->set_bytes_from_memory(stats.bytes_from_memory);
+  response->set_bytes_from_disk(stats.bytes_read);
+  response->set_memory_blocks_rejected(stats.memory_blocks_rejected);
+  response->set_bytes_fetched_from_peers(staged.fetched_from_peers);
+  response->set_memory_only(!reader.on_disk());
+  for (const BlockCheck& block : staged.unverified) {
+    v1::BlockCheck* check = response->add_unverified_blocks();
     check->set_offset(block.offset);
     check->set_length(block.length);
     check->set_xxh3(block.xxh3);
   }
-  if (staged->client_fetch.has_value()) {
-    response.mutable_fetch()->set_job_id(options_.job_id);
-    *response.mutable_fetch()->mutable_copy() = *staged->client_fetch;
+  if (staged.client_fetch.has_value()) {
+    response->mutable_fetch()->set_job_id(options_.job_id);
+    *response->mutable_fetch()->mutable_copy() = *staged.client_fetch;
   }
-  current_load_ = response.load_id();
+}
+
+void Loader::LogLoad(const v1::LoadResponse& response, int shards, const Staged& staged,
+                     absl::Duration setup, absl::Duration reading) {
+  const ReadStats& stats = staged.stats;
   // One line per load, split where the time goes: opening (manifest), staging (making the load
   // region, finding and fetching copies; none in place), then the reads (bandwidth over the
   // bytes read from data files, verified blocks included) or, in place, verifying the
   // resident region.
-  const double read_s = absl::ToDoubleSeconds(read_end - read_start - staged->staging_time);
+  const double read_s = absl::ToDoubleSeconds(reading - staged.staging_time);
   const double read_mib_s =
       read_s > 0 ? static_cast<double>(stats.bytes_read) / read_s / (1 << 20) : 0;
-  LogInfo("load ", response.load_id(), " step=", step,
-          response.memory_only() ? " memory_only=1" : "", " shards=", request.shards_size(),
-          " in_place=", in_place ? 1 : 0,
-          staged->client_fetch.has_value()
-              ? absl::StrCat(" client_fetches_from=", staged->client_fetch->bulk_address())
+  LogInfo("load ", response.load_id(), " step=", response.step(),
+          response.memory_only() ? " memory_only=1" : "", " shards=", shards,
+          " in_place=", staged.in_place ? 1 : 0,
+          staged.client_fetch.has_value()
+              ? absl::StrCat(" client_fetches_from=", staged.client_fetch->bulk_address())
               : "",
-          " unverified_blocks=", staged->unverified.size(), " bytes=", stats.bytes_copied,
+          " unverified_blocks=", staged.unverified.size(), " bytes=", stats.bytes_copied,
           " read_bytes=", stats.bytes_read, " read_shared_bytes=", stats.bytes_read_shared,
           " memory_bytes=", stats.bytes_from_memory,
-          " memory_blocks_rejected=", stats.memory_blocks_rejected, " fetched_from_peers=", fetched,
-          " reads=", stats.read_calls, " setup_ms=", absl::ToDoubleMilliseconds(read_start - start),
-          " staging_ms=", absl::ToDoubleMilliseconds(staged->staging_time),
-          staged->fetch_time > absl::ZeroDuration()
-              ? absl::StrCat(" fetch_ms=", absl::ToDoubleMilliseconds(staged->fetch_time))
+          " memory_blocks_rejected=", stats.memory_blocks_rejected,
+          " fetched_from_peers=", staged.fetched_from_peers, " reads=", stats.read_calls,
+          " setup_ms=", absl::ToDoubleMilliseconds(setup),
+          " staging_ms=", absl::ToDoubleMilliseconds(staged.staging_time),
+          staged.fetch_time > absl::ZeroDuration()
+              ? absl::StrCat(" fetch_ms=", absl::ToDoubleMilliseconds(staged.fetch_time))
               : "",
-          staged->read_batches > 1 ? absl::StrCat(" read_batches=", staged->read_batches) : "",
+          staged.read_batches > 1 ? absl::StrCat(" read_batches=", staged.read_batches) : "",
           " read_ms=", read_s * 1e3, " read_mib_s=", read_mib_s);
-  return response;
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> Loader::OpenLocked(const std::string& job_dir,

@@ -169,6 +169,26 @@ class Loader {
   // Most bytes one load reads from other agents (LoaderOptions::max_fetch_bytes).
   uint64_t MaxFetchBytes() const;
 
+  // Load's steps once its reads are planned, in the order it takes them (agent/loader.cc).
+  // Stages `reads` by the first way that serves them: this agent's resident copy in place
+  // (`held`), else a copy on another node fetched in place, else copying — the in-place ways
+  // copy the least, and any error of theirs falls back to copying. The job's memory copies
+  // are asked of the coordinator at most once, and only where a way needs them.
+  // Errors: StageCopy's.
+  absl::StatusOr<Staged> Stage(const CheckpointReader& reader, const v1::LoadRequest& request,
+                               std::vector<ReadRequest>& reads, std::optional<HeldCheckpoint> held,
+                               const std::string& load_id);
+  // Tells the trainer where `staged` put each requested shard (reads[k] serves shard
+  // read_index[k]; none where `absent` or the checkpoint records it absent), where the bytes
+  // came from, and what it must check or fetch itself: all it needs to copy them out.
+  void FillResponse(const v1::LoadRequest& request, const CheckpointReader& reader,
+                    const Staged& staged, std::vector<bool> absent,
+                    const std::vector<int>& read_index, v1::LoadResponse* response) const;
+  // Logs one line per load, split where its time went (`setup`: opening; `reading`: staging
+  // and reading), so that an operator can tell what made a load slow.
+  static void LogLoad(const v1::LoadResponse& response, int shards, const Staged& staged,
+                      absl::Duration setup, absl::Duration reading);
+
   // In place: the resident region of `held` itself, its hold taken, if every read lies in it
   // as LocateInMemory serves; verified here, or its blocks listed for the client
   // (`client_verifies`). Errors: LocateInMemory's (the load then copies).

@@ -377,6 +377,43 @@ class Client {
                                             LoadRetry* retry)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // LoadOnceLocked's steps (client/client_load.cc), in the order it takes them.
+  // Where a load's bytes lie in this process; defined in client_load.cc.
+  struct LoadRegion;
+  // Keeps the mapping made at Connect for a load the agent serves from its region `shm_name`
+  // (of `shm_size` bytes), and ends it for one served from another: the agent may then reuse
+  // or drop that region, which this mapping must not keep alive.
+  void TakeResidentMappingLocked(const std::string& shm_name, uint64_t shm_size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A reply naming a copy on another node (LoadResponse.fetch): reads it from its holder
+  // straight into `into`, checked as it arrives, rather than through a region the agent would
+  // fill first. A holder that fails, or blocks that do not match, are set in `*retry` (Load
+  // then asks the agent to read or verify them itself), not returned.
+  // Errors: Internal for a reply that does not fit the request.
+  static absl::Status FetchFromHolder(const v1::LoadRequest& request,
+                                      const v1::LoadResponse& response,
+                                      absl::Span<const TensorRef> into,
+                                      const std::vector<bool>& absent, absl::Time deadline,
+                                      LoadResult* result, LoadRetry* retry);
+  // Finds the reply's region among the mappings this process holds (a cached save mapping, or
+  // the resident one), else maps it read-only for this load alone: loads are rare, and the
+  // agent frees a load region after ReleaseLoad. Sets each present shard's slot, and
+  // result->prefetched_bytes where it reads through the resident mapping.
+  // Errors: MappedStaging::Map's.
+  absl::StatusOr<LoadRegion> MapLoadRegionLocked(const v1::LoadResponse& response,
+                                                 const std::vector<bool>& absent, uint64_t total,
+                                                 LoadResult* result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Copies the region's slots into host `into`, checking the blocks the agent left unverified
+  // in the same pass (client/verified_copy.h): each byte is read once, not once by the agent
+  // to verify and again here to copy. Blocks that do not match are counted in `*retry`, not
+  // returned.
+  // Errors: Internal for a reply that does not fit the request.
+  absl::Status CopyVerifiedLocked(const v1::LoadRequest& request, const v1::LoadResponse& response,
+                                  absl::Span<const TensorRef> into, const LoadRegion& region,
+                                  LoadResult* result, LoadRetry* retry)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // Copies between tensors and staging: `to_staging` for Save, else for Load. Host pieces
   // go through ParallelCopy; CUDA pieces through `device_` for a save, or for a load from
   // staging page-locked in this process (`staging_pinned`), else through
