@@ -126,11 +126,10 @@ std::string Hostname() {
   return name;
 }
 
-// Memory copies between agents: channels per transfer (rare: one per save and buddy, or
-// MemoryCopyChannels' few per file a load reads from another node). Over the bulk port a
-// transfer ends once no byte moved for this long, whatever its size; over gRPC (no bulk port)
-// it bounds the whole transfer.
-constexpr absl::Duration kMemoryCopyTimeout = absl::Minutes(2);
+// A buddy send of a memory copy: over the bulk port it ends once no byte moved for this long,
+// whatever its size; over gRPC (no bulk port) it bounds the whole transfer. Reads of a copy
+// use the readers' limit (common/bulk_wire.h kMemoryCopyReadStall) the same way.
+constexpr absl::Duration kMemoryCopySendStall = absl::Minutes(2);
 // How long a save waits for a buddy send of an older step to let its staging region go
 // (BuddyReplicator::GiveWay): it stops within one 1 MiB chunk or 5 ms unless the buddy stopped
 // reading; measured 15-85 ms on the 2-core VM with four agents busy.
@@ -404,7 +403,7 @@ int main(int argc, char** argv) {
       return std::move(*found->mutable_manifest());
     };
     loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy, char* dest) {
-      return tessera::ReadMemoryCopyFromHolder(job, copy, dest, kMemoryCopyTimeout);
+      return tessera::ReadMemoryCopyFromHolder(job, copy, dest, tessera::kMemoryCopyReadStall);
     };
   }
   tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
@@ -422,7 +421,7 @@ int main(int argc, char** argv) {
             while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(5))) {
             }
           };
-          return tessera::SendMemoryCopyToBuddy(job, buddy, copy, data, kMemoryCopyTimeout, &cancel,
+          return tessera::SendMemoryCopyToBuddy(job, buddy, copy, data, kMemoryCopySendStall, &cancel,
                                                 yield_to_saves);
         });
     replicator = replicator_owner.get();

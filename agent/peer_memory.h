@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
+#include "common/bulk_wire.h"
 #include "common/stalled_calls.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/peer.grpc.pb.h"
@@ -99,10 +100,6 @@ absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const
                             const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
                             const std::atomic<bool>* cancel = nullptr,
                             const std::function<void()>& before_chunk = nullptr);
-
-// Connections ReadMemoryCopy uses by default: on two cores, four new connections read 256 MiB
-// at 1.8x the bytes per second of one (tests/bench/peer_memory_benchmark.cc).
-inline constexpr int kMemoryCopyReadStreams = 4;
 
 // `streams` channels to the agent at `address`, each on its own connection, for one
 // ReadMemoryCopy. Each receives with a fixed 16 MiB flow-control window instead of gRPC's

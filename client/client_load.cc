@@ -13,6 +13,7 @@
 #include "client/client_internal.h"
 #include "client/parallel_copy.h"
 #include "client/peer_fetch.h"
+#include "common/bulk_wire.h"
 #include "client/verified_copy.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
@@ -270,7 +271,7 @@ absl::Status Client::FetchFromHolder(const v1::LoadRequest& request,
   const absl::Time fetch_start = absl::Now();
   absl::StatusOr<VerifiedCopyResult> fetched =
       FetchVerified(response.fetch().job_id(), response.fetch().copy(), slots, blocks,
-                    kFetchStreams, TimeLimit(deadline, kFetchStall));
+                    kMemoryCopyReadStreams, TimeLimit(deadline, kMemoryCopyReadStall));
   if (!fetched.ok()) {
     retry->fetch_error = fetched.status();
     retry->fetch_holder = response.fetch().copy().bulk_address();

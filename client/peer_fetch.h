@@ -29,16 +29,6 @@
 
 namespace tessera {
 
-// Connections a load's fetch uses at once, as the agent's own reads of a copy
-// (agent/peer_memory.h kMemoryCopyReadStreams: tests/bench/peer_memory_benchmark.cc measured four
-// new connections near the loopback limit on the 2-core VM).
-inline constexpr int kFetchStreams = 4;
-
-// How long a fetch waits for its holder's next bytes before it gives up, as an agent's reads
-// of a copy (agent_main.cc kMemoryCopyTimeout): a limit on each wait, not on the whole fetch,
-// which the load's own deadline bounds (Client::Load).
-inline constexpr absl::Duration kFetchStall = absl::Minutes(2);
-
 // Reads the bytes of memory copy `copy` (of job `job`) that `blocks` cover from its holder's
 // bulk port (copy.bulk_address(); proto/tessera/v1/peer.proto "Bulk transfers"), copying into
 // every slot its bytes (slot offsets and block offsets are from the copy's first byte) and

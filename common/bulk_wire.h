@@ -20,6 +20,16 @@
 
 namespace tessera {
 
+// How every reader of a memory copy reads it — an agent reading another's copy (over this port
+// or PeerMemory.ReadMemoryCopy: agent/memory_bulk.h, agent/peer_memory.h) and a trainer fetching
+// a lost node's copy itself (client/peer_fetch.h) alike, so the two sides cannot drift:
+// - kMemoryCopyReadStreams connections at once: on two cores, four new connections read
+//   256 MiB at 1.8x the bytes per second of one (tests/bench/peer_memory_benchmark.cc);
+// - a read gives up once no byte arrived for kMemoryCopyReadStall: a limit on each wait, not on
+//   the whole read, which the reader's own deadline bounds.
+inline constexpr int kMemoryCopyReadStreams = 4;
+inline constexpr absl::Duration kMemoryCopyReadStall = absl::Minutes(2);
+
 // The largest message either side accepts.
 inline constexpr uint32_t kMaxBulkFrameBytes = 64 << 10;
 
