@@ -10,12 +10,6 @@ BIN=.
 DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 LEASE_MS=3000
 trap stop_all EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 20 "$DIR"/logs/*.log 2>/dev/null
-  exit 1
-}
-
 start_coordinator || fail "coordinator"
 # start_agents replaces AGENT_PIDS: collect every job's agents so stop_agents stops them all.
 all_agents=()

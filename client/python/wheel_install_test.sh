@@ -9,11 +9,6 @@ BIN=.
 DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 LEASE_MS=3000
 trap stop_all EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 20 "$DIR"/logs/*.log 2>/dev/null
-  exit 1
-}
 mkdir -p "$DIR/logs"
 wheel=$(ls "$PWD"/client/python/tessera-*.whl)
 venv="$DIR/venv"

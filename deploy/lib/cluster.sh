@@ -140,3 +140,12 @@ stop_all() {
   case "$SOCK_DIR" in /tmp/tessera-sock.*) rm -rf "$SOCK_DIR" ;; esac
   return 0
 }
+
+# fail MESSAGE...: ends a test run: prints "FAIL: MESSAGE" and the last FAIL_TAIL lines
+# (default 10) of every trainer output and process log under $DIR/logs, then exits 1. A script
+# that shows something else defines its own fail after sourcing this file.
+fail() {
+  echo "FAIL: $*"
+  tail -n "${FAIL_TAIL:-10}" "$DIR"/logs/*.out "$DIR"/logs/*.log 2>/dev/null
+  exit 1
+}

@@ -14,11 +14,6 @@ LEASE_MS=1500
 LAYOUT=tp=2,dp=2
 TRAINER_TIMEOUT=60
 trap stop_all EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 4 "$DIR"/logs/*.out "$DIR"/logs/coordinator.log 2>/dev/null
-  exit 1
-}
 latest_step() { ls "$DIR/ckpt/job" 2>/dev/null | grep -E '^step-[0-9]+$' | sort | tail -n 1; }
 
 start_coordinator || fail "coordinator"

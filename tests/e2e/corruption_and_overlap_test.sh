@@ -14,12 +14,6 @@ LEASE_MS=1500
 LAYOUT=tp=2,dp=2
 TRAINER_TIMEOUT=120
 trap stop_all EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 5 "$DIR"/logs/*.out "$DIR"/logs/coordinator.log 2>/dev/null
-  exit 1
-}
-
 start_coordinator || fail "coordinator"
 start_agents job "$LAYOUT" || fail "agents"
 run_trainers job "$LAYOUT" --mode=save --steps=10,20 --layers=2 --dim=128 || fail "saving 10, 20"

@@ -13,12 +13,6 @@ SAVE_LAYOUT=${SAVE_LAYOUT:-pp=2,tp=2,dp=2}
 LOAD_LAYOUTS=${LOAD_LAYOUTS:-pp=1,tp=2,dp=4 pp=2,tp=1,dp=4}
 LEASE_MS=1500
 trap stop_all EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 5 "$DIR"/logs/*.out "$DIR"/logs/coordinator.log 2>/dev/null
-  exit 1
-}
-
 metrics_port=$(/usr/bin/python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 # --relay_from=1: the cached save's PINs (step 20) go to one agent of the node, which passes
 # them on to the other seven (DESIGN.md "Relayed PINs"); at this size they would not be.

@@ -27,12 +27,6 @@ MODEL=(--layers=2 --dim=128)
 # Per-process bound for the trainers; the test fails if one had to be killed by it.
 trap stop_all EXIT
 
-fail() {
-  echo "FAIL: $*"
-  tail -n 6 "$DIR"/logs/*.out "$DIR"/logs/*.log 2>/dev/null
-  exit 1
-}
-
 step_dir() { echo "$DIR/ckpt/$JOB/step-$(printf %09d "$1")"; }
 latest_step() { ls "$DIR/ckpt/$JOB" 2>/dev/null | grep -E '^step-[0-9]+$' | sort | tail -n 1; }
 

@@ -59,12 +59,6 @@ EOF
   exit 0
 }
 
-fail() {
-  echo "FAIL: $*"
-  tail -n 5 "$DIR"/logs/*.out "$DIR"/logs/*.log 2>/dev/null
-  exit 1
-}
-
 cleanup() {
   stop_all
   local ns pid

@@ -32,11 +32,6 @@ keep_logs() {
   stop_all
 }
 trap keep_logs EXIT
-fail() {
-  echo "FAIL: $*"
-  tail -n 5 "$DIR"/logs/*.out "$DIR"/logs/coordinator.log 2>/dev/null
-  exit 1
-}
 mkdir -p "$DIR/logs"
 
 # launch JOB WORLD RUN [trainer flags...]: one trainer per rank in the background (pids in
