@@ -566,7 +566,9 @@ TEST_P(CheckpointReaderTest, ResidentBlocks_EveryWholeBlockOfTheFileInRegionOrde
   EXPECT_EQ(blocks.size(), expected_blocks - 1);
   uint64_t listed = 0;
   for (size_t b = 0; b < blocks.size(); ++b) {
-    if (b > 0) EXPECT_GT(blocks[b].offset, blocks[b - 1].offset) << b;
+    if (b > 0) {
+      EXPECT_GT(blocks[b].offset, blocks[b - 1].offset) << b;
+    }
     ASSERT_LE(blocks[b].offset + blocks[b].length, resident.size) << b;
     // Where it lies and what it must hash to: the intact copy's bytes hash to it.
     EXPECT_EQ(Xxh3(resident.data + blocks[b].offset, blocks[b].length), blocks[b].xxh3) << b;
