@@ -330,7 +330,9 @@ class SessionManagerTest : public ::testing::Test {
     commands_before_restart_ = sink_.sent().size();
     manager();
     for (uint32_t r = 0; r < world(); ++r) {
-      if (gone != r) ASSERT_TRUE(Register(r).ok());
+      if (gone != r) {
+        ASSERT_TRUE(Register(r).ok());
+      }
     }
   }
 
