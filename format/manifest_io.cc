@@ -5,7 +5,6 @@
 
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/box.h"
 #include "common/dtype.h"
 #include "common/ids.h"
@@ -101,25 +100,6 @@ absl::Status ValidateTensor(const v1::TensorEntry& tensor) {
   return absl::OkStatus();
 }
 
-// Writes `bytes` to dir/name through a unique temporary name, fsync and rename.
-absl::Status WriteFileAtomically(Storage& storage, const std::string& dir, absl::string_view name,
-                                 const std::string& bytes) {
-  const std::string final_path = JoinPath(dir, name);
-  const std::string tmp_path =
-      JoinPath(dir, absl::StrFormat(".%s.tmp-%016x", name, NewIncarnation()));
-  absl::Status status = [&]() -> absl::Status {
-    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, storage.OpenForWrite(tmp_path));
-    absl::Status s = file->WriteAt(0, bytes.data(), bytes.size());
-    if (s.ok()) s = file->Sync();
-    absl::Status closed = file->Close();
-    if (s.ok()) s = closed;
-    RETURN_IF_ERROR(s);
-    return storage.Rename(tmp_path, final_path);
-  }();
-  if (!status.ok()) (void)storage.RemoveTree(tmp_path);
-  return status;
-}
-
 }  // namespace
 
 bool IsPlainFileName(absl::string_view name) {
@@ -182,8 +162,9 @@ absl::Status WriteManifest(Storage& storage, const std::string& dir,
   if (!manifest.SerializeToString(&binary)) {
     return absl::InternalError("cannot serialize the manifest");
   }
-  RETURN_IF_ERROR(WriteFileAtomically(storage, dir, kManifestJsonFileName, json));
-  RETURN_IF_ERROR(WriteFileAtomically(storage, dir, kManifestFileName, binary));
+  RETURN_IF_ERROR(
+      storage.PutFile(JoinPath(dir, kManifestJsonFileName), json, PutMode::kReplace));
+  RETURN_IF_ERROR(storage.PutFile(JoinPath(dir, kManifestFileName), binary, PutMode::kReplace));
   return storage.SyncDir(dir);
 }
 

@@ -282,6 +282,19 @@ bool FaultInjectingStorage::read_only() const {
   return read_only_;
 }
 
+Publication FaultInjectingStorage::publication(const std::string& path) const {
+  return base_->publication(path);
+}
+
+absl::Status FaultInjectingStorage::PutFile(const std::string& path, absl::string_view data,
+                                            PutMode mode) {
+  if (base_->publication(path) == Publication::kRenameDirectory) {
+    return Storage::PutFile(path, data, mode);
+  }
+  if (read_only()) return ErrnoToStatus(EROFS, "put", path);
+  return base_->PutFile(path, data, mode);
+}
+
 absl::Status FaultInjectingStorage::CreateDirs(const std::string& path) {
   if (read_only()) return ErrnoToStatus(EROFS, "mkdir", path);
   return base_->CreateDirs(path);

@@ -93,6 +93,12 @@ class FaultInjectingStorage : public Storage {
   uint64_t bytes_written() const;
   uint64_t writes() const;
 
+  // As the wrapped storage's.
+  Publication publication(const std::string& path) const override;
+  // Where the wrapped storage publishes by rename, Storage::PutFile through this decorator:
+  // the faults of its writes, sync and rename apply. On an object store, the wrapped storage's
+  // one atomic operation, failing as a write would (read-only: EROFS).
+  absl::Status PutFile(const std::string& path, absl::string_view data, PutMode mode) override;
   absl::Status CreateDirs(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<ReadableFile>> OpenForRead(const std::string& path) override;

@@ -21,6 +21,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "absl/strings/str_format.h"
+#include "common/ids.h"
 #include "common/status.h"
 #include "tessera/v1/types.pb.h"
 
@@ -102,6 +104,31 @@ absl::StatusOr<std::string> ReadFileToString(Storage& storage, const std::string
   std::string out(size, '\0');
   RETURN_IF_ERROR(file->ReadAt(0, out.data(), out.size()));
   return out;
+}
+
+absl::Status Storage::PutFile(const std::string& path, absl::string_view data, PutMode mode) {
+  if (mode == PutMode::kCreateOnly) {
+    return IoError(absl::StatusCode::kUnimplemented, path,
+                   absl::StrCat("cannot create ", path, " only if absent: this storage publishes "
+                                "checkpoints by renaming directories"));
+  }
+  const size_t slash = path.rfind('/');
+  const std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  const std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const std::string tmp_path =
+      JoinPath(dir, absl::StrFormat(".%s.tmp-%016x", name, NewIncarnation()));
+  absl::Status status = [&]() -> absl::Status {
+    absl::StatusOr<std::unique_ptr<WritableFile>> file = OpenForWrite(tmp_path);
+    if (!file.ok()) return file.status();
+    absl::Status s = (*file)->WriteAt(0, data.data(), data.size());
+    if (s.ok()) s = (*file)->Sync();
+    absl::Status closed = (*file)->Close();
+    if (s.ok()) s = closed;
+    if (!s.ok()) return s;
+    return Rename(tmp_path, path);
+  }();
+  if (!status.ok()) (void)RemoveTree(tmp_path);
+  return status;
 }
 
 }  // namespace tessera

@@ -1,6 +1,17 @@
-// Storage: the file-system operations the shard writer, the committer and the checkpoint
-// reader need, behind an interface so tests can inject faults (FaultInjectingStorage) and a
-// future object store can stand in for POSIX.
+// Storage: the operations the shard writer, the committer and the checkpoint reader need, behind
+// an interface with two kinds of implementation: a POSIX file system (PosixStorage) and an
+// S3-compatible object store (storage/s3/s3_storage.h), and a decorator that injects faults
+// for tests (FaultInjectingStorage). What both kinds offer:
+//   - a data file written in parts (WritableFile::WriteAt, positional; on an object store a
+//     multipart upload that appears whole at Sync, never in part);
+//   - ranged reads (ReadableFile::ReadAt);
+//   - list and delete by prefix (ListDir, RemoveTree);
+//   - a small file written whole and atomically (PutFile), optionally only if absent;
+//   - a way to publish a checkpoint atomically (publication(): a directory rename where there
+//     is one, else the creation of its manifest). The commit rule itself — what is checked,
+//     what "committed" means, what a roll back establishes — is format/commit.h's, in one place.
+// Paths are strings: a file system path, or "s3://bucket/key" for an object; a "directory" of
+// an object store is a key prefix ending before a '/'.
 //
 // Errors. Every failure is an absl::Status whose message names the operation, the path and the
 // errno text ("pwrite /ckpt/x.safetensors at offset 4096 (8388608 bytes): No space left on
@@ -99,9 +110,41 @@ class ReadableFile {
   virtual const std::string& path() const = 0;
 };
 
+// How a storage publishes a checkpoint (format/commit.h).
+enum class Publication {
+  // The session's directory is renamed to the step's, atomically (rename(2)).
+  kRenameDirectory,
+  // There is no rename: the step's manifest is created, only if absent (PutFile kCreateOnly),
+  // and names the session's directory, where the data stays.
+  kCreateManifest,
+};
+
+// What PutFile does where a file of that name exists.
+enum class PutMode {
+  kReplace,     // replaces it, atomically
+  kCreateOnly,  // leaves it: AlreadyExists
+};
+
 class Storage {
  public:
   virtual ~Storage() = default;
+
+  // How checkpoints under `path` are published. Default: kRenameDirectory.
+  virtual Publication publication(const std::string& path) const {
+    (void)path;
+    return Publication::kRenameDirectory;
+  }
+
+  // Writes `data` as the whole file `path`, atomically: a reader sees the file as it was (or
+  // none) or all of `data`, never a part. The file's bytes are durable when it returns OK; on a
+  // file system its directory entry is durable after SyncDir of the parent. With kCreateOnly,
+  // only if no file `path` exists: of several writers racing for one name, exactly one
+  // succeeds. The default writes a unique temporary name in the same directory (OpenForWrite,
+  // WriteAt, Sync, Close) and renames it over `path` (kReplace only).
+  // Errors: AlreadyExists (kCreateOnly) if `path` exists; Unimplemented for kCreateOnly where
+  // the storage publishes by rename; NotFound if the parent does not exist; see the header
+  // comment. After an error no temporary file is left.
+  virtual absl::Status PutFile(const std::string& path, absl::string_view data, PutMode mode);
 
   // Creates `path` and its missing parents (mkdir -p); OK if it already is a directory.
   // Errors: AlreadyExists if `path` exists and is not a directory; see the header comment.
@@ -120,7 +163,8 @@ class Storage {
 
   // rename(2): atomically replaces `to` (an empty directory or a file) with `from`. Does not
   // sync the parent directory. Errors: NotFound if `from` is missing; AlreadyExists if `to`
-  // is a non-empty directory; see the header comment.
+  // is a non-empty directory; Unimplemented on a storage whose publication is kCreateManifest
+  // (an object store has no rename); see the header comment.
   virtual absl::Status Rename(const std::string& from, const std::string& to) = 0;
 
   // Removes a file, or a directory and everything under it (symlinks are removed, never

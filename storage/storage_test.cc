@@ -183,6 +183,25 @@ TEST(PosixStorage, RenameSyncDirListDir_Work) {
   EXPECT_EQ(storage.FileSize(dir + "/nope").status().code(), absl::StatusCode::kNotFound);
 }
 
+TEST(PosixStorage, PutFile_ReplacesWholeAndLeavesNoTemporary_CreateOnlyUnimplemented) {
+  const std::string dir = MakeTempDir("storage_test");
+  PosixStorage storage;
+  ASSERT_TRUE(storage.PutFile(dir + "/m", "first", PutMode::kReplace).ok());
+  ASSERT_TRUE(storage.PutFile(dir + "/m", "second", PutMode::kReplace).ok());
+  absl::StatusOr<std::string> read = ReadFileToString(storage, dir + "/m");
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(*read, "second");
+  // A file system publishes by rename: only an object store creates only if absent.
+  EXPECT_EQ(storage.publication(dir), Publication::kRenameDirectory);
+  EXPECT_EQ(storage.PutFile(dir + "/n", "x", PutMode::kCreateOnly).code(),
+            absl::StatusCode::kUnimplemented);
+  EXPECT_EQ(storage.PutFile(dir + "/nope/m", "x", PutMode::kReplace).code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<std::vector<std::string>> names = storage.ListDir(dir);
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre("m"));
+}
+
 TEST(PosixStorage, RemoveTree_NestedDirsAndSymlink_RemovedWithoutFollowing) {
   const std::string dir = MakeTempDir("storage_test");
   PosixStorage storage;
@@ -438,6 +457,18 @@ TEST(JoinPath, NoDoubleSlash) {
 }
 
 // --- FaultInjectingStorage ---------------------------------------------------------------------
+
+TEST(FaultInjectingStorage, PutFile_OnAFileSystem_RenameFaultApplies) {
+  const std::string dir = MakeTempDir("storage_test");
+  PosixStorage posix;
+  FaultInjectingStorage storage(&posix);
+  storage.FailRename(EIO);
+  EXPECT_EQ(storage.PutFile(dir + "/m", "bytes", PutMode::kReplace).code(),
+            absl::StatusCode::kDataLoss);
+  absl::StatusOr<std::vector<std::string>> names = posix.ListDir(dir);
+  ASSERT_TRUE(names.ok());
+  EXPECT_THAT(*names, ElementsAre());  // nothing published, no temporary left
+}
 
 TEST(FaultInjectingStorage, FailWritesAfterBytes_PartialWriteThenEnospc) {
   const std::string dir = MakeTempDir("storage_test");
