@@ -105,6 +105,10 @@ ABSL_FLAG(std::string, crash_on, "",
 ABSL_FLAG(std::string, freeze_on, "",
           "fault injection for tests: SIGSTOP this agent (the whole process freezes until "
           "SIGCONT), once, at the points of --crash_on");
+ABSL_FLAG(std::string, s3_credentials_file, "",
+          "for an s3:// storage root: an AWS-style credentials file (profile $AWS_PROFILE or "
+          "default); empty: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, then ~/.aws/credentials. "
+          "The store is named by AWS_ENDPOINT_URL and AWS_REGION (docs/OPERATIONS.md)");
 ABSL_FLAG(std::string, inject_storage_fault, "",
           "fault injection for tests only: make this agent's storage fail. ';'-separated: "
           "ERR:after_bytes=N (writes fail once N bytes were written, as a full disk does), "
@@ -267,8 +271,11 @@ int main(int argc, char** argv) {
       tessera::StagingPool::Create(tessera::LoadPoolOptions(pool_options));
   if (!load_pool.ok()) return Fail(load_pool.status().ToString());
 
+  tessera::ProcessStorageOptions storage_options;
+  storage_options.fault_spec = absl::GetFlag(FLAGS_inject_storage_fault);
+  storage_options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
   absl::StatusOr<std::unique_ptr<tessera::ProcessStorage>> process_storage =
-      tessera::ProcessStorage::Open(absl::GetFlag(FLAGS_inject_storage_fault));
+      tessera::ProcessStorage::Open(storage_options);
   if (!process_storage.ok()) return Fail(std::string(process_storage.status().message()));
   tessera::Storage& storage = (*process_storage)->storage();
   // The memory tier (DESIGN.md "Memory tier"): a committed save's staging stays resident;

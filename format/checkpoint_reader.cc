@@ -455,8 +455,9 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(
     return absl::InvalidArgumentError("max_read_bytes and parallelism must be at least 1");
   }
   ASSIGN_OR_RETURN(v1::Manifest manifest, ReadManifest(*storage, dir));
+  std::string data_dir = DataDirOf(*storage, dir, manifest);
   return std::unique_ptr<CheckpointReader>(
-      new CheckpointReader(storage, std::move(dir), options, std::move(manifest)));
+      new CheckpointReader(storage, std::move(data_dir), options, std::move(manifest)));
 }
 
 absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest(

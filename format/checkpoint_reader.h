@@ -189,6 +189,8 @@ class CheckpointReader {
   bool on_disk() const { return storage_ != nullptr; }
 
   const v1::Manifest& manifest() const { return manifest_; }
+  // The directory of its data files (manifest_io.h DataDirOf: the checkpoint's own, or on an
+  // object store its session's); the name given for a FromManifest reader.
   const std::string& dir() const { return dir_; }
 
   // The manifest entry of `key`, or nullptr.

@@ -1,6 +1,7 @@
 #include "format/commit.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
@@ -77,6 +78,23 @@ absl::Status SyncParents(Storage& storage, const std::string& parent) {
   return storage.SyncDir(SplitPath(parent).first);
 }
 
+// Makes the checkpoint in tmp_dir committed as final_dir, the one atomic step of a commit
+// (decision 0041): where the storage renames, the manifest goes into tmp_dir and tmp_dir is
+// renamed to final_dir; on an object store, final_dir/manifest.pb is created only if absent
+// (the data stays in tmp_dir, which the manifest names by its session).
+absl::Status Publish(Storage& storage, const std::string& tmp_dir, const std::string& final_dir,
+                     const v1::Manifest& manifest) {
+  if (storage.publication(final_dir) == Publication::kRenameDirectory) {
+    RETURN_IF_ERROR(WriteManifest(storage, tmp_dir, manifest));
+    return storage.Rename(tmp_dir, final_dir);
+  }
+  std::string binary;
+  if (!manifest.SerializeToString(&binary)) {
+    return absl::InternalError("cannot serialize the manifest");
+  }
+  return storage.PutFile(JoinPath(final_dir, kManifestFileName), binary, PutMode::kCreateOnly);
+}
+
 // One commit attempt: its status, and whether the session can never commit (nothing of it is
 // under final_dir, and no retry could put it there). Errno-mapped storage errors share status
 // codes with these refusals (EINVAL is InvalidArgument, EROFS FailedPrecondition), so the
@@ -137,11 +155,21 @@ Attempt AttemptCommit(Storage& storage, const std::string& tmp_dir, const std::s
     return Refused(error);
   };
 
+  // What makes a commit whose manifest is under final_dir complete, for this attempt or an
+  // earlier one: on a file system the parents' fsync (the previous attempt may have died
+  // before it); on an object store the human-readable manifest.json beside it.
+  const bool by_rename = storage.publication(final_dir) == Publication::kRenameDirectory;
+  auto finish = [&]() -> Attempt {
+    if (by_rename) return {SyncParents(storage, parent)};
+    absl::StatusOr<std::string> json = ManifestToJson(manifest);
+    if (!json.ok()) return {json.status()};
+    return {storage.PutFile(JoinPath(final_dir, kManifestJsonFileName), *json, PutMode::kReplace)};
+  };
+
   const FinalCheck before = CheckFinal(storage, final_dir, manifest.session_id());
   switch (before.state) {
     case FinalState::kSameSession:
-      // Committed already; the previous attempt may have died before the parents' fsync.
-      return {SyncParents(storage, parent)};
+      return finish();  // committed already
     case FinalState::kOtherSession:
     case FinalState::kUnreadable:
       return not_ours(before);
@@ -156,22 +184,22 @@ Attempt AttemptCommit(Storage& storage, const std::string& tmp_dir, const std::s
     step = {listed, absl::IsNotFound(listed)};
   } else {
     step = CheckDataFiles(storage, tmp_dir, manifest);
-    if (step.status.ok()) step.status = WriteManifest(storage, tmp_dir, manifest);
-    if (step.status.ok()) step.status = storage.Rename(tmp_dir, final_dir);
+    if (step.status.ok()) step.status = Publish(storage, tmp_dir, final_dir, manifest);
   }
   const absl::Status& status = step.status;
   if (!status.ok()) {
-    // A concurrent committer of the same session may have renamed tmp_dir under us.
+    // A concurrent committer of the same session may have published it under us (or this
+    // attempt's own PUT, retried, found its first try's object).
     const FinalCheck after = CheckFinal(storage, final_dir, manifest.session_id());
-    if (after.state == FinalState::kSameSession) return {SyncParents(storage, parent)};
+    if (after.state == FinalState::kSameSession) return finish();
     if (after.state != FinalState::kAbsent) return not_ours(after);
-    if (absl::IsAlreadyExists(status)) {
+    if (by_rename && absl::IsAlreadyExists(status)) {
       return Refused(StepExists(final_dir, "it is a non-empty directory without a manifest; "
                                            "remove it by hand if it is garbage"));
     }
     return step;
   }
-  return {SyncParents(storage, parent)};
+  return finish();
 }
 
 }  // namespace
@@ -261,16 +289,45 @@ absl::StatusOr<RetentionReport> ApplyRetention(Storage& storage, const std::stri
   if (absl::IsNotFound(names.status())) return report;
   RETURN_IF_ERROR(names.status());
 
-  // Retired checkpoints first: each is renamed out of the committed namespace, then deleted.
-  // Its temporary name has a step not newer than committed_step, so an interrupted removal is
-  // finished by the next retention. Found by name alone: a manifest that cannot be read (an
-  // I/O error) does not keep a retired checkpoint.
+  const bool by_rename = storage.publication(job_dir) == Publication::kRenameDirectory;
+  // On an object store a committed checkpoint's data is its session's directory, which looks
+  // like any other: by step, the session each kept checkpoint names (empty: its manifest could
+  // not be read, so no directory of that step is removed).
+  std::map<int64_t, std::string> kept_sessions;
+  std::vector<std::string> removed_data;  // names of retired checkpoints' session directories
+  // Retired checkpoints first, each out of the committed namespace before it is deleted. On a
+  // file system it is renamed to a temporary name with a step not newer than committed_step,
+  // so an interrupted removal is finished by the next retention; on an object store its
+  // manifest is deleted first, then its session's directory, then the rest. Found by name
+  // alone: a manifest that cannot be read (an I/O error) does not keep a retired checkpoint.
   for (const std::string& name : *names) {
     const std::optional<int64_t> step = ParseStepDirName(name);
-    if (!step.has_value() ||
-        std::find(retire_steps.begin(), retire_steps.end(), *step) == retire_steps.end()) {
+    if (!step.has_value()) continue;
+    const bool retire =
+        std::find(retire_steps.begin(), retire_steps.end(), *step) != retire_steps.end();
+    if (!by_rename) {
+      const std::string dir = JoinPath(job_dir, name);
+      absl::StatusOr<v1::Manifest> manifest = ReadManifest(storage, dir);
+      if (!retire) {
+        if (!absl::IsNotFound(manifest.status())) {
+          kept_sessions[*step] = manifest.ok() ? manifest->session_id() : "";
+        }
+        continue;
+      }
+      absl::Status s = storage.RemoveTree(JoinPath(dir, kManifestFileName));
+      if (s.ok() && manifest.ok()) {
+        s = storage.RemoveTree(DataDirOf(storage, dir, *manifest));
+        removed_data.push_back(TmpDirName(manifest->step(), manifest->session_id()));
+      }
+      if (s.ok()) s = storage.RemoveTree(dir);
+      if (s.ok()) {
+        report.removed.push_back(name);
+      } else {
+        report.failed.emplace_back(name, std::move(s));
+      }
       continue;
     }
+    if (!retire) continue;
     const std::string doomed =
         TmpDirName(*step, absl::StrFormat("gc-%016x", NewIncarnation()));
     absl::Status s = storage.Rename(JoinPath(job_dir, name), JoinPath(job_dir, doomed));
@@ -289,6 +346,13 @@ absl::StatusOr<RetentionReport> ApplyRetention(Storage& storage, const std::stri
   for (const std::string& name : *names) {
     std::optional<std::pair<int64_t, std::string>> tmp = ParseTmpDirName(name);
     if (!tmp.has_value() || tmp->first > committed_step) continue;
+    if (auto kept = kept_sessions.find(tmp->first);
+        kept != kept_sessions.end() && (kept->second.empty() || kept->second == tmp->second)) {
+      continue;  // a committed checkpoint's data (or maybe: its manifest is unreadable)
+    }
+    if (std::find(removed_data.begin(), removed_data.end(), name) != removed_data.end()) {
+      continue;  // removed with its retired checkpoint
+    }
     if (absl::Status s = storage.RemoveTree(JoinPath(job_dir, name)); s.ok()) {
       report.removed.push_back(name);
     } else {

@@ -24,8 +24,19 @@
 // name (so it stops being "committed" atomically and a crash mid-removal leaves an orphan the
 // next retention removes), then deleting the tree.
 //
+// On an object store (Storage::publication() kCreateManifest; decision 0041) there is no
+// rename. The writers' directory stays where it is and holds the data for good; the commit
+// creates <job_dir>/step-NNNNNNNNN/manifest.pb only if it is absent (If-None-Match: *), then
+// writes manifest.json beside it. "Committed" means exactly: that manifest.pb exists. The
+// rules are the same — the data files are checked first; the commit is idempotent (the
+// manifest there names this session: OK) and exclusive (another session's: STEP_EXISTS); a
+// roll back establishes the manifest's absence — and a reader finds the data through
+// DataDirOf (format/manifest_io.h). Retention deletes a retired checkpoint's manifest first,
+// then its session's directory; it never removes a directory a committed manifest names.
+// Nothing needs an fsync there: a PUT is durable when it is answered.
+//
 // Thread-safety: free functions; safe to call concurrently (all decisions are re-checked
-// against the file system, and renames are atomic).
+// against the storage, and renames and conditional creates are atomic).
 #ifndef TESSERA_FORMAT_COMMIT_H_
 #define TESSERA_FORMAT_COMMIT_H_
 

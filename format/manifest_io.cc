@@ -168,6 +168,16 @@ absl::Status WriteManifest(Storage& storage, const std::string& dir,
   return storage.SyncDir(dir);
 }
 
+std::string DataDirOf(const Storage& storage, const std::string& dir,
+                      const v1::Manifest& manifest) {
+  if (storage.publication(dir) == Publication::kRenameDirectory) return dir;
+  std::string parent = dir;
+  while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+  const size_t slash = parent.rfind('/');
+  parent = slash == std::string::npos ? std::string(".") : parent.substr(0, slash);
+  return JoinPath(parent, TmpDirName(manifest.step(), manifest.session_id()));
+}
+
 absl::StatusOr<v1::Manifest> ReadManifest(Storage& storage, const std::string& dir) {
   const std::string path = JoinPath(dir, kManifestFileName);
   absl::StatusOr<std::string> bytes = ReadFileToString(storage, path);

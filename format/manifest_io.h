@@ -70,6 +70,14 @@ absl::Status WriteManifest(Storage& storage, const std::string& dir,
 // says why); other I/O errors from `storage` with IO_ERROR and the path.
 absl::StatusOr<v1::Manifest> ReadManifest(Storage& storage, const std::string& dir);
 
+// Where the data files of the checkpoint whose manifest `manifest` was read from `dir` are:
+// `dir` itself where checkpoints are published by renaming the session's directory; on an
+// object store, the session's directory beside it, TmpDirName(step, session_id), which the
+// manifest names by its step and session and where the data stays (decision 0041). Every
+// reader of a checkpoint's data files asks this. Errors: none.
+std::string DataDirOf(const Storage& storage, const std::string& dir,
+                      const v1::Manifest& manifest);
+
 }  // namespace tessera
 
 #endif  // TESSERA_FORMAT_MANIFEST_IO_H_

@@ -395,6 +395,7 @@ VerifyReport VerifyCheckpoint(Storage& storage, const std::string& dir,
   }
 
   report.tensors = manifest->tensors_size();
+  const std::string data_dir = DataDirOf(storage, dir, *manifest);
   std::map<std::string, FileTask> by_file;  // sorted: a stable report order
   {
     Problems problems(cap);
@@ -418,7 +419,7 @@ VerifyReport VerifyCheckpoint(Storage& storage, const std::string& dir,
   std::atomic<size_t> next{0};
   auto worker = [&] {
     for (size_t i = next.fetch_add(1); i < tasks.size(); i = next.fetch_add(1)) {
-      VerifyFile(storage, dir, *tasks[i], options, file_problems[i], verified[i]);
+      VerifyFile(storage, data_dir, *tasks[i], options, file_problems[i], verified[i]);
     }
   };
   const size_t threads =

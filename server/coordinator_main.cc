@@ -88,6 +88,10 @@ ABSL_FLAG(std::string, crash_in_state, "",
           "fault injection for tests: SIGKILL the coordinator right after it persists a "
           "session's entry into this state (PLANNING, PINNING, COPYING, PERSISTING, COMMITTING, "
           "COMMITTED)");
+ABSL_FLAG(std::string, s3_credentials_file, "",
+          "for an s3:// storage root: an AWS-style credentials file (profile $AWS_PROFILE or "
+          "default); empty: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, then ~/.aws/credentials. "
+          "The store is named by AWS_ENDPOINT_URL and AWS_REGION (docs/OPERATIONS.md)");
 ABSL_FLAG(std::string, inject_storage_fault, "",
           "fault injection for tests only: make the coordinator's own storage I/O (its commits, "
           "retention and removals) fail, with the agent's flag's ';'-separated SPEC "
@@ -148,8 +152,11 @@ int main(int argc, char** argv) {
   registry_options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   tessera::AgentRegistry registry(clock, registry_options);
 
+  tessera::ProcessStorageOptions storage_options;
+  storage_options.fault_spec = absl::GetFlag(FLAGS_inject_storage_fault);
+  storage_options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
   absl::StatusOr<std::unique_ptr<tessera::ProcessStorage>> process_storage =
-      tessera::ProcessStorage::Open(absl::GetFlag(FLAGS_inject_storage_fault));
+      tessera::ProcessStorage::Open(storage_options);
   if (!process_storage.ok()) return Fail(std::string(process_storage.status().message()));
   tessera::Storage& storage = (*process_storage)->storage();
   // A command stream broken from the agent's side makes the agent a suspect of the death

@@ -1,13 +1,14 @@
-// ProcessStorage: the storage a Tessera process (the coordinator or an agent) reads and writes
-// checkpoints through, made once at start from its flags.
+// ProcessStorage: the storage a Tessera process (the coordinator, an agent, the CLI) reads and
+// writes checkpoints through, made once at start from its flags.
 //
-// Today that is the POSIX file system, wrapped in a FaultInjectingStorage when the test-only
-// --inject_storage_fault flag arms faults; the choice is made here and nowhere else, so each
-// main says only "open the process's storage".
+// Paths "s3://bucket/prefix/..." go to the object store the environment names
+// (storage/s3/s3_config.h: AWS_ENDPOINT_URL, AWS_REGION, credentials), made on the first such
+// path; every other path to the file system (PosixStorage). On top, when the test-only
+// --inject_storage_fault flag arms faults, a FaultInjectingStorage. The choice is made here
+// and nowhere else, so each main says only "open the process's storage".
 //
-// Lifecycle: made in main before anything that does I/O and outlives it. Thread-safety: the
-// Storage it hands out is as thread-safe as Storage is (storage.h); Open is not to be called
-// concurrently with itself.
+// Lifecycle: made in main before anything that does I/O, and outlives it. Thread-safety: the
+// Storage it hands out is thread-safe (storage.h).
 #ifndef TESSERA_STORAGE_PROCESS_STORAGE_H_
 #define TESSERA_STORAGE_PROCESS_STORAGE_H_
 
@@ -18,16 +19,31 @@
 #include "absl/strings/string_view.h"
 #include "storage/fault_injecting_storage.h"
 #include "storage/posix_storage.h"
+#include "storage/routing_storage.h"
+#include "storage/s3/s3_storage.h"
 #include "storage/storage.h"
 
 namespace tessera {
 
+struct ProcessStorageOptions {
+  // The file system's options. Default: PosixStorageOptions's.
+  PosixStorageOptions posix;
+  // The object store's: part size, parts and reads in flight. Default: S3StorageOptions's.
+  S3StorageOptions s3;
+  // A credentials file for the object store (--s3_credentials_file); empty: the environment's,
+  // then the shared credentials file. Default: "".
+  std::string s3_credentials_file;
+  // Faults to arm (--inject_storage_fault, FaultInjectingStorage::Configure); empty: none.
+  // Default: "".
+  std::string fault_spec;
+};
+
 class ProcessStorage {
  public:
-  // The process's storage, with the faults `fault_spec` arms (FaultInjectingStorage::Configure;
-  // empty: none, and the file system is used directly). Logs a warning when faults are armed.
-  // Errors: InvalidArgument "--inject_storage_fault: <why>" if `fault_spec` does not parse.
-  static absl::StatusOr<std::unique_ptr<ProcessStorage>> Open(absl::string_view fault_spec);
+  // Logs a warning when faults are armed. The object store is not reached yet.
+  // Errors: InvalidArgument "--inject_storage_fault: <why>" if the fault spec does not parse;
+  // InvalidArgument naming the S3 option out of range.
+  static absl::StatusOr<std::unique_ptr<ProcessStorage>> Open(ProcessStorageOptions options);
 
   ProcessStorage(const ProcessStorage&) = delete;
   ProcessStorage& operator=(const ProcessStorage&) = delete;
@@ -36,11 +52,13 @@ class ProcessStorage {
   Storage& storage() { return *active_; }
 
  private:
-  ProcessStorage() = default;
+  explicit ProcessStorage(const ProcessStorageOptions& options);
 
+  // Declared in the order each wraps the one before.
   PosixStorage posix_;
-  FaultInjectingStorage faulty_{&posix_};  // wraps posix_: declared after it
-  Storage* active_ = &posix_;
+  RoutingStorage routed_;
+  FaultInjectingStorage faulty_{&routed_};
+  Storage* active_ = &routed_;
 };
 
 }  // namespace tessera

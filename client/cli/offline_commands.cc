@@ -139,8 +139,9 @@ int InspectCommand(Storage& storage, const std::string& dir, const InspectComman
     }
   }
   std::map<std::string, absl::StatusOr<uint64_t>> sizes;
+  const std::string data_dir = DataDirOf(storage, dir, m);
   for (const auto& [name, summary] : files) {
-    sizes.emplace(name, storage.FileSize(JoinPath(dir, name)));
+    sizes.emplace(name, storage.FileSize(JoinPath(data_dir, name)));
   }
   absl::StatusOr<MeshLayout> mesh = MeshLayout::FromProto(m.layout());
   const std::string layout = m.layout().dims_size() > 0 ? LayoutSpec(m.layout()) : "";

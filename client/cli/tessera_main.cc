@@ -15,7 +15,7 @@
 #include "absl/flags/reflection.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "storage/posix_storage.h"
+#include "storage/process_storage.h"
 #include "storage/storage.h"
 #include "client/cli/admin_commands.h"
 #include "client/cli/exit_codes.h"
@@ -38,6 +38,10 @@ ABSL_FLAG(std::string, tls_ca, "",
           "--tls_cert is given)");
 ABSL_FLAG(std::string, tls_cert, "", "PEM client certificate for mutual TLS (enables TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key of --tls_cert");
+ABSL_FLAG(std::string, s3_credentials_file, "",
+          "verify, inspect, export of an s3:// checkpoint: an AWS-style credentials file; "
+          "empty: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, then ~/.aws/credentials "
+          "(the store: AWS_ENDPOINT_URL, AWS_REGION)");
 ABSL_FLAG(int64_t, timeout_ms, 10000, "deadline of each coordinator call (watch has none)");
 ABSL_FLAG(std::string, session, "",
           "status, watch: the session to show (default: the job's current, else latest)");
@@ -132,9 +136,13 @@ int RunOnline(const tessera::cli::CommandInfo& command, const std::vector<std::s
 }
 
 int RunOffline(const tessera::cli::CommandInfo& command, const std::vector<std::string>& args) {
-  tessera::PosixStorageOptions storage_options;
-  storage_options.direct_io = false;  // the CLI reads and writes single files sequentially
-  tessera::PosixStorage storage(storage_options);
+  tessera::ProcessStorageOptions storage_options;
+  storage_options.posix.direct_io = false;  // the CLI reads and writes single files in order
+  storage_options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
+  absl::StatusOr<std::unique_ptr<tessera::ProcessStorage>> process_storage =
+      tessera::ProcessStorage::Open(storage_options);
+  if (!process_storage.ok()) return UsageError(std::string(process_storage.status().message()));
+  tessera::Storage& storage = (*process_storage)->storage();
   const std::string& dir = args[0];
   const bool json = absl::GetFlag(FLAGS_json);
   const int parallelism = absl::GetFlag(FLAGS_parallelism);

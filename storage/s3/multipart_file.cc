@@ -17,7 +17,16 @@ MultipartFile::MultipartFile(s3::S3Client* client, std::string bucket, std::stri
       part_size_(part_size),
       parts_in_flight_(std::max(parts_in_flight, 1)) {}
 
-MultipartFile::~MultipartFile() { (void)Close(); }
+MultipartFile::~MultipartFile() {
+  bool abandon = false;
+  {
+    absl::MutexLock lock(&mu_);
+    abandon = !closed_;
+    if (abandon && error_.ok()) error_ = absl::CancelledError("the file was abandoned");
+    closed_ = true;
+  }
+  if (abandon) Abort();
+}
 
 absl::Status MultipartFile::FailLocked(absl::Status status) {
   if (error_.ok()) error_ = status;
@@ -215,15 +224,22 @@ absl::Status MultipartFile::Sync() {
 }
 
 absl::Status MultipartFile::Close() {
-  bool abort = false;
+  absl::Status completed;
   {
     absl::MutexLock lock(&mu_);
     if (closed_) return absl::OkStatus();
-    closed_ = true;
-    abort = !synced_;
   }
+  completed = Sync();
+  {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  if (!completed.ok()) Abort();
+  return completed;
+}
+
+void MultipartFile::Abort() {
   StopUploaders(/*discard=*/true);
-  if (!abort) return absl::OkStatus();
   std::string id;
   {
     absl::MutexLock lock(&upload_id_mu_);
@@ -232,7 +248,6 @@ absl::Status MultipartFile::Close() {
   // Nothing of an unsynced file may appear: its upload's parts are freed. A failed abort
   // leaves an incomplete upload, invisible to readers, that retention aborts later.
   if (!id.empty()) (void)client_->AbortMultipartUpload(bucket_, key_, id);
-  return absl::OkStatus();
 }
 
 }  // namespace tessera

@@ -7,12 +7,14 @@
 // while parts_in_flight full buffers are not uploaded yet (back-pressure: memory stays at most
 // parts_in_flight + 2 buffers for a writer that writes in order). Sync uploads the last, partial
 // part and completes the upload; a file smaller than one part never starts one and is a single
-// PutObject at Sync. Until Sync returns OK the object does not exist; Close without it aborts
-// the upload.
+// PutObject at Sync. Until Sync returns OK the object does not exist. Close completes the file
+// as Sync does (a file system's file is there after close(2), synced or not); a file destroyed
+// without Close — a writer that gave up — is abandoned: its upload is aborted, nothing appears.
 //
-//   OPEN ─WriteAt*─► OPEN ─Sync─► COMPLETE ─Close─► CLOSED
-//     │ a failed upload or write: FAILED (every later call returns that error)
-//     └─Close (no Sync)─► the upload is aborted ─► CLOSED
+//   OPEN ─WriteAt*─► OPEN ─Sync or Close─► COMPLETE ─Close─► CLOSED
+//     │ a failed upload or write: FAILED (every later call returns that error; Close then
+//     │ aborts the upload)
+//     └─destroyed without Close─► the upload is aborted
 //
 // Errors (WriteAt, Sync): the S3 client's; InvalidArgument for a write past the 10,000th part,
 // or one that writes a part's bytes again (overlaps are caught where they overfill a part or
@@ -47,7 +49,7 @@ class MultipartFile : public WritableFile {
   // `client` must outlive the file. `path` is "s3://bucket/key", for messages.
   MultipartFile(s3::S3Client* client, std::string bucket, std::string key, std::string path,
                 uint64_t part_size, int parts_in_flight);
-  ~MultipartFile() override;  // Close()
+  ~MultipartFile() override;  // abandons the file unless it was closed
 
   absl::Status WriteAt(uint64_t offset, const void* data, size_t size) override;
   absl::Status Sync() override;
@@ -69,6 +71,8 @@ class MultipartFile : public WritableFile {
   // Queues a full part and starts an uploader if fewer than parts_in_flight run.
   void QueueLocked(int number, std::unique_ptr<char[]> bytes, uint64_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Stops the uploaders, dropping the queue, and aborts the upload if one was started.
+  void Abort();
   // Stops the uploaders once the queue is empty (`discard`: at once, dropping it) and joins them.
   void StopUploaders(bool discard);
   absl::Status FailLocked(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -5,10 +5,11 @@
 //   OpenForWrite  a file written in parts: WriteAt copies into part buffers of `part_size`;
 //                 each full part is uploaded (UploadPart) by up to `parts_in_flight` threads of
 //                 the file while the writer goes on; Sync uploads the rest and completes the
-//                 multipart upload — the object appears whole then, never in part. A file
-//                 smaller than one part is one PutObject at Sync. Close before a successful
-//                 Sync aborts the upload: nothing appears. Ranges must not overlap, and every
-//                 byte up to the end must be written (a gap fails Sync).
+//                 multipart upload — the object appears whole then, never in part (Close does
+//                 the same, as a file system's file is there after close). A file smaller than
+//                 one part is one PutObject. A file destroyed without Close, or whose upload
+//                 failed, is abandoned: its upload is aborted and nothing appears. Ranges must
+//                 not overlap, and every byte up to the end must be written (a gap fails Sync).
 //   OpenForRead   ranged GETs: a read of more than `read_piece` bytes is split into pieces,
 //                 `reads_in_flight` of them fetched at once.
 //   PutFile       one PutObject; kCreateOnly sends If-None-Match: * (decision 0041).
