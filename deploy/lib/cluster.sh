@@ -23,14 +23,15 @@ COORD_PORT=""
 AGENT_PIDS=()
 TRAINER_PIDS=()
 
-# start_coordinator [extra flags...]: RocksDB in $DIR/db, checkpoints in $DIR/ckpt.
+# start_coordinator [extra flags...]: RocksDB in $DIR/db, checkpoints in $STORAGE_ROOT (default
+# $DIR/ckpt; s3://BUCKET/PREFIX after start_local_s3).
 start_coordinator() {
   mkdir -p "$DIR/logs"
   local log="$DIR/logs/coordinator.log" before waited=0
   before=$(count_lines "$log" "listening on")  # a restart appends to the same log
   "${COORD_WRAP[@]}" "$BIN/server/tessera-coordinator" --listen="$COORD_HOST:${COORD_PORT:-0}" \
     --db_path="$DIR/db" \
-    --storage_root="$DIR/ckpt" --lease_ms="${LEASE_MS:-3000}" --heartbeat_interval_ms=300 \
+    --storage_root="${STORAGE_ROOT:-$DIR/ckpt}" --lease_ms="${LEASE_MS:-3000}" --heartbeat_interval_ms=300 \
     "$@" 2>>"$log" &
   COORD_PID=$!
   until [ "$(count_lines "$log" "listening on")" -gt "$before" ]; do
@@ -130,6 +131,29 @@ stop_coordinator() {
   return $rc
 }
 
+# start_local_s3 BUCKET: a SeaweedFS S3 server on loopback ($BIN/storage/s3/testing/
+# tessera-local-s3; TESSERA_WEED names the venv's weed) with BUCKET made; exports the AWS_*
+# environment the coordinator, agents and CLI started afterwards reach it with, and sets
+# STORAGE_ROOT=s3://BUCKET/ckpt. Bounded: fails if S3 does not work within 90 s.
+LOCAL_S3_PID=""
+start_local_s3() {
+  local bucket=$1 env_file="$DIR/local-s3.env" waited=0
+  mkdir -p "$DIR/logs" "$DIR/s3"
+  rm -f "$env_file"
+  "$BIN/storage/s3/testing/tessera-local-s3" --dir="$DIR/s3" --bucket="$bucket" \
+    --env_file="$env_file" 2>>"$DIR/logs/local-s3.log" &
+  LOCAL_S3_PID=$!
+  until [ -f "$env_file" ]; do
+    kill -0 "$LOCAL_S3_PID" 2>/dev/null || { echo "S3 did not start; see $DIR/logs/local-s3.log" >&2; return 1; }
+    sleep 0.1
+    waited=$((waited + 1))
+    [ $waited -lt 900 ] || { echo "S3 was not ready in 90 s" >&2; return 1; }
+  done
+  # shellcheck disable=SC1090
+  source "$env_file"
+  STORAGE_ROOT="s3://$bucket/ckpt"
+}
+
 # stop_all: for EXIT traps. Never fails: under `set -e` a failing command in a trap would
 # replace the script's exit status.
 stop_all() {
@@ -137,6 +161,7 @@ stop_all() {
   for p in "${TRAINER_PIDS[@]}"; do kill -KILL "$p" 2>/dev/null || true; done
   stop_agents >/dev/null 2>&1 || true
   stop_coordinator >/dev/null 2>&1 || true
+  [ -z "$LOCAL_S3_PID" ] || stop_process "$LOCAL_S3_PID" 10 >/dev/null 2>&1 || true
   case "$SOCK_DIR" in /tmp/tessera-sock.*) rm -rf "$SOCK_DIR" ;; esac
   return 0
 }

@@ -63,6 +63,8 @@ class SeaweedFs {
   // Creates a bucket no other caller got ("test-1-<pid>", "test-2-<pid>", ...).
   absl::StatusOr<std::string> NewBucket();
 
+  // weed's process id, for tests that kill the server under a save.
+  pid_t pid() const { return pid_; }
   // How long Start took until S3 worked (the last start, if ports had to be picked again).
   absl::Duration startup_time() const { return startup_time_; }
   // The last `bytes` of weed's log, for failure messages.
