@@ -159,6 +159,15 @@ int main(int argc, char** argv) {
       tessera::ProcessStorage::Open(storage_options);
   if (!process_storage.ok()) return Fail(std::string(process_storage.status().message()));
   tessera::Storage& storage = (*process_storage)->storage();
+  // A coordinator that commits must reach its root: a missing bucket or refused credentials
+  // are said now, once, rather than by the first save's abort.
+  if (absl::GetFlag(FLAGS_coordinator_commits)) {
+    if (absl::Status reach = storage.CheckAccess(absl::GetFlag(FLAGS_storage_root));
+        !reach.ok()) {
+      return Fail(absl::StrCat("--storage_root=", absl::GetFlag(FLAGS_storage_root),
+                               " cannot be reached: ", reach.message()));
+    }
+  }
   // A command stream broken from the agent's side makes the agent a suspect of the death
   // watch (made below, once the sessions it reports deaths to exist).
   std::atomic<tessera::DeathWatch*> death_watch_ptr{nullptr};

@@ -95,6 +95,7 @@ class FaultInjectingStorage : public Storage {
 
   // As the wrapped storage's.
   Publication publication(const std::string& path) const override;
+  absl::Status CheckAccess(const std::string& dir) override { return base_->CheckAccess(dir); }
   // Where the wrapped storage publishes by rename, Storage::PutFile through this decorator:
   // the faults of its writes, sync and rename apply. On an object store, the wrapped storage's
   // one atomic operation, failing as a write would (read-only: EROFS).

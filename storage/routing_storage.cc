@@ -36,6 +36,10 @@ Publication RoutingStorage::publication(const std::string& path) const {
                             : file_system_->publication(path);
 }
 
+absl::Status RoutingStorage::CheckAccess(const std::string& dir) {
+  return Route(dir, [&](Storage& s) { return s.CheckAccess(dir); });
+}
+
 absl::Status RoutingStorage::PutFile(const std::string& path, absl::string_view data,
                                      PutMode mode) {
   return Route(path, [&](Storage& s) { return s.PutFile(path, data, mode); });

@@ -34,6 +34,7 @@ class RoutingStorage : public Storage {
   RoutingStorage(Storage* file_system, ObjectStoreFactory object_store);
 
   Publication publication(const std::string& path) const override;
+  absl::Status CheckAccess(const std::string& dir) override;
   absl::Status PutFile(const std::string& path, absl::string_view data, PutMode mode) override;
   absl::Status CreateDirs(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override;

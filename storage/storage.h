@@ -135,6 +135,16 @@ class Storage {
     return Publication::kRenameDirectory;
   }
 
+  // Checks that checkpoints under `dir` can be reached, before anything is written there: on an
+  // object store, that the bucket exists and the credentials may list it. The default (a file
+  // system, where a missing directory is made when first written) is OK.
+  // Errors: NotFound naming a bucket that does not exist; PermissionDenied for credentials or a
+  // policy that refuse; Unavailable if the store cannot be reached; see the header comment.
+  virtual absl::Status CheckAccess(const std::string& dir) {
+    (void)dir;
+    return absl::OkStatus();
+  }
+
   // Writes `data` as the whole file `path`, atomically: a reader sees the file as it was (or
   // none) or all of `data`, never a part. The file's bytes are durable when it returns OK; on a
   // file system its directory entry is durable after SyncDir of the parent. With kCreateOnly,

@@ -112,6 +112,12 @@ Publication S3Storage::publication(const std::string& /*path*/) const {
   return Publication::kCreateManifest;
 }
 
+absl::Status S3Storage::CheckAccess(const std::string& dir) {
+  absl::StatusOr<S3ObjectPath> object = ParseS3ObjectPath(dir);
+  if (!object.ok()) return object.status();
+  return client_->ListObjects(object->bucket, DirPrefix(*object), "/").status();
+}
+
 absl::Status S3Storage::PutFile(const std::string& path, absl::string_view data, PutMode mode) {
   absl::StatusOr<S3ObjectPath> object = ParseS3ObjectPath(path);
   if (!object.ok()) return object.status();

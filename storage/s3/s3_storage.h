@@ -83,6 +83,8 @@ class S3Storage : public Storage {
                                                            S3StorageOptions options = {});
 
   Publication publication(const std::string& path) const override;
+  // One listing of `dir`'s prefix (with delimiter: a page at most).
+  absl::Status CheckAccess(const std::string& dir) override;
   absl::Status PutFile(const std::string& path, absl::string_view data, PutMode mode) override;
   absl::Status CreateDirs(const std::string& path) override;
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenForWrite(const std::string& path) override;

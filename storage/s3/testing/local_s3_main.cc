@@ -10,6 +10,10 @@
 //   export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... AWS_REGION=us-east-1
 //   export TESSERA_LOCAL_S3_WEED_PID=<weed's pid>   (tests that kill the server)
 // and runs until SIGTERM or SIGINT, when it stops SeaweedFS. Its data lives under DIR.
+//
+// Faults for tests: SIGUSR1 kills SeaweedFS at once (SIGKILL, as a crash; its data stays) and
+// then writes "down" into FILE.state; SIGUSR2 starts it again on the same ports and data and,
+// once S3 works, writes "up <weed pid>" there (it is "up ..." from the start).
 #include <signal.h>
 #include <stdlib.h>
 
@@ -49,6 +53,8 @@ int main(int argc, char** argv) {
   sigemptyset(&stop);
   sigaddset(&stop, SIGTERM);
   sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGUSR1);
+  sigaddset(&stop, SIGUSR2);
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   setenv("TESSERA_TEST_TMPDIR", dir.c_str(), 1);  // where seaweedfs.h keeps its data
 
@@ -76,7 +82,23 @@ int main(int argc, char** argv) {
   std::fprintf(stderr, "tessera-local-s3: S3 at %s, bucket %s (ready in %s)\n",
                (*server)->endpoint().c_str(), absl::GetFlag(FLAGS_bucket).c_str(),
                absl::FormatDuration((*server)->startup_time()).c_str());
-  int signal = 0;
-  sigwait(&stop, &signal);
-  return 0;  // the server stops with `server`
+  const std::string state_file = env_file + ".state";
+  auto state = [&](const std::string& text) {
+    std::ofstream(state_file + ".tmp", std::ios::trunc) << text << "\n";
+    std::rename((state_file + ".tmp").c_str(), state_file.c_str());
+  };
+  state(absl::StrCat("up ", (*server)->pid()));
+  for (;;) {
+    int signal = 0;
+    sigwait(&stop, &signal);
+    if (signal == SIGUSR1) {
+      (*server)->Kill();
+      state("down");
+    } else if (signal == SIGUSR2) {
+      if (absl::Status up = (*server)->Restart(); !up.ok()) return Fail(up.ToString());
+      state(absl::StrCat("up ", (*server)->pid()));
+    } else {
+      return 0;  // the server stops with `server`
+    }
+  }
 }

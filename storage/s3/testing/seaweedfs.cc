@@ -256,35 +256,18 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(absl::Duration ready
       server->stray_sockets_.push_back(
           absl::StrCat("/tmp/seaweedfs-", name, "-grpc-", port, ".sock"));
     }
+    server->argv_ = argv;
+    server->env_ = env;
+    server->run_dir_ = data;
     ASSIGN_OR_RETURN(server->pid_, Spawn(argv, env, data, server->log_path_));
     server->endpoint_ = absl::StrCat("http://127.0.0.1:", ports[kS3]);
 
-    S3ClientOptions options = server->ClientOptions();
-    options.retry.max_attempts = 1;  // the poll below is the retry
-    options.connect_timeout = absl::Seconds(1);
-    ASSIGN_OR_RETURN(std::unique_ptr<S3Client> probe, S3Client::Create(options, server->admin_));
-    absl::Status last = absl::UnavailableError("not probed yet");
-    bool bucket_made = false;
     int exit_status = 0;
     bool exited = false;
-    const absl::Time deadline = start + ready_timeout;
-    while (absl::Now() < deadline) {
-      if (Exited(server->pid_, &exit_status)) {
-        exited = true;
-        break;
-      }
-      if (!bucket_made) {
-        last = probe->CreateBucket(kReadyBucket);
-        bucket_made = last.ok() || absl::IsAlreadyExists(last);
-      }
-      if (bucket_made) {
-        last = probe->PutObject(kReadyBucket, "probe", "ready");
-        if (last.ok()) {
-          server->startup_time_ = absl::Now() - start;
-          return std::move(server);
-        }
-      }
-      absl::SleepFor(kProbeInterval);
+    absl::Status last = server->AwaitReady(start + ready_timeout, &exited, &exit_status);
+    if (last.ok()) {
+      server->startup_time_ = absl::Now() - start;
+      return std::move(server);
     }
     if (!exited) {
       std::string tail = server->LogTail();
@@ -302,6 +285,56 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(absl::Duration ready
                                                       ") ends:\n", tail));
   }
   return absl::FailedPreconditionError("unreachable");
+}
+
+absl::Status SeaweedFs::AwaitReady(absl::Time deadline, bool* exited, int* exit_status) {
+  S3ClientOptions options = ClientOptions();
+  options.retry.max_attempts = 1;  // the poll below is the retry
+  options.connect_timeout = absl::Seconds(1);
+  ASSIGN_OR_RETURN(std::unique_ptr<S3Client> probe, S3Client::Create(options, admin_));
+  absl::Status last = absl::UnavailableError("not probed yet");
+  bool bucket_made = false;
+  *exited = false;
+  while (absl::Now() < deadline) {
+    if (Exited(pid_, exit_status)) {
+      *exited = true;
+      return last;
+    }
+    if (!bucket_made) {
+      last = probe->CreateBucket(kReadyBucket);
+      bucket_made = last.ok() || absl::IsAlreadyExists(last);
+    }
+    if (bucket_made) {
+      last = probe->PutObject(kReadyBucket, "probe", "ready");
+      if (last.ok()) return last;
+    }
+    absl::SleepFor(kProbeInterval);
+  }
+  return last.ok() ? absl::DeadlineExceededError("not ready") : last;
+}
+
+void SeaweedFs::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  int status;
+  waitpid(pid_, &status, 0);
+  pid_ = -1;
+}
+
+absl::Status SeaweedFs::Restart(absl::Duration ready_timeout) {
+  Kill();
+  const absl::Time start = absl::Now();
+  ASSIGN_OR_RETURN(pid_, Spawn(argv_, env_, run_dir_, log_path_));
+  int exit_status = 0;
+  bool exited = false;
+  absl::Status ready = AwaitReady(start + ready_timeout, &exited, &exit_status);
+  if (!ready.ok()) {
+    if (exited) pid_ = -1;
+    return absl::Status(ready.code(),
+                        absl::StrCat("SeaweedFS did not work again at ", endpoint_, ": ",
+                                     ready.message(), "\nweed log ends:\n", LogTail()));
+  }
+  return absl::OkStatus();
 }
 
 void SeaweedFs::Stop() {

@@ -63,8 +63,15 @@ class SeaweedFs {
   // Creates a bucket no other caller got ("test-1-<pid>", "test-2-<pid>", ...).
   absl::StatusOr<std::string> NewBucket();
 
-  // weed's process id, for tests that kill the server under a save.
+  // weed's process id (-1 while killed).
   pid_t pid() const { return pid_; }
+
+  // Kills weed at once (SIGKILL), as a crash would; its data stays. Calls to S3 fail
+  // (connection refused) until Restart.
+  void Kill();
+  // Starts weed again on the same ports and data, and waits until S3 works, as Start does.
+  // Errors: as Start's.
+  absl::Status Restart(absl::Duration ready_timeout = absl::Seconds(60));
   // How long Start took until S3 worked (the last start, if ports had to be picked again).
   absl::Duration startup_time() const { return startup_time_; }
   // The last `bytes` of weed's log, for failure messages.
@@ -73,6 +80,9 @@ class SeaweedFs {
  private:
   SeaweedFs() = default;
   void Stop();
+  // Polls S3 (make the probe bucket, put an object) until it works or `deadline`; sets
+  // *exited if weed exited meanwhile. Returns the last probe's status.
+  absl::Status AwaitReady(absl::Time deadline, bool* exited, int* exit_status);
 
   std::string endpoint_;
   Credentials admin_{"", ""};
@@ -81,6 +91,8 @@ class SeaweedFs {
   std::string socket_dir_;
   std::vector<std::string> stray_sockets_;  // weed's own, in /tmp: removed by Stop
   std::string log_path_;
+  std::vector<std::string> argv_, env_;  // how weed was started, for Restart
+  std::string run_dir_;
   pid_t pid_ = -1;
   absl::Duration startup_time_;
   std::atomic<int> buckets_{0};
