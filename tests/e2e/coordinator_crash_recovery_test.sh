@@ -11,6 +11,9 @@
 #   to the agents, whose trainers would otherwise wait for it forever) and logged no ABORTED;
 # - every trainer's save returned committed, `tessera status` shows COMMITTED at the step,
 #   the directory verifies, and no temporary directory is left.
+# With STORAGE=s3 the checkpoints go to a real S3 server (SeaweedFS on loopback): the commit is
+# the manifest's conditional PUT, redone idempotently the same way (the object store's leftover
+# session directories are retention's, checked in format/object_store_checkpoint_test).
 # Every wait is bounded.
 set -uo pipefail
 source deploy/lib/procs.sh
@@ -36,7 +39,7 @@ fail() {
 
 # no_tmp_dir: true once the job's directory holds no temporary directory (the coordinator
 # removes an aborted attempt's after the commit).
-no_tmp_dir() { ! ls "$DIR/ckpt/job" | grep -q '\.tmp-'; }
+no_tmp_dir() { [ "${STORAGE:-}" = s3 ] || ! ls "$DIR/ckpt/job" | grep -q '\.tmp-'; }
 
 # wait_exit PID TIMEOUT_S: waits for a child to exit; fails the test if it does not within
 # TIMEOUT_S. Sets EXIT_RC.
@@ -46,6 +49,7 @@ wait_exit() {
   EXIT_RC=$?
 }
 
+if [ "${STORAGE:-}" = s3 ]; then start_local_s3 tessera || fail "S3 server"; fi
 start_coordinator || fail "coordinator"
 start_agents job "$LAYOUT" || fail "agents"
 step=0
@@ -77,8 +81,9 @@ for state in PLANNING PINNING COPYING PERSISTING COMMITTING COMMITTED; do
   wait_exit "$trainers" $((TRAINER_TIMEOUT + 10))
   [ "$EXIT_RC" -eq 0 ] ||
     fail "step $step did not commit after a crash in $state (trainers exited $EXIT_RC)"
-  dir="$DIR/ckpt/job/step-$(printf %09d $step)"
-  [ -f "$dir/manifest.pb" ] || fail "the trainers succeeded but step $step is not on disk ($state)"
+  dir="${STORAGE_ROOT:-$DIR/ckpt}/job/step-$(printf %09d $step)"
+  [ "${STORAGE:-}" = s3 ] || [ -f "$dir/manifest.pb" ] ||
+    fail "the trainers succeeded but step $step is not on disk ($state)"
   "$CLI" status --json --coordinator="127.0.0.1:$COORD_PORT" --session="$session" job \
     >"$DIR/logs/status-$step.json" 2>&1 || fail "tessera status failed"
   grep -q '"state": *"SESSION_STATE_COMMITTED"' "$DIR/logs/status-$step.json" ||
