@@ -30,32 +30,12 @@ using testing_checkpoint::RandomTensor;
 using testing_checkpoint::TestCheckpointOptions;
 using testing_checkpoint::TestTensor;
 
-s3::testing::SeaweedFs* server = nullptr;
-
-class ServerEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<s3::testing::SeaweedFs>> started =
-        s3::testing::SeaweedFs::Start();
-    ASSERT_TRUE(started.ok()) << started.status();
-    owned_ = *std::move(started);
-    server = owned_.get();
-  }
-  void TearDown() override {
-    server = nullptr;
-    owned_.reset();
-  }
-
- private:
-  std::unique_ptr<s3::testing::SeaweedFs> owned_;
-};
-
-const auto* const kEnvironment = ::testing::AddGlobalTestEnvironment(new ServerEnvironment);
-
 class ObjectStoreCheckpointTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_NE(server, nullptr);
+    absl::StatusOr<s3::testing::SeaweedFs*> shared = s3::testing::SharedSeaweedFs();
+    ASSERT_TRUE(shared.ok()) << shared.status();
+    s3::testing::SeaweedFs* server = *shared;
     absl::StatusOr<std::string> bucket = server->NewBucket();
     ASSERT_TRUE(bucket.ok()) << bucket.status();
     job_dir_ = "s3://" + *bucket + "/root/job";

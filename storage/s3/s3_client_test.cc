@@ -25,6 +25,7 @@ namespace tessera::s3 {
 namespace {
 
 using ::tessera::s3::testing::SeaweedFs;
+using ::tessera::s3::testing::SharedSeaweedFs;
 
 constexpr size_t kMiB = 1 << 20;
 
@@ -49,23 +50,10 @@ std::vector<std::string> Keys(const ListObjectsResult& result) {
 
 class S3ClientTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<SeaweedFs>> server = SeaweedFs::Start();
-    if (!server.ok()) {
-      start_error_ = new std::string(server.status().ToString());
-      return;
-    }
-    server_ = server->release();
-    std::fprintf(stderr, "SeaweedFS S3 at %s ready in %s\n", server_->endpoint().c_str(),
-                 absl::FormatDuration(server_->startup_time()).c_str());
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-
   void SetUp() override {
-    ASSERT_NE(server_, nullptr) << "SeaweedFS did not start: " << *start_error_;
+    absl::StatusOr<SeaweedFs*> server = SharedSeaweedFs();
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *server;
     client_ = server_->NewClient();
     ASSERT_NE(client_, nullptr);
     absl::StatusOr<std::string> bucket = server_->NewBucket();
@@ -73,14 +61,11 @@ class S3ClientTest : public ::testing::Test {
     bucket_ = *bucket;
   }
 
-  static SeaweedFs* server_;
-  static std::string* start_error_;
+  SeaweedFs* server_ = nullptr;
   std::unique_ptr<S3Client> client_;
   std::string bucket_;
 };
 
-SeaweedFs* S3ClientTest::server_ = nullptr;
-std::string* S3ClientTest::start_error_ = nullptr;
 
 TEST_F(S3ClientTest, PutThenGet_SameBytes) {
   const std::string data = Bytes(100000, 1);

@@ -20,34 +20,14 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-s3::testing::SeaweedFs* server = nullptr;
-
-class ServerEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    absl::StatusOr<std::unique_ptr<s3::testing::SeaweedFs>> started =
-        s3::testing::SeaweedFs::Start();
-    ASSERT_TRUE(started.ok()) << started.status();
-    owned_ = *std::move(started);
-    server = owned_.get();
-  }
-  void TearDown() override {
-    server = nullptr;
-    owned_.reset();
-  }
-
- private:
-  std::unique_ptr<s3::testing::SeaweedFs> owned_;
-};
-
-const auto* const kEnvironment = ::testing::AddGlobalTestEnvironment(new ServerEnvironment);
-
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 class S3StorageTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ASSERT_NE(server, nullptr);
+    absl::StatusOr<s3::testing::SeaweedFs*> shared = s3::testing::SharedSeaweedFs();
+    ASSERT_TRUE(shared.ok()) << shared.status();
+    s3::testing::SeaweedFs* server = *shared;
     client_ = std::shared_ptr<s3::S3Client>(server->NewClient());
     absl::StatusOr<std::string> bucket = server->NewBucket();
     ASSERT_TRUE(bucket.ok()) << bucket.status();

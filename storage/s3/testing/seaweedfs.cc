@@ -13,6 +13,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <initializer_list>
@@ -364,5 +366,20 @@ void SeaweedFs::Stop() {
 }
 
 SeaweedFs::~SeaweedFs() { Stop(); }
+
+absl::StatusOr<SeaweedFs*> SharedSeaweedFs() {
+  // Destroyed at exit, which stops weed; a crash leaves it to PR_SET_PDEATHSIG.
+  static const absl::StatusOr<std::unique_ptr<SeaweedFs>>* const server = [] {
+    auto* started = new absl::StatusOr<std::unique_ptr<SeaweedFs>>(SeaweedFs::Start());
+    if (started->ok()) {
+      std::fprintf(stderr, "SeaweedFS S3 at %s ready in %s\n", (**started)->endpoint().c_str(),
+                   absl::FormatDuration((**started)->startup_time()).c_str());
+      std::atexit([] { delete server; });
+    }
+    return started;
+  }();
+  if (!server->ok()) return server->status();
+  return server->value().get();
+}
 
 }  // namespace tessera::s3::testing

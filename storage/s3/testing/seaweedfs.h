@@ -98,6 +98,11 @@ class SeaweedFs {
   std::atomic<int> buckets_{0};
 };
 
+// The one SeaweedFS of this test binary, started on first use (the first test of the binary
+// pays its few seconds) and stopped when the process exits; a fresh bucket per test keeps the
+// tests apart. Errors: Start's, every call after a failed start.
+absl::StatusOr<SeaweedFs*> SharedSeaweedFs();
+
 }  // namespace tessera::s3::testing
 
 #endif  // TESSERA_STORAGE_S3_TESTING_SEAWEEDFS_H_
