@@ -4,14 +4,14 @@
 #   1. pack.sh packs every binary and the libraries ldd finds that the image does not provide:
 #      gRPC and RocksDB in, glibc, the driver library and NCCL out;
 #   2. check_pack.sh passes: every NEEDED entry resolves to the pack or the image's list, and
-#      pack + working tree fit 64 MiB;
+#      the pack's archive (what the device tool carries) + working tree fit 64 MiB;
 #      in a chroot holding only the pack and what the image provides (glibc, libstdc++, NCCL),
 #      nothing else of this machine's /usr/lib, every binary's libraries resolve and it starts;
 #   3. check_pack.sh fails, naming it, when a needed library is taken out, and when the pack
 #      is over a limit;
 #   4. the GPU run cannot fall back silently: tessera-gpu-bench --memory=cuda refuses a
 #      machine without a GPU (where this machine has none);
-#   5. the packed on_device.sh runs on its CPU fallback: the packed test binaries pass (their
+#   5. run.sh --on-device unpacks the archive and the packed on_device.sh runs on its CPU fallback: the packed test binaries pass (their
 #      GPU cases reported as skipped), a packed coordinator and agent save host tensors chosen
 #      at run time (cudaGetDeviceCount fails) and reload them onto tp=2, every byte identical,
 #      and results.md says it was a CPU fallback run.
@@ -38,13 +38,16 @@ for lib in libc.so.6 libstdc++.so.6 libcuda.so.1 libnccl.so.2; do
 done
 [ -f "$T/pack/scripts/on_device.sh" ] && [ -f "$T/pack/scripts/deploy/lib/cluster.sh" ] ||
   fail "the scripts are not in the pack"
-bytes=$(du -sb "$T/pack" | cut -f1)
-[ "$bytes" -lt $((64 << 20)) ] || fail "the pack is $bytes bytes, over 64 MiB"
-echo "packed: ${#paths[@]} binaries, $(ls "$T/pack/lib" | wc -l) libraries, $bytes bytes"
+# What the device tool carries: the archive run.sh makes, unpacked there by run.sh --on-device.
+tar -czf "$T/carried.tar.gz" -C "$T/pack" . || fail "cannot archive the pack"
+bytes=$(stat -c %s "$T/carried.tar.gz")
+[ "$bytes" -lt $((64 << 20)) ] || fail "the pack's archive is $bytes bytes, over 64 MiB"
+echo "packed: ${#paths[@]} binaries, $(ls "$T/pack/lib" | wc -l) libraries," \
+  "$(du -sb "$T/pack" | cut -f1) bytes, $bytes archived"
 
 # 2. The check passes.
 step "check"
-bash "$T/pack/scripts/check_pack.sh" --pack="$T/pack" >"$T/check.out" 2>&1 ||
+bash "$T/pack/scripts/check_pack.sh" --pack="$T/pack" --carried-bytes="$bytes" >"$T/check.out" 2>&1 ||
   fail "check_pack.sh failed on a good pack: $(cat "$T/check.out")"
 grep -q "^check_pack: OK$" "$T/check.out" || fail "no OK line: $(cat "$T/check.out")"
 cat "$T/check.out"
@@ -103,8 +106,8 @@ bash "$T/broken/scripts/check_pack.sh" --pack="$T/broken" >"$T/broken.out" 2>&1 
 grep -q "needs libgrpc.so.29: neither in the pack nor provided by the image" "$T/broken.out" ||
   fail "the failure does not name libgrpc.so.29: $(cat "$T/broken.out")"
 rm -rf "$T/broken"
-bash "$T/pack/scripts/check_pack.sh" --pack="$T/pack" --tree-bytes=$((30 << 20)) \
-  --limit-bytes=$((bytes + (1 << 20))) >"$T/limit.out" 2>&1 &&
+bash "$T/pack/scripts/check_pack.sh" --pack="$T/pack" --carried-bytes="$bytes" \
+  --tree-bytes=$((30 << 20)) --limit-bytes=$((bytes + (1 << 20))) >"$T/limit.out" 2>&1 &&
   fail "check_pack.sh passed a pack + tree over the limit"
 grep -q "over the limit" "$T/limit.out" || fail "the size failure says: $(cat "$T/limit.out")"
 
@@ -123,9 +126,11 @@ else
   [ -e "$T/x.json" ] && fail "a report was written by a run that refused"
 fi
 
-# 5. The on-device script, from the pack, on its CPU fallback.
-step "on_device.sh --cpu-fallback"
-LEASE_MS=2000 bash "$T/pack/scripts/on_device.sh" --cpu-fallback --pack="$T/pack" \
+# 5. The on-device script, unpacked from the archive by run.sh as on the device, on its CPU
+# fallback.
+step "run.sh --on-device --cpu-fallback"
+[ -e "$T/carried" ] && fail "$T/carried exists before run.sh unpacks it"
+LEASE_MS=2000 bash tests/gpu/run.sh --on-device --pack="$T/carried" --cpu-fallback \
   --out="$T/out" --data-dir="$T/data" --configs=8Mx1 --steps=2 --repeats=1 \
   --only=tests,configs --no-drop-caches --budget=240 --planning=2x2x2:12 --planning-repeats=1 \
   >"$T/device.out" 2>&1

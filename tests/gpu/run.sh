@@ -3,12 +3,16 @@
 #
 #   tests/gpu/run.sh              here (Bazel, no GPU needed): build the binaries, pack them
 #                                 with the libraries the GPU image lacks into .device/gpu-pack
-#                                 (git-ignored), check the pack, and print the device-tool call
+#                                 (git-ignored), archive it as .device/gpu-pack.tar.gz (what is
+#                                 carried: the libraries gzip to under half, and the device
+#                                 tool's limit counts carried bytes), check the pack, and print
+#                                 the device-tool call
 #   tests/gpu/run.sh --dry-run    list what would be built, carried and run there; builds
 #                                 nothing (Bazel is only queried)
 #   tests/gpu/run.sh --on-device [options]
-#                                 on the GPU machine, from the repository root with the pack
-#                                 carried: runs the pack's scripts/on_device.sh (GPU-tagged
+#                                 on the GPU machine, from the repository root with the pack's
+#                                 archive carried: unpacks it beside itself (replacing any
+#                                 older unpacked copy), then runs the pack's scripts/on_device.sh (GPU-tagged
 #                                 tests, CUDA saves and loads through a real coordinator and
 #                                 agents, the pinned-copy limit, DCP async_save, memcheck) and
 #                                 writes results.md and 5 more files into $OUT. Its options:
@@ -35,7 +39,14 @@ for arg in "$@"; do
 done
 LIMIT=$((64 << 20))  # the device tool: working tree + carried paths
 
+ARCHIVE=$PACK.tar.gz
 if [ "$MODE" = device ]; then
+  if [ -f "$ARCHIVE" ]; then
+    rm -rf "$PACK" && mkdir -p "$PACK" && tar -xzf "$ARCHIVE" -C "$PACK" || {
+      echo "run.sh: cannot unpack $ARCHIVE into $PACK" >&2
+      exit 1
+    }
+  fi
   [ -f "$PACK/scripts/on_device.sh" ] || {
     echo "run.sh: no pack at $PACK: build it where Bazel is (tests/gpu/run.sh) and carry it" >&2
     exit 1
@@ -60,7 +71,7 @@ CALL_COMMAND="tests/gpu/run.sh --on-device"
 print_call() {
   echo "The device-tool call (one call: on_device.sh starts nothing after 540 s, so allow the whole"
   echo "600 s; results come back from \$OUT, and the reply's output ends with results.md):"
-  echo "  run(command=\"$CALL_COMMAND\", carry=[\"$PACK\"], timeout_s=600)"
+  echo "  run(command=\"$CALL_COMMAND\", carry=[\"$ARCHIVE\"], timeout_s=600)"
   echo "then read, under the folder the reply names (files_at): results.md (the page for"
   echo "docs/benchmarks/), tests.txt, memcheck.txt, results.json, run.log, logs.tar.gz."
 }
@@ -108,8 +119,10 @@ fi
 bin=$(bazel info bazel-bin 2>/dev/null) || die "bazel info failed"
 git check-ignore -q "$PACK" || die "$PACK is not git-ignored: the device tool would send it twice"
 bash tests/gpu/pack.sh --bin="$bin" --src=. --out="$PACK" "${paths[@]}" || die "packing failed"
+tar -czf "$ARCHIVE" -C "$PACK" . || die "cannot archive $PACK as $ARCHIVE"
 tree=$(tree_bytes)
-bash tests/gpu/check_pack.sh --pack="$PACK" --tree-bytes="$tree" --limit-bytes="$LIMIT" ||
+bash tests/gpu/check_pack.sh --pack="$PACK" --carried-bytes="$(stat -c %s "$ARCHIVE")" \
+  --tree-bytes="$tree" --limit-bytes="$LIMIT" ||
   die "the pack failed its check (above)"
 echo
 print_call
