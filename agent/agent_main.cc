@@ -11,6 +11,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -109,6 +110,18 @@ ABSL_FLAG(std::string, s3_credentials_file, "",
           "for an s3:// storage root: an AWS-style credentials file (profile $AWS_PROFILE or "
           "default); empty: AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, then ~/.aws/credentials. "
           "The store is named by AWS_ENDPOINT_URL and AWS_REGION (docs/OPERATIONS.md)");
+// The defaults are S3StorageOptions' (storage/s3/s3_storage.h), chosen by tests/bench/run.sh
+// --only=s3; the flags let the benchmark measure others.
+ABSL_FLAG(int32_t, s3_part_size_mb,
+          static_cast<int32_t>(tessera::S3StorageOptions().part_size >> 20),
+          "for an s3:// storage root: MiB per part of a data file's multipart upload (at least 5)");
+ABSL_FLAG(int32_t, s3_parts_in_flight, tessera::S3StorageOptions().parts_in_flight,
+          "for an s3:// storage root: parts of one data file uploaded at once");
+ABSL_FLAG(int32_t, s3_read_piece_mb,
+          static_cast<int32_t>(tessera::S3StorageOptions().read_piece >> 20),
+          "for an s3:// storage root: MiB per ranged GET of a read");
+ABSL_FLAG(int32_t, s3_reads_in_flight, tessera::S3StorageOptions().reads_in_flight,
+          "for an s3:// storage root: ranged GETs of one read fetched at once");
 ABSL_FLAG(std::string, inject_storage_fault, "",
           "fault injection for tests only: make this agent's storage fail. ';'-separated: "
           "ERR:after_bytes=N (writes fail once N bytes were written, as a full disk does), "
@@ -274,6 +287,12 @@ int main(int argc, char** argv) {
   tessera::ProcessStorageOptions storage_options;
   storage_options.fault_spec = absl::GetFlag(FLAGS_inject_storage_fault);
   storage_options.s3_credentials_file = absl::GetFlag(FLAGS_s3_credentials_file);
+  // A size below 1 MiB becomes 0, which ProcessStorage::Open refuses (S3StorageOptions::Check).
+  auto mib = [](int32_t n) { return static_cast<uint64_t>(std::max(0, n)) << 20; };
+  storage_options.s3.part_size = mib(absl::GetFlag(FLAGS_s3_part_size_mb));
+  storage_options.s3.parts_in_flight = absl::GetFlag(FLAGS_s3_parts_in_flight);
+  storage_options.s3.read_piece = mib(absl::GetFlag(FLAGS_s3_read_piece_mb));
+  storage_options.s3.reads_in_flight = absl::GetFlag(FLAGS_s3_reads_in_flight);
   absl::StatusOr<std::unique_ptr<tessera::ProcessStorage>> process_storage =
       tessera::ProcessStorage::Open(storage_options);
   if (!process_storage.ok()) return Fail(std::string(process_storage.status().message()));

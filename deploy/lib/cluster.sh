@@ -131,17 +131,19 @@ stop_coordinator() {
   return $rc
 }
 
-# start_local_s3 BUCKET: a SeaweedFS S3 server on loopback ($BIN/storage/s3/testing/
-# tessera-local-s3; TESSERA_WEED names the venv's weed) with BUCKET made; exports the AWS_*
-# environment the coordinator, agents and CLI started afterwards reach it with, and sets
+# start_local_s3 BUCKET [tessera-local-s3 flags...]: a SeaweedFS S3 server on loopback
+# ($BIN/storage/s3/testing/tessera-local-s3; TESSERA_WEED names the venv's weed) with BUCKET
+# made; exports the AWS_* environment the coordinator, agents and CLI started afterwards reach it
+# with (and TESSERA_LOCAL_S3_*: weed's pid, its master's URL), and sets
 # STORAGE_ROOT=s3://BUCKET/ckpt. Bounded: fails if S3 does not work within 90 s.
 LOCAL_S3_PID=""
 start_local_s3() {
   local bucket=$1 env_file="$DIR/local-s3.env" waited=0
+  shift
   mkdir -p "$DIR/logs" "$DIR/s3"
   rm -f "$env_file"
   "$BIN/storage/s3/testing/tessera-local-s3" --dir="$DIR/s3" --bucket="$bucket" \
-    --env_file="$env_file" 2>>"$DIR/logs/local-s3.log" &
+    --env_file="$env_file" "$@" 2>>"$DIR/logs/local-s3.log" &
   LOCAL_S3_PID=$!
   until [ -f "$env_file" ]; do
     kill -0 "$LOCAL_S3_PID" 2>/dev/null || { echo "S3 did not start; see $DIR/logs/local-s3.log" >&2; return 1; }

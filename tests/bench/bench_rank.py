@@ -31,6 +31,11 @@ waiting for a late one to start):
   3. Peer: --torch-runs times torch.save of the same tensors (plain dict fqn -> tensor) into
      --torch-dir, then flush + os.fsync: blocked time (torch.save returned) and durable time
      (after fsync).
+With --no-baselines, save skips step 1 (the S3 figure holds saves to the store's limit, not to a
+memcpy). With TESSERA_BENCH_CPU_PIDS set ("name=pid+pid,...": run.sh's S3 figure names the
+store's server and the agents), rank 0 records around each save and its load the CPU ticks of
+those processes and of the whole machine (cpu_sample); every rank records its own CPU time
+there ("cpu_self_s": the trainer and its client's threads).
 memcpy: the baselines of step 1 alone, on B bytes in tensors of at most --tensor-mib (another
 workload's ranks: run.sh's llama figure, whose trainer prints how many bytes each rank holds).
 load: this rank's row block in the N'-rank layout (a different TP degree than the N of the
@@ -50,6 +55,7 @@ import argparse
 import ctypes
 import json
 import os
+import re
 import sys
 import threading
 import time
@@ -212,6 +218,36 @@ def memcpy_report(tensors, a):
             "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world)}
 
 
+def _ticks(pid):
+    """utime + stime of process `pid` (/proc/PID/stat fields 14 and 15), or None."""
+    try:
+        with open("/proc/%s/stat" % pid) as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) + int(fields[12])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def cpu_sample(rank):
+    """On rank 0 with TESSERA_BENCH_CPU_PIDS: {"machine": [busy, all] ticks of /proc/stat's cpu
+    line (busy: neither idle nor iowait), "cpus" it sums, "clk_tck", and per name its processes' ticks
+    summed}; else None."""
+    spec = os.environ.get("TESSERA_BENCH_CPU_PIDS", "")
+    if rank != 0 or not spec:
+        return None
+    with open("/proc/stat") as f:
+        lines = f.read().splitlines()
+    values = [int(v) for v in lines[0].split()[1:]]
+    out = {"machine": [sum(values) - values[3] - values[4], sum(values)],
+           "cpus": sum(1 for line in lines if re.match(r"cpu\d", line)),
+           "clk_tck": os.sysconf("SC_CLK_TCK")}
+    for group in spec.split(","):
+        name, _, pids = group.partition("=")
+        ticks = [_ticks(p) for p in pids.split("+") if p]
+        out[name] = None if None in ticks else sum(ticks)
+    return out
+
+
 def connect(agent):
     deadline = time.monotonic() + 60
     while True:
@@ -243,24 +279,33 @@ def reserve(client, state):
 
 def do_save(a):
     state, tensors = make_state(a.rank, a.world, a.mib, a.tensor_mib)
-    report = memcpy_report(tensors, a)
+    if a.no_baselines:
+        report = {"rank": a.rank, "world": a.world, "bytes": sum(
+            t.numel() * t.element_size() for t in tensors.values()), "tensors": len(tensors)}
+    else:
+        report = memcpy_report(tensors, a)
 
     client = connect(a.agent)
     report["reserve_s"] = reserve(client, state)
     saves = []
     for step in range(1, a.steps + 1):
         barrier(a.barrier, "save-%d" % step, a.rank, a.world)
+        cpu0 = cpu_sample(a.rank)
+        self0 = time.process_time()
         wall0 = time.time()
         t0 = time.perf_counter()
         result = client.save(step, state)
         t1 = time.perf_counter()
         client.wait(step, timeout=3600)
         t2 = time.perf_counter()
+        self_cpu = time.process_time() - self0
         saves.append({"step": step, "start": wall0, "blocked_s": t1 - t0,
                       "stall_s": result.stall_seconds, "copy_s": result.copy_seconds,
                       "committed_s": t2 - t0,
                       "committed_at": wall0 + (t2 - t0), "plan_cached": result.plan_cached,
-                      "session_id": result.session_id})
+                      "session_id": result.session_id, "cpu_self_s": self_cpu})
+        if cpu0:
+            saves[-1]["cpu"] = [cpu0, cpu_sample(a.rank)]
     report["saves"] = saves
     report["client_copy_threads"] = client.stats()["last_copy_threads"]
 
@@ -389,10 +434,14 @@ def do_load(a):
     # reads, not this process's start (Python and torch come from the disk after the page cache
     # was dropped).
     device0 = device_read_bytes()
+    cpu0 = cpu_sample(a.rank)
+    self0 = time.process_time()
     wall0 = time.time()
     t0 = time.perf_counter()
     step = client.load("latest", into=state)
     dt = time.perf_counter() - t0
+    self_cpu = time.process_time() - self0
+    cpu = [cpu0, cpu_sample(a.rank)] if cpu0 else None
     device1 = device_read_bytes()
     # Check every byte against what the save wrote.
     bad = []
@@ -405,7 +454,8 @@ def do_load(a):
             bad.append(fqn)
     return {"rank": a.rank, "world": a.world, "bytes": total, "step": step, "start": wall0,
             "load_s": dt, "end": wall0 + dt, "mismatched": bad, "sources": client.last_load,
-            "device_read": [device0, device1], "client": client.stats(), **prefetch, **baseline}
+            "device_read": [device0, device1], "client": client.stats(), **prefetch, **baseline,
+            "cpu_self_s": self_cpu, **({"cpu": cpu} if cpu else {})}
 
 
 def main():
@@ -425,6 +475,8 @@ def main():
     p.add_argument("--barrier-ranks", default=None,
                    type=lambda v: [int(x) for x in v.split(",")],
                    help="load: the ranks that run and meet at the barrier (default: all)")
+    p.add_argument("--no-baselines", action="store_true",
+                   help="save: no memcpy baselines (step 1 of save)")
     p.add_argument("--torch-dir", default="")
     p.add_argument("--torch-runs", type=int, default=3)
     p.add_argument("--out", required=True)

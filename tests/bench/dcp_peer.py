@@ -6,6 +6,8 @@ and loading the same state as bench_rank.py, as DTensors.
                    --out FILE.json
   dcp_peer.py load --rank R --world N' --saved-world N --mib S --barrier DIR --dir DIR
                    --rdzv FILE --out FILE.json
+  ... --s3 s3://BUCKET/PREFIX   the same on an object store, through s3torchconnector's
+                   S3StorageWriter and S3StorageReader (run.sh's S3 figure; --dir is unused)
 
 The state: bench_rank.make_state's row blocks (rank r of N holds rows [r*rows, (r+1)*rows) of
 every tensor), each wrapped as a DTensor with Shard(0) on a 1-D mesh of the N ranks
@@ -20,6 +22,12 @@ stagers, staging_completion for an AsyncSaveResponse), "durable_s" (save returne
 upload future resolved: files written and fsynced — FileSystemWriter's sync_files — and
 .metadata committed), with wall-clock stamps so run.sh can take spans across ranks. A variant
 this machine cannot run (pinned memory without CUDA) is recorded with its error.
+With --s3, the checkpoints are s3://BUCKET/PREFIX/<variant>-<step>, written by s3torchconnector's
+S3StorageWriter (one file per rank, as DCP's default thread_count of 1 writes; its CRT client's
+default part size) and read by its S3StorageReader (its default, DCP-optimized ranged reader);
+the store is the environment's (AWS_ENDPOINT_URL, AWS_REGION, credentials), addressed
+path-style. Only the synchronous dcp.save runs: durable = save returned (the uploads completed,
+.metadata written). Nothing is removed between steps: run.sh clears the prefix afterwards.
 load: this rank's row block in the N'-rank layout (another world size than the save's:
 resharding), destinations pre-allocated and pre-faulted, one timed dcp.load() of the kept
 checkpoint, then every byte is checked.
@@ -76,11 +84,35 @@ def dtensor_state(rank, world, mib, tensor_mib, saved_world=None, values=True):
     return state, tensors
 
 
-def one_save(kind, stager, state, path):
-    """(call_s, staged_s, durable_s) of one save into `path`."""
+# --s3: dcp.save through s3torchconnector.
+S3_VARIANTS = [("save", "save", None)]
+
+
+def s3_config():
+    from s3torchconnector import S3ClientConfig
+    return S3ClientConfig(force_path_style=True)
+
+
+def s3_writer(path):
+    from s3torchconnector.dcp import S3StorageWriter
+    return S3StorageWriter(os.environ.get("AWS_REGION", "us-east-1"), path,
+                           s3client_config=s3_config())
+
+
+def s3_reader(path):
+    from s3torchconnector.dcp import S3StorageReader
+    return S3StorageReader(os.environ.get("AWS_REGION", "us-east-1"), path,
+                           s3client_config=s3_config())
+
+
+def one_save(kind, stager, state, path, s3=False):
+    """(call_s, staged_s, durable_s) of one save into `path` (an s3:// URL with `s3`)."""
     t0 = time.perf_counter()
     if kind == "save":
-        dcp.save(state, checkpoint_id=path)
+        if s3:
+            dcp.save(state, storage_writer=s3_writer(path))
+        else:
+            dcp.save(state, checkpoint_id=path)
         t = time.perf_counter() - t0
         return t, t, t
     kwargs = {"async_stager": stager} if stager is not None else {}
@@ -96,25 +128,32 @@ def one_save(kind, stager, state, path):
     return call, staged, time.perf_counter() - t0
 
 
+def checkpoint_path(a, name):
+    return "%s/%s" % (a.s3.rstrip("/"), name) if a.s3 else os.path.join(a.dir, name)
+
+
 def do_save(a):
     state, tensors = dtensor_state(a.rank, a.world, a.mib, a.tensor_mib)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     report = {"rank": a.rank, "world": a.world, "bytes": total, "torch": torch.__version__,
               "variants": {}}
-    for name, kind, make_stager in VARIANTS:
+    if a.s3:
+        from importlib.metadata import version
+        report["s3torchconnector"] = version("s3torchconnector")
+    for name, kind, make_stager in S3_VARIANTS if a.s3 else VARIANTS:
         runs, previous = [], None
         slug = name.replace(" ", "-")
         try:
             stager = make_stager() if make_stager else None
             for step in range(1, a.steps + 1):
-                path = os.path.join(a.dir, "%s-%d" % (slug, step))
+                path = checkpoint_path(a, "%s-%d" % (slug, step))
                 barrier(a.barrier, "%s-%d" % (slug, step), a.rank, a.world)
                 wall0 = time.time()
-                call, staged, durable = one_save(kind, stager, state, path)
+                call, staged, durable = one_save(kind, stager, state, path, bool(a.s3))
                 runs.append({"step": step, "start": wall0, "call_s": call, "staged_s": staged,
                              "durable_s": durable, "durable_at": wall0 + durable})
                 dist.barrier()
-                if previous and a.rank == 0:
+                if previous and a.rank == 0 and not a.s3:
                     shutil.rmtree(previous, ignore_errors=True)
                 previous = path
             if stager is not None:
@@ -123,7 +162,7 @@ def do_save(a):
         except Exception as e:  # the variant is not available here; the others still run
             report["variants"][name] = {"runs": runs, "error": "%s: %s" % (type(e).__name__, e)}
             dist.barrier()
-        if previous and a.rank == 0 and name != "save":
+        if previous and a.rank == 0 and name != "save" and not a.s3:
             shutil.rmtree(previous, ignore_errors=True)
         if name == "save" and previous:
             report["kept"] = previous
@@ -134,11 +173,14 @@ def do_load(a):
     state, tensors = dtensor_state(a.rank, a.world, a.mib, a.tensor_mib,
                                    saved_world=a.saved_world, values=False)
     total = sum(t.numel() * t.element_size() for t in tensors.values())
-    path = os.path.join(a.dir, "save-%d" % a.steps)
+    path = checkpoint_path(a, "save-%d" % a.steps)
     barrier(a.barrier, "dcp-load", a.rank, a.world)
     wall0 = time.time()
     t0 = time.perf_counter()
-    dcp.load(state, checkpoint_id=path)
+    if a.s3:
+        dcp.load(state, storage_reader=s3_reader(path))
+    else:
+        dcp.load(state, checkpoint_id=path)
     dt = time.perf_counter() - t0
     bad = []
     for index, _ in layout(a.mib, a.tensor_mib):
@@ -164,6 +206,7 @@ def main():
     p.add_argument("--dir", required=True)
     p.add_argument("--rdzv", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--s3", default="", help="s3://BUCKET/PREFIX: through s3torchconnector")
     a = p.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="file://" + a.rdzv, rank=a.rank,

@@ -84,6 +84,9 @@ tessera-plan-load / tessera-llama-trainer:
            so not first call -> last return), onto half the TP degree, page cache dropped.
            Same targets as the rows above.
   3c, 4b   PyTorch DCP on the same state and ranks: tests/bench/report_dcp.py.
+  8 S3     checkpoints in an S3-compatible object store against the same server's raw limits,
+           the part size x parts in flight sweep and DCP through s3torchconnector:
+           tests/bench/report_s3.py.
   plan     through a real tessera-coordinator over gRPC with fake agents: first plan = start
            of the last SubmitLocalPlan -> last PIN received (validated, persisted to RocksDB,
            delivered); cached = the same for the next save with identical plans, which the
@@ -104,6 +107,7 @@ import re
 import sys
 
 import report_dcp  # figures 3c and 4b: PyTorch DCP beside Tessera
+import report_s3  # figure 8: checkpoints in an object store
 
 
 def load_json(path):
@@ -154,6 +158,8 @@ TARGETS = {
     "persist": (0.80, True, ">= 0.80"),
     "phase": (0.90, True, ">= 0.90"),
     "load": (0.90, True, ">= 0.90"),
+    "s3 save": (0.90, True, ">= 0.90"),
+    "s3 load": (0.90, True, ">= 0.90"),
 }
 
 FIO_POINT = re.compile(r"^(write|read)-bs(\w+)-qd(\d+)-j(\d+)\.json$")
@@ -1069,6 +1075,8 @@ def main():
                 int(need) / 1024, int(env.get("mem_available_kib", 0)) / 2**20)))
             continue
         rows += llama_rows(raw, mesh, int(world), int(llama_mib), fio_w, fio_r, notes)
+    s3_rows, s3_section = report_s3.report(sys.modules[__name__], raw, env, notes)
+    rows += s3_rows
     rows += plan_rows(raw)
     gpu = ""
     try:
@@ -1111,6 +1119,7 @@ def main():
     out.append("")
     if points["write"] or points["read"]:
         out += fio_table(points)
+    out += s3_section
     if chart_error is None:
         out.append("![ratios against targets](chart.png)")
         out.append("")
@@ -1141,6 +1150,7 @@ def main():
         text = text.replace(os.path.abspath(a.data_dir), "<data-dir>")
     text = text.replace(os.path.abspath(a.results), "<results>")
     text = re.sub(r"--output_base=\S+", "--output_base=<output-base>", text)
+    text = re.sub(r"--bin=\S+", "--bin=<bazel-bin>", text)
     with open(os.path.join(a.results, "results.md"), "w") as f:
         f.write(text)
     return 0

@@ -1,4 +1,5 @@
-"""report.py's figure 4m rows from memory, on reports written as bench_rank.py writes them."""
+"""report.py's figure 4m rows from memory, on reports written as bench_rank.py writes them, and
+figure 8's S3 rows (report_s3.py) on a raw/s3 directory as run.sh writes it."""
 
 import json
 import os
@@ -8,6 +9,7 @@ import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import report  # noqa: E402  (tests/bench is not a package)
+import report_s3  # noqa: E402
 import testlib  # noqa: E402
 
 MIB = 1 << 20
@@ -163,6 +165,83 @@ class BuddyRows(RawDir):
             self.write_run(run, "buddyload", 0.20, 1600, 1200, disk=MIB if run == 3 else 0)
         row = report.buddy_rows(self.raw, TAG, "256 MiB x 2 ranks", 2)[0]
         self.assertIsNone(row.met)
+
+
+def cpu(weed, agents, busy, all_ticks):
+    """A bench_rank.py cpu_sample."""
+    return {"machine": [busy, all_ticks], "cpus": 2, "clk_tck": 100, "weed": weed,
+            "agents": agents}
+
+
+class S3Rows(unittest.TestCase):
+    """Figure 8 on 256 MiB x 2 ranks: a raw sweep of two points each way, three saves, two
+    loads onto 1 rank, DCP skipped."""
+
+    def setUp(self):
+        self.raw = tempfile.mkdtemp()
+        os.mkdir(os.path.join(self.raw, "s3"))
+        self.put("configs.txt", "256 2 run 3072\n1024 4 skip 18432\n")
+        self.put("s3.env", "weed=4.48\ndefaults=part_size_mb=16 parts_in_flight=4 \n")
+        self.put("dcp-%s.txt" % TAG, "skipped: s3torchconnector does not import: no module\n")
+        self.put("load-layout-%s.txt" % TAG, "2 1\n")
+        for op, part, k, bw in (("put", 8, 4, 200), ("put", 16, 4, 250), ("get", 16, 1, 900),
+                                ("get", 16, 8, 1000)):
+            self.put("%s-%s-p%d-k%d.json" % (op, TAG, part, k), json.dumps({
+                "op": op, "ranks": 2, "bytes": 512 * MIB, "part_mb": part, "in_flight": k,
+                "seconds": 512.0 / bw, "bytes_per_s": bw * MIB, "cpu_seconds": 0.1,
+                "watched_cpu_seconds": {"42": 1.8 * 512.0 / bw}, "machine_busy": 0.97}))
+        # Saves of 512 MiB in 2.2, 2.0 and 2.56 s: steady median 2.56 s = 200 MiB/s, 0.80 of
+        # the 250 MiB/s limit. The machine's two cores: 200 of 256 ticks busy over 1.28 s.
+        for rank in (0, 1):
+            saves = [{"step": st, "start": 10.0 * st, "committed_at": 10.0 * st + span,
+                      "cpu_self_s": 0.128} for st, span in ((1, 2.2), (2, 2.0), (3, 2.56))]
+            if rank == 0:
+                for x in saves:
+                    x["cpu"] = [cpu(0, 0, 0, 0), cpu(230, 26, 200, 256)]
+            self.put("save-%s-%d.json" % (TAG, rank), json.dumps(
+                {"rank": rank, "world": 2, "bytes": 256 * MIB, "saves": saves}))
+        # Loads of 512 MiB in 0.64 and 0.512 s: median 0.64 s = 800 MiB/s, 0.80 of 1000.
+        for run, span in ((1, 0.64), (2, 0.512)):
+            self.put("load-%s-run%d-0.json" % (TAG, run), json.dumps({
+                "rank": 0, "world": 1, "bytes": 512 * MIB, "start": 1.0, "end": 1.0 + span,
+                "mismatched": [], "sources": {"bytes_from_memory": 0}}))
+
+    def put(self, name, text):
+        with open(os.path.join(self.raw, "s3", name), "w") as f:
+            f.write(text)
+
+    def rows(self):
+        rows, section = report_s3.report(report, self.raw, {"cores": "2"}, [])
+        return {r.figure: r for r in rows}, section
+
+    def test_limits_name_their_point_and_the_saves_and_loads_are_held_to_them(self):
+        rows, _ = self.rows()
+        name = "256 MiB x 2 ranks"
+        self.assertTrue(rows["8 S3 raw PUT limit, %s" % name].baseline.startswith(
+            "250 MiB/s at 16 MiB x 4 in flight (fastest of 2 points; weed 1.80 cores"))
+        self.assertTrue(rows["8 S3 raw GET limit, %s" % name].baseline.startswith(
+            "1000 MiB/s at 16 MiB x 8 in flight"))
+        save = rows["8 S3 save -> COMMITTED, %s" % name]
+        self.assertAlmostEqual(save.ratio, 0.80)
+        self.assertFalse(save.met)
+        # The ranks' own CPU: 0.256 s in 2.0 and 2.56 s; the upper middle of 0.10 and 0.128.
+        self.assertIn("weed 1.80 cores, agents 0.20, trainers 0.13, machine 78 % busy",
+                      save.tessera)
+        load = rows["8 S3 load tp=2 -> tp=1, %s" % name]
+        self.assertAlmostEqual(load.ratio, 0.80)
+        self.assertFalse(load.met)
+
+    def test_dcp_skipped_and_configurations_not_run_say_why(self):
+        rows, _ = self.rows()
+        self.assertEqual(rows["8 S3 vs DCP + s3torchconnector, 256 MiB x 2 ranks"].tessera,
+                         "skipped: s3torchconnector does not import: no module")
+        self.assertTrue(rows["8 S3 1 GiB x 4 ranks"].tessera.startswith("not run: needs 18.0 GiB"))
+
+    def test_the_section_tables_the_sweep_and_marks_the_default_setting(self):
+        _, section = self.rows()
+        text = "\n".join(section)
+        self.assertIn("| 16 MiB | 8 | - | 1000 MiB/s", text)
+        self.assertIn("| 16 MiB (default) | 4 | 200 MiB/s (2 saves) | 0.80 |", text)
 
 
 class RatioFigures(unittest.TestCase):

@@ -8,7 +8,10 @@
 // sources:
 //   export AWS_ENDPOINT_URL=http://127.0.0.1:<port>
 //   export AWS_ACCESS_KEY_ID=... AWS_SECRET_ACCESS_KEY=... AWS_REGION=us-east-1
-//   export TESSERA_LOCAL_S3_WEED_PID=<weed's pid>   (tests that kill the server)
+//   export TESSERA_LOCAL_S3_WEED_PID=<weed's pid>   (tests that kill the server; the
+//                                                    benchmark reads its CPU time)
+//   export TESSERA_LOCAL_S3_MASTER=http://127.0.0.1:<port>   (SeaweedFS's master: the
+//                                                    benchmark vacuums deleted bytes)
 // and runs until SIGTERM or SIGINT, when it stops SeaweedFS. Its data lives under DIR.
 //
 // Faults for tests: SIGUSR1 kills SeaweedFS at once (SIGKILL, as a crash; its data stays) and
@@ -30,6 +33,9 @@
 ABSL_FLAG(std::string, dir, "", "directory for SeaweedFS's data and log (required)");
 ABSL_FLAG(std::string, bucket, "tessera", "bucket to create");
 ABSL_FLAG(std::string, env_file, "", "file to write the environment into when ready (required)");
+ABSL_FLAG(int32_t, volume_size_limit_mb, 64,
+          "MiB a SeaweedFS volume holds before another is started (a benchmark wants more)");
+ABSL_FLAG(int32_t, max_volumes, 100, "the most SeaweedFS volumes");
 
 namespace {
 
@@ -58,8 +64,14 @@ int main(int argc, char** argv) {
   pthread_sigmask(SIG_BLOCK, &stop, nullptr);
   setenv("TESSERA_TEST_TMPDIR", dir.c_str(), 1);  // where seaweedfs.h keeps its data
 
+  tessera::s3::testing::SeaweedFsOptions options;
+  options.volume_size_limit_mb = absl::GetFlag(FLAGS_volume_size_limit_mb);
+  options.max_volumes = absl::GetFlag(FLAGS_max_volumes);
+  if (options.volume_size_limit_mb < 1 || options.max_volumes < 1) {
+    return Fail("--volume_size_limit_mb and --max_volumes must be positive");
+  }
   absl::StatusOr<std::unique_ptr<tessera::s3::testing::SeaweedFs>> server =
-      tessera::s3::testing::SeaweedFs::Start();
+      tessera::s3::testing::SeaweedFs::Start(options);
   if (!server.ok()) return Fail(server.status().ToString());
   std::unique_ptr<tessera::s3::S3Client> client = (*server)->NewClient();
   if (absl::Status made = client->CreateBucket(absl::GetFlag(FLAGS_bucket)); !made.ok()) {
@@ -73,7 +85,8 @@ int main(int argc, char** argv) {
         << "export AWS_ACCESS_KEY_ID=" << admin.access_key_id() << "\n"
         << "export AWS_SECRET_ACCESS_KEY=" << admin.secret_access_key() << "\n"
         << "export AWS_REGION=us-east-1\n"
-        << "export TESSERA_LOCAL_S3_WEED_PID=" << (*server)->pid() << "\n";
+        << "export TESSERA_LOCAL_S3_WEED_PID=" << (*server)->pid() << "\n"
+        << "export TESSERA_LOCAL_S3_MASTER=" << (*server)->master_endpoint() << "\n";
     if (!out) return Fail(absl::StrCat("cannot write ", tmp));
   }
   if (std::rename(tmp.c_str(), env_file.c_str()) != 0) {

@@ -177,7 +177,8 @@ std::string SeaweedFs::LogTail(size_t bytes) const {
   return all.size() <= bytes ? all : all.substr(all.size() - bytes);
 }
 
-absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(absl::Duration ready_timeout) {
+absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(SeaweedFsOptions options) {
+  const absl::Duration ready_timeout = options.ready_timeout;
   const char* weed_env = getenv("TESSERA_WEED");
   if (weed_env == nullptr || *weed_env == '\0') {
     return absl::FailedPreconditionError(
@@ -226,9 +227,10 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(absl::Duration ready
         "-master.telemetry=false",
         absl::StrCat("-master.port=", ports[kMaster]),
         absl::StrCat("-master.port.grpc=", ports[kMasterGrpc]),
-        // Small volumes, many of them: every bucket is a collection with its own volumes.
-        "-master.volumeSizeLimitMB=64",
-        "-volume.max=100",
+        // Small volumes, many of them, by default: every bucket is a collection with its own
+        // volumes.
+        absl::StrCat("-master.volumeSizeLimitMB=", options.volume_size_limit_mb),
+        absl::StrCat("-volume.max=", options.max_volumes),
         "-volume.preStopSeconds=0",
         absl::StrCat("-volume.port=", ports[kVolume]),
         absl::StrCat("-volume.port.grpc=", ports[kVolumeGrpc]),
@@ -263,6 +265,7 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(absl::Duration ready
     server->run_dir_ = data;
     ASSIGN_OR_RETURN(server->pid_, Spawn(argv, env, data, server->log_path_));
     server->endpoint_ = absl::StrCat("http://127.0.0.1:", ports[kS3]);
+    server->master_endpoint_ = absl::StrCat("http://127.0.0.1:", ports[kMaster]);
 
     int exit_status = 0;
     bool exited = false;

@@ -38,19 +38,36 @@
 
 namespace tessera::s3::testing {
 
+struct SeaweedFsOptions {
+  // The longest wait until S3 works. Default: 60 s.
+  absl::Duration ready_timeout = absl::Seconds(60);
+  // Bytes a volume holds before SeaweedFS starts another (-master.volumeSizeLimitMB), and the
+  // most volumes (-volume.max). Small and many suit the tests, every bucket a collection with
+  // volumes of its own; a benchmark that moves gigabytes wants larger ones. A deleted object's
+  // bytes stay in its volume until a vacuum (master_endpoint()'s /vol/vacuum). Defaults: 64 MiB,
+  // 100.
+  int volume_size_limit_mb = 64;
+  int max_volumes = 100;
+};
+
 class SeaweedFs {
  public:
   // Errors: FailedPrecondition if TESSERA_WEED is unset or weed cannot be started (the
   // message holds the tail of its log); DeadlineExceeded if S3 did not work within
   // `ready_timeout` (the message holds the last probe error and the log's tail).
+  static absl::StatusOr<std::unique_ptr<SeaweedFs>> Start(SeaweedFsOptions options);
   static absl::StatusOr<std::unique_ptr<SeaweedFs>> Start(
-      absl::Duration ready_timeout = absl::Seconds(60));
+      absl::Duration ready_timeout = absl::Seconds(60)) {
+    return Start(SeaweedFsOptions{ready_timeout});
+  }
   ~SeaweedFs();
   SeaweedFs(const SeaweedFs&) = delete;
   SeaweedFs& operator=(const SeaweedFs&) = delete;
 
   // "http://127.0.0.1:<port>".
   const std::string& endpoint() const { return endpoint_; }
+  // The master's HTTP API, "http://127.0.0.1:<port>" (a benchmark's vacuum between runs).
+  const std::string& master_endpoint() const { return master_endpoint_; }
   // All rights on every bucket.
   const Credentials& admin() const { return admin_; }
   // Valid credentials with rights on no bucket the tests use.
@@ -85,6 +102,7 @@ class SeaweedFs {
   absl::Status AwaitReady(absl::Time deadline, bool* exited, int* exit_status);
 
   std::string endpoint_;
+  std::string master_endpoint_;
   Credentials admin_{"", ""};
   Credentials stranger_{"", ""};
   std::string data_dir_;
