@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""An HTTP proxy in front of a real S3 server that answers chosen requests with 503 SlowDown.
+"""An HTTP proxy in front of a real S3 server that answers chosen requests with 503 SlowDown, and
+holds chosen requests until enough of them arrived to send them on together (a race on demand).
 
 Usage: s3_fault_proxy.py BACKEND_URL PORT_FILE CONTROL_FILE
 
@@ -9,10 +10,17 @@ CONTROL_FILE holds a number N > 0, the next N requests are answered 503 with S3'
 error instead (their bodies read and dropped), and N counts down in the file; the count of
 503s served so far is appended to CONTROL_FILE + ".served", one line per 503. Writes its port
 to PORT_FILE once it listens. Runs until killed.
+
+Rendezvous: when CONTROL_FILE + ".hold" holds "N REGEX", requests whose "METHOD PATH" matches
+REGEX wait until N of them are waiting (or 60 s passed), then all go on at once; each arrival
+is appended to CONTROL_FILE + ".held" ("METHOD PATH"), and "timeout" if the wait ran out. Two
+processes whose requests meet there have both done everything before those requests: the
+race between them is then one the server alone decides.
 """
 import http.client
 import http.server
 import os
+import re
 import sys
 import threading
 import urllib.parse
@@ -42,6 +50,33 @@ def main():
                 f.write("503\n")
             return True
 
+    # The rendezvous: one round of N held requests at a time.
+    hold = {"waiting": 0, "round": 0}
+    arrived = threading.Condition(lock)
+
+    def rendezvous(request_line):
+        try:
+            with open(control + ".hold") as f:
+                count, pattern = f.read().strip().split(" ", 1)
+        except (OSError, ValueError):
+            return
+        if not re.search(pattern, request_line):
+            return
+        with arrived:
+            with open(control + ".held", "a") as f:
+                f.write(request_line + "\n")
+            my_round = hold["round"]
+            hold["waiting"] += 1
+            if hold["waiting"] >= int(count):
+                hold["waiting"] = 0
+                hold["round"] += 1
+                arrived.notify_all()
+                return
+            if not arrived.wait_for(lambda: hold["round"] != my_round, timeout=60):
+                hold["waiting"] -= 1
+                with open(control + ".held", "a") as f:
+                    f.write("timeout\n")
+
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
 
@@ -68,6 +103,7 @@ def main():
 
         def _handle(self):
             body = self._body()
+            rendezvous("%s %s" % (self.command, self.path))
             if take_failure():
                 self._reply(503, [("Content-Type", "application/xml")], SLOW_DOWN)
                 return

@@ -7,6 +7,7 @@
 #   3. an agent with refused credentials: the save aborts naming the refusal, nothing written;
 #      a coordinator with refused credentials, or a bucket that does not exist, refuses to
 #      start, saying so and never showing the secret.
+# Two committers racing one step: s3_commit_race_test.sh.
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
@@ -96,4 +97,5 @@ grep -q "no-such-bucket" "$DIR/logs/coord-bucket.out" || fail "the missing bucke
 echo "   3. refused credentials: save aborted, nothing written; bad bucket or secret: the coordinator refused to start"
 
 stop_coordinator || fail "coordinator did not stop cleanly"
+
 echo "PASS: S3 faults: 503 burst committed; S3 killed mid-upload aborted cleanly; refused credentials and a missing bucket said clearly"

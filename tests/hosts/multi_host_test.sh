@@ -27,6 +27,7 @@
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
+source tests/skip.sh
 BIN=.
 DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 mkdir -p "$DIR/logs"
@@ -39,25 +40,6 @@ TAG=tsrh-$$-$RANDOM
 HOSTS=(coord a b c)
 declare -A ADDR=([coord]=10.77.0.1 [a]=10.77.0.11 [b]=10.77.0.12 [c]=10.77.0.13)
 NAMESPACES=()
-
-skip() {
-  echo "SKIP: $*"
-  if [ -n "${XML_OUTPUT_FILE:-}" ]; then
-    local msg
-    msg=$(printf '%s' "$*" | sed -e 's/&/\&amp;/g' -e 's/</\&lt;/g' -e 's/>/\&gt;/g' -e 's/"/\&quot;/g')
-    cat >"$XML_OUTPUT_FILE" <<EOF
-<?xml version="1.0" encoding="UTF-8"?>
-<testsuites>
-  <testsuite name="${TEST_TARGET:-tests/hosts/multi_host_test}" tests="1" failures="0" errors="0" skipped="1">
-    <testcase name="multi_host_test" classname="tests.hosts" time="0">
-      <skipped message="$msg"/>
-    </testcase>
-  </testsuite>
-</testsuites>
-EOF
-  fi
-  exit 0
-}
 
 cleanup() {
   stop_all
