@@ -41,7 +41,9 @@ constexpr absl::Duration kStopGrace = absl::Seconds(5);
 constexpr char kReadyBucket[] = "tessera-ready";
 
 // The listeners of `weed server -s3`, each given a port.
-enum Port { kMaster, kMasterGrpc, kVolume, kVolumeGrpc, kFiler, kFilerGrpc, kS3, kS3Grpc, kPorts };
+enum Port {
+  kMaster, kMasterGrpc, kVolume, kVolumeGrpc, kFiler, kFilerGrpc, kS3, kS3Grpc, kS3Https, kPorts
+};
 
 // `count` distinct free loopback ports: all bound to port 0 at once (so distinct), then
 // released for weed to take. Another process may take one meanwhile; Start then tries again.
@@ -217,7 +219,7 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(SeaweedFsOptions opt
       return absl::FailedPreconditionError(
           absl::StrCat("mkdir ", data, ": ", std::strerror(errno)));
     }
-    const std::vector<std::string> argv = {
+    std::vector<std::string> argv = {
         weed,
         "-logtostderr=true",
         "server",
@@ -247,6 +249,15 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(SeaweedFsOptions opt
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
     };
+    if (!options.domain_name.empty()) {
+      argv.push_back(absl::StrCat("-s3.domainName=", options.domain_name));
+    }
+    const bool https = !options.tls_cert_file.empty();
+    if (https) {
+      argv.push_back(absl::StrCat("-s3.port.https=", ports[kS3Https]));
+      argv.push_back(absl::StrCat("-s3.cert.file=", options.tls_cert_file));
+      argv.push_back(absl::StrCat("-s3.key.file=", options.tls_key_file));
+    }
     // One volume per new collection rather than 7, so many test buckets fit (weed mini does
     // the same).
     const std::vector<std::string> env = {"WEED_MASTER_VOLUME_GROWTH_COPY_1=1"};
@@ -266,6 +277,7 @@ absl::StatusOr<std::unique_ptr<SeaweedFs>> SeaweedFs::Start(SeaweedFsOptions opt
     ASSIGN_OR_RETURN(server->pid_, Spawn(argv, env, data, server->log_path_));
     server->endpoint_ = absl::StrCat("http://127.0.0.1:", ports[kS3]);
     server->master_endpoint_ = absl::StrCat("http://127.0.0.1:", ports[kMaster]);
+    server->https_endpoint_ = https ? absl::StrCat("https://localhost:", ports[kS3Https]) : "";
 
     int exit_status = 0;
     bool exited = false;

@@ -48,6 +48,14 @@ struct SeaweedFsOptions {
   // 100.
   int volume_size_limit_mb = 64;
   int max_volumes = 100;
+  // Virtual-hosted requests: a request to <bucket>.<domain_name> names that bucket
+  // (-s3.domainName). "localhost" suits loopback: libcurl resolves every *.localhost to it.
+  // Default: "" (path-style only).
+  std::string domain_name;
+  // PEM files of a server certificate and its key: S3 is served over HTTPS too, on a port of
+  // its own (https_endpoint()). Default: "" (HTTP only).
+  std::string tls_cert_file;
+  std::string tls_key_file;
 };
 
 class SeaweedFs {
@@ -66,6 +74,8 @@ class SeaweedFs {
 
   // "http://127.0.0.1:<port>".
   const std::string& endpoint() const { return endpoint_; }
+  // "https://localhost:<port>" if SeaweedFsOptions named a certificate, else "".
+  const std::string& https_endpoint() const { return https_endpoint_; }
   // The master's HTTP API, "http://127.0.0.1:<port>" (a benchmark's vacuum between runs).
   const std::string& master_endpoint() const { return master_endpoint_; }
   // All rights on every bucket.
@@ -103,6 +113,7 @@ class SeaweedFs {
 
   std::string endpoint_;
   std::string master_endpoint_;
+  std::string https_endpoint_;
   Credentials admin_{"", ""};
   Credentials stranger_{"", ""};
   std::string data_dir_;
