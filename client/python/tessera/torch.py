@@ -1,0 +1,223 @@
+"""tessera.torch: checkpoint a PyTorch training loop in two lines.
+
+    from tessera.torch import Checkpointer
+    ckpt = Checkpointer(model, optimizer, lr_scheduler=scheduler, dataloader=loader)
+    start = ckpt.load() or 0            # resume from `latest`, on whatever mesh this job has
+    for step in range(start + 1, steps + 1):
+        ...                             # forward, backward, optimizer.step(), scheduler.step()
+        if step % 100 == 0:
+            ckpt.save(step)             # blocks only while the tensors are copied
+    ckpt.wait()                         # the last save committed (or raises why not)
+
+What a checkpoint holds, and how each part comes back:
+
+* **Model and optimizer** through ``torch.distributed.checkpoint.state_dict``
+  (``get_model_state_dict`` / ``get_optimizer_state_dict`` on save, ``set_*`` on load), so
+  plain modules, DDP, FSDP2 (``fully_shard``) and tensor parallelism (DTensors) alike; a load
+  reshards to the loading job's mesh. Frozen parameters (``requires_grad=False``) are saved as
+  parameters without optimizer state, and an optimizer that has not stepped yet is saved as
+  such (tessera.Absent; get_optimizer_state_dict would step it with zero gradients to make
+  state up, which changes what training does next): a resume leaves those parameters without
+  state again, never with state made up.
+* **Job-wide state**, identical on every rank: the optimizer's param_groups (learning rates
+  and the like, without the parameters), the LR scheduler's ``state_dict()`` and each
+  ``extra_state`` entry's (any object with ``state_dict`` / ``load_state_dict``: a Stateful).
+  Saved as one tensor replicated over every dim of the job's layout, so the coordinator
+  checks that every rank holds the same bytes (a rank whose state differs fails the save with
+  REPLICA_DIVERGED, where DCP would silently keep rank 0's), and any rank of any later mesh
+  reads it.
+* **Per-rank state**: the RNGs (torch's CPU generator, every CUDA device's where CUDA is
+  initialised, numpy's global and Python's ``random``) and the data loader's
+  ``state_dict()`` (torchdata's StatefulDataLoader, or any loader with those two methods),
+  as this rank's objects (tessera.objects: JSON, no pickle). A rank of a larger mesh that did
+  not exist at the save has none: it keeps its own, and ``last_load_missing`` names what was
+  not restored.
+
+The encoding of objects is tessera.objects'; job-wide and per-rank state must be made of what
+it encodes (numbers, strings, bytes, lists, tuples, dicts, tensors, numpy arrays).
+"""
+
+import random
+import struct
+
+import numpy
+import torch
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict,
+                                                     set_model_state_dict,
+                                                     set_optimizer_state_dict)
+
+from . import errors
+from . import objects as objects_codec
+from .client import HEADER_FQN, Client, padded
+from .shards import Absent, Shard
+from .state import flatten_state, init_optimizer_state
+
+# The job-wide state's two tensors: its length (8 bytes, little-endian u64), then its bytes.
+JOB_HEADER_KEY = "tessera.torch.job.header"
+JOB_STATE_KEY = "tessera.torch.job"
+
+
+def _rng_state():
+    state = {"torch": torch.get_rng_state(), "numpy": numpy.random.get_state(),
+             "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state):
+    torch.set_rng_state(state["torch"])
+    numpy.random.set_state(state["numpy"])
+    random.setstate(state["python"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+class Checkpointer:
+    """Saves and loads a training loop's whole state through the Tessera agent beside this
+    rank (module docstring). One per rank; not thread-safe.
+
+    Args:
+      model: the ``torch.nn.Module`` (plain, DDP, FSDP2 or TP).
+      optimizer: its ``torch.optim.Optimizer``, or None.
+      lr_scheduler: an LR scheduler (``state_dict`` / ``load_state_dict``), or None.
+      dataloader: a loader with ``state_dict`` / ``load_state_dict`` (torchdata's
+        StatefulDataLoader), or None. Per rank.
+      extra_state: {name: Stateful} saved job-wide, or None.
+      client: a ``tessera.Client``; default: one on ``$TESSERA_AGENT`` (or ``agent``).
+      agent: the agent's socket path, when no client is given.
+      rng: save and restore the RNGs per rank. Default: True.
+    """
+
+    def __init__(self, model, optimizer=None, lr_scheduler=None, dataloader=None,
+                 extra_state=None, *, client=None, agent=None, rng=True):
+        self.model = model
+        self.optimizer = optimizer
+        self.lr_scheduler = lr_scheduler
+        self.dataloader = dataloader
+        self.extra_state = dict(extra_state or {})
+        for name, obj in self.extra_state.items():
+            if not (hasattr(obj, "state_dict") and hasattr(obj, "load_state_dict")):
+                raise errors.malformed("extra_state[%r] has no state_dict/load_state_dict: "
+                                       "only Stateful objects can be checkpointed" % (name,))
+        self.rng = rng
+        self.client = client if client is not None else Client(agent)
+        self._dims = list(self.client.identity["layout"])
+        self._last_step = None
+        self.last_load_missing = []
+
+    # --- what is saved
+
+    def _state_dicts(self):
+        model_sd = get_model_state_dict(self.model)
+        if self.optimizer is None:
+            return model_sd, None
+        if not self.optimizer.state:
+            # Not stepped yet. get_optimizer_state_dict would make state up by stepping it
+            # with zero gradients (AdamW's step count would then start at 1: training
+            # changed by a save); flatten_state marks every parameter's state Absent instead.
+            return model_sd, self.optimizer
+        return model_sd, get_optimizer_state_dict(self.model, self.optimizer)
+
+    def _job_state(self):
+        state = {}
+        if self.optimizer is not None:
+            state["param_groups"] = [{k: v for k, v in g.items() if k != "params"}
+                                     for g in self.optimizer.param_groups]
+        if self.lr_scheduler is not None:
+            state["lr_scheduler"] = self.lr_scheduler.state_dict()
+        state["extra"] = {name: obj.state_dict() for name, obj in self.extra_state.items()}
+        return state
+
+    def _rank_state(self):
+        state = {}
+        if self.rng:
+            state["rng"] = _rng_state()
+        if self.dataloader is not None:
+            state["dataloader"] = self.dataloader.state_dict()
+        return state
+
+    def _job_tensors(self, data):
+        """The job-wide state's two tensors, replicated over every dim of the layout."""
+        header = torch.frombuffer(bytearray(struct.pack("<Q", len(data))), dtype=torch.uint8)
+        body = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # padded: never empty
+        return {JOB_HEADER_KEY: Shard(header, [8], replicated_over=self._dims),
+                JOB_STATE_KEY: Shard(body, [len(data)], replicated_over=self._dims)}
+
+    def save(self, step, *, memory_only=False):
+        """Saves the whole state as checkpoint `step`; returns tessera.SaveResult once this
+        rank's tensors are copied (the persist goes on in the agent: wait() for the commit).
+        Every rank of the job calls it with the same step. Raises what Client.save raises."""
+        model_sd, optim_sd = self._state_dicts()
+        tensors = flatten_state(model_sd, optim_sd)
+        tensors.update(self._job_tensors(padded(objects_codec.encode(self._job_state(), "job"))))
+        result = self.client.save(step, tensors, objects=self._rank_state(),
+                                  memory_only=memory_only)
+        self._last_step = step
+        return result
+
+    def wait(self, step=None, timeout=None):
+        """Blocks until checkpoint `step` (default: the last one saved here) is committed;
+        returns where. Raises what Client.wait raises (AbortedError with the reason)."""
+        step = self._last_step if step is None else step
+        if step is None:
+            raise errors.malformed("wait(): nothing was saved through this Checkpointer")
+        return self.client.wait(step, timeout=timeout)
+
+    # --- loading
+
+    def _load_job_state(self, step):
+        header = torch.zeros(8, dtype=torch.uint8)
+        step = self.client.load(step, into={JOB_HEADER_KEY: Shard(header, [8],
+                                                               replicated_over=self._dims)})
+        (size,) = struct.unpack("<Q", bytes(header.numpy()))
+        body = torch.zeros(size, dtype=torch.uint8)
+        self.client.load(step, into={JOB_STATE_KEY: Shard(body, [size],
+                                                        replicated_over=self._dims)})
+        return step, objects_codec.decode(bytes(body.numpy()), "job")
+
+    def load(self, step="latest"):
+        """Loads checkpoint `step` ("latest", "newest" or a number) into the model, optimizer,
+        scheduler, extra state, and this rank's RNGs and data loader; returns the step, or
+        None if the job has no checkpoint (a fresh start). Raises what Client.load raises."""
+        if step == "latest" and self.client.latest() is None:
+            return None
+        step, job = self._load_job_state(step)
+        if self.optimizer is not None:
+            init_optimizer_state(self.optimizer)  # tensors for the load to fill
+        model_sd, optim_sd = self._state_dicts()
+        tensors = flatten_state(model_sd, optim_sd)
+        for key in [k for k, v in tensors.items() if isinstance(v, Absent)]:
+            del tensors[key]  # frozen parameters: no state to fill
+        self.last_load_missing = []
+        try:
+            step, rank_state = self.client.load(step, into=tensors, objects=True)
+        except errors.InvalidArgumentError as e:
+            if e.fqns != [HEADER_FQN]:
+                raise
+            # No rank of this number saved the step (a larger mesh): its own state stays.
+            step = self.client.load(step, into=tensors)
+            rank_state = {}
+            self.last_load_missing = [n for n, on in (("rng", self.rng),
+                                                      ("dataloader", self.dataloader))
+                                      if on is not None and on is not False]
+        set_model_state_dict(self.model, model_sd)
+        if self.optimizer is not None:
+            # strict=False: a parameter saved without optimizer state stays without it.
+            set_optimizer_state_dict(self.model, self.optimizer, optim_sd,
+                                     options=StateDictOptions(strict=False))
+            for group, saved in zip(self.optimizer.param_groups, job.get("param_groups", [])):
+                group.update(saved)
+        if self.lr_scheduler is not None and "lr_scheduler" in job:
+            self.lr_scheduler.load_state_dict(job["lr_scheduler"])
+        for name, obj in self.extra_state.items():
+            if name in job.get("extra", {}):
+                obj.load_state_dict(job["extra"][name])
+            else:
+                self.last_load_missing.append("extra_state[%r]" % (name,))
+        if "rng" in rank_state and self.rng:
+            _set_rng_state(rank_state["rng"])
+        if "dataloader" in rank_state and self.dataloader is not None:
+            self.dataloader.load_state_dict(rank_state["dataloader"])
+        return step
