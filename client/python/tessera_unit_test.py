@@ -14,6 +14,7 @@ import tessera
 import testlib
 from tessera import _tessera, errors, objects, shards
 from tessera import client as client_module
+from tessera import dcp as tessera_dcp
 from tessera.layout import JobLayout
 
 torch.set_num_threads(1)
@@ -584,6 +585,56 @@ class RefusalTest(unittest.TestCase):
             with self.assertRaises(tessera.InvalidArgumentError, msg=repr(name)):
                 _check_object_name(name)
         _check_object_name("rng.torch")
+
+
+class DcpArgumentsTest(unittest.TestCase):
+    """tessera.dcp's checks that need no agent: checkpoint ids, state dict shapes, arguments."""
+
+    def test_Step_FromIntOrPathEndingInDigits(self):
+        self.assertEqual(tessera_dcp._step_of(7), 7)
+        self.assertEqual(tessera_dcp._step_of("/ckpt/run/step-120"), 120)
+        self.assertEqual(tessera_dcp._step_of("ckpt/300/"), 300)
+
+    def test_Step_NoNumber_MalformedNamingTheId(self):
+        for bad in (None, True, "ckpt/latest", 1.5):
+            with self.assertRaises(errors.InvalidArgumentError) as cm:
+                tessera_dcp._step_of(bad)
+            self.assertIn(repr(bad), cm.exception.message)
+
+    def test_Walk_NestedTensorsValuesAndStateful(self):
+        class Sched:
+            def __init__(self):
+                self.loaded = None
+
+            def state_dict(self):
+                return {"last_epoch": 3}
+
+            def load_state_dict(self, sd):
+                self.loaded = sd
+
+        t = torch.zeros(2)
+        walk = tessera_dcp._Walk({"model": {"a.w": t, "n": 1}, "sched": Sched(),
+                                  "lst": [t, "x"]})
+        self.assertEqual(sorted(walk.tensors), ["lst.0", "model.a.w"])
+        self.assertEqual(walk.values, {"model.n": 1, "sched.last_epoch": 3, "lst.1": "x"})
+        self.assertEqual(len(walk.statefuls), 1)
+
+    def test_Walk_CollidingKeysAndNonStringKeys_Malformed(self):
+        with self.assertRaises(errors.InvalidArgumentError) as cm:
+            tessera_dcp._Walk({"a.b": 1, "a": {"b": 2}})
+        self.assertIn("'a.b'", cm.exception.message)
+        with self.assertRaises(errors.InvalidArgumentError):
+            tessera_dcp._Walk({"a": {1: 2}})
+        with self.assertRaises(errors.InvalidArgumentError):
+            tessera_dcp._Walk([torch.zeros(1)])
+
+    def test_StorageWriterOrPlanner_Refused(self):
+        with self.assertRaises(errors.InvalidArgumentError) as cm:
+            tessera_dcp.save({}, checkpoint_id=1, storage_writer=object())
+        self.assertIn("storage_writer", cm.exception.message)
+        with self.assertRaises(errors.InvalidArgumentError) as cm:
+            tessera_dcp.load({}, checkpoint_id=1, planner=object())
+        self.assertIn("planner", cm.exception.message)
 
 
 class ShardTest(unittest.TestCase):

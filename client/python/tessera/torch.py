@@ -38,7 +38,6 @@ it encodes (numbers, strings, bytes, lists, tuples, dicts, tensors, numpy arrays
 """
 
 import random
-import struct
 
 import numpy
 import torch
@@ -47,15 +46,13 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
                                                      set_model_state_dict,
                                                      set_optimizer_state_dict)
 
-from . import errors
-from . import objects as objects_codec
-from .client import HEADER_FQN, Client, padded
-from .shards import Absent, Shard
+from . import errors, replicated
+from .client import HEADER_FQN, Client
+from .shards import Absent
 from .state import flatten_state, init_optimizer_state
 
-# The job-wide state's two tensors: its length (8 bytes, little-endian u64), then its bytes.
-JOB_HEADER_KEY = "tessera.torch.job.header"
-JOB_STATE_KEY = "tessera.torch.job"
+# The job-wide state (tessera.replicated) is saved under this name.
+JOB_STATE = "tessera.torch.job"
 
 
 def _rng_state():
@@ -103,7 +100,6 @@ class Checkpointer:
                                        "only Stateful objects can be checkpointed" % (name,))
         self.rng = rng
         self.client = client if client is not None else Client(agent)
-        self._dims = list(self.client.identity["layout"])
         self._last_step = None
         self.last_load_missing = []
 
@@ -138,20 +134,13 @@ class Checkpointer:
             state["dataloader"] = self.dataloader.state_dict()
         return state
 
-    def _job_tensors(self, data):
-        """The job-wide state's two tensors, replicated over every dim of the layout."""
-        header = torch.frombuffer(bytearray(struct.pack("<Q", len(data))), dtype=torch.uint8)
-        body = torch.frombuffer(bytearray(data), dtype=torch.uint8)  # padded: never empty
-        return {JOB_HEADER_KEY: Shard(header, [8], replicated_over=self._dims),
-                JOB_STATE_KEY: Shard(body, [len(data)], replicated_over=self._dims)}
-
     def save(self, step, *, memory_only=False):
         """Saves the whole state as checkpoint `step`; returns tessera.SaveResult once this
         rank's tensors are copied (the persist goes on in the agent: wait() for the commit).
         Every rank of the job calls it with the same step. Raises what Client.save raises."""
         model_sd, optim_sd = self._state_dicts()
         tensors = flatten_state(model_sd, optim_sd)
-        tensors.update(self._job_tensors(padded(objects_codec.encode(self._job_state(), "job"))))
+        tensors.update(replicated.tensors(self.client, JOB_STATE, self._job_state()))
         result = self.client.save(step, tensors, objects=self._rank_state(),
                                   memory_only=memory_only)
         self._last_step = step
@@ -167,23 +156,13 @@ class Checkpointer:
 
     # --- loading
 
-    def _load_job_state(self, step):
-        header = torch.zeros(8, dtype=torch.uint8)
-        step = self.client.load(step, into={JOB_HEADER_KEY: Shard(header, [8],
-                                                               replicated_over=self._dims)})
-        (size,) = struct.unpack("<Q", bytes(header.numpy()))
-        body = torch.zeros(size, dtype=torch.uint8)
-        self.client.load(step, into={JOB_STATE_KEY: Shard(body, [size],
-                                                        replicated_over=self._dims)})
-        return step, objects_codec.decode(bytes(body.numpy()), "job")
-
     def load(self, step="latest"):
         """Loads checkpoint `step` ("latest", "newest" or a number) into the model, optimizer,
         scheduler, extra state, and this rank's RNGs and data loader; returns the step, or
         None if the job has no checkpoint (a fresh start). Raises what Client.load raises."""
         if step == "latest" and self.client.latest() is None:
             return None
-        step, job = self._load_job_state(step)
+        step, job = replicated.load(self.client, JOB_STATE, step)
         if self.optimizer is not None:
             init_optimizer_state(self.optimizer)  # tensors for the load to fill
         model_sd, optim_sd = self._state_dicts()
