@@ -6,23 +6,17 @@ Run one process per rank with torchrun, one Tessera agent beside each rank (READ
     torchrun --standalone --nproc_per_node=2 examples/pytorch/train_fsdp2.py \\
         --agent='/tmp/tessera/agent-{rank}.sock' --steps=20 --save-every=5
 
-What it does with Tessera, in five calls:
+What it does with Tessera, in three calls of ``tessera.torch.Checkpointer``:
 
-* ``tessera.Client(agent)``: connects to this rank's agent. The agents were started with
-  ``--layout=dp_shard=<world size>``: the name of the DeviceMesh dim below, so tessera maps
-  every DTensor's placements to the job's layout without being told (other names: pass
-  ``mesh_dims={"<mesh dim>": "<layout dim>"}``).
-* ``client.latest()`` / ``client.load("latest", into=...)``: resume. The state dicts of
-  ``get_model_state_dict`` / ``get_optimizer_state_dict`` are filled in place, on whatever
-  number of ranks this run has (the checkpoint reshards).
-* ``client.reserve(state)``: optional, once after the first step — the agent makes (and this
-  process maps) the staging the saves need, so the first save is not the slow one.
-* ``client.save(step, tessera.flatten_state(model_sd, optim_sd), objects=...)``: returns as
-  soon as this rank's shards are copied into the agent's shared memory; the agents write and
-  commit in the background. Non-tensor state (scheduler, RNG, data position) goes in
-  ``objects`` (tagged JSON, never pickle).
-* ``client.wait(step)``: optional — here before the next save (a job has one save in flight
-  at a time; it committed long before) and before exiting, so the last save is durable.
+* ``Checkpointer(model, optimizer, lr_scheduler=scheduler, agent=...)``: connects to this
+  rank's agent. The agents were started with ``--layout=dp_shard=<world size>``: the name of
+  the DeviceMesh dim below, so tessera maps every DTensor's placements to the job's layout
+  without being told.
+* ``ckpt.load()``: resumes from the latest checkpoint, if there is one — model, optimizer,
+  scheduler and RNGs, on whatever number of ranks this run has (the checkpoint reshards).
+* ``ckpt.save(step)``: returns as soon as this rank's shards are copied into the agent's
+  shared memory; the agents write, verify and commit in the background. ``ckpt.wait()``
+  before exiting, so the last save is durable.
 
 Works on CPU (gloo) and on GPUs (NCCL for training; the agent copies CUDA tensors with
 cudaMemcpyAsync). Needs PyTorch >= 2.6 (fully_shard in torch.distributed.fsdp); tested with
@@ -31,18 +25,13 @@ cudaMemcpyAsync). Needs PyTorch >= 2.6 (fully_shard in torch.distributed.fsdp); 
 
 import argparse
 import os
-import random
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
-                                                     get_optimizer_state_dict,
-                                                     set_model_state_dict,
-                                                     set_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-import tessera
+from tessera.torch import Checkpointer
 
 VOCAB, DIM, HEADS, LAYERS, SEQ, BATCH = 64, 32, 4, 2, 16, 8
 
@@ -113,24 +102,12 @@ def main():
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.1)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
 
-    client = tessera.Client(args.agent.replace("{rank}", str(rank)), connect_timeout=60)
-    start = 0
-    if client.latest() is not None:
-        model_sd = get_model_state_dict(model)
-        optim_sd = get_optimizer_state_dict(model, optimizer)  # creates AdamW's state to fill
-        start, objs = client.load("latest", into=tessera.flatten_state(model_sd, optim_sd),
-                                  objects=True)
-        set_model_state_dict(model, model_sd)
-        set_optimizer_state_dict(model, optimizer, optim_sd)
-        for group, saved in zip(optimizer.param_groups, objs["param_groups"]):
-            group.update(saved)
-        scheduler.load_state_dict(objs["scheduler"])
-        random.setstate(objs["rng"]["python"])
-        torch.set_rng_state(objs["rng"]["torch"])
-        if rank == 0:
-            print("resumed from step %d (saved by %d ranks)" % (start, objs["world"]), flush=True)
+    ckpt = Checkpointer(model, optimizer, lr_scheduler=scheduler,
+                        agent=args.agent.replace("{rank}", str(rank)))
+    start = ckpt.load() or 0
+    if start and rank == 0:
+        print("resumed from step %d" % start, flush=True)
 
-    pending = None  # the step whose save may still be committing in the background
     for step in range(start + 1, args.steps + 1):
         inputs, targets = batch(step, rank, world, device)
         loss = torch.nn.functional.cross_entropy(model(inputs).reshape(-1, VOCAB),
@@ -141,33 +118,15 @@ def main():
         scheduler.step()
         if rank == 0:
             print("step %d loss %.4f" % (step, loss.item()), flush=True)
-        if step == start + 1:
-            # AdamW's state exists now: have the agent make the saves' staging ahead, so the
-            # first save stalls like the later ones. Advisory: a save makes what it needs.
-            try:
-                client.reserve(tessera.flatten_state(get_model_state_dict(model),
-                                                     get_optimizer_state_dict(model, optimizer)))
-            except tessera.ResourceExhaustedError as e:
-                print("rank %d: staging not reserved: %s" % (rank, e), flush=True)
         if step % args.save_every == 0 or step == args.steps:
-            if pending is not None:
-                client.wait(pending, timeout=600)  # one save in flight at a time (long done)
-            state = tessera.flatten_state(get_model_state_dict(model),
-                                          get_optimizer_state_dict(model, optimizer))
-            result = client.save(step, state, objects={
-                "param_groups": [{k: v for k, v in g.items() if k != "params"}
-                                 for g in optimizer.param_groups],
-                "scheduler": scheduler.state_dict(),
-                "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
-                "world": world})
-            pending = step
+            result = ckpt.save(step)
             if rank == 0:
                 print("step %d saved: training blocked %.1f ms" % (step, result.stall_seconds * 1e3),
                       flush=True)
-    if pending is not None:
-        directory = client.wait(pending, timeout=600)
+    if args.steps > start:
+        directory = ckpt.wait(timeout=600)
         if rank == 0:
-            print("step %d committed: %s" % (pending, directory), flush=True)
+            print("step %d committed: %s" % (args.steps, directory), flush=True)
     dist.destroy_process_group()
 
 

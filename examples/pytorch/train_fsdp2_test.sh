@@ -38,7 +38,7 @@ expect 1 "^step 2 saved: training blocked"
 expect 1 "^step 4 committed: .*/example/step-000000004$"
 grep -q "^resumed" "$DIR/logs/run-1.out" && fail "the first run resumed"
 torchrun --steps=6 --save-every=2
-expect 2 "^resumed from step 4 \(saved by 2 ranks\)$"
+expect 2 "^resumed from step 4$"
 grep -q "^step [1-4] loss" "$DIR/logs/run-2.out" && fail "the resumed run trained a step it had"
 expect 2 "^step 5 loss "
 expect 2 "^step 6 committed: "

@@ -38,6 +38,7 @@ it encodes (numbers, strings, bytes, lists, tuples, dicts, tensors, numpy arrays
 """
 
 import random
+import warnings
 
 import numpy
 import torch
@@ -101,7 +102,9 @@ class Checkpointer:
         self.rng = rng
         self.client = client if client is not None else Client(agent)
         self._last_step = None
+        self._waited = True
         self.last_load_missing = []
+        self.last_save_error = None
 
     # --- what is saved
 
@@ -137,14 +140,31 @@ class Checkpointer:
     def save(self, step, *, memory_only=False):
         """Saves the whole state as checkpoint `step`; returns tessera.SaveResult once this
         rank's tensors are copied (the persist goes on in the agent: wait() for the commit).
-        Every rank of the job calls it with the same step. Raises what Client.save raises."""
+        A job has one save in flight, so it first waits for the previous save to end (its
+        failure is warned about and kept in last_save_error). Every rank of the job calls it
+        with the same step. Raises what Client.save raises."""
+        self._finish_previous()
         model_sd, optim_sd = self._state_dicts()
         tensors = flatten_state(model_sd, optim_sd)
         tensors.update(replicated.tensors(self.client, JOB_STATE, self._job_state()))
         result = self.client.save(step, tensors, objects=self._rank_state(),
                                   memory_only=memory_only)
-        self._last_step = step
+        self._last_step, self._waited = step, False
         return result
+
+    def _finish_previous(self):
+        """A job has one save in flight: waits for the previous one (usually committed long
+        ago). Its failure does not stop this save; it is warned about, and kept in
+        last_save_error."""
+        if self._last_step is None or self._waited:
+            return
+        self._waited = True
+        try:
+            self.client.wait(self._last_step)
+        except errors.TesseraError as e:
+            self.last_save_error = e
+            warnings.warn("tessera: checkpoint step %d was not committed: %s"
+                          % (self._last_step, e), RuntimeWarning, stacklevel=3)
 
     def wait(self, step=None, timeout=None):
         """Blocks until checkpoint `step` (default: the last one saved here) is committed;
@@ -152,7 +172,10 @@ class Checkpointer:
         step = self._last_step if step is None else step
         if step is None:
             raise errors.malformed("wait(): nothing was saved through this Checkpointer")
-        return self.client.wait(step, timeout=timeout)
+        where = self.client.wait(step, timeout=timeout)
+        if step == self._last_step:
+            self._waited = True
+        return where
 
     # --- loading
 
