@@ -395,6 +395,9 @@ VerifyReport VerifyCheckpoint(Storage& storage, const std::string& dir,
   }
 
   report.tensors = manifest->tensors_size();
+  for (const v1::TensorEntry& t : manifest->tensors()) {
+    report.extras += t.kind() == v1::SHARD_KIND_EXTRA;
+  }
   const std::string data_dir = DataDirOf(storage, dir, *manifest);
   std::map<std::string, FileTask> by_file;  // sorted: a stable report order
   {

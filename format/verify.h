@@ -59,7 +59,8 @@ struct VerifyProblem {
 struct VerifyReport {
   std::vector<VerifyProblem> problems;  // in a stable order: manifest, tensors, files
   uint64_t problems_dropped = 0;        // beyond VerifyOptions::max_problems
-  uint64_t tensors = 0;
+  uint64_t tensors = 0;  // the manifest's entries, per-rank extras included
+  uint64_t extras = 0;   // of those, per-rank extras (SHARD_KIND_EXTRA: objects, RNG state)
   uint64_t chunks = 0;
   uint64_t files = 0;
   uint64_t bytes_verified = 0;          // chunk bytes whose checksums were checked

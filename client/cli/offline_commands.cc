@@ -72,6 +72,7 @@ int VerifyCommand(Storage& storage, const std::string& dir, const VerifyCommandO
     w.Key("dir").String(dir);
     w.Key("ok").Bool(report.ok());
     w.Key("tensors").Uint(report.tensors);
+    w.Key("extras").Uint(report.extras);
     w.Key("chunks").Uint(report.chunks);
     w.Key("files").Uint(report.files);
     w.Key("bytes_verified").Uint(report.bytes_verified);
@@ -98,7 +99,13 @@ int VerifyCommand(Storage& storage, const std::string& dir, const VerifyCommandO
         << Plural(report.chunks, "chunk", "chunks") << ", " << report.bytes_verified
         << " bytes verified (" << FormatBytes(report.bytes_verified) << " in "
         << Plural(report.files, "data file", "data files")
-        << (options.verify.checksums ? "" : "; checksums not checked") << ")\n";
+        << (options.verify.checksums ? "" : "; checksums not checked");
+    if (report.extras > 0) {
+      out << "; of the tensors, " << report.extras
+          << (report.extras == 1 ? " is a per-rank extra" : " are per-rank extras")
+          << ": objects, RNG state";
+    }
+    out << ")\n";
     return kExitOk;
   }
   const uint64_t total = report.problems.size() + report.problems_dropped;

@@ -88,6 +88,8 @@ class OfflineCommandsTest : public ::testing::Test {
 TEST_F(OfflineCommandsTest, Verify_GoodCheckpoint_OkLine) {
   EXPECT_EQ(Verify(), kExitOk);
   EXPECT_THAT(out_.str(), HasSubstr("OK: 3 tensors, 5 chunks, 400 bytes verified"));
+  // The count includes the per-rank extra (rng#rank0), and the line says so.
+  EXPECT_THAT(out_.str(), HasSubstr("; of the tensors, 1 is a per-rank extra: objects, RNG state)"));
   EXPECT_EQ(err_.str(), "");
 }
 

@@ -38,7 +38,8 @@ std::vector<CommandInfo> MakeCommands() {
       {"verify", "DIR", 1, false, "check a checkpoint directory completely",
        "  Reads the manifest, checks that every tensor's chunks tile it, that every data\n"
        "  file's safetensors header agrees with the manifest, and every block checksum.\n"
-       "  Prints \"OK: N tensors, M chunks, B bytes verified\", or the problems naming tensor,\n"
+       "  Prints \"OK: N tensors, M chunks, B bytes verified\" (N counts the per-rank extras,\n"
+       "  objects and RNG state, and the line says how many), or the problems naming tensor,\n"
        "  chunk and file and exits 1. --checksums=false skips reading the data;\n"
        "  --max_problems=N problems are listed (--json lists all); --parallelism=N files are\n"
        "  read at once.\n"},
