@@ -606,14 +606,61 @@ absl::StatusOr<std::vector<std::string>> CheckpointReader::DataFiles(
   return files;
 }
 
+namespace {
+
+// Of a load whose destinations differ from the checkpoint in several tensors, the whole list
+// is what the user needs (a model built with another config differs in many): the first
+// kMaxMismatchMessages said in full, the names of the first kMaxMismatchNames listed.
+constexpr size_t kMaxMismatchMessages = 4;
+constexpr size_t kMaxMismatchNames = 64;
+
+// One SHAPE_MISMATCH error naming every mismatch of `details` (at least one).
+absl::Status ShapeMismatches(const std::vector<v1::ErrorDetail>& details) {
+  if (details.size() == 1) return ErrorFromDetail(details[0]);
+  v1::ErrorDetail all;
+  all.set_code(v1::ERROR_CODE_SHAPE_MISMATCH);
+  std::vector<std::string> messages;
+  for (size_t i = 0; i < details.size(); ++i) {
+    if (i < kMaxMismatchNames) all.add_fqns(details[i].fqns(0));
+    if (i < kMaxMismatchMessages) messages.push_back(details[i].message());
+  }
+  std::string message = absl::StrCat(details.size(), " tensors differ from the checkpoint in "
+                                     "dtype or shape: ", absl::StrJoin(messages, "; "));
+  if (details.size() > kMaxMismatchMessages) {
+    std::vector<std::string> rest;
+    for (size_t i = kMaxMismatchMessages; i < std::min(details.size(), kMaxMismatchNames); ++i) {
+      rest.push_back(absl::StrCat("\"", details[i].fqns(0), "\""));
+    }
+    absl::StrAppend(&message, "; and ", absl::StrJoin(rest, ", "),
+                    details.size() > kMaxMismatchNames
+                        ? absl::StrCat(" and ", details.size() - kMaxMismatchNames, " more")
+                        : "");
+  }
+  all.set_message(message);
+  return ErrorFromDetail(all);
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<RequestPlan>> CheckpointReader::PlanAll(
     absl::Span<const ReadRequest> requests, bool need_dest) const {
   std::vector<RequestPlan> plans;
   plans.reserve(requests.size());
+  std::vector<v1::ErrorDetail> mismatches;
   for (const ReadRequest& request : requests) {
-    ASSIGN_OR_RETURN(RequestPlan plan, PlanOne(request, need_dest));
-    plans.push_back(std::move(plan));
+    absl::StatusOr<RequestPlan> plan = PlanOne(request, need_dest);
+    if (!plan.ok()) {
+      std::optional<v1::ErrorDetail> detail = GetErrorDetail(plan.status());
+      if (detail.has_value() && detail->code() == v1::ERROR_CODE_SHAPE_MISMATCH &&
+          detail->fqns_size() == 1) {
+        mismatches.push_back(*std::move(detail));
+        continue;
+      }
+      return plan.status();
+    }
+    plans.push_back(*std::move(plan));
   }
+  if (!mismatches.empty()) return ShapeMismatches(mismatches);
   return plans;
 }
 

@@ -200,7 +200,8 @@ class CheckpointReader {
   // Errors: InvalidArgument naming the request's key if it is malformed (unknown dtype, box
   // not inside global_shape, bad flat range, dest_size not the element count x dtype size,
   // null dest with a non-zero size), if the key is not in the checkpoint, or (with
-  // SHAPE_MISMATCH) if the checkpoint's dtype or global shape differs; DataLoss +
+  // SHAPE_MISMATCH) if the checkpoint's dtype or global shape differs — one error naming every
+  // such request (fqns: the first 64; the first 4 described in full); DataLoss +
   // INCOMPLETE_COVERAGE naming the key and a missing element if the chunks do not cover the
   // requested region, or if chunks overlap within it.
   absl::StatusOr<std::vector<RequestPlan>> Plan(absl::Span<const ReadRequest> requests) const;

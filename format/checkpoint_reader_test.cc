@@ -355,6 +355,34 @@ TEST_P(CheckpointReaderTest, Read_StateAbsent_FlagSetAndDestinationUntouched) {
   EXPECT_EQ(absent_dest, std::string(absent_dest.size(), '\x77'));
 }
 
+TEST_P(CheckpointReaderTest, Read_SeveralShapeMismatches_OneErrorNamingEveryTensor) {
+  std::unique_ptr<CheckpointReader> reader = Open();
+  ASSERT_NE(reader, nullptr);
+  std::string dest, good_dest;
+  ReadRequest good = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &good_dest);
+  ReadRequest shape = Request("layers.0.attn.wq", MakeBox({0, 0}, {1, 1}), &dest);
+  shape.global_shape = {8, 24};
+  std::string absent_dest(4 * 6 * 10 * 4, '\0');
+  ReadRequest dtype;
+  dtype.key = "layers.1.mlp.w#exp_avg";
+  dtype.dtype = v1::DTYPE_F32;  // the checkpoint holds BF16
+  dtype.global_shape = {4, 6, 10};
+  dtype.box = FullBox(dtype.global_shape);
+  dtype.dest = absent_dest.data();
+  dtype.dest_size = absent_dest.size();
+
+  absl::Status s = reader->Read({shape, good, dtype}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  std::optional<v1::ErrorDetail> detail = GetErrorDetail(s);
+  ASSERT_TRUE(detail.has_value()) << s;
+  EXPECT_EQ(detail->code(), v1::ERROR_CODE_SHAPE_MISMATCH);
+  EXPECT_THAT(std::vector<std::string>(detail->fqns().begin(), detail->fqns().end()),
+              ::testing::ElementsAre("layers.0.attn.wq", "layers.1.mlp.w#exp_avg"));
+  EXPECT_THAT(s.message(), HasSubstr("2 tensors differ from the checkpoint in dtype or shape"));
+  EXPECT_THAT(s.message(), HasSubstr("[8, 12]"));
+  EXPECT_THAT(s.message(), HasSubstr("BF16"));
+}
+
 TEST_P(CheckpointReaderTest, Read_BadRequests_InvalidArgumentNamingKey) {
   std::unique_ptr<CheckpointReader> reader = Open();
   ASSERT_NE(reader, nullptr);
