@@ -257,7 +257,8 @@ class Client:
         return refs, (keep, buffers)
 
     def wait(self, step, timeout=None):
-        """Blocks until checkpoint `step` is committed; returns its directory.
+        """Blocks until checkpoint `step` is committed; returns its directory, or "" for a
+        memory-only save (it has none: it lives in the agents' memory; load it by its step).
 
         Raises: AbortedError with the session's reason (AGENT_LOST, REPLICA_DIVERGED, IO_ERROR,
         ...); DeadlineExceededError after `timeout` seconds (None: no limit);

@@ -168,7 +168,8 @@ class Checkpointer:
 
     def wait(self, step=None, timeout=None):
         """Blocks until checkpoint `step` (default: the last one saved here) is committed;
-        returns where. Raises what Client.wait raises (AbortedError with the reason)."""
+        returns its directory ("" for a memory-only save, which has none). Raises what
+        Client.wait raises (AbortedError with the reason)."""
         step = self._last_step if step is None else step
         if step is None:
             raise errors.malformed("wait(): nothing was saved through this Checkpointer")
