@@ -92,11 +92,25 @@ def _check_object_name(name):
                                "control characters" % (name, _MAX_NAME_BYTES))
 
 
+def _agent_path(agent):
+    """`agent` with "{local_rank}" and "{rank}" replaced by torchrun's LOCAL_RANK and RANK
+    (python -m tessera.run sets TESSERA_AGENT=<dir>/agent-{local_rank}.sock)."""
+    for token, name in (("{local_rank}", "LOCAL_RANK"), ("{rank}", "RANK")):
+        if token in agent:
+            if name not in os.environ:
+                raise errors.InvalidArgumentError(
+                    "the agent socket %r names %s, but %s is not set (start the trainer with "
+                    "torchrun, or give the path itself)" % (agent, token, name))
+            agent = agent.replace(token, os.environ[name])
+    return agent
+
+
 class Client:
     """This trainer process's connection to its Tessera agent.
 
     Args:
-      agent: the agent's unix socket path (or "unix:<path>"). Default: $TESSERA_AGENT.
+      agent: the agent's unix socket path (or "unix:<path>"); "{local_rank}" and "{rank}" in
+        it stand for torchrun's LOCAL_RANK and RANK. Default: $TESSERA_AGENT.
       connect_timeout: seconds to wait for the agent's identity. Default: 10.
       mesh_dims: for DTensors, {DeviceMesh dim name (or index): layout dim, or a tuple of
         layout dims for a flattened mesh dim}. Default: each mesh dim maps to the layout dim
@@ -118,7 +132,7 @@ class Client:
 
     def __init__(self, agent=None, *, connect_timeout=None, mesh_dims=None,
                  split_dims=DEFAULT_SPLIT_DIMS, prefetch_resident=True):
-        agent = agent if agent is not None else os.environ.get("TESSERA_AGENT", "")
+        agent = _agent_path(agent if agent is not None else os.environ.get("TESSERA_AGENT", ""))
         if not agent:
             raise errors.InvalidArgumentError(
                 "no agent socket: pass tessera.Client(agent=...) or set TESSERA_AGENT")
