@@ -134,6 +134,69 @@ def _stop(procs):
             p.wait()
 
 
+def find_agent_bin(name):
+    """The agent binary `name` (a path or a name on PATH); raises UsageError if there is none."""
+    found = shutil.which(name) or (name if os.access(name, os.X_OK) else None)
+    if found is None:
+        raise UsageError("no agent binary %r: pass --agent-bin or set TESSERA_AGENT_BIN" % name)
+    return found
+
+
+class Agents:
+    """Agents of ranks `ranks` of a job, their sockets and logs in `sockets`
+    (agent-<local>.sock, agent-<local>.log). start() launches them; await_registered() waits
+    until each serves its trainer (or explains which did not); stop() ends them."""
+
+    def __init__(self, agent_bin, coordinator, job, layout, ranks, sockets, agent_args=()):
+        self.agent_bin, self.coordinator, self.job, self.layout = (agent_bin, coordinator, job,
+                                                                   layout)
+        self.ranks, self.sockets, self.agent_args = list(ranks), sockets, list(agent_args)
+        self.procs = []
+
+    def socket(self, local):
+        return os.path.join(self.sockets, "agent-%d.sock" % local)
+
+    def log(self, local):
+        return os.path.join(self.sockets, "agent-%d.log" % local)
+
+    def start(self):
+        for local, rank in enumerate(self.ranks):
+            with open(self.log(local), "ab") as log:
+                self.procs.append(subprocess.Popen(
+                    [self.agent_bin, "--coordinator=" + self.coordinator, "--job=" + self.job,
+                     "--rank=%d" % rank, "--layout=" + self.layout, "--socket=" + self.socket(local),
+                     "--agents_per_node=%d" % len(self.ranks)] + self.agent_args,
+                    stdout=log, stderr=log))
+
+    def await_registered(self, timeout):
+        """[] once every agent serves its trainer; else one message per rank that does not
+        (it exited, or did not register within `timeout` s), with its log's last lines."""
+        waiting = dict(enumerate(self.ranks))
+        deadline = time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline:
+            if any(self.procs[local].poll() is not None for local in waiting):
+                break
+            for local in list(waiting):
+                try:
+                    Client(self.socket(local), connect_timeout=1, prefetch_resident=False)
+                    del waiting[local]
+                except (errors.UnavailableError, errors.DeadlineExceededError):
+                    pass
+            if waiting:
+                time.sleep(0.2)
+        problems = []
+        for local, rank in waiting.items():
+            state = ("exited %d" % self.procs[local].returncode
+                     if self.procs[local].poll() is not None else
+                     "not registered after %.0f s" % timeout)
+            problems.append("the agent of rank %d (job %s, coordinator %s) %s; its log ends:\n%s"
+                            % (rank, self.job, self.coordinator, state, _tail(self.log(local))))
+        return problems
+
+    def stop(self):
+        _stop(self.procs)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m tessera.run", description=__doc__.splitlines()[0])
     ap.add_argument("--coordinator", required=True, help="host:port of tessera-coordinator")
@@ -153,11 +216,7 @@ def main(argv=None):
         if not args.command:
             raise UsageError("no command to run: put it after --")
         nproc, node_rank, world = plan(args, os.environ)
-        agent_bin = shutil.which(args.agent_bin) or (args.agent_bin if os.access(
-            args.agent_bin, os.X_OK) else None)
-        if agent_bin is None:
-            raise UsageError("no agent binary %r: pass --agent-bin or set TESSERA_AGENT_BIN"
-                             % args.agent_bin)
+        agent_bin = find_agent_bin(args.agent_bin)
         longest = os.path.join(os.path.abspath(args.socket_dir or "/tmp/tessera-run-XXXXXXXX"),
                                "agent-%d.sock" % (nproc - 1))
         if len(longest.encode()) > 107:
@@ -169,43 +228,15 @@ def main(argv=None):
 
     sockets = args.socket_dir or tempfile.mkdtemp(prefix="tessera-run-", dir="/tmp")
     os.makedirs(sockets, exist_ok=True)
-    agents = []
     ranks = range(node_rank * nproc, (node_rank + 1) * nproc)
+    agents = Agents(agent_bin, args.coordinator, args.job, args.layout, ranks, sockets,
+                    args.agent_arg)
     try:
-        for local, rank in enumerate(ranks):
-            log = open(os.path.join(sockets, "agent-%d.log" % local), "ab")
-            agents.append(subprocess.Popen(
-                [agent_bin, "--coordinator=" + args.coordinator, "--job=" + args.job,
-                 "--rank=%d" % rank, "--layout=" + args.layout,
-                 "--socket=" + os.path.join(sockets, "agent-%d.sock" % local),
-                 "--agents_per_node=%d" % nproc] + args.agent_arg,
-                stdout=log, stderr=log))
-            log.close()
-        waiting = dict(enumerate(ranks))
-        deadline = time.monotonic() + args.register_timeout
-        while waiting and time.monotonic() < deadline:
-            for local in list(waiting):
-                if agents[local].poll() is not None:
-                    break
-                try:
-                    Client(os.path.join(sockets, "agent-%d.sock" % local), connect_timeout=1,
-                           prefetch_resident=False)
-                    del waiting[local]
-                except (errors.UnavailableError, errors.DeadlineExceededError):
-                    pass
-            if any(agents[local].poll() is not None for local in waiting):
-                break
-            if waiting:
-                time.sleep(0.2)
-        if waiting:
-            for local, rank in waiting.items():
-                state = ("exited %d" % agents[local].returncode
-                         if agents[local].poll() is not None else
-                         "not registered after %.0f s" % args.register_timeout)
-                print("tessera.run: the agent of rank %d (job %s, coordinator %s) %s; its log "
-                      "ends:\n%s" % (rank, args.job, args.coordinator, state,
-                                     _tail(os.path.join(sockets, "agent-%d.log" % local))),
-                      file=sys.stderr)
+        agents.start()
+        problems = agents.await_registered(args.register_timeout)
+        if problems:
+            for problem in problems:
+                print("tessera.run: " + problem, file=sys.stderr)
             return 3
         env = dict(os.environ, TESSERA_AGENT=os.path.join(sockets, "agent-{local_rank}.sock"))
         print("tessera.run: %d agents registered (job %s, ranks %d-%d of %d); running %s"
@@ -216,7 +247,7 @@ def main(argv=None):
             signal.signal(sig, lambda s, _f: child.send_signal(s))
         return child.wait()
     finally:
-        _stop(agents)
+        agents.stop()
 
 
 if __name__ == "__main__":
