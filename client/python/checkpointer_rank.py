@@ -8,7 +8,9 @@ The mesh is the agent's layout (1-D, "dp_shard=N"). The model has a frozen param
 buffer; AdamW, StepLR, a data loader and a Stateful counter (extra_state) ride along.
 
 train: saves step 0 before the first optimizer step (and checks the save left the optimizer
-  without state), trains 4 steps, saves step 4, waits for its commit, then writes what the
+  without state), trains 4 steps saving step 2 on the way, saves step 4 (which must reuse step
+  2's preparation: the resume checks it saved the live values), waits for its commit, then
+  writes what the
   checkpoint must give back: DIR/full.safetensors (rank 0: every model and optimizer tensor
   gathered whole), DIR/job.json (rank 0: param groups, scheduler, counter) and
   DIR/rank-R.json (each rank: its loader position and the next draw of each RNG). Prints
@@ -149,6 +151,8 @@ def train(args, client, rank, world):
     numpy.random.seed(200 + rank)
     random.seed(300 + rank)
     for step in range(1, 5):
+        if step == 3:
+            ckpt.save(2)  # step 4's save reuses this one's preparation (below)
         x = loader.next()
         loss = (model(x) - x).pow(2).mean()
         loss.backward()
@@ -160,8 +164,10 @@ def train(args, client, rank, world):
     t0 = time.perf_counter()
     result = ckpt.save(4)
     blocked = time.perf_counter() - t0
+    if not ckpt.last_save_reused_preparation:
+        raise SystemExit("FAIL: step 4's save did not reuse step 2's preparation")
     say("committed 4", ckpt.wait(timeout=120), "save() blocked %.1f ms, reported stall %.1f ms"
-        % (blocked * 1e3, result.stall_seconds * 1e3))
+        % (blocked * 1e3, result.stall_seconds * 1e3), "(preparation reused)")
     full = full_tensors(model, optimizer)
     if rank == 0:
         safetensors.torch.save_file(full, os.path.join(args.dump, "full.safetensors"))

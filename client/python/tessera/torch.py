@@ -42,6 +42,7 @@ import warnings
 
 import numpy
 import torch
+from torch.distributed.tensor import DTensor
 from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
                                                      get_optimizer_state_dict,
                                                      set_model_state_dict,
@@ -49,11 +50,17 @@ from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model
 
 from . import errors, replicated
 from .client import HEADER_FQN, Client
-from .shards import Absent
+from .shards import Absent, Shard
 from .state import flatten_state, init_optimizer_state
 
 # The job-wide state (tessera.replicated) is saved under this name.
 JOB_STATE = "tessera.torch.job"
+
+
+def _storage(t):
+    """(data pointer, shape, dtype) of the memory tensor `t` (a DTensor's local shard) uses."""
+    local = t.to_local() if isinstance(t, DTensor) else t
+    return (local.data_ptr(), tuple(local.shape), local.dtype)
 
 
 def _rng_state():
@@ -105,6 +112,8 @@ class Checkpointer:
         self._waited = True
         self.last_load_missing = []
         self.last_save_error = None
+        self.last_save_reused_preparation = False
+        self._prepared_signature = self._prepared_tensors = None
 
     # --- what is saved
 
@@ -137,6 +146,42 @@ class Checkpointer:
             state["dataloader"] = self.dataloader.state_dict()
         return state
 
+    def _live_tensors(self):
+        """Every parameter, buffer and optimizer-state tensor, in a stable order; None if the
+        optimizer holds non-tensor state (a Python number is copied into the mapping when it
+        is made, so that mapping cannot be kept)."""
+        live = list(self.model.parameters()) + list(self.model.buffers())
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for value in state.values():
+                    if not torch.is_tensor(value):
+                        return None
+                    live.append(value)
+        return live
+
+    def _prepared(self):
+        """flatten_state's mapping of the model and optimizer: reused from the previous save
+        while every tensor it names still has the same storage (a save copies today's
+        values from it) and no tensor was added or replaced; made anew otherwise.
+        last_save_reused_preparation says which."""
+        live = self._live_tensors()
+        signature = None if live is None else tuple(_storage(t) for t in live)
+        if signature is not None and signature == self._prepared_signature:
+            self.last_save_reused_preparation = True
+            return self._prepared_tensors
+        model_sd, optim_sd = self._state_dicts()
+        tensors = flatten_state(model_sd, optim_sd)
+        # Kept only if it names live storage alone, no copy the state dicts made (a later
+        # save would save the copy, stale).
+        live_ptrs = {entry[0] for entry in signature or ()}
+        keep = signature is not None and all(
+            _storage(v.tensor if isinstance(v, Shard) else v)[0] in live_ptrs
+            for v in tensors.values() if not isinstance(v, Absent))
+        self._prepared_signature = signature if keep else None
+        self._prepared_tensors = tensors if keep else None
+        self.last_save_reused_preparation = False
+        return tensors
+
     def save(self, step, *, memory_only=False):
         """Saves the whole state as checkpoint `step`; returns tessera.SaveResult once this
         rank's tensors are copied (the persist goes on in the agent: wait() for the commit).
@@ -144,8 +189,7 @@ class Checkpointer:
         failure is warned about and kept in last_save_error). Every rank of the job calls it
         with the same step. Raises what Client.save raises."""
         self._finish_previous()
-        model_sd, optim_sd = self._state_dicts()
-        tensors = flatten_state(model_sd, optim_sd)
+        tensors = dict(self._prepared())
         tensors.update(replicated.tensors(self.client, JOB_STATE, self._job_state()))
         result = self.client.save(step, tensors, objects=self._rank_state(),
                                   memory_only=memory_only)
@@ -186,6 +230,7 @@ class Checkpointer:
         None if the job has no checkpoint (a fresh start). Raises what Client.load raises."""
         if step == "latest" and self.client.latest() is None:
             return None
+        self._prepared_signature = self._prepared_tensors = None
         step, job = replicated.load(self.client, JOB_STATE, step)
         if self.optimizer is not None:
             init_optimizer_state(self.optimizer)  # tensors for the load to fill
