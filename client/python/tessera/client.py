@@ -5,6 +5,7 @@ import ctypes
 import json
 import os
 import struct
+import time
 import typing
 
 from . import _tessera
@@ -41,7 +42,8 @@ def padded(data):
 
 class SaveResult(typing.NamedTuple):
     session_id: str
-    # How long save() blocked training, in seconds.
+    # How long save() blocked training, in seconds: the whole call, this module's description
+    # of the tensors included (the agent's metrics count the native part alone).
     stall_seconds: float
     # The coordinator reused the job's last validated plan (nothing about the tensors changed).
     plan_cached: bool
@@ -220,6 +222,7 @@ class Client:
         of its own state (the local checks, the objects encoding) is passed to the agent
         before it is raised: the other ranks' saves of `step` end at once with its reason.
         """
+        start = time.perf_counter()
         step = _step(step, allow_latest=False)
         try:
             refs, keep = self._save_refs(tensors, objects)
@@ -231,9 +234,9 @@ class Client:
             self._native.refuse(step, getattr(refused, "code", None) or "MALFORMED_SHARD",
                                 str(refused))
             raise
-        session_id, stall, cached, copy = _call(self._native.save, step, refs, memory_only)
+        session_id, _, cached, copy = _call(self._native.save, step, refs, memory_only)
         del keep  # the tensors had to stay alive until here
-        return SaveResult(session_id, stall, cached, copy)
+        return SaveResult(session_id, time.perf_counter() - start, cached, copy)
 
     def reserve(self, tensors, *, objects=None):
         """Makes the agent create (and this process map) the staging that saves of `tensors`

@@ -38,6 +38,7 @@ it encodes (numbers, strings, bytes, lists, tuples, dicts, tensors, numpy arrays
 """
 
 import random
+import time
 import warnings
 
 import numpy
@@ -184,17 +185,20 @@ class Checkpointer:
 
     def save(self, step, *, memory_only=False):
         """Saves the whole state as checkpoint `step`; returns tessera.SaveResult once this
-        rank's tensors are copied (the persist goes on in the agent: wait() for the commit).
+        rank's tensors are copied (the persist goes on in the agent: wait() for the commit),
+        its stall_seconds the whole time this call blocked.
         A job has one save in flight, so it first waits for the previous save to end (its
         failure is warned about and kept in last_save_error). Every rank of the job calls it
         with the same step. Raises what Client.save raises."""
+        start = time.perf_counter()
         self._finish_previous()
         tensors = dict(self._prepared())
         tensors.update(replicated.tensors(self.client, JOB_STATE, self._job_state()))
         result = self.client.save(step, tensors, objects=self._rank_state(),
                                   memory_only=memory_only)
         self._last_step, self._waited = step, False
-        return result
+        # What this call blocked, all of it: the wait for the previous save, the preparation.
+        return result._replace(stall_seconds=time.perf_counter() - start)
 
     def _finish_previous(self):
         """A job has one save in flight: waits for the previous one (usually committed long
