@@ -4,7 +4,8 @@ alone (no tessera call but the Checkpointer's), with FSDP2 over gloo on the CPU.
   checkpointer_rank.py train  --agent SOCK --rdzv FILE --dump DIR
   checkpointer_rank.py resume --agent SOCK --rdzv FILE --dump DIR
 
-The mesh is the agent's layout (1-D, "dp_shard=N"). The model has a frozen parameter and a
+The mesh is the agent's layout: "dp_shard=N" for FSDP2 over gloo; any other (one rank, "dp=1")
+for a plain module in one process, no process group. The model has a frozen parameter and a
 buffer; AdamW, StepLR, a data loader and a Stateful counter (extra_state) ride along.
 
 train: saves step 0 before the first optimizer step (and checks the save left the optimizer
@@ -95,10 +96,12 @@ class Counter:
 
 
 def build(seed, world):
+    """The model (FSDP2 over the job's dp_shard mesh; a plain module when world is None),
+    its AdamW and StepLR."""
     torch.manual_seed(seed)
     model = Model()
-    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",))
-    fully_shard(model, mesh=mesh)
+    if world is not None:
+        fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     return model, optimizer, scheduler
@@ -198,8 +201,8 @@ def resume(args, client, rank, world):
                                            not bitwise_equal(saved[k], now[k])]
     if bad:
         raise SystemExit("FAIL: rank %d: tensors differ from the saved ones: %s" % (rank, bad))
-    say("ok: rank %d of %d: %d model and optimizer tensors bitwise identical" % (
-        rank, world, len(saved)))
+    say("ok: rank %d of %s: %d model and optimizer tensors bitwise identical" % (
+        rank, world or "a plain module", len(saved)))
     with open(os.path.join(args.dump, "job.json")) as f:
         job = json.load(f)
     if json.loads(json.dumps(job_state(optimizer, scheduler, counter), sort_keys=True)) != job:
@@ -236,11 +239,13 @@ def main():
     torch.set_num_threads(1)
     client = tessera.Client(args.agent, connect_timeout=30)
     identity = client.identity
-    rank, world = identity["rank"], identity["layout"]["dp_shard"]
-    dist.init_process_group("gloo", init_method="file://" + args.rdzv, rank=rank,
-                            world_size=world, timeout=datetime.timedelta(seconds=60))
+    rank, world = identity["rank"], identity["layout"].get("dp_shard")
+    if world is not None:
+        dist.init_process_group("gloo", init_method="file://" + args.rdzv, rank=rank,
+                                world_size=world, timeout=datetime.timedelta(seconds=60))
     {"train": train, "resume": resume}[args.mode](args, client, rank, world)
-    dist.barrier()
+    if world is not None:
+        dist.barrier()
     sys.stdout.flush()
     os._exit(0)  # see tests/seeds/fsdp2_rank.py exit_after_checks: gloo's teardown can abort
 
