@@ -1,11 +1,11 @@
 """One rank of checkpointer_test.sh: a training loop checkpointed by tessera.torch.Checkpointer
 alone (no tessera call but the Checkpointer's), with FSDP2 over gloo on the CPU.
 
-  checkpointer_rank.py train  --agent SOCK --rdzv FILE --dump DIR
-  checkpointer_rank.py resume --agent SOCK --rdzv FILE --dump DIR
+  checkpointer_rank.py train  --agent SOCK --rdzv FILE --dump DIR [--wrap fsdp|ddp|plain]
+  checkpointer_rank.py resume --agent SOCK --rdzv FILE --dump DIR [--wrap fsdp|ddp|plain]
 
-The mesh is the agent's layout: "dp_shard=N" for FSDP2 over gloo; any other (one rank, "dp=1")
-for a plain module in one process, no process group. The model has a frozen parameter and a
+--wrap: fsdp (default; FSDP2 over the layout's dp_shard, gloo), ddp (DDP over its dp, gloo) or
+plain (one process, no process group). The model has a frozen parameter and a
 buffer; AdamW, StepLR, a data loader and a Stateful counter (extra_state) ride along.
 
 train: saves step 0 before the first optimizer step (and checks the save left the optimizer
@@ -95,13 +95,15 @@ class Counter:
         self.tokens = state["tokens"]
 
 
-def build(seed, world):
-    """The model (FSDP2 over the job's dp_shard mesh; a plain module when world is None),
-    its AdamW and StepLR."""
+def build(seed, world, wrap):
+    """The model — FSDP2 over a dp_shard mesh of `world`, DDP over `world` ranks, or a plain
+    module — with its AdamW and StepLR."""
     torch.manual_seed(seed)
     model = Model()
-    if world is not None:
+    if wrap == "fsdp":
         fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
+    elif wrap == "ddp":
+        model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     return model, optimizer, scheduler
@@ -139,7 +141,7 @@ def job_state(optimizer, scheduler, counter):
 
 
 def train(args, client, rank, world):
-    model, optimizer, scheduler = build(0, world)
+    model, optimizer, scheduler = build(0, world, args.wrap)
     loader, counter = Loader(), Counter()
     ckpt = Checkpointer(model, optimizer, lr_scheduler=scheduler, dataloader=loader,
                         extra_state={"counter": counter}, client=client)
@@ -188,7 +190,7 @@ def bitwise_equal(a, b):
 
 
 def resume(args, client, rank, world):
-    model, optimizer, scheduler = build(1, world)  # other values than the saved run's
+    model, optimizer, scheduler = build(1, world, args.wrap)  # other values than the saved run's
     loader, counter = Loader(), Counter()
     ckpt = Checkpointer(model, optimizer, lr_scheduler=scheduler, dataloader=loader,
                         extra_state={"counter": counter}, client=client)
@@ -202,7 +204,7 @@ def resume(args, client, rank, world):
     if bad:
         raise SystemExit("FAIL: rank %d: tensors differ from the saved ones: %s" % (rank, bad))
     say("ok: rank %d of %s: %d model and optimizer tensors bitwise identical" % (
-        rank, world or "a plain module", len(saved)))
+        rank, "%d (%s)" % (world, args.wrap) if world else "a plain module", len(saved)))
     with open(os.path.join(args.dump, "job.json")) as f:
         job = json.load(f)
     if json.loads(json.dumps(job_state(optimizer, scheduler, counter), sort_keys=True)) != job:
@@ -233,13 +235,17 @@ def main():
     ap.add_argument("--agent", required=True)
     ap.add_argument("--rdzv", required=True)
     ap.add_argument("--dump", required=True)
+    ap.add_argument("--wrap", choices=["fsdp", "ddp", "plain"], default="fsdp",
+                    help="FSDP2 over the layout's dp_shard, DDP over its dp, or a plain module")
     args = ap.parse_args()
     signal.alarm(240)  # never hangs: the default SIGALRM action ends the process
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
     client = tessera.Client(args.agent, connect_timeout=30)
     identity = client.identity
-    rank, world = identity["rank"], identity["layout"].get("dp_shard")
+    rank = identity["rank"]
+    world = {"fsdp": identity["layout"].get("dp_shard"), "ddp": identity["layout"].get("dp"),
+             "plain": None}[args.wrap]
     if world is not None:
         dist.init_process_group("gloo", init_method="file://" + args.rdzv, rank=rank,
                                 world_size=world, timeout=datetime.timedelta(seconds=60))

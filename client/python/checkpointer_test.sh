@@ -6,7 +6,7 @@
 # and optimizer bitwise, the job-wide state (param groups, LR scheduler, a Stateful extra), and
 # — ranks 0 and 1 — its loader position and RNGs; ranks 2 and 3, which did not exist, report
 # theirs as not restored. Then a plain module (no FSDP, one process, job "ckplain") saved,
-# killed and resumed the same way.
+# killed and resumed the same way, and DDP on dp=2 (job "ckddp") resumed on dp=1.
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
@@ -53,19 +53,34 @@ stop_agents || fail "agents did not stop cleanly"
 
 mkdir -p "$DIR/dump-plain"
 start_agents ckplain dp=1 || fail "agents of ckplain"
-launch ckplain dp=1 train-plain "$RANK" train --rdzv=unused --dump="$DIR/dump-plain"
+launch ckplain dp=1 train-plain "$RANK" train --wrap=plain --rdzv=unused --dump="$DIR/dump-plain"
 kill_when_all_hang train-plain 1 5
 finish train-plain 10
 grep -q "^committed 4 " "$DIR/logs/train-plain-0.out" || fail "plain train: $(tail -n 5 "$DIR/logs/train-plain-0.out")"
-launch ckplain dp=1 resume-plain "$RANK" resume --rdzv=unused --dump="$DIR/dump-plain"
+launch ckplain dp=1 resume-plain "$RANK" resume --wrap=plain --rdzv=unused --dump="$DIR/dump-plain"
 finish resume-plain 120
 grep -q "^0 0 exited$" "$DIR/logs/resume-plain.rc" || fail "plain resume: $(tail -n 5 "$DIR/logs/resume-plain-0.out")"
 grep -q "^ok: rank 0 of a plain module: .* bitwise identical" "$DIR/logs/resume-plain-0.out" &&
   grep -q "^ok: rank 0: loader position and the next RNG draws restored" "$DIR/logs/resume-plain-0.out" ||
   fail "plain resume: $(cat "$DIR/logs/resume-plain-0.out")"
 stop_agents || fail "agents of ckplain did not stop cleanly"
+
+mkdir -p "$DIR/dump-ddp"
+start_agents ckddp dp=2 || fail "agents of ckddp"
+launch ckddp dp=2 train-ddp "$RANK" train --wrap=ddp --rdzv="$DIR/rdzv-ddp-train" --dump="$DIR/dump-ddp"
+kill_when_all_hang train-ddp 2 5
+finish train-ddp 10
+grep -q "^committed 4 " "$DIR/logs/train-ddp-0.out" || fail "DDP train: $(tail -n 5 "$DIR/logs/train-ddp-0.out")"
+switch_layout ckddp dp=1
+launch ckddp dp=1 resume-ddp "$RANK" resume --wrap=ddp --rdzv="$DIR/rdzv-ddp-resume" --dump="$DIR/dump-ddp"
+finish resume-ddp 120
+grep -q "^0 0 exited$" "$DIR/logs/resume-ddp.rc" || fail "DDP resume: $(tail -n 5 "$DIR/logs/resume-ddp-0.out")"
+grep -q "^ok: rank 0 of 1 (ddp): .* bitwise identical" "$DIR/logs/resume-ddp-0.out" &&
+  grep -q "^ok: rank 0: loader position and the next RNG draws restored" "$DIR/logs/resume-ddp-0.out" ||
+  fail "DDP resume: $(cat "$DIR/logs/resume-ddp-0.out")"
+stop_agents || fail "agents of ckddp did not stop cleanly"
 stop_coordinator || fail "coordinator did not stop cleanly"
-cat "$DIR"/logs/resume-0.out "$DIR"/logs/resume-plain-0.out
+cat "$DIR"/logs/resume-0.out "$DIR"/logs/resume-plain-0.out "$DIR"/logs/resume-ddp-0.out
 echo "PASS: Checkpointer: saved on dp_shard=2 (step 0 before any optimizer step, step 4), killed," \
   "resumed on dp_shard=4: model, optimizer, scheduler, extra state bitwise; RNG and loader per rank;" \
-  "a plain module the same in one process"
+  "a plain module the same in one process; DDP on 2 ranks resumed on 1"
