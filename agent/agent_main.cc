@@ -8,13 +8,16 @@
 // relays through this node's agents: CommandRelayer passes them on, CommandRelayService (on
 // the Peer port) takes them for the SaveExecutor.
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -562,7 +565,13 @@ int main(int argc, char** argv) {
                              kMaxUnixPath, ": choose a shorter path"));
   }
   std::error_code ec;
-  std::filesystem::create_directories(std::filesystem::path(socket).parent_path(), ec);
+  // A directory this agent makes for its socket is its user's alone (0700).
+  const std::filesystem::path socket_dir = std::filesystem::path(socket).parent_path();
+  if (!socket_dir.empty() && !std::filesystem::exists(socket_dir, ec)) {
+    std::filesystem::create_directories(socket_dir, ec);
+    std::filesystem::permissions(socket_dir, std::filesystem::perms::owner_all,
+                                 std::filesystem::perm_options::replace, ec);
+  }
   std::filesystem::remove(socket, ec);
   tessera::v1::AgentIdentity identity;
   identity.set_job_id(job);
@@ -597,6 +606,12 @@ int main(int argc, char** argv) {
   builder.RegisterService(&trainer);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) return Fail(absl::StrCat("cannot listen on unix:", socket));
+  // Only this user may connect (connecting needs write permission on the socket): the
+  // trainer's endpoint maps the job's staging, which holds its model and optimizer state.
+  if (chmod(socket.c_str(), 0600) != 0) {
+    return Fail(absl::StrCat("cannot make ", socket, " its user's alone (chmod 0600): ",
+                             std::strerror(errno)));
+  }
 
   tessera::LogInfo("starting for job ", job, " at ", mesh->CoordString(urank), ", coordinator ",
                    absl::GetFlag(FLAGS_coordinator), ", trainer socket ", socket, ", peers on ",

@@ -4,6 +4,7 @@
 # restarted on the same port the agent registers again by itself; a second agent for the same
 # job and rank on this host is refused, naming the first one's pid, and the first goes on;
 # SIGTERM stops both with exit status 0 within a bound, leaving no ownership object behind.
+# The trainer socket and the ownership object are mode 600: the user's alone.
 set -uo pipefail
 source deploy/lib/procs.sh
 
@@ -27,6 +28,11 @@ port=$(bound_port "$dir/coord1.log")
 apid=$!
 wait_for_line "$dir/coord1.log" "registered agent job=$job rank=1" 20 || fail "no registration"
 wait_for_line "$dir/agent.log" "lease renewed" 20 || fail "agent did not heartbeat"
+# The trainer's endpoint and the staging claim are this user's alone.
+[ "$(stat -c %a "$sock/agent.sock")" = 600 ] ||
+  fail "the trainer socket is mode $(stat -c %a "$sock/agent.sock"), not 600"
+[ "$(stat -c %a "/dev/shm/tessera-$job-r1.owner")" = 600 ] ||
+  fail "the ownership object is mode $(stat -c %a "/dev/shm/tessera-$job-r1.owner"), not 600"
 
 # Coordinator crash and restart on the same port: the agent must come back on its own.
 kill -KILL "$cpid"; wait "$cpid" 2>/dev/null
