@@ -144,6 +144,7 @@ void Lifeline::Run() {
   // are gone (a lease), and every refusal costs the coordinator a warning and a verdict.
   Backoff refused_backoff(BackoffOptions{absl::Milliseconds(500), absl::Seconds(5), 2.0, 0.5});
   const uint32_t rank = registration_.coord().rank();
+  int unanswered = 0;  // registrations in a row that failed without a refusal
   while (true) {
     // CONNECTING: register until it works.
     absl::Time sent = Monotonic();
@@ -154,12 +155,18 @@ void Lifeline::Run() {
         LogError("registration rejected: ", registered.status().message());
         absl::MutexLock lock(&mu_);
         refusal_ = registered.status();
+      } else if (unanswered++ % 20 == 0) {
+        // The first failure of a streak, then every 20th: an unreachable coordinator is
+        // said at once, without a line per retry.
+        LogWarning("cannot register with the coordinator (", registered.status().ToString(),
+                   "); retrying");
       }
       if (!WaitFor(refused ? refused_backoff.Next() : backoff.Next())) return;
       continue;
     }
     backoff.Reset();
     refused_backoff.Reset();
+    unanswered = 0;
     const absl::Duration lease = registered->lease_ms() > 0
                                      ? absl::Milliseconds(registered->lease_ms())
                                      : absl::InfiniteDuration();

@@ -41,6 +41,8 @@ rc=$?
 [ "$rc" = 3 ] || fail "an unreachable coordinator: exit $rc: $(cat "$DIR/logs/unreachable.out")"
 grep -q "the agent of rank 0 (job lt, coordinator 127.0.0.1:1) not registered after 3 s" \
   "$DIR/logs/unreachable.out" || fail "the failure is unclear: $(cat "$DIR/logs/unreachable.out")"
+grep -q "cannot register with the coordinator (UNAVAILABLE" "$DIR/logs/unreachable.out" ||
+  fail "the agent's log tail does not say why: $(cat "$DIR/logs/unreachable.out")"
 echo "   2. $(head -n 1 "$DIR/logs/unreachable.out")"
 
 launcher ok --coordinator="$(coordinator_address)" --job=lt --layout=dp_shard=2 -- \
