@@ -65,6 +65,8 @@ def main():
     ap.add_argument("--rdzv", required=True)
     ap.add_argument("--ckpt", required=True)
     ap.add_argument("--agent", default="")
+    ap.add_argument("--async_save", action="store_true",
+                    help="save with async_save and wait on its future (tessera.dcp's run)")
     args = ap.parse_args()
     signal.alarm(180)
     torch.use_deterministic_algorithms(True)
@@ -80,8 +82,13 @@ def main():
     if args.mode == "save":
         model, optimizer, scheduler = build(0, args.world)
         train(model, optimizer, scheduler, range(1, 4))
-        dcp.save(state(model, optimizer, scheduler, {"step": 3, "tag": "run-a"}),
-                 checkpoint_id=checkpoint_id)
+        sd = state(model, optimizer, scheduler, {"step": 3, "tag": "run-a"})
+        if args.async_save:
+            # async_save returns once copied; its future resolves when the step is durable.
+            where = dcp.async_save(sd, checkpoint_id=checkpoint_id).result(timeout=120)
+            print("async_save committed", where, flush=True)
+        else:
+            dcp.save(sd, checkpoint_id=checkpoint_id)
         print("saved step 3", flush=True)
     else:
         model, optimizer, scheduler = build(1, args.world)

@@ -27,7 +27,7 @@ ranks() {
   runs=$((runs + 1))  # a fresh rendezvous file per run
   for r in 0 1; do
     timeout -k 5 120 "$PYTHON" -P "$RANK" "$mode" --api="$api" --rank="$r" --world=2 \
-      --rdzv="$DIR/rdzv-$runs" --ckpt="$ckpt" --agent="$SOCK_DIR/$job-$r.sock" \
+      --rdzv="$DIR/rdzv-$runs" --ckpt="$ckpt" --agent="$SOCK_DIR/$job-$r.sock" ${ASYNC:-} \
       >"$DIR/logs/rank-$api-$mode-$job-$r.out" 2>&1 &
     pids+=($!)
   done
@@ -40,10 +40,12 @@ final() { sed -n 's/.*final //p' "$DIR/logs/rank-$1-resume-${2:-dcpsw}-0.out"; }
 
 start_coordinator || fail "coordinator"
 start_agents dcpsw dp_shard=2 || fail "agents"
-for api in dcp tessera; do
-  ranks "$api" save
-  ranks "$api" resume
-done
+ranks dcp save
+ranks dcp resume
+ASYNC=--async_save ranks tessera save  # tessera.dcp.async_save: its future names the commit
+grep -q "^async_save committed .*/dcpsw/step-000000003$" "$DIR/logs/rank-tessera-save-dcpsw-0.out" ||
+  fail "async_save's future did not name the committed step: $(cat "$DIR/logs/rank-tessera-save-dcpsw-0.out")"
+ranks tessera resume
 verify_step dcpsw 3
 dcp_final=$(final dcp)
 tessera_final=$(final tessera)

@@ -32,7 +32,9 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$DIR/logs"
 
-# A mount namespace whose /dev/shm is a tmpfs of its own, held open by a sleeping process.
+# A mount namespace whose /dev/shm is a tmpfs of its own. Its process only holds the namespace
+# open for nsenter (no test waits on it: readiness is the file it touches, awaited below); the
+# sleep's hour is a bound, and cleanup kills it.
 [ "$(id -u)" -eq 0 ] || skip "a /dev/shm of the second deployment's own needs root (uid $(id -u))"
 for tool in unshare nsenter mount; do
   command -v "$tool" >/dev/null || skip "$tool is not installed (util-linux)"

@@ -22,7 +22,7 @@ def _keys(name):
 
 def tensors(client, name, value):
     """{key: Shard} of `value` under `name`, for Client.save's mapping."""
-    dims = list(client.identity["layout"])
+    dims = list(client._layout.dims)  # not client.identity: that deep-copies, every save
     data = padded(objects_codec.encode(value, name))  # at least one byte
     header_key, body_key = _keys(name)
     header = torch.frombuffer(bytearray(struct.pack("<Q", len(data))), dtype=torch.uint8)
@@ -35,7 +35,7 @@ def load(client, name, step):
     """(step loaded, value) of the job-wide value `name` in checkpoint `step` (a number,
     "latest" or "newest"). Raises what Client.load raises (InvalidArgumentError if the
     checkpoint holds no such value)."""
-    dims = list(client.identity["layout"])
+    dims = list(client._layout.dims)
     header_key, body_key = _keys(name)
     header = torch.zeros(8, dtype=torch.uint8)
     step = client.load(step, into={header_key: Shard(header, [8], replicated_over=dims)})
