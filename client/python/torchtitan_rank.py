@@ -30,24 +30,20 @@ import time
 import safetensors.torch
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (get_model_state_dict,
-                                                     get_optimizer_state_dict)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import DTensor
 from torch.utils.data import IterableDataset
 from torchtitan.components.dataloader import ParallelAwareDataloader
 from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.optimizer.optimizer import default_adamw
 
-from tessera.torchtitan import TesseraCheckpointManager
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from checkpointer_more_rank import differing  # noqa: E402
+from checkpointer_rank import full_tensors, say  # noqa: E402
+
+from tessera.torchtitan import TesseraCheckpointManager  # noqa: E402
 
 DIM, HIDDEN, BATCH, STEPS_SAVED = 6, 10, 2, 4
-
-
-def say(*words):
-    sys.stdout.write(" ".join(str(w) for w in words) + "\n")
-    sys.stdout.flush()
 
 
 class Model(torch.nn.Module):
@@ -120,28 +116,12 @@ def train_step(model, optimizers, schedulers, batches, state):
 
 def gathered(model, optimizers):
     """Every model and optimizer tensor, whole (a collective), by a stable key."""
-    out = {"model." + k: v for k, v in get_model_state_dict(model).items()}
-    optim = get_optimizer_state_dict(model, optimizers.optimizers[0])["state"]
-    for fqn, state in optim.items():
-        for key, t in state.items():
-            out["optim.%s.%s" % (fqn, key)] = t
-    return {k: (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone().contiguous()
-            for k, v in sorted(out.items())}
+    return full_tensors(model, optimizers.optimizers[0])
 
 
 def job_state(optimizers, schedulers, state):
     return {"lr": optimizers.optimizers[0].param_groups[0]["lr"],
             "scheduler": schedulers.state_dict(), "train_state": state.state_dict()}
-
-
-def bitwise_equal(a, b):
-    return (a.dtype == b.dtype and a.shape == b.shape and
-            torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
-
-
-def differing(saved, now):
-    return sorted(set(saved) ^ set(now)) + [k for k in sorted(saved)
-                                            if k in now and not bitwise_equal(saved[k], now[k])]
 
 
 def train(args, rank, world):
