@@ -38,22 +38,12 @@ from torchtitan.components.optimizer import LRSchedulersContainer
 from torchtitan.components.optimizer.optimizer import default_adamw
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from checkpointer_more_rank import differing  # noqa: E402
+from checkpointer_more_rank import DIM, MLP, differing  # noqa: E402
 from checkpointer_rank import full_tensors, say  # noqa: E402
 
 from tessera.torchtitan import TesseraCheckpointManager  # noqa: E402
 
-DIM, HIDDEN, BATCH, STEPS_SAVED = 6, 10, 2, 4
-
-
-class Model(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embed = torch.nn.Linear(DIM, HIDDEN)
-        self.out = torch.nn.Linear(HIDDEN, DIM)
-
-    def forward(self, x):
-        return self.out(torch.relu(self.embed(x)))
+BATCH, STEPS_SAVED = 2, 4
 
 
 class Samples(IterableDataset):
@@ -84,7 +74,7 @@ class TrainState:
 
 def build(seed, rank, world, args, dump):
     torch.manual_seed(seed)
-    model = Model()
+    model = MLP()
     fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)))
     optimizers = default_adamw(lr=1e-2)
     optimizers.implementation = "for-loop"
