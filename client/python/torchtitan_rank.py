@@ -7,7 +7,8 @@ a mesh dim named "fsdp" (as torchtitan names it), over gloo on the CPU.
   torchtitan_rank.py resume --rdzv FILE --dump DIR [--load-step N] [--exclude KEY,...]
                             [--steps N]
 
-train: a fresh job (load() finds nothing); 4 steps with interval 2 and async_mode "async"
+train: a fresh job, whose load() takes the model's weights from initial_load_path (a DCP
+  checkpoint of a model with other values) through torchtitan's own manager; 4 steps with interval 2 and async_mode "async"
   (steps 2 and 4 saved), waits for step 4's commit (maybe_wait_for_saving), writes what the
   checkpoint must give back — DIR/full.safetensors (rank 0: every model and optimizer tensor
   whole), DIR/job.json (rank 0: scheduler, train state, lr) and DIR/rank-R.json (each rank:
@@ -30,6 +31,7 @@ import time
 import safetensors.torch
 import torch
 import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.utils.data import IterableDataset
@@ -72,10 +74,15 @@ class TrainState:
         self.step, self.ntokens_seen = state["step"], state["ntokens_seen"]
 
 
-def build(seed, rank, world, args, dump):
+def sharded_model(seed, world):
     torch.manual_seed(seed)
     model = MLP()
     fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("fsdp",)))
+    return model
+
+
+def build(seed, rank, world, args, dump, initial_load_path=None):
+    model = sharded_model(seed, world)
     optimizers = default_adamw(lr=1e-2)
     optimizers.implementation = "for-loop"
     optimizers = optimizers.build(model_parts=[model])
@@ -86,7 +93,8 @@ def build(seed, rank, world, args, dump):
     state = TrainState()
     config = TesseraCheckpointManager.Config(
         enable=True, interval=2, async_mode="async", keep_latest_k=0,
-        load_step=args.load_step, exclude_from_loading=args.exclude)
+        load_step=args.load_step, exclude_from_loading=args.exclude,
+        initial_load_path=initial_load_path)
     manager = config.build(dataloader=loader, model_parts=[model], optimizers=optimizers,
                            lr_schedulers=schedulers, states={"train_state": state},
                            sd_adapter=None, base_folder=dump)
@@ -115,9 +123,19 @@ def job_state(optimizers, schedulers, state):
 
 
 def train(args, rank, world):
-    model, optimizers, schedulers, loader, state, manager = build(0, rank, world, args, args.dump)
-    if manager.load(step=-1):
-        raise SystemExit("FAIL: a fresh job found a checkpoint")
+    # A fresh job's weights from elsewhere: a DCP checkpoint of a model with other values.
+    initial = sharded_model(2, world)
+    seed_dir = os.path.join(args.dump, "initial-dcp")
+    dcp.save(initial.state_dict(), checkpoint_id=seed_dir)
+    model, optimizers, schedulers, loader, state, manager = build(0, rank, world, args, args.dump,
+                                                                  initial_load_path=seed_dir)
+    if not manager.load(step=-1):
+        raise SystemExit("FAIL: a fresh job with initial_load_path loaded nothing")
+    bad = differing({k: v.full_tensor() for k, v in initial.state_dict().items()},
+                    {k: v.full_tensor() for k, v in model.state_dict().items()})
+    if bad:
+        raise SystemExit("FAIL: initial_load_path did not give the model its weights: %s" % bad)
+    say("a fresh job: the model's weights from initial_load_path (a DCP checkpoint)")
     batches = iter(loader)
     saved = []
     for step in range(1, STEPS_SAVED + 1):

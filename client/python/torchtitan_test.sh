@@ -2,7 +2,8 @@
 # tessera.torchtitan end to end (issue 49): the checkpoint manager driven as torchtitan's
 # trainer drives it (torchtitan_rank.py: torchtitan's optimizer, LR scheduler and data loader
 # containers, an FSDP2 model on the mesh dim "fsdp"), over gloo on the CPU — torchtitan's
-# trainer itself needs CUDA. Job "tt" on fsdp=2 saves steps 2 and 4 (interval 2, async), then
+# trainer itself needs CUDA. Job "tt" on fsdp=2 starts from a DCP checkpoint's weights
+# (initial_load_path), saves steps 2 and 4 (interval 2, async), then
 # every rank is SIGKILLed; it resumes on fsdp=1, another mesh, with the data loader excluded
 # from loading (torchtitan's loader refuses another data-parallel degree): model, optimizer,
 # scheduler and train state bitwise, the loader afresh; it trains on to the last step, 6, whose
@@ -28,7 +29,8 @@ launch tt fsdp=2 train "$RANK" train --rdzv="$DIR/rdzv-train" "$DUMP"
 kill_when_all_hang train 2 5
 finish train 10
 for r in 0 1; do
-  grep -q "^committed steps \[2, 4\]" "$DIR/logs/train-$r.out" &&
+  grep -q "^a fresh job: the model's weights from initial_load_path" "$DIR/logs/train-$r.out" &&
+    grep -q "^committed steps \[2, 4\]" "$DIR/logs/train-$r.out" &&
     grep -q "^hanging at step 5" "$DIR/logs/train-$r.out" ||
     fail "train rank $r: $(tail -n 5 "$DIR/logs/train-$r.out")"
 done
@@ -58,5 +60,5 @@ done
 stop_agents || fail "agents did not stop cleanly"
 stop_coordinator || fail "coordinator did not stop cleanly"
 cat "$DIR"/logs/resume1-0.out "$DIR"/logs/resume2-0.out
-echo "PASS: tessera.torchtitan: saved on fsdp=2 (interval 2, async), killed, resumed on fsdp=1" \
+echo "PASS: tessera.torchtitan: started from a DCP checkpoint, saved on fsdp=2 (interval 2, async), killed, resumed on fsdp=1" \
   "(loader excluded) bitwise, last step exported; load_step=4 on fsdp=2 with each loader's position"
