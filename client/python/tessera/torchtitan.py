@@ -218,13 +218,14 @@ class TesseraCheckpointManager(BaseCheckpointManager):
             out_dir = os.path.join(self.folder, "step-%d" % step)
             os.makedirs(out_dir, exist_ok=True)
             dtype = TORCH_DTYPE_MAP[self.config.export_dtype]
-            names = set(self.model.state_dict())
             with tempfile.TemporaryDirectory(prefix="tessera-export-", dir=out_dir) as work:
                 whole = os.path.join(work, "whole.safetensors")
-                export.consolidate(where, whole, cli=self.config.cli)
+                # Parameters and buffers, under get_model_state_dict's names; the job-wide
+                # values are the only other tensors the filter keeps.
+                export.consolidate(where, whole, cli=self.config.cli, filter="params")
                 tensors = {k: (v.to(dtype) if v.is_floating_point() else v)
                            for k, v in safetensors.torch.load_file(whole).items()
-                           if k in names and not k.startswith(JOB_STATE)}
+                           if not k.startswith(JOB_STATE)}
             if self.config.last_save_in_hf:
                 tensors = self.sd_adapter.to_hf(tensors)
             self.last_export = os.path.join(out_dir, "model.safetensors")
