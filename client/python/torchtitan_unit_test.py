@@ -5,11 +5,14 @@ the settings the manager refuses, each with a message naming it."""
 import dataclasses
 import unittest
 
+import torch
 import tyro
 from torchtitan.components.checkpointer import BaseCheckpointManager, CheckpointManager
+from torchtitan.components.optimizer.optimizer import OptimizersContainer, ParamGroupConfig
 from torchtitan.config.manager import ConfigManager, custom_registry
 
 import testlib
+from tessera import errors
 from tessera.torchtitan import TesseraCheckpointManager, use_tessera
 
 
@@ -57,6 +60,33 @@ class Refusals(unittest.TestCase):
     def test_torchtitans_own_checks_still_apply(self):
         with self.assertRaisesRegex(ValueError, "at least 2 checkpoint replicas"):
             TesseraCheckpointManager.Config(keep_latest_k=1)
+
+    def build(self, model_parts, optimizers, **settings):
+        """Refusals come before the manager connects to an agent: none is needed here."""
+        return TesseraCheckpointManager.Config(enable=True, **settings).build(
+            dataloader=None, model_parts=model_parts, optimizers=optimizers,
+            lr_schedulers=None, states={"train_state": object()}, sd_adapter=None)
+
+    def test_unknown_exclusion_named_with_the_keys(self):
+        model = torch.nn.Linear(2, 2)
+        with self.assertRaisesRegex(ValueError, "exclude_from_loading names 'optimiser'.*"
+                                    "dataloader, lr_scheduler, model, optimizer, train_state"):
+            self.build([model], torch.optim.SGD(model.parameters(), lr=0.1),
+                       exclude_from_loading=["optimiser"])
+
+    def test_several_model_parts_refused(self):
+        parts = [torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)]
+        with self.assertRaisesRegex(errors.InvalidArgumentError, "one model part per rank, not 2"):
+            self.build(parts, None)
+
+    def test_several_optimizers_refused(self):
+        model = torch.nn.Linear(2, 2)
+        optimizers = OptimizersContainer.Config(implementation="for-loop", param_groups=[
+            ParamGroupConfig(pattern=r"bias$", optimizer_name="Adam", optimizer_kwargs={"lr": 0.1}),
+            ParamGroupConfig(pattern=r".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 0.1}),
+        ]).build(model_parts=[model])
+        with self.assertRaisesRegex(errors.InvalidArgumentError, "this OptimizersContainer holds 2"):
+            self.build([model], optimizers)
 
     def test_disabled_manager_builds_nothing(self):
         manager = TesseraCheckpointManager.Config(enable=False).build(
