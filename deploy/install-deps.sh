@@ -134,7 +134,10 @@ done
 # The pins are the closure of what Tessera imports, not of every package's metadata: torchtitan
 # and torchdata are installed without requirements that what Tessera uses of them never
 # imports (python-requirements.txt says why). pip check must find nothing else.
-UNUSED_REQUIREMENTS='^(torchtitan [^ ]+ requires (datasets|einops|pillow|tensorboard|tokenizers|torch-checkpointing|wandb)|torchdata [^ ]+ requires (requests|urllib3)), which is not installed\.$'
+TORCHTITAN_UNUSED='datasets|einops|pillow|tensorboard|tokenizers|torch-checkpointing|wandb'
+TORCHDATA_UNUSED='requests|urllib3'
+UNUSED_REQUIREMENTS="^(torchtitan [^ ]+ requires ($TORCHTITAN_UNUSED)|torchdata [^ ]+ requires"
+UNUSED_REQUIREMENTS+=" ($TORCHDATA_UNUSED)), which is not installed\.\$"
 if ! problems=$("$VENV/bin/python" -m pip check --disable-pip-version-check); then
   if problems=$(grep -Ev "$UNUSED_REQUIREMENTS" <<<"$problems"); then
     echo "install-deps: pip check found problems in $VENV:" >&2

@@ -8,8 +8,8 @@ a mesh dim named "fsdp" (as torchtitan names it), over gloo on the CPU.
                             [--steps N]
 
 train: a fresh job, whose load() takes the model's weights from initial_load_path (a DCP
-  checkpoint of a model with other values) through torchtitan's own manager; 4 steps with interval 2 and async_mode "async"
-  (steps 2 and 4 saved), waits for step 4's commit (maybe_wait_for_saving), writes what the
+  checkpoint of a model with other values) through torchtitan's own manager; 4 steps with
+  interval 2 and async_mode "async" (steps 2 and 4 saved), waits for step 4's commit (maybe_wait_for_saving), writes what the
   checkpoint must give back — DIR/full.safetensors (rank 0: every model and optimizer tensor
   whole), DIR/job.json (rank 0: scheduler, train state, lr) and DIR/rank-R.json (each rank:
   the next batch its loader gives) — prints "hanging at step 5" and waits to be SIGKILLed.
@@ -57,7 +57,8 @@ class Samples(IterableDataset):
     def __iter__(self):
         i = 0
         while True:
-            yield torch.randn(DIM, generator=torch.Generator().manual_seed(self.dp_rank * 10**6 + i))
+            seed = self.dp_rank * 10**6 + i
+            yield torch.randn(DIM, generator=torch.Generator().manual_seed(seed))
             i += 1
 
 

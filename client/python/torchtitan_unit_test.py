@@ -82,7 +82,8 @@ class Refusals(unittest.TestCase):
     def test_several_optimizers_refused(self):
         model = torch.nn.Linear(2, 2)
         optimizers = OptimizersContainer.Config(implementation="for-loop", param_groups=[
-            ParamGroupConfig(pattern=r"bias$", optimizer_name="Adam", optimizer_kwargs={"lr": 0.1}),
+            ParamGroupConfig(pattern=r"bias$", optimizer_name="Adam",
+                             optimizer_kwargs={"lr": 0.1}),
             ParamGroupConfig(pattern=r".*", optimizer_name="AdamW", optimizer_kwargs={"lr": 0.1}),
         ]).build(model_parts=[model])
         with self.assertRaisesRegex(errors.InvalidArgumentError, "this OptimizersContainer holds 2"):
