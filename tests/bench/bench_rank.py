@@ -218,6 +218,17 @@ def parallel_copy_hash(items, threads):
     on_threads(split_runs(items, threads), copy_hash)
 
 
+def best_of_3(work):
+    """The shortest of three timed calls of work(), in seconds."""
+    best = None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        work()
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    return best
+
+
 def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, together=None,
                      copy_hash=None):
     """{threads: best of 3 seconds} for each of baseline_threads(), every rank (of `ranks`,
@@ -239,13 +250,7 @@ def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, toget
     out = {}
     for threads in sorted(set(baseline_threads().values())):
         barrier(barrier_dir, "memcpy-%d" % threads, rank, world, ranks)
-        best = None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            parallel_memmove(items, threads)
-            dt = time.perf_counter() - t0
-            best = dt if best is None else min(best, dt)
-        out[str(threads)] = best
+        out[str(threads)] = best_of_3(lambda: parallel_memmove(items, threads))
     if together is not None:
         threads = baseline_threads()["client"]
         for i in range(TOGETHER_ROUNDS):
@@ -256,13 +261,8 @@ def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, toget
     if copy_hash is not None:
         threads = baseline_threads()["client"]
         barrier(barrier_dir, "copy-hash", rank, world, ranks)
-        best = None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            parallel_copy_hash(items, threads)
-            dt = time.perf_counter() - t0
-            best = dt if best is None else min(best, dt)
-        copy_hash.update({"seconds": best, "threads": threads, "piece": COPY_HASH_PIECE})
+        copy_hash.update({"seconds": best_of_3(lambda: parallel_copy_hash(items, threads)),
+                          "threads": threads, "piece": COPY_HASH_PIECE})
     del dst
     return out
 
