@@ -57,7 +57,11 @@ tessera-plan-load / tessera-llama-trainer:
            (target >= 0.80, issue 16); judged only if every byte came from memory. The agent
            hands over its resident region, whose blocks the restarted trainer mapped and
            checked while it built its model, and the load copies its tensors out of it: one
-           pass over the bytes, so one memcpy is the physical limit it is held to. Reported
+           pass over the bytes, so one memcpy is the physical limit it is held to. A second
+           row holds the same restore to one pass of copy + XXH3-64 of the same bytes on the
+           client's threads, every rank at once, right before (bench_rank.py
+           parallel_copy_hash; the slowest rank's best of 3): what a restore that checks
+           every byte needs at least (target >= 0.80, issue 51). Reported
            beside it, not judged: each rank's own copy time within its load, and the same
            memcpy started at a barrier by every rank and timed as the restore is (first
            start -> last end; median of 3 rounds) — what a restore that were only that copy
