@@ -12,8 +12,8 @@
 #
 # Links are shaped and cut with what the kernel offers everywhere: tbf (shape_link) and routes
 # (cut_route). netem is not used: kernels built without sch_netem (the CI's among them) have no
-# delay or loss qdisc, so loss and latency come from tests/hosts/wire (a userspace link over
-# two TUN devices, joined by join_through_wire).
+# delay or loss qdisc, so loss and latency come from tessera-wire (tests/hosts/wire_main.cc, a
+# userspace link over two TUN devices; join_through_wire). Decision 0045.
 TAG=tsrh-$$-$RANDOM
 NAMESPACES=()
 WIRE_PIDS=()
