@@ -8,10 +8,13 @@
 #        while b still reaches its buddy host a;
 #   (ii) the same in one direction only: the coordinator's packets to b are dropped, b's to the
 #        coordinator arrive;
-# each asserted as tests/faults assert a failed save (tests/faults/lib.sh): every trainer ends
-# by the deadline (TRAINER_TIMEOUT; an exit by timeout is a hang), the save is ABORTED with the
-# reason naming rank 1 in `tessera status`, nothing of its step is committed, and step 10 stays
-# the latest, verifies and loads byte for byte once the partition heals.
+# each asserted as tests/faults assert a failed save (tests/faults/lib.sh): no trainer hangs
+# (each runs under TRAINER_TIMEOUT; an exit by it fails the test); rank 0's trainer hears the
+# abort (AGENT_LOST: rank 1's lease lapsed) and rank 1's, whose agent cannot reach the one who
+# judges (agent/lease_keeper.h), ends at its own wait deadline (WAIT_S, DEADLINE_EXCEEDED);
+# the save is ABORTED with the reason naming rank 1 in `tessera status`, nothing of its step is
+# committed, and step 10 stays the latest, verifies and loads byte for byte once the partition
+# heals. Decision 0045.
 #   (iii) rank 1 moved to host d, which reaches everyone only through tessera-wire (5 % of
 #        packets lost, 50 ms each way): a save and then a restore across that link. The save
 #        either commits complete (`tessera verify`, COMMITTED in status) or fails with its
