@@ -592,6 +592,15 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   ASSIGN_OR_RETURN(const v1::BeginSaveRequest request,
                    PrepareSave(step, tensors, save_options, &cuda));
   FenceImplicitly();
+  {
+    // A job has one session at a time: after the last overlapped save's.
+    std::shared_ptr<OverlappedSave> previous;
+    {
+      absl::MutexLock lock(&overlap_mu_);
+      previous = overlapped_;
+    }
+    if (previous != nullptr) previous->AwaitEnded().IgnoreError();
+  }
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(const Begun begun, BeginAndCopyLocked(request, tensors, cuda, nullptr));
   RETURN_IF_ERROR(ReportStaged(begun.session_id, absl::Now() - start));
@@ -618,10 +627,14 @@ void Client::RunOverlapped(std::shared_ptr<OverlappedSave> save,
   }
   DeviceCopier::DestroyEvent(cuda_event);
   save->Copied(begun.status(), begun.ok() ? begun->copy : absl::ZeroDuration());
-  // A failure before the copy completed (edge 5) ended the save: as after a blocking save's,
-  // the session aborts (the agent saw a cancelled BeginSave, or the coordinator's COPYING
-  // timeout ends it).
-  if (!begun.ok()) return;
+  if (!begun.ok()) {
+    // Edge 5. A session that began (its slots handed out) is withdrawn, and waited for, so
+    // that the next save does not find it in progress; one that did not has ended already
+    // (a refused plan) or ends with the cancelled BeginSave.
+    if (save->began()) AwaitWithdrawn(*save, /*session_id=*/"", begun.status());
+    save->End(begun.status());
+    return;
+  }
   const absl::Status verdict = save->AwaitVerdict();
   if (!verdict.ok()) {
     // Edge 6: never staged, so never committed; the agent withdraws this rank's snapshot and
@@ -630,7 +643,7 @@ void Client::RunOverlapped(std::shared_ptr<OverlappedSave> save,
       absl::MutexLock lock(&stats_mu_);
       ++stats_.overlap_refused;
     }
-    WithdrawStaged(begun->session_id, verdict).IgnoreError();
+    AwaitWithdrawn(*save, begun->session_id, verdict);
     save->End(verdict);
     return;
   }
@@ -650,6 +663,18 @@ void Client::RunOverlapped(std::shared_ptr<OverlappedSave> save,
   const grpc::Status committed = stub_->WaitCommitted(&context, wait, &response);
   UntrackCall(&context);
   save->End(FromGrpcStatus(committed));
+}
+
+void Client::AwaitWithdrawn(const OverlappedSave& save, const std::string& session_id,
+                            const absl::Status& why) {
+  if (!session_id.empty()) WithdrawStaged(session_id, why).IgnoreError();
+  v1::WaitCommittedRequest wait;
+  wait.set_step(save.step());
+  v1::WaitCommittedResponse response;
+  grpc::ClientContext context;
+  if (!TrackCall(&context)) return;
+  stub_->WaitCommitted(&context, wait, &response);  // the session's end, whatever it says
+  UntrackCall(&context);
 }
 
 bool Client::TrackCall(grpc::ClientContext* context) {

@@ -527,6 +527,10 @@ class Client {
   void RunOverlapped(std::shared_ptr<OverlappedSave> save,
                      std::shared_ptr<OverlappedSave> previous, v1::BeginSaveRequest request,
                      std::vector<TensorRef> tensors, bool cuda, void* cuda_event);
+  // Withdraws `save`'s snapshot from session `session_id` (none if empty) for `why`, and
+  // waits (cancellably) until the agent has seen the session end.
+  void AwaitWithdrawn(const OverlappedSave& save, const std::string& session_id,
+                      const absl::Status& why);
   // Registers a save thread's call for the destructor to cancel; false once it has begun.
   bool TrackCall(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(overlap_mu_);
   void UntrackCall(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(overlap_mu_);

@@ -19,22 +19,23 @@ bool OverlappedSave::ended() const {
   return state_ == State::kEnded;
 }
 
+bool OverlappedSave::began() const {
+  absl::MutexLock lock(&mu_);
+  return began_;
+}
+
 void OverlappedSave::Copying() {
   absl::MutexLock lock(&mu_);
   if (state_ == State::kDescribed) state_ = State::kCopying;
+  began_ = true;
 }
 
 void OverlappedSave::Copied(absl::Status status, absl::Duration copy) {
   absl::MutexLock lock(&mu_);
   if (state_ == State::kEnded) return;
   copy_time_ = copy;
-  if (status.ok()) {
-    state_ = State::kCopied;
-  } else {
-    copy_status_ = status;
-    outcome_ = std::move(status);
-    state_ = State::kEnded;
-  }
+  copy_status_ = std::move(status);
+  state_ = State::kCopied;
 }
 
 absl::Status OverlappedSave::Fence(absl::Status verdict) {

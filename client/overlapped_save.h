@@ -14,10 +14,16 @@
 //   3  Fence said the state stayed as it was at save() (`verdict` OK): Staged is sent, and
 //      the agent persists and commits as after a blocking save.
 //   4  WaitCommitted answered (committed, or the session's reason it aborted).
-//   5  BeginSave or the copy failed: the save ends with that error, never staged.
+//   5  BeginSave or the copy failed: the save ends with that error, never staged (Fence
+//      returns it at once; a session that had begun is withdrawn, as in 6, and the save ends
+//      once it has).
 //   6  Fence said the state changed before the fence (a version counter moved), or the client
-//      was destroyed unfenced (the trainer exits): the rank refuses the step (RefuseSave), so
-//      no rank's session can commit it. A save is staged only after a fence vouched for it.
+//      was destroyed unfenced (the trainer exits): the rank withdraws its snapshot (Staged
+//      with `withdrawn`), which fails the session for every rank; the save ends once the
+//      session has (so that the next one does not find it in progress). A save is staged only
+//      after a fence vouched for it.
+// ENDED always means the session is over, or never began: the next overlapped save of the
+// client begins after it.
 //
 // Thread-safety: every method may be called from any thread.
 #ifndef TESSERA_CLIENT_OVERLAPPED_SAVE_H_
@@ -46,18 +52,20 @@ class OverlappedSave {
   // Whether Fence has been called (the verdict is in).
   bool fenced() const ABSL_LOCKS_EXCLUDED(mu_);
   bool ended() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether BeginSave answered (edge 1 was taken): the session exists.
+  bool began() const ABSL_LOCKS_EXCLUDED(mu_);
 
   // Edge 1, on the save thread.
   void Copying() ABSL_LOCKS_EXCLUDED(mu_);
-  // Edge 2 with OK, edge 5 with an error (which ends the save), on the save thread; `copy` is
-  // the time the copy took.
+  // Edge 2, on the save thread, with the copy's status (an error: edge 5 follows, by End);
+  // `copy` is the time the copy took.
   void Copied(absl::Status status, absl::Duration copy) ABSL_LOCKS_EXCLUDED(mu_);
 
   // The trainer's fence: waits until the save is COPIED or ENDED, records `verdict` (OK: the
   // state stayed intact since save(); an error: why it did not) and returns at once, before
   // any report to the agent. A second Fence returns the first one's result.
   // Returns OK if the snapshot was taken and vouched for; else the error that ended the save:
-  // BeginSave's or the copy's, or `verdict` itself.
+  // BeginSave's or the copy's (then `verdict` is not used), or `verdict` itself.
   absl::Status Fence(absl::Status verdict) ABSL_LOCKS_EXCLUDED(mu_);
 
   // On the save thread after Copied(OK): blocks until Fence gave its verdict, and returns it.
@@ -80,6 +88,7 @@ class OverlappedSave {
   const int64_t step_;
   mutable absl::Mutex mu_;
   State state_ ABSL_GUARDED_BY(mu_) = State::kDescribed;
+  bool began_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status copy_status_ ABSL_GUARDED_BY(mu_);
   absl::Duration copy_time_ ABSL_GUARDED_BY(mu_);
   absl::Duration blocked_ ABSL_GUARDED_BY(mu_);
