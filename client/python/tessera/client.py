@@ -160,6 +160,10 @@ class Client:
     registered yet (retry); DeadlineExceededError.
     """
 
+    # Class defaults, so that a Client made without __init__ (tests, subclasses) has them.
+    _pending = None
+    last_fence_error = None
+
     def __init__(self, agent=None, *, connect_timeout=None, mesh_dims=None,
                  split_dims=DEFAULT_SPLIT_DIMS, prefetch_resident=True):
         agent = _agent_path(agent if agent is not None else os.environ.get("TESSERA_AGENT", ""))
