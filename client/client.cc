@@ -52,6 +52,15 @@ void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   }
 }
 
+// `status`'s ErrorDetail with its message, its code `fallback` where it carries none: what
+// the agent is told of a refusal or a withdrawal.
+v1::ErrorDetail DetailOf(const absl::Status& status, v1::ErrorCode fallback) {
+  v1::ErrorDetail detail = GetErrorDetail(status).value_or(v1::ErrorDetail());
+  if (detail.code() == v1::ERROR_CODE_UNSPECIFIED) detail.set_code(fallback);
+  detail.set_message(std::string(status.message()));
+  return detail;
+}
+
 }  // namespace
 
 namespace client_internal {
@@ -390,10 +399,7 @@ absl::Status Client::RefuseSave(int64_t step, absl::Status refusal) {
   if (refusal.ok() || step < 0) return refusal;
   v1::RefuseSaveRequest request;
   request.set_step(step);
-  v1::ErrorDetail* error = request.mutable_error();
-  *error = GetErrorDetail(refusal).value_or(v1::ErrorDetail());
-  if (error->code() == v1::ERROR_CODE_UNSPECIFIED) error->set_code(v1::ERROR_CODE_MALFORMED_SHARD);
-  error->set_message(std::string(refusal.message()));
+  *request.mutable_error() = DetailOf(refusal, v1::ERROR_CODE_MALFORMED_SHARD);
   grpc::ClientContext context;
   SetTimeout(&context, options_.refuse_timeout);
   v1::RefuseSaveResponse response;
@@ -499,10 +505,7 @@ absl::Status Client::ReportStaged(const std::string& session_id, absl::Duration 
 absl::Status Client::WithdrawStaged(const std::string& session_id, const absl::Status& why) {
   v1::StagedRequest withdrawn;
   withdrawn.set_session_id(session_id);
-  v1::ErrorDetail* error = withdrawn.mutable_withdrawn();
-  *error = GetErrorDetail(why).value_or(v1::ErrorDetail());
-  if (error->code() == v1::ERROR_CODE_UNSPECIFIED) error->set_code(v1::ERROR_CODE_STATE_CHANGED);
-  error->set_message(std::string(why.message()));
+  *withdrawn.mutable_withdrawn() = DetailOf(why, v1::ERROR_CODE_STATE_CHANGED);
   v1::StagedResponse response;
   grpc::ClientContext context;
   SetTimeout(&context, options_.staged_timeout);

@@ -17,14 +17,7 @@ export GLOO_SOCKET_IFNAME=lo
 mkdir -p "$DIR/logs"
 
 start_coordinator --copying_timeout_s=3 || fail "coordinator"
-all_agents=()
-for job_layout in ovplain:dp=1 ovwrite:dp=1 ovkill:dp=1 ovfsdp:dp_shard=2; do
-  start_agents "${job_layout%%:*}" "${job_layout#*:}"
-  rc=$?
-  all_agents+=("${AGENT_PIDS[@]}")
-  AGENT_PIDS=("${all_agents[@]}")
-  [ "$rc" -eq 0 ] || fail "agents of $job_layout"
-done
+start_jobs ovplain:dp=1 ovwrite:dp=1 ovkill:dp=1 ovfsdp:dp_shard=2 || fail "agents"
 
 export TESSERA_E2E_SOCK_DIR=$SOCK_DIR TESSERA_E2E_DIR=$DIR
 ./client/python/run_python_test.sh client/python/overlapped_save_test.py ||

@@ -6,10 +6,9 @@ the disk).
       --out overlap.json
 
 For each size (MiB, in 4 MiB tensors):
-  memcpy     the copy of the same bytes into a preallocated buffer with torch's threads (the
-             limit of a blocking save's stall);
-  blocking   Client.save(step, state) — the stall of a blocking save, median of the steady
-             steps (>= 2);
+  blocking   Client.save(step, state) — the stall of a blocking save and the part of it that
+             copied into staging (SaveResult.copy_seconds: the client's copy threads, the
+             limit a blocking save cannot beat), medians of the steady steps (>= 2);
   overlap    Client.save(step, state, overlap=True): the host time save() blocked (target
              <= 5 ms at any size), median and max of the steady steps; then fence() at once,
              which waits for what is left of the copy (with nothing to overlap, its whole time).
@@ -22,6 +21,7 @@ training uses (the GPU figures judge it). Writes one JSON object to --out.
 
 import argparse
 import json
+import os
 import statistics
 import time
 
@@ -38,27 +38,18 @@ def state_of(mib):
     return {"layers.%d.weight" % i: torch.full((TENSOR_MIB << 18,), float(i)) for i in range(n)}
 
 
-def memcpy_seconds(state, runs=3):
-    dst = {k: torch.empty_like(v) for k, v in state.items()}
-    times = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        for k, v in state.items():
-            dst[k].copy_(v)
-        times.append(time.perf_counter() - t0)
-    return min(times)
-
-
 def steady(xs):
     return xs[1:] if len(xs) > 1 else xs
 
 
 def bench_size(client, mib, steps, step0):
     state = state_of(mib)
-    out = {"mib": mib, "memcpy_s": memcpy_seconds(state)}
-    blocking = []
+    out = {"mib": mib}
+    blocking, copies = [], []
     for i in range(steps):
-        blocking.append(client.save(step0 + i, state, memory_only=True).stall_seconds)
+        result = client.save(step0 + i, state, memory_only=True)
+        blocking.append(result.stall_seconds)
+        copies.append(result.copy_seconds)
         client.wait(step0 + i)
     step0 += steps
     saved, fenced = [], []
@@ -72,6 +63,7 @@ def bench_size(client, mib, steps, step0):
         fenced.append(t2 - t1)
         client.wait(step0 + i)
     out["blocking_stall_s"] = statistics.median(steady(blocking))
+    out["blocking_copy_s"] = statistics.median(steady(copies))
     out["overlap_save_s"] = statistics.median(steady(saved))
     out["overlap_save_max_s"] = max(steady(saved))
     out["overlap_fence_s"] = statistics.median(steady(fenced))
@@ -123,12 +115,14 @@ def main():
     p.add_argument("--out", required=True)
     a = p.parse_args()
     client = tessera.Client(a.agent, connect_timeout=30)
-    report = {"sizes": [], "threads": torch.get_num_threads()}
+    report = {"sizes": [], "threads": torch.get_num_threads(),
+              "load_before": os.getloadavg()[0]}
     step0 = 1
     for mib in [int(s) for s in a.sizes.split(",") if s]:
         row, step0 = bench_size(client, mib, a.steps, step0)
         report["sizes"].append(row)
     report["training"], step0 = bench_training(client, a.train_mib, a.train_steps, step0)
+    report["load_after"] = os.getloadavg()[0]
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)
     print(json.dumps(report))
