@@ -1952,6 +1952,34 @@ TEST_F(ClientTest, SaveAndLoad_CudaTensors_CopiedThroughDevice) {
   cudaFree(device);
 }
 
+TEST_F(ClientTest, OverlappedSave_CudaTensor_CopyFollowsTheCallersStreamAndPrecedesTheFence) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  constexpr size_t kBytes = 64 * kMiB;
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device, 0x11, kBytes, stream), cudaSuccess);
+  // The state at save() is what `stream` has queued so far (0x33, after the 0x11), not yet
+  // written when Save returns: the copy must wait for it, without the host waiting.
+  ASSERT_EQ(cudaMemsetAsync(device, 0x33, kBytes, stream), cudaSuccess);
+  SaveOptions options = Overlapped();
+  options.cuda_stream = stream;
+  ASSERT_TRUE(client->Save(21, {CudaRef("gpu.w", device, kBytes)}, options).ok());
+  ASSERT_TRUE(client->Fence().ok());
+  // The optimizer step after the fence: never in the snapshot.
+  ASSERT_EQ(cudaMemsetAsync(device, 0x55, kBytes, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  AwaitStaged(fake_.get(), 1);
+  const std::vector<uint8_t> expected(kBytes, 0x33);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_EQ(fake_->staged[0].slot_hashes[0], Xxh3(expected.data(), expected.size()));
+  cudaStreamDestroy(stream);
+  cudaFree(device);
+}
+
 TEST_F(ClientTest, Load_LargeCudaTensor_CopiedOnSeveralThreadsThroughPinnedBuffers) {
   if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
   std::unique_ptr<Client> client = Connect();
