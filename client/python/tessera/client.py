@@ -196,6 +196,11 @@ class Client:
         # (LoadResult.fetch_time).
         self.last_load = dict(_NO_SOURCES)
 
+    def __del__(self):
+        # The native client first: its destructor ends a pending overlapped save's copy (and
+        # withdraws the save) before the tensors that copy reads, held by _pending, are freed.
+        self.__dict__.pop("_native", None)
+
     @property
     def identity(self):
         """{"job", "rank", "coords": {dim: index}, "layout": {dim: degree}, "has_gpu",
