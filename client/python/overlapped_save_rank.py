@@ -91,6 +91,23 @@ def fsdp(args):
     ckpt.wait()
     if ckpt.last_save_error is not None:
         raise SystemExit("FAIL: %s" % ckpt.last_save_error)
+    # A write into a DTensor parameter before the fence: caught (the DTensor's own version
+    # counter), and that step withdrawn on every rank.
+    ckpt.save(args.step + 4, overlap=True)
+    with torch.no_grad():
+        model[0].weight.mul_(2)
+    if ckpt.fence() or getattr(ckpt.last_save_error, "code", None) != "STATE_CHANGED":
+        raise SystemExit("FAIL: rank %d: the write before the fence was not caught (%r)"
+                         % (rank, ckpt.last_save_error))
+    if "'0.weight'" not in str(ckpt.last_save_error):
+        raise SystemExit("FAIL: rank %d: %s" % (rank, ckpt.last_save_error))
+    try:
+        client.wait(args.step + 4, timeout=60)
+        raise SystemExit("FAIL: rank %d: step %d committed" % (rank, args.step + 4))
+    except tessera.AbortedError:
+        pass
+    say("ok: rank %d: a write into a DTensor before the fence caught, step %d not committed"
+        % (rank, args.step + 4))
     for step in (args.step + 1, args.step + 3):
         fresh, fresh_optimizer = build(7, world, reshard)
         loader = Checkpointer(fresh, fresh_optimizer, client=client, rng=False)

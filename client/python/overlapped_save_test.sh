@@ -30,7 +30,8 @@ launch ovfsdp dp_shard=2 fsdp-unsharded "$RANK" fsdp --step=11 --keep_unsharded 
 finish fsdp-unsharded 120
 for run in fsdp-resharded fsdp-unsharded; do
   for r in 0 1; do
-    grep -q "^ok: rank $r reshard_after_forward=.* bitwise the state at save()" "$DIR/logs/$run-$r.out" ||
+    grep -q "^ok: rank $r reshard_after_forward=.* bitwise the state at save()" "$DIR/logs/$run-$r.out" &&
+      grep -q "^ok: rank $r: a write into a DTensor before the fence caught" "$DIR/logs/$run-$r.out" ||
       fail "$run rank $r: $(tail -n 5 "$DIR/logs/$run-$r.out")"
   done
   cat "$DIR/logs/$run-0.out" "$DIR/logs/$run-1.out"

@@ -13,7 +13,7 @@ from . import _tessera
 from . import errors
 from . import objects as objects_codec
 from .layout import DEFAULT_SPLIT_DIMS, JobLayout
-from .shards import KIND_EXTRA, check_name, to_ref
+from .shards import KIND_EXTRA, Shard, check_name, to_ref
 from .state import check_current, forget_absent_state, write_back_numbers
 
 __all__ = ["Client", "SaveResult"]
@@ -59,13 +59,18 @@ class SaveResult(typing.NamedTuple):
 
 class _Pending:
     """An overlapped save not yet fenced: what must stay alive until its copy is done, and the
-    version counter of each tensor at save() (torch bumps it on every in-place write)."""
+    version counter of each saved value at save() (torch bumps it on every in-place write).
+    A DTensor's own counter is the one that moves when it is written (an optimizer step, a
+    no_grad mul_), not its local tensor's; a Shard's is its tensor's."""
 
-    def __init__(self, step, keys, tensors, keep):
+    def __init__(self, step, tensors, keep):
         self.step = step
         self.keep = keep
-        self.versions = [(k, t, t._version) for k, t in zip(keys, tensors)
-                         if t is not None and hasattr(t, "_version")]
+        self.versions = []
+        for k, v in tensors.items():
+            t = v.tensor if isinstance(v, Shard) else v
+            if hasattr(t, "_version"):
+                self.versions.append((k, t, t._version))
 
     def changed(self):
         """Keys of the tensors written in place since save()."""
@@ -279,7 +284,7 @@ class Client:
         self._fence_implied()
         step = _step(step, allow_latest=False)
         try:
-            refs, keys, keep = self._save_refs(tensors, objects)
+            refs, keep = self._save_refs(tensors, objects)
             if not isinstance(memory_only, bool) or not isinstance(overlap, bool):
                 raise errors.malformed("memory_only and overlap must be bools, not %r and %r"
                                        % (memory_only, overlap))
@@ -297,7 +302,7 @@ class Client:
             _cuda_stream(refs) if overlap else 0)
         if overlap and not skipped:
             # The tensors must stay alive, and unwritten, until the copy is done: fence().
-            self._pending = _Pending(step, keys, keep[0], keep)
+            self._pending = _Pending(step, tensors, keep)
         del keep  # otherwise the tensors had to stay alive until here
         return SaveResult(session_id, time.perf_counter() - start, cached, copy, skipped)
 
@@ -351,15 +356,15 @@ class Client:
         staging budget, IO_ERROR when /dev/shm is full); UnavailableError.
         """
         self._fence_implied()
-        refs, _, keep = self._save_refs(tensors, objects)
+        refs, keep = self._save_refs(tensors, objects)
         _call(self._native.reserve, refs)
         del keep
 
     def _save_refs(self, tensors, objects):
-        """The refs a save of `tensors` and `objects` stages, the keys of the tensors (the
-        first refs), and what must stay alive until the copy is done: (tensors, buffers)."""
+        """The refs a save of `tensors` and `objects` stages, and what must stay alive until
+        the copy is done: (tensors, buffers)."""
         check_current(tensors)
-        refs, keys, keep = self._refs(tensors, for_load=False)
+        refs, _, keep = self._refs(tensors, for_load=False)
         buffers = []
         index = []
         for name, value in (objects or {}).items():
@@ -372,7 +377,7 @@ class Client:
         header_buf = _Buffer(struct.pack("<Q", len(index_buf.data)))
         buffers += [(INDEX_FQN, index_buf), (HEADER_FQN, header_buf)]
         refs += [buf.ref(fqn) for fqn, buf in buffers]
-        return refs, keys, (keep, buffers)
+        return refs, (keep, buffers)
 
     def wait(self, step, timeout=None):
         """Blocks until checkpoint `step` is committed; returns its directory, or "" for a
