@@ -4,7 +4,7 @@ fence is caught and that step is not committed, and a trainer that dies or exits
 fence leaves no committed step.
 
 Started by overlapped_save_test.sh, which runs the cluster: jobs "ovplain", "ovwrite" and
-"ovkill" (dp=1), "ovfsdp" (dp_shard=2); agent sockets are $TESSERA_E2E_SOCK_DIR/<job>-<rank>.sock.
+"ovkill" (dp=1), "ovfsdp" (dp_shard=2), "ovtp" (tp=2); agent sockets are $TESSERA_E2E_SOCK_DIR/<job>-<rank>.sock.
 """
 
 import copy
