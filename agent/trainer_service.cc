@@ -142,8 +142,11 @@ grpc::ServerUnaryReactor* TrainerService::Staged(grpc::CallbackServerContext* co
                                                  const v1::StagedRequest* request,
                                                  v1::StagedResponse*) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::optional<v1::ErrorDetail> withdrawn;
+  if (request->withdrawn().code() != v1::ERROR_CODE_UNSPECIFIED) withdrawn = request->withdrawn();
   executor_->Staged(request->session_id(), request->trainer_stall_ns(),
-                    [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); });
+                    [reactor](absl::Status s) { reactor->Finish(ToGrpcStatus(s)); },
+                    std::move(withdrawn));
   return reactor;
 }
 

@@ -14,6 +14,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/client_internal.h"
+#include "client/overlapped_save.h"
 #include "client/parallel_copy.h"
 #include "client/staging_estimate.h"
 #include "common/grpc_status.h"
@@ -49,6 +50,15 @@ void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
+}
+
+// `status`'s ErrorDetail with its message, its code `fallback` where it carries none: what
+// the agent is told of a refusal or a withdrawal.
+v1::ErrorDetail DetailOf(const absl::Status& status, v1::ErrorCode fallback) {
+  v1::ErrorDetail detail = GetErrorDetail(status).value_or(v1::ErrorDetail());
+  if (detail.code() == v1::ERROR_CODE_UNSPECIFIED) detail.set_code(fallback);
+  detail.set_message(std::string(status.message()));
+  return detail;
 }
 
 }  // namespace
@@ -229,6 +239,27 @@ ResidentPrefetchOptions Client::PrefetchOptions() {
 
 Client::~Client() {
   CancelListing();  // prefetch_'s thread is joined after this body: not for a slow agent
+  // An overlapped save not yet fenced is refused, never staged (the trainer is going away
+  // and no longer vouches for its state): edge 6 of client/overlapped_save.h.
+  std::vector<std::pair<std::shared_ptr<OverlappedSave>, std::thread>> threads;
+  {
+    absl::MutexLock lock(&overlap_mu_);
+    closing_ = true;
+    for (grpc::ClientContext* call : calls_) call->TryCancel();
+    threads = std::move(save_threads_);
+  }
+  for (auto& [save, thread] : threads) {
+    if (!save->fenced()) {
+      // Gives the verdict once the copy ended (the save thread no longer waits for a
+      // cancelled BeginSave, nor for other ranks).
+      save->Fence(MakeError(absl::StatusCode::kAborted, v1::ERROR_CODE_AGENT_LOST,
+                            absl::StrCat("the trainer of rank ", identity_.coord().rank(),
+                                         " ended before its overlapped save of step ",
+                                         save->step(), " was fenced")))
+          .IgnoreError();
+    }
+    thread.join();
+  }
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();
 }
@@ -368,10 +399,7 @@ absl::Status Client::RefuseSave(int64_t step, absl::Status refusal) {
   if (refusal.ok() || step < 0) return refusal;
   v1::RefuseSaveRequest request;
   request.set_step(step);
-  v1::ErrorDetail* error = request.mutable_error();
-  *error = GetErrorDetail(refusal).value_or(v1::ErrorDetail());
-  if (error->code() == v1::ERROR_CODE_UNSPECIFIED) error->set_code(v1::ERROR_CODE_MALFORMED_SHARD);
-  error->set_message(std::string(refusal.message()));
+  *request.mutable_error() = DetailOf(refusal, v1::ERROR_CODE_MALFORMED_SHARD);
   grpc::ClientContext context;
   SetTimeout(&context, options_.refuse_timeout);
   v1::RefuseSaveResponse response;
@@ -382,9 +410,10 @@ absl::Status Client::RefuseSave(int64_t step, absl::Status refusal) {
   return refusal;
 }
 
-absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef> tensors,
-                                        SaveOptions save_options) {
-  const absl::Time start = absl::Now();
+absl::StatusOr<v1::BeginSaveRequest> Client::PrepareSave(int64_t step,
+                                                         absl::Span<const TensorRef> tensors,
+                                                         const SaveOptions& save_options,
+                                                         bool* cuda) {
   if (step < 0) {
     return MakeError(absl::StatusCode::kInvalidArgument, v1::ERROR_CODE_MALFORMED_SHARD,
                      absl::StrCat("step must be >= 0, not ", step));
@@ -393,14 +422,15 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   absl::StatusOr<std::vector<v1::ShardDesc>> described = DescribeShards(identity_.layout(), tensors);
   if (!described.ok()) return RefuseSave(step, described.status());
   std::vector<v1::ShardDesc> shards = *std::move(described);
-  const bool cuda = AnyCuda(tensors);
-  if (cuda) {
+  *cuda = AnyCuda(tensors);
+  if (*cuda) {
     if (absl::Status checked = CheckCudaTensors(tensors); !checked.ok()) {
       return RefuseSave(step, checked);
     }
   }
   // Before BeginSave: a failed kernel then fails Save before a session waits for this rank.
-  if (cuda && options_.synchronize_devices) {
+  // An overlapped save orders its copies after the caller's stream by an event instead.
+  if (*cuda && options_.synchronize_devices && !save_options.overlap) {
     if (absl::Status synced = WaitForDevices(tensors); !synced.ok()) {
       return RefuseSave(step, synced);
     }
@@ -417,17 +447,26 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
       !sized.ok()) {
     return RefuseSave(step, sized);
   }
+  return request;
+}
 
-  absl::MutexLock lock(&mu_);
+absl::StatusOr<Client::Begun> Client::BeginAndCopyLocked(const v1::BeginSaveRequest& request,
+                                                         absl::Span<const TensorRef> tensors,
+                                                         bool cuda, OverlappedSave* progress) {
   JoinReleaserLocked();  // the last load's release, before anything stages
   EndResidentMappingLocked();
   v1::BeginSaveResponse response;
   {
     grpc::ClientContext context;
     SetTimeout(&context, options_.begin_save_timeout);
+    if (progress != nullptr && !TrackCall(&context)) {
+      return absl::CancelledError("the client is being destroyed");
+    }
     grpc::Status status = stub_->BeginSave(&context, request, &response);
+    if (progress != nullptr) UntrackCall(&context);
     if (!status.ok()) return FromGrpcStatus(status);
   }
+  if (progress != nullptr) progress->Copying();
   std::vector<bool> absent(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) absent[i] = tensors[i].state_absent;
   ASSIGN_OR_RETURN(const uint64_t total, CheckSlots("BeginSave", response.slots(), request.shards(),
@@ -446,29 +485,230 @@ absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef
   const absl::Time copy_start = absl::Now();
   RETURN_IF_ERROR(CopyLocked(tensors, slot_data, /*to_staging=*/true,
                              /*staging_pinned=*/cuda && options_.pin_staging));
-  const absl::Duration copy = absl::Now() - copy_start;
+  return Begun{response.session_id(), response.plan_cached(), absl::Now() - copy_start};
+}
 
-  {
-    v1::StagedRequest staged;
-    staged.set_session_id(response.session_id());
-    staged.set_trainer_stall_ns(
-        static_cast<uint64_t>(absl::ToInt64Nanoseconds(absl::Now() - start)));
-    v1::StagedResponse staged_response;
-    grpc::ClientContext context;
-    SetTimeout(&context, options_.staged_timeout);
-    grpc::Status status = stub_->Staged(&context, staged, &staged_response);
-    if (!status.ok()) return FromGrpcStatus(status);
+absl::Status Client::ReportStaged(const std::string& session_id, absl::Duration stall) {
+  v1::StagedRequest staged;
+  staged.set_session_id(session_id);
+  staged.set_trainer_stall_ns(static_cast<uint64_t>(absl::ToInt64Nanoseconds(stall)));
+  v1::StagedResponse staged_response;
+  grpc::ClientContext context;
+  SetTimeout(&context, options_.staged_timeout);
+  grpc::Status status = stub_->Staged(&context, staged, &staged_response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  absl::MutexLock stats_lock(&stats_mu_);
+  ++stats_.saves;
+  return absl::OkStatus();
+}
+
+absl::Status Client::WithdrawStaged(const std::string& session_id, const absl::Status& why) {
+  v1::StagedRequest withdrawn;
+  withdrawn.set_session_id(session_id);
+  *withdrawn.mutable_withdrawn() = DetailOf(why, v1::ERROR_CODE_STATE_CHANGED);
+  v1::StagedResponse response;
+  grpc::ClientContext context;
+  SetTimeout(&context, options_.staged_timeout);
+  return FromGrpcStatus(stub_->Staged(&context, withdrawn, &response));
+}
+
+absl::StatusOr<SaveResult> Client::Save(int64_t step, absl::Span<const TensorRef> tensors,
+                                        SaveOptions save_options) {
+  const absl::Time start = absl::Now();
+  if (save_options.overlap) {
+    std::shared_ptr<OverlappedSave> previous;
+    {
+      absl::MutexLock lock(&overlap_mu_);
+      previous = overlapped_;
+    }
+    // The trainer calls Save after its optimizer step: the previous save's fence is due.
+    if (previous != nullptr && !previous->fenced()) previous->Fence(absl::OkStatus()).IgnoreError();
+    if (previous != nullptr && !previous->ended() &&
+        save_options.when_busy == SaveOptions::WhenBusy::kSkip) {
+      SaveResult result;
+      result.overlapped = true;
+      result.skipped = absl::StrCat("step ", previous->step(),
+                                    "'s save is still in flight (a job has one save at a time)");
+      {
+        absl::MutexLock lock(&stats_mu_);
+        ++stats_.overlap_skips;
+      }
+      // Off the caller's thread: the other ranks' sessions of `step` end at once with why.
+      // (An OverlappedSave that never copies: only its End, which lets the thread be reaped.)
+      auto refusal = std::make_shared<OverlappedSave>(step);
+      std::thread refuse([this, step, why = result.skipped, refusal] {
+        RefuseSave(step, MakeError(absl::StatusCode::kFailedPrecondition,
+                                   v1::ERROR_CODE_SESSION_IN_PROGRESS,
+                                   absl::StrCat("rank ", identity_.coord().rank(),
+                                                " skipped step ", step, ": ", why)))
+            .IgnoreError();
+        refusal->End(absl::OkStatus());
+      });
+      absl::MutexLock lock(&overlap_mu_);
+      save_threads_.emplace_back(std::move(refusal), std::move(refuse));
+      result.stall = absl::Now() - start;
+      return result;
+    }
+    bool cuda = false;
+    ASSIGN_OR_RETURN(v1::BeginSaveRequest request,
+                     PrepareSave(step, tensors, save_options, &cuda));
+    void* cuda_event = nullptr;
+    if (cuda) {
+      absl::StatusOr<void*> event = DeviceCopier::RecordEvent(save_options.cuda_stream);
+      if (!event.ok()) {
+        return RefuseSave(step, absl::FailedPreconditionError(absl::StrCat(
+                                    "overlapped save: cannot order the copy after the caller's "
+                                    "stream: ", event.status().message())));
+      }
+      cuda_event = *event;
+    }
+    auto save = std::make_shared<OverlappedSave>(step);
+    {
+      absl::MutexLock lock(&overlap_mu_);
+      // Reap the threads of saves that ended (the previous one at most is still running).
+      for (auto it = save_threads_.begin(); it != save_threads_.end();) {
+        if (it->first->ended()) {
+          it->second.join();
+          it = save_threads_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+      overlapped_ = save;
+      std::thread thread(&Client::RunOverlapped, this, save, std::move(previous),
+                         std::move(request), std::vector<TensorRef>(tensors.begin(), tensors.end()),
+                         cuda, cuda_event);
+      save_threads_.emplace_back(save, std::move(thread));
+    }
+    {
+      absl::MutexLock lock(&stats_mu_);
+      ++stats_.overlapped_saves;
+    }
+    SaveResult result;
+    result.overlapped = true;
+    result.stall = absl::Now() - start;
+    save->AddBlocked(result.stall);
+    return result;
   }
+
+  bool cuda = false;
+  ASSIGN_OR_RETURN(const v1::BeginSaveRequest request,
+                   PrepareSave(step, tensors, save_options, &cuda));
+  FenceImplicitly();
   {
-    absl::MutexLock stats_lock(&stats_mu_);
-    ++stats_.saves;
+    // A job has one session at a time: after the last overlapped save's.
+    std::shared_ptr<OverlappedSave> previous;
+    {
+      absl::MutexLock lock(&overlap_mu_);
+      previous = overlapped_;
+    }
+    if (previous != nullptr) previous->AwaitEnded().IgnoreError();
   }
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(const Begun begun, BeginAndCopyLocked(request, tensors, cuda, nullptr));
+  RETURN_IF_ERROR(ReportStaged(begun.session_id, absl::Now() - start));
   SaveResult result;
-  result.session_id = response.session_id();
-  result.plan_cached = response.plan_cached();
+  result.session_id = begun.session_id;
+  result.plan_cached = begun.plan_cached;
   result.stall = absl::Now() - start;
-  result.copy = copy;
+  result.copy = begun.copy;
   return result;
+}
+
+void Client::RunOverlapped(std::shared_ptr<OverlappedSave> save,
+                           std::shared_ptr<OverlappedSave> previous, v1::BeginSaveRequest request,
+                           std::vector<TensorRef> tensors, bool cuda, void* cuda_event) {
+  const int64_t step = save->step();
+  // A job has one session at a time: this one begins when the previous one has ended.
+  if (previous != nullptr) previous->AwaitEnded().IgnoreError();
+  absl::StatusOr<Begun> begun;
+  {
+    absl::MutexLock lock(&mu_);
+    device_.set_wait_event(cuda_event);
+    begun = BeginAndCopyLocked(request, tensors, cuda, save.get());
+    device_.set_wait_event(nullptr);
+  }
+  DeviceCopier::DestroyEvent(cuda_event);
+  save->Copied(begun.status(), begun.ok() ? begun->copy : absl::ZeroDuration());
+  if (!begun.ok()) {
+    // Edge 5. A session that began (its slots handed out) is withdrawn, and waited for, so
+    // that the next save does not find it in progress; one that did not has ended already
+    // (a refused plan) or ends with the cancelled BeginSave.
+    if (save->began()) AwaitWithdrawn(*save, /*session_id=*/"", begun.status());
+    save->End(begun.status());
+    return;
+  }
+  const absl::Status verdict = save->AwaitVerdict();
+  if (!verdict.ok()) {
+    // Edge 6: never staged, so never committed; the agent withdraws this rank's snapshot and
+    // the session aborts for every rank with the verdict's reason.
+    {
+      absl::MutexLock lock(&stats_mu_);
+      ++stats_.overlap_refused;
+    }
+    AwaitWithdrawn(*save, begun->session_id, verdict);
+    save->End(verdict);
+    return;
+  }
+  if (absl::Status staged = ReportStaged(begun->session_id, save->blocked()); !staged.ok()) {
+    save->End(staged);
+    return;
+  }
+  save->Staged();
+  v1::WaitCommittedRequest wait;
+  wait.set_step(step);
+  v1::WaitCommittedResponse response;
+  grpc::ClientContext context;
+  if (!TrackCall(&context)) {
+    save->End(absl::CancelledError("the client was destroyed before the commit was seen"));
+    return;
+  }
+  const grpc::Status committed = stub_->WaitCommitted(&context, wait, &response);
+  UntrackCall(&context);
+  save->End(FromGrpcStatus(committed));
+}
+
+void Client::AwaitWithdrawn(const OverlappedSave& save, const std::string& session_id,
+                            const absl::Status& why) {
+  if (!session_id.empty()) WithdrawStaged(session_id, why).IgnoreError();
+  v1::WaitCommittedRequest wait;
+  wait.set_step(save.step());
+  v1::WaitCommittedResponse response;
+  grpc::ClientContext context;
+  if (!TrackCall(&context)) return;
+  stub_->WaitCommitted(&context, wait, &response);  // the session's end, whatever it says
+  UntrackCall(&context);
+}
+
+bool Client::TrackCall(grpc::ClientContext* context) {
+  absl::MutexLock lock(&overlap_mu_);
+  if (closing_) return false;
+  calls_.push_back(context);
+  return true;
+}
+
+void Client::UntrackCall(grpc::ClientContext* context) {
+  absl::MutexLock lock(&overlap_mu_);
+  calls_.erase(std::find(calls_.begin(), calls_.end(), context));
+}
+
+absl::Status Client::Fence(absl::Status verdict) {
+  std::shared_ptr<OverlappedSave> save;
+  {
+    absl::MutexLock lock(&overlap_mu_);
+    save = overlapped_;
+  }
+  if (save == nullptr) return absl::OkStatus();
+  return save->Fence(std::move(verdict));
+}
+
+void Client::FenceImplicitly() {
+  std::shared_ptr<OverlappedSave> save;
+  {
+    absl::MutexLock lock(&overlap_mu_);
+    save = overlapped_;
+  }
+  if (save != nullptr && !save->fenced()) save->Fence(absl::OkStatus()).IgnoreError();
 }
 
 absl::Status Client::ReserveStaging(absl::Span<const TensorRef> tensors) {
@@ -481,6 +721,7 @@ absl::Status Client::ReserveStaging(absl::Span<const TensorRef> tensors) {
   request.set_bytes(declared.bytes);
   request.set_tensors(declared.tensors);
   request.set_gather_bytes(declared.gather_bytes);
+  FenceImplicitly();
   absl::MutexLock lock(&mu_);
   JoinReleaserLocked();  // the last load's release, before anything stages
   EndResidentMappingLocked();
@@ -504,6 +745,7 @@ absl::StatusOr<std::string> Client::WaitCommitted(int64_t step, absl::Duration t
     return absl::InvalidArgumentError(absl::StrCat("WaitCommitted needs a positive timeout, not ",
                                                    absl::FormatDuration(timeout)));
   }
+  FenceImplicitly();
   v1::WaitCommittedRequest request;
   request.set_step(step);
   grpc::ClientContext context;

@@ -21,6 +21,26 @@
 // to disk, it never becomes the latest on disk, and it is lost with the agents that hold it
 // (and their buddies). Load it by its step, or as kNewestStep.
 //
+// An overlapped save (SaveOptions::overlap; docs/design/overlapped-save.md) returns once the
+// tensors are described (step 1); steps 2-4 run on a save thread of the client, and the
+// trainer's only duty is not to change the tensors until it calls Fence():
+//
+//   Save(step, tensors, {.overlap = true})   describe, check; hand over; return (microseconds)
+//     save thread:  [wait for the previous overlapped save to end] BeginSave, copy ── COPIED
+//   ... forward, backward (read the state only) ...
+//   Fence()          waits for COPIED (usually long past), says the state stayed intact
+//     save thread:  Staged (the agent persists and commits), then WaitCommitted
+//   optimizer.step() may now change the state
+//
+// The states of one such save, their edges and what each failure leaves are drawn in
+// client/overlapped_save.h. The save is staged only after a fence vouched for it: a trainer
+// killed, or a client destroyed, before its fence leaves no committed step (its session
+// aborts; the destructor refuses it at once). A write into the tensors before Fence is a
+// breach of the caller's contract that this library cannot see in C++; the Python package
+// sees it (tensor version counters) and says so at the fence, which then refuses the step.
+// Every other call that saves, loads, reserves or waits fences a pending save first (as if
+// the state were intact).
+//
 // A load: Load(step | -1 for latest, tensors) sends the pieces wanted in the current layout;
 // the agent reads, reshards and verifies them into staging — or, restarting in the layout that
 // saved, hands out its resident copy of the step, verified where it lies (DESIGN.md "Memory
@@ -40,8 +60,8 @@
 // the agent hands out the same region (the common case), and replaced when it hands out another.
 //
 // Thread-safety: all methods may be called from any thread. Save and Load are serialised by
-// an internal mutex (they share the staging mapping); WaitCommitted, identity() and stats()
-// run concurrently with them.
+// an internal mutex (they share the staging mapping); WaitCommitted, Fence, identity() and
+// stats() run concurrently with them.
 #ifndef TESSERA_CLIENT_CLIENT_H_
 #define TESSERA_CLIENT_CLIENT_H_
 
@@ -59,6 +79,7 @@
 #include "absl/types/span.h"
 #include "client/describe.h"
 #include "client/device_copy.h"
+#include "client/overlapped_save.h"
 #include "client/parallel_copy.h"
 #include "client/resident_prefetch.h"
 #include "shm/mapped_region.h"
@@ -155,6 +176,30 @@ struct SaveOptions {
   // of the save must say the same, and every agent must run with its memory tier on.
   // Default: false.
   bool memory_only = false;
+
+  // Return as soon as the tensors are described, and copy them into staging on the client's
+  // save thread while the trainer goes on ("Overlapped saves" above). The tensors must stay
+  // unchanged until Fence() (or Fence is implied by the next call); the save is staged only
+  // after that fence. Default: false.
+  bool overlap = false;
+
+  // With overlap: what a save does that finds this client's previous overlapped save still
+  // in flight (its session not yet ended: a job has one session at a time).
+  enum class WhenBusy {
+    kWait,  // begin once the previous one has ended (on the save thread: Save does not block,
+            // a Fence before then does)
+    kSkip,  // save nothing: SaveResult::skipped says why, ClientStats::overlap_skips counts it,
+            // and the step is refused (RefuseSave, off the caller's thread) so that no other
+            // rank's session of it waits for this one
+  };
+  // Default: kWait.
+  WhenBusy when_busy = WhenBusy::kWait;
+
+  // With overlap and CUDA tensors: the stream (a cudaStream_t) whose queued work must finish
+  // before the copy reads the tensors, instead of synchronising the devices
+  // (ClientOptions::synchronize_devices): an event is recorded on it at Save and the copy
+  // streams wait for it. Default: null, the legacy default stream (PyTorch's unless told).
+  void* cuda_stream = nullptr;
 };
 
 struct SaveResult {
@@ -166,6 +211,11 @@ struct SaveResult {
   absl::Duration copy = absl::ZeroDuration();
   // The coordinator reused the job's last validated plan (unchanged tensors).
   bool plan_cached = false;
+  // An overlapped save (SaveOptions::overlap): session_id, copy and plan_cached are not known
+  // when Save returns (they are empty, zero and false); `stall` is what Save blocked.
+  bool overlapped = false;
+  // Non-empty if the save was skipped (SaveOptions::WhenBusy::kSkip): why.
+  std::string skipped;
 };
 
 struct LoadResult {
@@ -216,6 +266,12 @@ struct ClientStats {
   // Loads whose ReleaseLoad failed after Load returned (the agent frees a load's staging at
   // the next Load anyway).
   uint64_t failed_releases = 0;
+  // Overlapped saves (SaveOptions::overlap): begun; skipped because the previous one was
+  // still in flight (WhenBusy::kSkip); refused at their fence because the state changed
+  // before it, or because the client was destroyed unfenced (never staged, never committed).
+  uint64_t overlapped_saves = 0;
+  uint64_t overlap_skips = 0;
+  uint64_t overlap_refused = 0;
   // The resident checkpoint's mapping made at Connect (ClientOptions::prefetch_resident):
   // bytes to fault in (0: none was started), faulted in so far, bytes of blocks checked ahead
   // that match the manifest and blocks that do not, whether it has ended, and how long it ran
@@ -278,6 +334,20 @@ class Client {
   // know; Unavailable / DeadlineExceeded.
   absl::StatusOr<SaveResult> Save(int64_t step, absl::Span<const TensorRef> tensors,
                                   SaveOptions save_options = {});
+  // With save_options.overlap, Save returns the errors it finds before any RPC (the local
+  // checks, PLAN_TOO_LARGE, CUDA tensors without a GPU; FailedPrecondition if cuda_stream's
+  // event cannot be recorded) and otherwise OK at once: the rest of the errors above end the
+  // save on its thread and are returned by Fence (up to the copy) or WaitCommitted (after).
+
+  // Waits until this client's latest overlapped save has copied its tensors, then gives its
+  // verdict: OK if the tensors were not changed since Save (the save is then staged and
+  // commits in the background), an error saying what changed otherwise (the step is then
+  // refused for every rank; returned unchanged). Returns at once if there is no such save or
+  // it was fenced already. The trainer calls it before it next changes the tensors (the
+  // optimizer step); Python's Checkpointer installs it as an optimizer step pre-hook.
+  // Errors: what ended the save before its copy completed — BeginSave's errors (Save's list)
+  // and the copy's (MapStaging, CUDA) — or `verdict` if it is not OK.
+  absl::Status Fence(absl::Status verdict = absl::OkStatus());
 
   // Tells the agent this rank will not save `step`, for `refusal`'s reason (a code, e.g.
   // MALFORMED_SHARD, and a message naming what is wrong): the coordinator aborts the step's
@@ -428,6 +498,46 @@ class Client {
   absl::Status CopyToDevicesLocked(const std::vector<CopyItem>& items)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // Save's checks before any RPC (describe, CUDA tensors, the request's size), the caller's
+  // refusal passed on: the BeginSave request, and in `*cuda` whether any tensor is on a GPU.
+  absl::StatusOr<v1::BeginSaveRequest> PrepareSave(int64_t step,
+                                                   absl::Span<const TensorRef> tensors,
+                                                   const SaveOptions& save_options, bool* cuda);
+  // What BeginAndCopyLocked hands back: the session and the copy's time.
+  struct Begun {
+    std::string session_id;
+    bool plan_cached = false;
+    absl::Duration copy;
+  };
+  // BeginSave, map the staging, copy `tensors` into their slots (edges 1 and 2 of
+  // client/overlapped_save.h, marked on `progress` unless null; `*context` is set while
+  // BeginSave waits so that the destructor can cancel it). Errors: as Save from BeginSave on.
+  absl::StatusOr<Begun> BeginAndCopyLocked(const v1::BeginSaveRequest& request,
+                                           absl::Span<const TensorRef> tensors, bool cuda,
+                                           OverlappedSave* progress)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The Staged report. Errors: as Save's from Staged.
+  absl::Status ReportStaged(const std::string& session_id, absl::Duration stall);
+  // The Staged call that withdraws the snapshot instead (StagedRequest.withdrawn), with
+  // `why`'s ErrorDetail (STATE_CHANGED if it has none). Errors: as ReportStaged.
+  absl::Status WithdrawStaged(const std::string& session_id, const absl::Status& why);
+  // The save thread of an overlapped save (client/overlapped_save.h): waits for `previous`
+  // to end, begins and copies, waits for the fence's verdict, reports or refuses, and waits
+  // for the commit. Owns `cuda_event` (destroys it).
+  void RunOverlapped(std::shared_ptr<OverlappedSave> save,
+                     std::shared_ptr<OverlappedSave> previous, v1::BeginSaveRequest request,
+                     std::vector<TensorRef> tensors, bool cuda, void* cuda_event);
+  // Withdraws `save`'s snapshot from session `session_id` (none if empty) for `why`, and
+  // waits (cancellably) until the agent has seen the session end.
+  void AwaitWithdrawn(const OverlappedSave& save, const std::string& session_id,
+                      const absl::Status& why);
+  // Registers a save thread's call for the destructor to cancel; false once it has begun.
+  bool TrackCall(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(overlap_mu_);
+  void UntrackCall(grpc::ClientContext* context) ABSL_LOCKS_EXCLUDED(overlap_mu_);
+  // Fences the latest overlapped save if it is pending (as intact), before another call
+  // uses the staging or the session.
+  void FenceImplicitly() ABSL_LOCKS_EXCLUDED(overlap_mu_);
+
   // The prefetch's options: list_blocks asks the agent (Agent.ListResidentBlocks), and refuses
   // a listing of a region other than the one Connect was told of.
   ResidentPrefetchOptions PrefetchOptions();
@@ -471,6 +581,19 @@ class Client {
 
   mutable absl::Mutex stats_mu_;
   ClientStats stats_ ABSL_GUARDED_BY(stats_mu_);
+
+  // Overlapped saves (client/overlapped_save.h). Never held across an RPC or a wait, so that
+  // Fence does not queue behind the save thread, which holds mu_ while it copies.
+  absl::Mutex overlap_mu_;
+  // The latest overlapped save, or null.
+  std::shared_ptr<OverlappedSave> overlapped_ ABSL_GUARDED_BY(overlap_mu_);
+  // Save threads, joined once their save ended (at the next Save) or by the destructor.
+  std::vector<std::pair<std::shared_ptr<OverlappedSave>, std::thread>> save_threads_
+      ABSL_GUARDED_BY(overlap_mu_);
+  // The calls of save threads in flight (BeginSave, WaitCommitted), cancelled by the
+  // destructor, which must not wait for every rank's plan or for a commit.
+  std::vector<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(overlap_mu_);
+  bool closing_ ABSL_GUARDED_BY(overlap_mu_) = false;
 };
 
 }  // namespace tessera

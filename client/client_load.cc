@@ -141,6 +141,7 @@ absl::StatusOr<LoadResult> Client::Load(int64_t step, absl::Span<const TensorRef
 
   // One deadline for the load, its retries and its fetch included.
   const absl::Time deadline = absl::Now() + options_.load_timeout;
+  FenceImplicitly();  // a load writes into tensors a pending overlapped save may still read
   absl::MutexLock lock(&mu_);
   uint64_t rejected = 0;
   for (;;) {

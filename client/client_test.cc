@@ -124,6 +124,13 @@ class FakeAgent final : public v1::Agent::Service {
   bool bad_slot_count ABSL_GUARDED_BY(mu) = false;
   std::vector<v1::BeginSaveRequest> begin_requests ABSL_GUARDED_BY(mu);
   std::vector<Snapshot> staged ABSL_GUARDED_BY(mu);
+  // Staged calls that withdrew their snapshot (an overlapped save refused at its fence).
+  std::vector<v1::StagedRequest> withdrawals ABSL_GUARDED_BY(mu);
+  std::vector<v1::RefuseSaveRequest> refusals ABSL_GUARDED_BY(mu);
+  // While set, BeginSave (after recording its request) and WaitCommitted wait for it to be
+  // cleared, as an agent does for the other ranks and for the commit.
+  bool hold_begin ABSL_GUARDED_BY(mu) = false;
+  bool hold_waits ABSL_GUARDED_BY(mu) = false;
   std::string region_name ABSL_GUARDED_BY(mu);  // of the last BeginSave
   bool retain_each_save ABSL_GUARDED_BY(mu) = false;  // keep each staged region resident
   grpc::Status wait_status ABSL_GUARDED_BY(mu);
@@ -173,6 +180,13 @@ class FakeAgent final : public v1::Agent::Service {
     return grpc::Status::OK;
   }
 
+  grpc::Status RefuseSave(grpc::ServerContext*, const v1::RefuseSaveRequest* request,
+                          v1::RefuseSaveResponse*) override {
+    absl::MutexLock lock(&mu);
+    refusals.push_back(*request);
+    return grpc::Status::OK;
+  }
+
   grpc::Status ListResidentBlocks(grpc::ServerContext* context,
                                   const v1::ListResidentBlocksRequest*,
                                   v1::ListResidentBlocksResponse* response) override {
@@ -194,6 +208,8 @@ class FakeAgent final : public v1::Agent::Service {
                          v1::BeginSaveResponse* response) override {
     absl::MutexLock lock(&mu);
     begin_requests.push_back(*request);
+    auto begin_released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !hold_begin; };
+    mu.Await(absl::Condition(&begin_released));
     if (!begin_error.ok()) return begin_error;
     std::vector<v1::StagingSlot> slots;
     const uint64_t total = Layout(request->shards(), &slots);
@@ -215,6 +231,10 @@ class FakeAgent final : public v1::Agent::Service {
   grpc::Status Staged(grpc::ServerContext*, const v1::StagedRequest* request,
                       v1::StagedResponse*) override {
     absl::MutexLock lock(&mu);
+    if (request->withdrawn().code() != v1::ERROR_CODE_UNSPECIFIED) {
+      withdrawals.push_back(*request);
+      return grpc::Status::OK;
+    }
     Snapshot snapshot;
     snapshot.session_id = request->session_id();
     snapshot.stall_ns = request->trainer_stall_ns();
@@ -239,6 +259,8 @@ class FakeAgent final : public v1::Agent::Service {
                              v1::WaitCommittedResponse* response) override {
     absl::MutexLock lock(&mu);
     wait_requests.push_back(*request);
+    auto waits_released = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) { return !hold_waits; };
+    mu.Await(absl::Condition(&waits_released));
     if (!wait_status.ok()) return wait_status;
     response->set_step(request->step());
     response->set_checkpoint_dir(absl::StrCat("/ckpt/job/step-", request->step()));
@@ -1092,6 +1114,169 @@ TEST_F(ClientTest, Save_CudaTensorWithoutGpu_FailedPrecondition) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Overlapped saves (client/overlapped_save.h)
+
+// Waits until the fake has recorded `staged` snapshots and `withdrawn` withdrawals.
+void AwaitStaged(FakeAgent* fake, size_t staged, size_t withdrawn = 0) {
+  auto seen = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake->mu) {
+    return fake->staged.size() >= staged && fake->withdrawals.size() >= withdrawn;
+  };
+  absl::MutexLock lock(&fake->mu);
+  ASSERT_TRUE(fake->mu.AwaitWithTimeout(absl::Condition(&seen), absl::Seconds(60)))
+      << "no " << staged << " Staged and " << withdrawn << " withdrawals in 60 s";
+}
+
+SaveOptions Overlapped(SaveOptions::WhenBusy when_busy = SaveOptions::WhenBusy::kWait) {
+  SaveOptions options;
+  options.overlap = true;
+  options.when_busy = when_busy;
+  return options;
+}
+
+TEST_F(ClientTest, OverlappedSave_ReturnsBeforeBeginSave_SnapshotIsTheStateAtSave) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  // 8 MiB: copied on several threads; a slot over 1 MiB is compared by hash.
+  std::vector<uint8_t> weight = Pattern(8 * kMiB, 1), bias = Pattern(4096, 2);
+  const std::vector<uint8_t> weight_at_save = weight, bias_at_save = bias;
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_begin = true;  // every other rank still planning
+  }
+  absl::StatusOr<SaveResult> result =
+      client->Save(7, {HostRef("w", &weight), HostRef("b", &bias)}, Overlapped());
+  // Returned while BeginSave is held: nothing had been copied.
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(result->overlapped);
+  EXPECT_TRUE(result->session_id.empty());
+  {
+    absl::MutexLock lock(&fake_->mu);
+    EXPECT_TRUE(fake_->staged.empty());
+    fake_->hold_begin = false;
+  }
+  // Forward and backward would run here; the optimizer step fences, then writes.
+  ASSERT_TRUE(client->Fence().ok());
+  std::fill(weight.begin(), weight.end(), 0x11);
+  std::fill(bias.begin(), bias.end(), 0x22);
+  AwaitStaged(fake_.get(), 1);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_EQ(fake_->begin_requests[0].step(), 7);
+  EXPECT_EQ(fake_->staged[0].slot_hashes[0], Xxh3(weight_at_save.data(), weight_at_save.size()));
+  EXPECT_EQ(fake_->staged[0].slots[1], Bytes(bias_at_save));
+  EXPECT_TRUE(fake_->staged[0].gaps_untouched);
+  EXPECT_TRUE(fake_->withdrawals.empty());
+  EXPECT_EQ(client->stats().overlapped_saves, 1u);
+}
+
+TEST_F(ClientTest, OverlappedSave_StateChangedBeforeFence_WithdrawnNeverStaged) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> weight = Pattern(4096, 1);
+  ASSERT_TRUE(client->Save(8, {HostRef("w", &weight)}, Overlapped()).ok());
+  weight[0] ^= 0xff;  // an in-place write before the fence (an EMA, a BatchNorm's statistics)
+  const absl::Status changed = MakeError(absl::StatusCode::kAborted, v1::ERROR_CODE_STATE_CHANGED,
+                                         "tensor \"w\" was written before the fence");
+  const absl::Status fenced = client->Fence(changed);
+  EXPECT_EQ(fenced, changed);
+  EXPECT_EQ(client->Fence(), changed) << "a second fence answers as the first";
+  AwaitStaged(fake_.get(), 0, 1);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_TRUE(fake_->staged.empty()) << "a snapshot the fence did not vouch for was staged";
+  ASSERT_EQ(fake_->withdrawals.size(), 1u);
+  EXPECT_EQ(fake_->withdrawals[0].session_id(), "session-1");
+  EXPECT_EQ(fake_->withdrawals[0].withdrawn().code(), v1::ERROR_CODE_STATE_CHANGED);
+  EXPECT_THAT(fake_->withdrawals[0].withdrawn().message(), HasSubstr("before the fence"));
+  EXPECT_EQ(client->stats().overlap_refused, 1u);
+}
+
+TEST_F(ClientTest, OverlappedSave_ClientDestroyedUnfenced_NeverStaged) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> weight = Pattern(4096, 1);
+  ASSERT_TRUE(client->Save(9, {HostRef("w", &weight)}, Overlapped()).ok());
+  client.reset();  // the trainer exits before its next optimizer step
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_TRUE(fake_->staged.empty());
+  // Copied by then or not, the snapshot was withdrawn with the trainer's end as the reason,
+  // or never copied (BeginSave cancelled).
+  for (const v1::StagedRequest& w : fake_->withdrawals) {
+    EXPECT_EQ(w.withdrawn().code(), v1::ERROR_CODE_AGENT_LOST);
+    EXPECT_THAT(w.withdrawn().message(), HasSubstr("ended before its overlapped save of step 9"));
+  }
+}
+
+TEST_F(ClientTest, OverlappedSave_PreviousStillInFlight_SkipsOrWaitsWithoutBlocking) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> weight = Pattern(4096, 1);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->hold_waits = true;  // step 10 persists for as long as the test says
+  }
+  ASSERT_TRUE(client->Save(10, {HostRef("w", &weight)}, Overlapped()).ok());
+  ASSERT_TRUE(client->Fence().ok());
+  AwaitStaged(fake_.get(), 1);
+
+  absl::StatusOr<SaveResult> skipped =
+      client->Save(11, {HostRef("w", &weight)}, Overlapped(SaveOptions::WhenBusy::kSkip));
+  ASSERT_TRUE(skipped.ok()) << skipped.status();
+  EXPECT_THAT(skipped->skipped, HasSubstr("step 10's save is still in flight"));
+  EXPECT_EQ(client->stats().overlap_skips, 1u);
+
+  // Waiting: Save returns at once; the save thread begins step 12 once step 10 has ended.
+  absl::StatusOr<SaveResult> waiting = client->Save(12, {HostRef("w", &weight)}, Overlapped());
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_TRUE(waiting->skipped.empty());
+  {
+    absl::MutexLock lock(&fake_->mu);
+    ASSERT_EQ(fake_->begin_requests.size(), 1u) << "step 12 began before step 10 ended";
+    fake_->hold_waits = false;
+  }
+  ASSERT_TRUE(client->Fence().ok());
+  AwaitStaged(fake_.get(), 2);
+  absl::MutexLock lock(&fake_->mu);
+  ASSERT_EQ(fake_->begin_requests.size(), 2u);
+  EXPECT_EQ(fake_->begin_requests[1].step(), 12);
+  // The skipped step was refused for every rank, saying why.
+  auto refused = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake_->mu) {
+    return !fake_->refusals.empty();
+  };
+  ASSERT_TRUE(fake_->mu.AwaitWithTimeout(absl::Condition(&refused), absl::Seconds(60)));
+  EXPECT_EQ(fake_->refusals[0].step(), 11);
+  EXPECT_EQ(fake_->refusals[0].error().code(), v1::ERROR_CODE_SESSION_IN_PROGRESS);
+  EXPECT_THAT(fake_->refusals[0].error().message(), HasSubstr("skipped step 11"));
+}
+
+TEST_F(ClientTest, OverlappedSave_BeginSaveFails_FenceReturnsTheError) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  {
+    absl::MutexLock lock(&fake_->mu);
+    fake_->begin_error = ToGrpcStatus(MakeError(absl::StatusCode::kInvalidArgument,
+                                                v1::ERROR_CODE_DUPLICATE_FQN, "w twice"));
+  }
+  std::vector<uint8_t> weight = Pattern(64, 1);
+  ASSERT_TRUE(client->Save(13, {HostRef("w", &weight)}, Overlapped()).ok());
+  const absl::Status fenced = client->Fence();
+  EXPECT_EQ(fenced.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(fenced), v1::ERROR_CODE_DUPLICATE_FQN);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_TRUE(fake_->staged.empty());
+}
+
+TEST_F(ClientTest, OverlappedSave_MalformedTensor_RefusedBeforeReturning) {
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  std::vector<uint8_t> weight = Pattern(64, 1);
+  TensorRef t = HostRef("w", &weight);
+  t.global_shape = {63};  // 64 bytes of a 63-byte tensor
+  absl::StatusOr<SaveResult> result = client->Save(14, {t}, Overlapped());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(GetErrorCode(result.status()), v1::ERROR_CODE_MALFORMED_SHARD);
+  EXPECT_TRUE(client->Fence().ok()) << "nothing in flight to fence";
+}
+
+// ---------------------------------------------------------------------------------------------
 // WaitCommitted
 
 TEST_F(ClientTest, WaitCommitted_Committed_ReturnsDirectory) {
@@ -1764,6 +1949,34 @@ TEST_F(ClientTest, SaveAndLoad_CudaTensors_CopiedThroughDevice) {
   TensorRef wrong = HostRef("cpu.w", &also_host);
   wrong.memory = Memory::kCuda;
   EXPECT_EQ(client->Save(2, {wrong}).status().code(), absl::StatusCode::kInvalidArgument);
+  cudaFree(device);
+}
+
+TEST_F(ClientTest, OverlappedSave_CudaTensor_CopyFollowsTheCallersStreamAndPrecedesTheFence) {
+  if (!GpuAvailable()) GTEST_SKIP() << "no GPU";
+  std::unique_ptr<Client> client = Connect();
+  ASSERT_NE(client, nullptr);
+  constexpr size_t kBytes = 64 * kMiB;
+  void* device = nullptr;
+  ASSERT_EQ(cudaMalloc(&device, kBytes), cudaSuccess);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), cudaSuccess);
+  ASSERT_EQ(cudaMemsetAsync(device, 0x11, kBytes, stream), cudaSuccess);
+  // The state at save() is what `stream` has queued so far (0x33, after the 0x11), not yet
+  // written when Save returns: the copy must wait for it, without the host waiting.
+  ASSERT_EQ(cudaMemsetAsync(device, 0x33, kBytes, stream), cudaSuccess);
+  SaveOptions options = Overlapped();
+  options.cuda_stream = stream;
+  ASSERT_TRUE(client->Save(21, {CudaRef("gpu.w", device, kBytes)}, options).ok());
+  ASSERT_TRUE(client->Fence().ok());
+  // The optimizer step after the fence: never in the snapshot.
+  ASSERT_EQ(cudaMemsetAsync(device, 0x55, kBytes, stream), cudaSuccess);
+  ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+  AwaitStaged(fake_.get(), 1);
+  const std::vector<uint8_t> expected(kBytes, 0x33);
+  absl::MutexLock lock(&fake_->mu);
+  EXPECT_EQ(fake_->staged[0].slot_hashes[0], Xxh3(expected.data(), expected.size()));
+  cudaStreamDestroy(stream);
   cudaFree(device);
 }
 

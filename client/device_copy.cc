@@ -59,13 +59,11 @@ absl::Status DeviceCopier::ToHost(void* host_dst, const void* device_src, size_t
   if (!device.ok()) return device.status();
   absl::StatusOr<void*> stream = StreamFor(*device);
   if (!stream.ok()) return stream.status();
+  if (absl::Status added = AddPending(*stream); !added.ok()) return added;
   // A copy on a stream of another device than the current one is allowed (unified addressing).
   cudaError_t err =
       cudaMemcpyAsync(host_dst, device_src, size, cudaMemcpyDeviceToHost, AsStream(*stream));
   if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(DeviceToHost)");
-  if (std::find(pending_.begin(), pending_.end(), *stream) == pending_.end()) {
-    pending_.push_back(*stream);
-  }
   return absl::OkStatus();
 }
 
@@ -75,13 +73,39 @@ absl::Status DeviceCopier::ToDevice(void* device_dst, const void* host_src, size
   if (!device.ok()) return device.status();
   absl::StatusOr<void*> stream = StreamFor(*device);
   if (!stream.ok()) return stream.status();
+  if (absl::Status added = AddPending(*stream); !added.ok()) return added;
   cudaError_t err =
       cudaMemcpyAsync(device_dst, host_src, size, cudaMemcpyHostToDevice, AsStream(*stream));
   if (err != cudaSuccess) return CudaStatus(err, "cudaMemcpyAsync(HostToDevice)");
-  if (std::find(pending_.begin(), pending_.end(), *stream) == pending_.end()) {
-    pending_.push_back(*stream);
-  }
   return absl::OkStatus();
+}
+
+absl::Status DeviceCopier::AddPending(void* stream) {
+  if (std::find(pending_.begin(), pending_.end(), stream) != pending_.end()) {
+    return absl::OkStatus();
+  }
+  pending_.push_back(stream);
+  if (wait_event_ == nullptr) return absl::OkStatus();
+  cudaError_t err =
+      cudaStreamWaitEvent(AsStream(stream), static_cast<cudaEvent_t>(wait_event_), 0);
+  if (err != cudaSuccess) return CudaStatus(err, "cudaStreamWaitEvent");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<void*> DeviceCopier::RecordEvent(void* stream) {
+  cudaEvent_t event = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err != cudaSuccess) return CudaStatus(err, "cudaEventCreateWithFlags");
+  err = cudaEventRecord(event, AsStream(stream));
+  if (err != cudaSuccess) {
+    (void)cudaEventDestroy(event);
+    return CudaStatus(err, "cudaEventRecord");
+  }
+  return static_cast<void*>(event);
+}
+
+void DeviceCopier::DestroyEvent(void* event) {
+  if (event != nullptr) (void)cudaEventDestroy(static_cast<cudaEvent_t>(event));
 }
 
 absl::Status DeviceCopier::Synchronize() {

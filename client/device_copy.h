@@ -47,12 +47,25 @@ class DeviceCopier {
   // (including an earlier kernel's failure).
   static absl::Status WaitForDevice(int device);
 
+  // An event recorded now on `stream` (a cudaStream_t; null: the legacy default stream), for
+  // an overlapped save: its copies must follow the work queued there so far, not the work the
+  // trainer queues after. Destroy it with DestroyEvent. Errors: Internal for CUDA errors.
+  static absl::StatusOr<void*> RecordEvent(void* stream);
+  static void DestroyEvent(void* event);
+
+  // Until Synchronize, every stream this copier queues a copy on first waits for `event`
+  // (null: none). Not owned.
+  void set_wait_event(void* event) { wait_event_ = event; }
+
  private:
   // The stream of `device`, created on first use.
   absl::StatusOr<void*> StreamFor(int device);
+  // Notes `stream` as pending; the first time since Synchronize it waits for wait_event_.
+  absl::Status AddPending(void* stream);
 
   std::vector<std::pair<int, void*>> streams_;  // (device, cudaStream_t)
   std::vector<void*> pending_;                  // streams with copies since Synchronize()
+  void* wait_event_ = nullptr;                  // cudaEvent_t the pending streams wait for
 };
 
 }  // namespace tessera

@@ -158,7 +158,7 @@ SaveEffects SaveCore::TrainerGone(absl::Time now, uint64_t ticket) {
 }
 
 SaveEffects SaveCore::Staged(absl::Time now, uint64_t ticket, const std::string& session_id,
-                             uint64_t stall_ns) {
+                             uint64_t stall_ns, const v1::ErrorDetail* withdrawn) {
   SaveEffects fx;
   Session* s = Find(session_id);
   absl::Status answer;
@@ -166,6 +166,11 @@ SaveEffects SaveCore::Staged(absl::Time now, uint64_t ticket, const std::string&
     answer = absl::UnavailableError("the agent is shutting down");
   } else if (s == nullptr) {
     answer = absl::NotFoundError(absl::StrCat("no session ", session_id, " on this agent"));
+  } else if (s->phase == SavePhase::kCopying && withdrawn != nullptr) {
+    Fail(*s, withdrawn->code(),
+         absl::AbortedError(absl::StrCat("rank ", options_.rank, " withdrew its snapshot: ",
+                                         withdrawn->message())),
+         fx);
   } else if (s->phase == SavePhase::kCopying) {
     s->phase = SavePhase::kStaged;  // edge 6
     v1::ReportPhaseRequest staged = PhaseReport(v1::AGENT_PHASE_STAGED);

@@ -244,8 +244,10 @@ class SaveCore {
   // Edge 6: the trainer copied into `session_id`'s slots. Replies StagedReply to `ticket` at
   // once: OK, or NotFound for an unknown session, the session's failure or verdict if it
   // failed or ended, FailedPrecondition if its slots were not handed out (or it already staged).
+  // With `withdrawn` (an overlapped save whose tensors changed before its fence), a session
+  // still COPYING fails instead (edge 13, with that error) and OK is replied.
   SaveEffects Staged(absl::Time now, uint64_t ticket, const std::string& session_id,
-                     uint64_t stall_ns);
+                     uint64_t stall_ns, const v1::ErrorDetail* withdrawn = nullptr);
 
   // Replies WaitCommittedReply to `ticket`: the checkpoint directory once the latest session
   // of `step` is COMMITTED; its verdict's error once ABORTED; DeadlineExceeded at `deadline`;

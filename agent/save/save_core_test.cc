@@ -508,6 +508,20 @@ TEST_F(SaveCoreTest, Edge6_Staged_AnsweredAtOnceThenReported) {
   EXPECT_EQ(LastPhaseSent().trainer_stall_ns(), 55u);
 }
 
+TEST_F(SaveCoreTest, Edge6_StagedWithdrawn_FailsWithTheTrainersReasonNeverStaged) {
+  ToPinned();
+  Command(Copy(2));
+  v1::ErrorDetail withdrawn;
+  withdrawn.set_code(v1::ERROR_CODE_STATE_CHANGED);
+  withdrawn.set_message("tensor 'w' was written before the fence");
+  Apply(core_.Staged(now_, /*ticket=*/9, kSession, /*stall_ns=*/0, &withdrawn));
+  ASSERT_NE(ReplyTo(9), nullptr);
+  EXPECT_TRUE(std::get<StagedReply>(ReplyTo(9)->reply).result.ok());
+  EXPECT_EQ(PhaseOf(), SavePhase::kFailed);
+  EXPECT_THAT(Deliver(), ElementsAre("ERROR(STATE_CHANGED)"));
+  EXPECT_THAT(LastPhaseSent().error().message(), HasSubstr("written before the fence"));
+}
+
 TEST_F(SaveCoreTest, R13_PinSaysWriteWhenStaged_HashesThenWritesWithoutGatherOrPersist) {
   ToPlanned();
   Command(PinWritingWhenStaged(1));

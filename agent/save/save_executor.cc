@@ -211,7 +211,8 @@ void SaveExecutor::TrainerGone(uint64_t ticket) {
   Drive([ticket](SaveCore& core, absl::Time now) { return core.TrainerGone(now, ticket); });
 }
 
-void SaveExecutor::Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done) {
+void SaveExecutor::Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done,
+                          std::optional<v1::ErrorDetail> withdrawn) {
   uint64_t ticket;
   {
     absl::MutexLock lock(&mu_);
@@ -219,7 +220,8 @@ void SaveExecutor::Staged(const std::string& session_id, uint64_t stall_ns, Stat
     staged_calls_[ticket] = std::move(done);
   }
   Drive([&](SaveCore& core, absl::Time now) {
-    return core.Staged(now, ticket, session_id, stall_ns);
+    return core.Staged(now, ticket, session_id, stall_ns,
+                       withdrawn.has_value() ? &*withdrawn : nullptr);
   });
 }
 

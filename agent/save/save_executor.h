@@ -109,8 +109,9 @@ class SaveExecutor {
   // include that round trip; a refused report surfaces through WaitCommitted).
   // Errors: NotFound for an unknown session; the failure or abort error if the session failed
   // or ended (as this agent knows); FailedPrecondition before the slots were handed out.
-  void Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done)
-      ABSL_LOCKS_EXCLUDED(mu_);
+  // With `withdrawn`, the trainer withdraws its snapshot instead (SaveCore::Staged).
+  void Staged(const std::string& session_id, uint64_t stall_ns, StatusDone done,
+              std::optional<v1::ErrorDetail> withdrawn = std::nullopt) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Trainer: the save of `step` is over. `done` gets the checkpoint directory when it is
   // COMMITTED, the abort error when ABORTED, DeadlineExceeded at `deadline`, NotFound if no

@@ -11,15 +11,7 @@ DIR=${TEST_TMPDIR:-$(mktemp -d)}/run
 LEASE_MS=3000
 trap stop_all EXIT
 start_coordinator || fail "coordinator"
-# start_agents replaces AGENT_PIDS: collect every job's agents so stop_agents stops them all.
-all_agents=()
-for job_layout in pydp:dp=2 pyabs:dp=2 pypp:pp=2 pymem:pp=2; do
-  start_agents "${job_layout%%:*}" "${job_layout#*:}"
-  rc=$?
-  all_agents+=("${AGENT_PIDS[@]}")
-  AGENT_PIDS=("${all_agents[@]}")
-  [ "$rc" -eq 0 ] || fail "agents of $job_layout"
-done
+start_jobs pydp:dp=2 pyabs:dp=2 pypp:pp=2 pymem:pp=2 || fail "agents"
 
 export TESSERA_E2E_SOCK_DIR=$SOCK_DIR TESSERA_E2E_DIR=$DIR
 ./client/python/run_python_test.sh client/python/tessera_e2e_test.py

@@ -155,19 +155,41 @@ class PyClient {
     return out;
   }
 
-  // Returns (session_id, stall_seconds, plan_cached, copy_seconds).
-  py::tuple Save(int64_t step, const py::sequence& refs, bool memory_only) {
+  // Returns (session_id, stall_seconds, plan_cached, copy_seconds, skipped). With `overlap`
+  // (SaveOptions::overlap): `skip_when_busy` picks WhenBusy::kSkip, `cuda_stream` is the
+  // cudaStream_t (an address; 0: the legacy default stream) the copy must follow.
+  py::tuple Save(int64_t step, const py::sequence& refs, bool memory_only, bool overlap,
+                 bool skip_when_busy, uintptr_t cuda_stream) {
     std::vector<TensorRef> tensors = RefsFromList(refs);
     absl::StatusOr<SaveResult> result;
     {
       py::gil_scoped_release release;
       SaveOptions options;
       options.memory_only = memory_only;
+      options.overlap = overlap;
+      options.when_busy =
+          skip_when_busy ? SaveOptions::WhenBusy::kSkip : SaveOptions::WhenBusy::kWait;
+      options.cuda_stream = reinterpret_cast<void*>(cuda_stream);
       result = client_->Save(step, tensors, options);
     }
     SaveResult r = ValueOrRaise(std::move(result));
     return py::make_tuple(r.session_id, absl::ToDoubleSeconds(r.stall), r.plan_cached,
-                          absl::ToDoubleSeconds(r.copy));
+                          absl::ToDoubleSeconds(r.copy), r.skipped);
+  }
+
+  // Client::Fence. `changed`: empty if the state stayed intact since the save, else why not
+  // (the verdict STATE_CHANGED). Raises StatusError with what ended the save, or the verdict.
+  void Fence(const std::string& changed) {
+    absl::Status verdict;
+    if (!changed.empty()) {
+      verdict = MakeError(absl::StatusCode::kAborted, v1::ERROR_CODE_STATE_CHANGED, changed);
+    }
+    absl::Status status;
+    {
+      py::gil_scoped_release release;
+      status = client_->Fence(verdict);
+    }
+    if (!status.ok()) RaiseStatus(status);
   }
 
   // Client::RefuseSave: this rank's Python-side checks refused its state for `step`; `code`
@@ -247,6 +269,9 @@ class PyClient {
     out["prefetch_done"] = s.prefetch_done;
     out["prefetch_s"] = absl::ToDoubleSeconds(s.prefetch_time);
     out["prefetched_loads"] = s.prefetched_loads;
+    out["overlapped_saves"] = s.overlapped_saves;
+    out["overlap_skips"] = s.overlap_skips;
+    out["overlap_refused"] = s.overlap_refused;
     return out;
   }
 
@@ -302,7 +327,9 @@ PYBIND11_MODULE(_tessera, m) {
                   py::arg("get_info_timeout_s") = 0.0, py::arg("prefetch_resident") = true)
       .def("identity", &tessera::PyClient::Identity)
       .def("save", &tessera::PyClient::Save, py::arg("step"), py::arg("refs"),
-           py::arg("memory_only") = false)
+           py::arg("memory_only") = false, py::arg("overlap") = false,
+           py::arg("skip_when_busy") = false, py::arg("cuda_stream") = 0)
+      .def("fence", &tessera::PyClient::Fence, py::arg("changed"))
       .def("refuse", &tessera::PyClient::Refuse, py::arg("step"), py::arg("code"),
            py::arg("message"))
       .def("reserve", &tessera::PyClient::Reserve, py::arg("refs"))

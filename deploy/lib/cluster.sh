@@ -98,6 +98,20 @@ start_agents() {
   done
 }
 
+# start_jobs JOB:LAYOUT...: start_agents for each job in turn; AGENT_PIDS ends up holding every
+# job's agents (so that stop_agents stops them all). Returns non-zero, naming the job on
+# stderr, at the first whose agents did not start.
+start_jobs() {
+  local job_layout rc all=()
+  for job_layout in "$@"; do
+    start_agents "${job_layout%%:*}" "${job_layout#*:}"
+    rc=$?
+    all+=("${AGENT_PIDS[@]}")
+    AGENT_PIDS=("${all[@]}")
+    [ "$rc" -eq 0 ] || { echo "agents of $job_layout did not start" >&2; return 1; }
+  done
+}
+
 # run_trainers JOB LAYOUT [trainer flags...]: one trainer per rank, in parallel; returns
 # non-zero if any failed. Output in $DIR/logs/trainer-<job>-<r>.out.
 run_trainers() {

@@ -12,6 +12,8 @@
 #   ./tests/bench/run.sh --reference=<machine>    also write docs/benchmarks/reference-<machine>.{md,png}
 #   ./tests/bench/run.sh --only=s3 --s3-sizes=256M --ranks=1,4 --reference=<machine>
 #                                                 the S3 figure alone: docs/benchmarks/s3-<machine>.*
+#   ./tests/bench/run.sh --only=overlap --reference=<machine>
+#                                                 the overlapped-save figure alone: docs/benchmarks/overlap-NAME.md
 #
 # Every Tessera figure is the median of its runs with the p90 beside it: the stall and persist
 # figures over the steady-state saves (steps >= 2), loads over --load-runs runs, torch.save over
@@ -44,6 +46,11 @@
 #              write time; 1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at
 #              300 shards
 #   6 gpu      only where nvidia-smi sees a GPU (else a "skipped: no GPU" row)
+#   9 overlap  overlapped saves on the CPU (tests/bench/overlap_bench.py; one rank, memory-only
+#              saves): the host time save(overlap=True) blocks at each --overlap-sizes (MiB;
+#              target <= 5 ms) beside a blocking save's stall and the memcpy of the same
+#              bytes, and a small training loop's step time with a save every step (overlapped,
+#              blocking) against none. The GPU side is tests/gpu/run.sh's
 #   7 llama    the quickstart's llama-like model (examples/llama_trainer_main.cc, the C++
 #              client) with the distributed optimizer (DP slices, replicated params hashed):
 #              stall vs memcpy of each rank's bytes, first-save stall, persist and persist
@@ -145,7 +152,8 @@ S3_FLIGHTS=${TESSERA_BENCH_S3_FLIGHTS:-1,2,4,8}
 S3_SETTINGS=${TESSERA_BENCH_S3_SETTINGS-8x4,32x4,64x4,16x1,16x2,16x8}
 S3_SWEEP_STEPS=${TESSERA_BENCH_S3_SWEEP_STEPS:-3}
 S3_DCP_STEPS=${TESSERA_BENCH_S3_DCP_STEPS:-3}
-ONLY=stall,dcp,load,memory,llama,s3,plan,gpu
+ONLY=stall,dcp,load,memory,llama,s3,plan,gpu,overlap
+OVERLAP_SIZES=${TESSERA_BENCH_OVERLAP_SIZES:-256,1024}
 OUT=""
 REFERENCE=""
 BUILD=1
@@ -166,6 +174,7 @@ for arg in "$@"; do
     --plan-repeats=*) PLAN_REPEATS=${arg#*=} ;;
     --fio-size=*) FIO_SIZE=${arg#*=} ;;
     --only=*) ONLY=${arg#*=} ;;
+    --overlap-sizes=*) OVERLAP_SIZES=${arg#*=} ;;
     --s3-sizes=*) S3_SIZES=${arg#*=} ;;
     --s3-parts=*) S3_PARTS=${arg#*=} ;;
     --s3-flights=*) S3_FLIGHTS=${arg#*=} ;;
@@ -849,6 +858,26 @@ if wants plan; then
   done
 fi
 
+# --- Figure 9: overlapped saves on the CPU
+if wants overlap; then
+  say "== overlapped saves: $OVERLAP_SIZES MiB, 1 rank, memory-only; a training loop saving every step"
+  DIR="$DATA_DIR/overlap"
+  rm -rf "$DIR"
+  mkdir -p "$DIR/logs"
+  COORD_PORT=""
+  if start_coordinator && start_agents benchov "dp=1"; then
+    timeout 1800 "$VENV_PYTHON" -P tests/bench/overlap_bench.py --agent="$SOCK_DIR/benchov-0.sock" \
+      --sizes="$OVERLAP_SIZES" --steps="$STEPS" --out="$OUT/raw/overlap.json" \
+      >"$DIR/logs/overlap.out" 2>&1 || say "overlap: the rank failed (see $OUT/logs/overlap)"
+  else
+    say "overlap: the cluster did not start"
+  fi
+  stop_agents >/dev/null 2>&1
+  stop_coordinator >/dev/null 2>&1
+  cp -r "$DIR/logs" "$OUT/logs/overlap"
+  rm -rf "$DIR"
+fi
+
 # --- Figure 6: GPU
 if wants gpu; then
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >"$OUT/raw/gpu.txt" 2>&1; then
@@ -877,11 +906,18 @@ fi
 [ "$DATA_DIR" = "$OUT/data" ] && rm -rf "$DATA_DIR"
 
 # --- Report
-/usr/bin/python3 tests/bench/report.py "$OUT" --steps="$STEPS" --data-dir="$DATA_DIR" || exit 1
+if [ "$ONLY" = overlap ]; then
+  /usr/bin/python3 tests/bench/report_overlap.py "$OUT/raw/overlap.json" >"$OUT/results.md" || exit 1
+else
+  /usr/bin/python3 tests/bench/report.py "$OUT" --steps="$STEPS" --data-dir="$DATA_DIR" || exit 1
+  [ -f "$OUT/raw/overlap.json" ] &&
+    /usr/bin/python3 tests/bench/report_overlap.py "$OUT/raw/overlap.json" --section >>"$OUT/results.md"
+fi
 if [ -n "$REFERENCE" ]; then
   mkdir -p docs/benchmarks
   name=reference-$REFERENCE
   [ "$ONLY" = s3 ] && name=s3-$REFERENCE
+  [ "$ONLY" = overlap ] && name=overlap-$REFERENCE
   sed "s|chart.png|$name.png|; s|plan.png|$name-plan.png|" \
     "$OUT/results.md" >"docs/benchmarks/$name.md"
   [ -f "$OUT/chart.png" ] && cp "$OUT/chart.png" "docs/benchmarks/$name.png"

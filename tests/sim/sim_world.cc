@@ -300,7 +300,7 @@ class World {
   // Fault intensities.
   double p_drop_ = 0, p_dup_ = 0, p_slow_ = 0, p_break_ = 0, p_store_ = 0, p_disk_ = 0;
   double p_crash_ = 0, p_crash_after_persist_ = 0, p_kill_ = 0, p_freeze_ = 0, p_cut_ = 0;
-  double p_pause_ = 0, p_refuse_ = 0;
+  double p_pause_ = 0, p_refuse_ = 0, p_withdraw_ = 0;
   // I8: when a registration was last refused (InfinitePast: none pending), and the step whose
   // trainers were busy then or started after.
   absl::Time refused_at_ = absl::InfinitePast();
@@ -313,6 +313,7 @@ class World {
   uint64_t checked_disk_ops_ = ~0ull;
   std::set<std::string> acknowledged_;  // sessions an agent or trainer was told COMMITTED
   std::set<std::string> verified_;      // committed sessions whose checkpoint verified
+  std::set<std::string> withdrawn_;     // sessions a trainer withdrew its snapshot from (I9)
   int64_t max_latest_ = -1;
   std::map<std::string, uint32_t> writers_;  // data file path -> the rank that wrote it
 
@@ -375,6 +376,7 @@ World::World(const SimConfig& config) : config_(config), rng_(config.seed) {
   p_cut_ = 0.001 * f;
   p_pause_ = 0.0003 * f;
   p_refuse_ = 0.0003 * f;
+  p_withdraw_ = 0.01 * f;
 
   store_.set_fault_hook([this](const StoreBatch& batch) {
     ++store_writes_;
@@ -1333,6 +1335,25 @@ void World::TrainerReply(uint32_t rank, const tessera::TrainerReply& reply) {
          }
          const uint64_t ticket = next_ticket_++;
          calls_[ticket] = {TrainerCall::kStaged, rank};
+         if (InWindow() && Chance(p_withdraw_)) {
+           // An overlapped save whose fence found the state written during the copy: the
+           // staging holds a torn snapshot, and the trainer withdraws it (I9).
+           for (int i = 0; i < slots.slots_size(); ++i) {
+             if (slots.slots(i).nbytes() == 0) continue;
+             s->second.buffer->data[slots.slots(i).offset()] ^= 0x5a;
+             break;
+           }
+           withdrawn_.insert(slots.session_id());
+           v1::ErrorDetail withdrawn;
+           withdrawn.set_code(v1::ERROR_CODE_STATE_CHANGED);
+           withdrawn.set_message("the state was written before the fence");
+           ForAgent(rank, life, "Staged (withdrawn)",
+                    [this, rank, ticket, withdrawn, session = slots.session_id()] {
+                      CarryAgent(rank, agents_[rank].core->Staged(now(), ticket, session, 1000,
+                                                                  &withdrawn));
+                    });
+           return;
+         }
          ForAgent(rank, life, "Staged", [this, rank, ticket, session = slots.session_id()] {
            CarryAgent(rank, agents_[rank].core->Staged(now(), ticket, session, 1000));
          });
@@ -1602,6 +1623,11 @@ void World::CheckInvariants() {
 }
 
 void World::VerifyCommitted(const v1::SessionRecord& session, const std::string& dir) {
+  if (withdrawn_.count(session.session_id()) > 0) {
+    Fail(absl::StrCat("I9: session ", session.session_id(), " of step ", session.step(),
+                      " committed although a trainer withdrew its snapshot"));
+    return;
+  }
   VerifyOptions options;
   options.parallelism = 1;
   const VerifyReport report = VerifyCheckpoint(disk_, dir, options);

@@ -35,6 +35,8 @@
 //      step directory on disk is listed or pending removal (JobRecord.retention_pending).
 //   I8 a refused registration of a rank a save waits for reaches every rank within
 //      kRefusalBound: the last trainer of that step is answered by then (issue 52).
+//   I9 a session a trainer withdrew its snapshot from (an overlapped save whose fence found
+//      the state written: the staging it leaves is torn) never commits (issue 50).
 // Coordinator pauses (SIGSTOP, a VM freeze: nothing reaches or leaves it, the clock runs on
 // for everyone) and refused registrations are faults of their own besides.
 #ifndef TESSERA_TESTS_SIM_SIM_WORLD_H_

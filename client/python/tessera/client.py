@@ -7,12 +7,13 @@ import os
 import struct
 import time
 import typing
+import warnings
 
 from . import _tessera
 from . import errors
 from . import objects as objects_codec
 from .layout import DEFAULT_SPLIT_DIMS, JobLayout
-from .shards import KIND_EXTRA, check_name, to_ref
+from .shards import KIND_EXTRA, Shard, check_name, to_ref
 from .state import check_current, forget_absent_state, write_back_numbers
 
 __all__ = ["Client", "SaveResult"]
@@ -48,8 +49,40 @@ class SaveResult(typing.NamedTuple):
     # The coordinator reused the job's last validated plan (nothing about the tensors changed).
     plan_cached: bool
     # The part of stall_seconds spent copying into staging; the rest waited for the plan, the
-    # staging and the agent's acknowledgement.
+    # staging and the agent's acknowledgement. 0 for an overlapped save (copied after it
+    # returned; session_id is then "" and plan_cached False: not known yet).
     copy_seconds: float = 0.0
+    # An overlapped save with when_busy="skip" that found the previous one still in flight:
+    # why it saved nothing; "" otherwise.
+    skipped: str = ""
+
+
+class _Pending:
+    """An overlapped save not yet fenced: what must stay alive until its copy is done, and the
+    version counter of each saved value at save() (torch bumps it on every in-place write).
+    A DTensor's own counter is the one that moves when it is written (an optimizer step, a
+    no_grad mul_), not its local tensor's; a Shard's is its tensor's."""
+
+    def __init__(self, step, tensors, keep):
+        self.step = step
+        self.keep = keep
+        self.versions = []
+        for k, v in tensors.items():
+            t = v.tensor if isinstance(v, Shard) else v
+            if hasattr(t, "_version"):
+                self.versions.append((k, t, t._version))
+
+    def changed(self):
+        """Keys of the tensors written in place since save()."""
+        return [k for k, t, v in self.versions if t._version != v]
+
+
+def _cuda_stream(refs):
+    """The address of the current CUDA stream if any ref is a CUDA tensor, else 0."""
+    if not any(ref[12] for ref in refs):
+        return 0
+    import torch  # only here: the package works without torch for host buffers
+    return torch.cuda.current_stream().cuda_stream
 
 
 def _call(fn, *args):
@@ -132,6 +165,10 @@ class Client:
     registered yet (retry); DeadlineExceededError.
     """
 
+    # Class defaults, so that a Client made without __init__ (tests, subclasses) has them.
+    _pending = None
+    last_fence_error = None
+
     def __init__(self, agent=None, *, connect_timeout=None, mesh_dims=None,
                  split_dims=DEFAULT_SPLIT_DIMS, prefetch_resident=True):
         agent = _agent_path(agent if agent is not None else os.environ.get("TESSERA_AGENT", ""))
@@ -146,6 +183,10 @@ class Client:
         # Keys of the last load's `into` whose optimizer state the checkpoint records absent
         # (their memory was left untouched).
         self.last_absent = []
+        # The overlapped save not yet fenced (_Pending), and the error of the last fence that
+        # another call implied (save, load, reserve, wait) rather than fence() itself.
+        self._pending = None
+        self.last_fence_error = None
         # Where the last load's bytes came from (DESIGN.md "Memory tier"): {"bytes_from_memory",
         # "bytes_from_disk", "memory_blocks_rejected", "bytes_fetched_from_peers",
         # "bytes_verified_by_client", "bytes_fetched_by_client", "bytes_checked_ahead",
@@ -159,6 +200,11 @@ class Client:
         # fetch_seconds: seconds it spent fetching those and checking them as they arrived
         # (LoadResult.fetch_time).
         self.last_load = dict(_NO_SOURCES)
+
+    def __del__(self):
+        # The native client first: its destructor ends a pending overlapped save's copy (and
+        # withdraws the save) before the tensors that copy reads, held by _pending, are freed.
+        self.__dict__.pop("_native", None)
 
     @property
     def identity(self):
@@ -195,9 +241,11 @@ class Client:
             keep.append(tensor)
         return refs, keys, keep
 
-    def save(self, step, tensors, *, objects=None, memory_only=False):
+    def save(self, step, tensors, *, objects=None, memory_only=False, overlap=False,
+             when_busy="wait"):
         """Saves this rank's share of checkpoint `step`; returns once its bytes are staged (the
-        agent persists and commits in the background; see wait()).
+        agent persists and commits in the background; see wait()) — or, with overlap=True, at
+        once, the copy running in the background until fence().
 
         Args:
           step: int >= 0.
@@ -208,8 +256,18 @@ class Client:
           memory_only: commit in the agents' memory only, not on disk (DESIGN.md "Memory-only
             saves"): it never becomes "latest", and is lost with the agents holding it. Every
             rank must pass the same.
+          overlap: return once the tensors are described (docs/design/overlapped-save.md); the
+            tensors are copied while training goes on, and must not be written until fence()
+            (call it before the optimizer step; tessera.torch.Checkpointer does). A tensor
+            written in place before the fence is caught there (its version counter moved): the
+            step is then not committed. Errors after the local checks surface at fence()
+            (up to the copy) or wait().
+          when_busy: with overlap, what a save does that finds this client's previous
+            overlapped save still in flight (a job has one at a time): "wait" (begin once it
+            ended, in the background) or "skip" (save nothing: SaveResult.skipped says why,
+            stats()["overlap_skips"] counts it, and the step is refused for every rank).
 
-        Returns SaveResult(session_id, stall_seconds, plan_cached, copy_seconds).
+        Returns SaveResult(session_id, stall_seconds, plan_cached, copy_seconds, skipped).
 
         Raises: InvalidArgumentError — code MALFORMED_SHARD for a tensor that fails the local
         checks (before any RPC; a flatten_state mapping a load left stale: flatten_state), or
@@ -223,20 +281,67 @@ class Client:
         before it is raised: the other ranks' saves of `step` end at once with its reason.
         """
         start = time.perf_counter()
+        self._fence_implied()
         step = _step(step, allow_latest=False)
         try:
             refs, keep = self._save_refs(tensors, objects)
-            if not isinstance(memory_only, bool):
-                raise errors.malformed("memory_only must be a bool, not %r" % (memory_only,))
+            if not isinstance(memory_only, bool) or not isinstance(overlap, bool):
+                raise errors.malformed("memory_only and overlap must be bools, not %r and %r"
+                                       % (memory_only, overlap))
+            if when_busy not in ("wait", "skip"):
+                raise errors.malformed('when_busy must be "wait" or "skip", not %r'
+                                       % (when_busy,))
         except (errors.TesseraError, TypeError, ValueError) as refused:
             # This rank will not save `step`: the other ranks' saves end now with its reason
             # (Agent.RefuseSave), not at the planning timeout.
             self._native.refuse(step, getattr(refused, "code", None) or "MALFORMED_SHARD",
                                 str(refused))
             raise
-        session_id, _, cached, copy = _call(self._native.save, step, refs, memory_only)
-        del keep  # the tensors had to stay alive until here
-        return SaveResult(session_id, time.perf_counter() - start, cached, copy)
+        session_id, _, cached, copy, skipped = _call(
+            self._native.save, step, refs, memory_only, overlap, when_busy == "skip",
+            _cuda_stream(refs) if overlap else 0)
+        if overlap and not skipped:
+            # The tensors must stay alive, and unwritten, until the copy is done: fence().
+            self._pending = _Pending(step, tensors, keep)
+        del keep  # otherwise the tensors had to stay alive until here
+        return SaveResult(session_id, time.perf_counter() - start, cached, copy, skipped)
+
+    def fence(self):
+        """Ends the overlap of the last save(overlap=True): waits until its tensors are copied
+        (usually long done), checks that none was written in place since save() (their
+        version counters), and lets the save commit. Returns at once if no save is pending.
+        Call it before the state changes again: the optimizer step (tessera.torch.Checkpointer
+        installs it as a step pre-hook), an EMA update, a load into the same tensors.
+
+        Raises: AbortedError with code STATE_CHANGED naming the tensors written before the
+        fence (the step is then withdrawn: never committed, for every rank); the save's own
+        error if it ended before its copy (the plan's rejection, AbortedError, ...).
+        """
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        changed = pending.changed()
+        why = ""
+        if changed:
+            why = ("%d tensor(s) were written in place between save(%d, overlap=True) and its "
+                   "fence, so the copy may hold part of the change: %s. Fence before changing "
+                   "the state (tessera.Client.fence(), or Checkpointer.fence()); the step is not "
+                   "committed" % (len(changed), pending.step,
+                                  ", ".join(ascii(k) for k in changed[:5])
+                                  + (", ..." if len(changed) > 5 else "")))
+        _call(self._native.fence, why)
+
+    def _fence_implied(self):
+        """fence() before another call uses the staging or the session; its error is warned
+        about and kept in last_fence_error, not raised (the call is not about that save)."""
+        if self._pending is None:
+            return
+        try:
+            self.fence()
+        except errors.TesseraError as e:
+            self.last_fence_error = e
+            warnings.warn("tessera: overlapped save was not committed: %s" % (e,),
+                          RuntimeWarning, stacklevel=3)
 
     def reserve(self, tensors, *, objects=None):
         """Makes the agent create (and this process map) the staging that saves of `tensors`
@@ -250,13 +355,14 @@ class Client:
         that fails the local checks; ResourceExhaustedError (ADMISSION_DENIED over the agent's
         staging budget, IO_ERROR when /dev/shm is full); UnavailableError.
         """
+        self._fence_implied()
         refs, keep = self._save_refs(tensors, objects)
         _call(self._native.reserve, refs)
         del keep
 
     def _save_refs(self, tensors, objects):
         """The refs a save of `tensors` and `objects` stages, and what must stay alive until
-        the native call returns."""
+        the copy is done: (tensors, buffers)."""
         check_current(tensors)
         refs, _, keep = self._refs(tensors, for_load=False)
         buffers = []
@@ -282,6 +388,7 @@ class Client:
         NotFoundError if the agent knows no save of `step`; UnavailableError.
         """
         step = _step(step, allow_latest=False)
+        self._fence_implied()
         if timeout is not None:
             timeout = float(timeout)
             if not timeout > 0:
@@ -312,6 +419,7 @@ class Client:
         objects could be read.
         """
         step = _step(step, allow_latest=True)
+        self._fence_implied()  # a load may write into tensors a pending save still reads
         refs, keys, keep = self._refs(into, for_load=True)
         names = []
         blobs = []

@@ -9,6 +9,18 @@
             ckpt.save(step)             # blocks only while the tensors are copied
     ckpt.wait()                         # the last save committed (or raises why not)
 
+A save every step, off the training's path (docs/design/overlapped-save.md):
+
+    for step in ...:
+        ...                             # forward, backward, optimizer.step()
+        ckpt.save(step, overlap=True, memory_only=step % 100 != 0)   # returns at once
+
+The tensors are copied while the next forward and backward run (they only read them); the next
+optimizer.step() first fences the copy (a step pre-hook this class installs). Whatever else
+writes the state in place — an EMA, BatchNorm statistics in forward, a manual write — must
+come after ``ckpt.fence()``; a write before it is caught (tensor version counters) and that
+step is not committed (warned, last_save_error; wait() raises AbortedError STATE_CHANGED).
+
 What a checkpoint holds, and how each part comes back:
 
 * **Model and optimizer** through ``torch.distributed.checkpoint.state_dict``
@@ -115,6 +127,7 @@ class Checkpointer:
         self.last_save_error = None
         self.last_save_reused_preparation = False
         self._prepared_signature = self._prepared_tensors = None
+        self._fence_hook = None  # the optimizer step pre-hook of overlapped saves, once made
 
     # --- what is saved
 
@@ -183,22 +196,66 @@ class Checkpointer:
         self.last_save_reused_preparation = False
         return tensors
 
-    def save(self, step, *, memory_only=False):
+    def save(self, step, *, memory_only=False, overlap=False, when_busy="wait"):
         """Saves the whole state as checkpoint `step`; returns tessera.SaveResult once this
         rank's tensors are copied (the persist goes on in the agent: wait() for the commit),
         its stall_seconds the whole time this call blocked.
         A job has one save in flight, so it first waits for the previous save to end (its
         failure is warned about and kept in last_save_error). Every rank of the job calls it
-        with the same step. Raises what Client.save raises."""
+        with the same step. Raises what Client.save raises.
+
+        overlap=True returns once the state is described: the copy runs while the next
+        forward and backward do, the previous save's end is waited for in the background,
+        and the optimizer's next step fences it (module docstring; Client.save's overlap and
+        when_busy). Call fence() first where anything else writes the state in place."""
         start = time.perf_counter()
-        self._finish_previous()
+        if overlap:
+            self._install_fence_hook()
+            self.fence()  # a save after the optimizer step: usually fenced by the hook already
+        else:
+            self._finish_previous()
         tensors = dict(self._prepared())
         tensors.update(replicated.tensors(self.client, JOB_STATE, self._job_state()))
         result = self.client.save(step, tensors, objects=self._rank_state(),
-                                  memory_only=memory_only)
-        self._last_step, self._waited = step, False
+                                  memory_only=memory_only, overlap=overlap, when_busy=when_busy)
+        if result.skipped:
+            return result._replace(stall_seconds=time.perf_counter() - start)
+        # An overlapped save's commit is waited for by the client's save thread.
+        self._last_step, self._waited = step, overlap
         # What this call blocked, all of it: the wait for the previous save, the preparation.
         return result._replace(stall_seconds=time.perf_counter() - start)
+
+    def fence(self):
+        """Ends the overlap of the last save(overlap=True) (Client.fence): call it before
+        anything but the optimizer writes the state in place (the optimizer's step calls it
+        itself). Returns True if that save stands (or none was pending); False if it does not
+        — the state was written before the fence (STATE_CHANGED) or the save failed — which
+        is warned about and kept in last_save_error, never raised: training goes on."""
+        try:
+            self.client.fence()
+        except errors.TesseraError as e:
+            self.last_save_error = e
+            warnings.warn("tessera: checkpoint step %s was not committed: %s"
+                          % (self._last_step, e), RuntimeWarning, stacklevel=2)
+            return False
+        return True
+
+    def _install_fence_hook(self):
+        """The optimizer's step first fences a pending overlapped save (once per Checkpointer)."""
+        if self._fence_hook is None and self.optimizer is not None:
+            self._fence_hook = self.optimizer.register_step_pre_hook(self._fence_before_step)
+
+    def _fence_before_step(self, optimizer, args, kwargs):
+        self.fence()  # a pre-hook returns None (or new arguments)
+
+    def close(self):
+        """Fences a pending overlapped save (it then commits in the background) and removes
+        the optimizer hook. A trainer that exits without it leaves its last overlapped save
+        uncommitted — never half-committed."""
+        self.fence()
+        if self._fence_hook is not None:
+            self._fence_hook.remove()
+            self._fence_hook = None
 
     def _finish_previous(self):
         """A job has one save in flight: waits for the previous one (usually committed long
@@ -221,6 +278,7 @@ class Checkpointer:
         step = self._last_step if step is None else step
         if step is None:
             raise errors.malformed("wait(): nothing was saved through this Checkpointer")
+        self.fence()  # a pending overlapped save commits only once fenced
         where = self.client.wait(step, timeout=timeout)
         if step == self._last_step:
             self._waited = True
