@@ -1,12 +1,13 @@
 """One rank of checkpointer_test.sh: a training loop checkpointed by tessera.torch.Checkpointer
 alone (no tessera call but the Checkpointer's), with FSDP2 over gloo on the CPU.
 
-  checkpointer_rank.py train  --agent SOCK --rdzv FILE --dump DIR [--wrap fsdp|ddp|plain]
-  checkpointer_rank.py resume --agent SOCK --rdzv FILE --dump DIR [--wrap fsdp|ddp|plain]
+  checkpointer_rank.py train  --agent SOCK --rdzv FILE --dump DIR [--wrap W] [--optimizer O]
+  checkpointer_rank.py resume --agent SOCK --rdzv FILE --dump DIR [--wrap W] [--optimizer O]
 
 --wrap: fsdp (default; FSDP2 over the layout's dp_shard, gloo), ddp (DDP over its dp, gloo) or
-plain (one process, no process group). The model has a frozen parameter and a
-buffer; AdamW, StepLR, a data loader and a Stateful counter (extra_state) ride along.
+plain (one process, no process group). --optimizer: adamw (default) or sgd (no momentum: an
+optimizer that never has state). The model has a frozen parameter and a buffer; the
+optimizer, StepLR, a data loader and a Stateful counter (extra_state) ride along.
 
 train: saves step 0 before the first optimizer step (and checks the save left the optimizer
   without state), trains 4 steps saving step 2 on the way, saves step 4 (which must reuse step
@@ -95,16 +96,18 @@ class Counter:
         self.tokens = state["tokens"]
 
 
-def build(seed, world, wrap):
+def build(seed, world, wrap, optimizer="adamw"):
     """The model — FSDP2 over a dp_shard mesh of `world`, DDP over `world` ranks, or a plain
-    module — with its AdamW and StepLR."""
+    module — with its optimizer (AdamW, or SGD without momentum) and StepLR."""
     torch.manual_seed(seed)
     model = Model()
     if wrap == "fsdp":
         fully_shard(model, mesh=init_device_mesh("cpu", (world,), mesh_dim_names=("dp_shard",)))
     elif wrap == "ddp":
         model = torch.nn.parallel.DistributedDataParallel(model)
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = (torch.optim.AdamW(trainable, lr=1e-2) if optimizer == "adamw"
+                 else torch.optim.SGD(trainable, lr=1e-2))
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=2, gamma=0.5)
     return model, optimizer, scheduler
 
@@ -141,7 +144,7 @@ def job_state(optimizer, scheduler, counter):
 
 
 def train(args, client, rank, world):
-    model, optimizer, scheduler = build(0, world, args.wrap)
+    model, optimizer, scheduler = build(0, world, args.wrap, args.optimizer)
     loader, counter = Loader(), Counter()
     ckpt = Checkpointer(model, optimizer, lr_scheduler=scheduler, dataloader=loader,
                         extra_state={"counter": counter}, client=client)
@@ -190,7 +193,7 @@ def bitwise_equal(a, b):
 
 
 def resume(args, client, rank, world):
-    model, optimizer, scheduler = build(1, world, args.wrap)  # other values than the saved run's
+    model, optimizer, scheduler = build(1, world, args.wrap, args.optimizer)  # other values than the saved run's
     loader, counter = Loader(), Counter()
     ckpt = Checkpointer(model, optimizer, lr_scheduler=scheduler, dataloader=loader,
                         extra_state={"counter": counter}, client=client)
@@ -237,6 +240,8 @@ def main():
     ap.add_argument("--dump", required=True)
     ap.add_argument("--wrap", choices=["fsdp", "ddp", "plain"], default="fsdp",
                     help="FSDP2 over the layout's dp_shard, DDP over its dp, or a plain module")
+    ap.add_argument("--optimizer", choices=["adamw", "sgd"], default="adamw",
+                    help="AdamW, or SGD without momentum (it never has state)")
     args = ap.parse_args()
     signal.alarm(240)  # never hangs: the default SIGALRM action ends the process
     torch.use_deterministic_algorithms(True)

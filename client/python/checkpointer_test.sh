@@ -6,7 +6,8 @@
 # and optimizer bitwise, the job-wide state (param groups, LR scheduler, a Stateful extra), and
 # — ranks 0 and 1 — its loader position and RNGs; ranks 2 and 3, which did not exist, report
 # theirs as not restored. Then a plain module (no FSDP, one process, job "ckplain") saved,
-# killed and resumed the same way, and DDP on dp=2 (job "ckddp") resumed on dp=1.
+# killed and resumed the same way, and DDP on dp=2 (job "ckddp") resumed on dp=1, its optimizer
+# SGD without momentum (an optimizer that never has state).
 set -uo pipefail
 source deploy/lib/procs.sh
 source deploy/lib/cluster.sh
@@ -67,12 +68,12 @@ stop_agents || fail "agents of ckplain did not stop cleanly"
 
 mkdir -p "$DIR/dump-ddp"
 start_agents ckddp dp=2 || fail "agents of ckddp"
-launch ckddp dp=2 train-ddp "$RANK" train --wrap=ddp --rdzv="$DIR/rdzv-ddp-train" --dump="$DIR/dump-ddp"
+launch ckddp dp=2 train-ddp "$RANK" train --wrap=ddp --optimizer=sgd --rdzv="$DIR/rdzv-ddp-train" --dump="$DIR/dump-ddp"
 kill_when_all_hang train-ddp 2 5
 finish train-ddp 10
 grep -q "^committed 4 " "$DIR/logs/train-ddp-0.out" || fail "DDP train: $(tail -n 5 "$DIR/logs/train-ddp-0.out")"
 switch_layout ckddp dp=1
-launch ckddp dp=1 resume-ddp "$RANK" resume --wrap=ddp --rdzv="$DIR/rdzv-ddp-resume" --dump="$DIR/dump-ddp"
+launch ckddp dp=1 resume-ddp "$RANK" resume --wrap=ddp --optimizer=sgd --rdzv="$DIR/rdzv-ddp-resume" --dump="$DIR/dump-ddp"
 finish resume-ddp 120
 grep -q "^0 0 exited$" "$DIR/logs/resume-ddp.rc" || fail "DDP resume: $(tail -n 5 "$DIR/logs/resume-ddp-0.out")"
 grep -q "^ok: rank 0 of 1 (ddp): .* bitwise identical" "$DIR/logs/resume-ddp-0.out" &&
