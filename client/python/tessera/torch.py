@@ -314,9 +314,10 @@ class Checkpointer:
                                       if on is not None and on is not False]
         set_model_state_dict(self.model, model_sd)
         if self.optimizer is not None:
-            # strict=False: a parameter saved without optimizer state stays without it.
-            set_optimizer_state_dict(self.model, self.optimizer, optim_sd,
-                                     options=StateDictOptions(strict=False))
+            if optim_sd is not self.optimizer:  # one that keeps no state (SGD, no momentum)
+                # strict=False: a parameter saved without optimizer state stays without it.
+                set_optimizer_state_dict(self.model, self.optimizer, optim_sd,
+                                         options=StateDictOptions(strict=False))
             for group, saved in zip(self.optimizer.param_groups, job.get("param_groups", [])):
                 group.update(saved)
         if self.lr_scheduler is not None and "lr_scheduler" in job:
