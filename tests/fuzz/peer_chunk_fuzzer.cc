@@ -1,9 +1,9 @@
 // Fuzzes the peer wire codec (agent/peer/chunk_codec.h DecodeChunk) the way a leader receives
-// DP slices over gRPC (agent/peer/grpc_peer_transport.cc): each message's header is decoded,
-// admitted by a real SliceInbox expecting one 32-byte slice, and its data copied where the inbox
-// says. A MemoryCopyChunk stream (agent/peer_memory.cc PutMemoryCopy) is decoded the same way
-// into a buffer of the size the header claims, allocated only after the codec checked the claim
-// against the bytes that arrived.
+// DP slices over gRPC (agent/peer/slice_receive.h, GrpcPeerTransport's receive path): each
+// message's header is decoded, admitted by a real SliceInbox expecting one 32-byte slice, and
+// its data copied where the inbox says. MemoryCopyChunks (agent/peer_memory.cc PutMemoryCopy)
+// go through the same codec, their data copied into a buffer of the length the codec found
+// (checked against the message) from the offset the header claims.
 //
 // Input: one mode byte (even: SliceChunks, odd: MemoryCopyChunks), one byte for the input
 // stream's block size, then messages as u16 little-endian length + bytes. Contract checked: no
@@ -19,6 +19,7 @@
 #include "agent/peer/chunk_codec.h"
 #include "agent/peer/peer_transport.h"
 #include "agent/peer/slice_inbox.h"
+#include "agent/peer/slice_receive.h"
 #include "common/box.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "tessera/v1/peer.pb.h"
@@ -45,32 +46,7 @@ void ReceiveSlices(const uint8_t* data, size_t size, int block) {
   while (size >= 2) {
     const size_t n = std::min<size_t>(data[0] | data[1] << 8, size - 2);
     google::protobuf::io::ArrayInputStream input(data + 2, static_cast<int>(n), block);
-    tessera::SliceInbox::Admission admission;
-    bool admitted = false;
-    const absl::Status status = tessera::DecodeChunk<tessera::v1::SliceChunk>(
-        &input, n, [&](const tessera::v1::SliceChunk& h, uint64_t len) {
-          tessera::IncomingChunk chunk;
-          chunk.session_id = h.session_id();
-          chunk.key = h.key();
-          chunk.box = tessera::BoxFromProto(h.box());
-          chunk.from_rank = h.from_rank();
-          chunk.begin = h.range().begin();
-          chunk.end = h.range().end();
-          chunk.slice_nbytes = h.slice_nbytes();
-          chunk.offset = h.offset();
-          chunk.length = len;
-          admission = inbox.Admit(chunk, &inbox, [] {});
-          tessera::DataPlacement placement;
-          if (admission.kind == tessera::SliceInbox::Admission::Kind::kWrite) {
-            admitted = true;
-            placement.consume = true;
-            placement.dest = admission.dest;
-            placement.skip = admission.skip_bytes;
-            placement.write = admission.write_bytes;
-          }
-          return placement;
-        });
-    if (admitted) inbox.Commit(admission, status.ok());
+    tessera::ReceiveSliceChunk(&input, n, inbox, &inbox, [] {});
     data += 2 + n;
     size -= 2 + n;
   }
