@@ -5,7 +5,7 @@ ASan, UBSan), which `bazel test //...` does not use; tests/run.sh runs them in a
 invocation, and tests/fuzz/long.sh runs them long.
 """
 
-def tessera_fuzz_test(name, srcs, deps, runs = 20000, max_total_time = 30):
+def tessera_fuzz_test(name, srcs, deps, runs = 10000, max_total_time = 20):
     """`<name>_fuzzer`, a libFuzzer binary, and `<name>_fuzz_test`, its short run.
 
     The short run replays every input of regressions/<name>/ (crashes once found), then fuzzes
