@@ -1,8 +1,9 @@
 // Writes the fuzzers' seed corpora (tests/fuzz/corpus/<target>/) from the product's own
 // encoders: a checkpoint written by the real data-file layout and shard writer (its manifest,
 // its data files' headers), a rank assignment, peer chunks framed by the peer codec and bulk
-// frames by the bulk wire. The S3 seeds are SeaweedFS's replies (storage/s3/testdata), copied by
-// hand. Run after a format change, then commit what changed:
+// frames by the bulk wire. The S3 seeds are the replies of storage/s3/testdata (SeaweedFS's and
+// S3's), each behind the byte that picks its parser in s3_xml_fuzzer.cc. Run after a format
+// change, then commit what changed:
 //
 //   bazel run //tests/fuzz:make_seeds -- "$PWD/tests/fuzz/corpus"
 #include <cstdint>
