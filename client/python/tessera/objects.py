@@ -204,7 +204,7 @@ def _dec(value, path, depth):
         torch = _torch()
         if torch is None:
             np = _numpy()
-            return _ndarray(np, spec, path, "%s tensor" % spec["dtype"])
+            return _ndarray(np, spec, path, "%s tensor" % spec["dtype"], _TORCH_DTYPE_NAME)
         dtype = getattr(torch, spec["dtype"], None)
         if not isinstance(dtype, torch.dtype) or dtype in _quantized(torch):
             raise ValueError("%s: unknown tensor dtype %r" % (path, spec["dtype"]))
@@ -233,11 +233,14 @@ def _quantized(torch):
 # "<U5"): numpy's dtype strings can say far more (comma lists, sub-arrays, parsed with
 # ast.literal_eval), which a document has no business asking for.
 _DTYPE_STR = re.compile(r"[<>|=]?[A-Za-z][0-9]{0,6}(\[[A-Za-z0-9]{1,3}\])?")
+# A torch dtype's name ("float32", "bool"), which numpy reads too, for a tensor decoded
+# without torch.
+_TORCH_DTYPE_NAME = re.compile(r"[a-z]{1,10}[0-9]{0,3}")
 
 
-def _ndarray(np, spec, path, what):
+def _ndarray(np, spec, path, what, dtype_pattern=_DTYPE_STR):
     try:
-        if not _DTYPE_STR.fullmatch(spec["dtype"]):
+        if not dtype_pattern.fullmatch(spec["dtype"]):
             raise TypeError
         dtype = np.dtype(spec["dtype"])
     except TypeError:
