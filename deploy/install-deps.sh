@@ -92,7 +92,7 @@ want=$(sha256sum "$REQUIREMENTS" | cut -d' ' -f1)
 if [ -x "$VENV/bin/python" ] && [ -x "$VENV/bin/weed" ] &&
   [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] &&
   "$VENV/bin/python" -c "import importlib.util as u, sys
-sys.exit(not all(u.find_spec(m) for m in ('torch', 'numpy', 'safetensors')))" 2>/dev/null; then
+sys.exit(not all(u.find_spec(m) for m in ('torch', 'numpy', 'safetensors', 'torchtitan')))" 2>/dev/null; then
   say "Python environment $VENV up to date ($(grep -o '^torch==[^ ]*' "$REQUIREMENTS"))"
   exit 0
 fi
@@ -132,7 +132,20 @@ for pin in "${pins[@]}"; do
   pip_ install --disable-pip-version-check --no-input --no-cache-dir --require-hashes --no-deps \
     --progress-bar on -r "$one"
 done
-pip_ check --disable-pip-version-check
+# The pins are the closure of what Tessera imports, not of every package's metadata: torchtitan
+# and torchdata are installed without requirements that what Tessera uses of them never
+# imports (python-requirements.txt says why). pip check must find nothing else.
+TORCHTITAN_UNUSED='datasets|einops|pillow|tensorboard|tokenizers|torch-checkpointing|wandb'
+TORCHDATA_UNUSED='requests|urllib3'
+UNUSED_REQUIREMENTS="^(torchtitan [^ ]+ requires ($TORCHTITAN_UNUSED)|torchdata [^ ]+ requires"
+UNUSED_REQUIREMENTS+=" ($TORCHDATA_UNUSED)), which is not installed\.\$"
+if ! problems=$("$VENV/bin/python" -m pip check --disable-pip-version-check); then
+  if problems=$(grep -Ev "$UNUSED_REQUIREMENTS" <<<"$problems"); then
+    echo "install-deps: pip check found problems in $VENV:" >&2
+    echo "$problems" >&2
+    exit 1
+  fi
+fi
 echo "$want" >"$stamp"
 say "Python environment ready in $(( $(date +%s) - start )) s:" \
   "$("$VENV/bin/python" -c 'import torch, numpy, safetensors; print("torch", torch.__version__, "numpy", numpy.__version__, "safetensors", safetensors.__version__)')," \

@@ -45,6 +45,8 @@ ABSL_FLAG(int32_t, layers, 4, "transformer layers (divisible by pp)");
 ABSL_FLAG(int64_t, dim, 256, "hidden size (divisible by tp)");
 ABSL_FLAG(int64_t, total_mb, 0, "if set: size the model to about this many MiB with AdamW state");
 ABSL_FLAG(bool, wait, true, "save: wait for each save's commit before the next");
+ABSL_FLAG(int32_t, wait_timeout_s, 600,
+          "save: how long each wait for a commit may take (WaitCommitted's timeout)");
 ABSL_FLAG(std::string, step_barrier, "",
           "save: a directory where every rank meets the others before each save (benchmarks: "
           "each rank's stall then excludes waiting for ranks still filling their tensors)");
@@ -252,7 +254,8 @@ int main(int argc, char** argv) {
       std::fflush(stdout);
       if (absl::GetFlag(FLAGS_kill_after_save)) raise(SIGKILL);
       if (absl::GetFlag(FLAGS_wait)) {
-        absl::StatusOr<std::string> dir = (*client)->WaitCommitted(step, absl::Minutes(10));
+        absl::StatusOr<std::string> dir = (*client)->WaitCommitted(
+            step, absl::Seconds(absl::GetFlag(FLAGS_wait_timeout_s)));
         if (!dir.ok()) return Fail(absl::StrCat("step ", step, ": ", dir.status().ToString()));
         if (dir->empty()) {
           std::printf("rank %u: step %lld committed in memory only\n", rank,

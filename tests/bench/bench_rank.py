@@ -149,10 +149,9 @@ def baseline_threads():
     return {"one": 1, "client": min(CLIENT_COPY_THREADS, cpus), "all_cores": cpus}
 
 
-def parallel_memmove(items, threads):
-    """Copies [(dst, src, n)] as client/parallel_copy.cc does: the bytes, concatenated in item
-    order, cut into `threads` equal runs (items split where needed), one thread per run, the
-    calling thread taking the first."""
+def split_runs(items, threads):
+    """[(dst, src, n)] cut as client/parallel_copy.cc cuts a copy: the bytes, concatenated in
+    item order, cut into `threads` equal runs (items split where needed); a list per thread."""
     total = sum(n for _, _, n in items)
     bounds = [min(total, k * -(-total // threads)) for k in range(threads + 1)]
     runs = [[] for _ in range(threads)]
@@ -163,25 +162,83 @@ def parallel_memmove(items, threads):
             if lo < hi:
                 runs[k].append((dst + lo - pos, src + lo - pos, hi - lo))
         pos += n
+    return runs
 
-    def copy(run):
-        for dst, src, n in run:
-            ctypes.memmove(dst, src, n)
 
-    workers = [threading.Thread(target=copy, args=(run,)) for run in runs[1:]]
+def on_threads(runs, work):
+    """work(run) for each run, one thread per run, the calling thread taking the first."""
+    workers = [threading.Thread(target=work, args=(run,)) for run in runs[1:]]
     for w in workers:
         w.start()
-    copy(runs[0])
+    work(runs[0])
     for w in workers:
         w.join()
 
 
-def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, together=None):
+def parallel_memmove(items, threads):
+    """Copies [(dst, src, n)] as client/parallel_copy.cc does (split_runs, one thread a run)."""
+    def copy(run):
+        for dst, src, n in run:
+            ctypes.memmove(dst, src, n)
+
+    on_threads(split_runs(items, threads), copy)
+
+
+# The copy + hash baseline's piece: copied, then hashed while it is still in this core's L2 (2
+# MiB a core on the machines measured), as client/verified_copy.h does with 64 KiB pieces; 512
+# KiB keeps Python's two calls a piece (about 1.3 us each) near 1 % of the pass.
+COPY_HASH_PIECE = 512 << 10
+_xxh3 = None
+
+
+def xxh3_64():
+    """libxxhash's XXH3_64bits through ctypes (which releases the GIL for the call)."""
+    global _xxh3
+    if _xxh3 is None:
+        f = ctypes.CDLL("libxxhash.so.0").XXH3_64bits
+        f.restype = ctypes.c_uint64
+        f.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        _xxh3 = f
+    return _xxh3
+
+
+def parallel_copy_hash(items, threads):
+    """parallel_memmove's runs on the same threads, each run copied and hashed (XXH3-64) in one
+    pass: a piece copied, then the piece hashed — the least a restore that checks every byte
+    it copies must do (DESIGN.md "Memory tier")."""
+    xxh3 = xxh3_64()
+
+    def copy_hash(run):
+        for dst, src, n in run:
+            for off in range(0, n, COPY_HASH_PIECE):
+                k = min(COPY_HASH_PIECE, n - off)
+                ctypes.memmove(dst + off, src + off, k)
+                xxh3(src + off, k)
+
+    on_threads(split_runs(items, threads), copy_hash)
+
+
+def best_of_3(work):
+    """The shortest of three timed calls of work(), in seconds."""
+    best = None
+    for _ in range(3):
+        t0 = time.perf_counter()
+        work()
+        dt = time.perf_counter() - t0
+        best = dt if best is None else min(best, dt)
+    return best
+
+
+def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, together=None,
+                     copy_hash=None):
     """{threads: best of 3 seconds} for each of baseline_threads(), every rank (of `ranks`,
     default all) copying at once as they do in a save (a barrier before each thread count).
     With `together` (a list), then `TOGETHER_ROUNDS` more copies with the client's threads,
     a barrier before each, as the ranks start a load: [wall start, wall end] of each appended
-    to it (report.py's span of a round: the first start to the last end over the ranks)."""
+    to it (report.py's span of a round: the first start to the last end over the ranks). With
+    `copy_hash` (a dict), then the same bytes copied and hashed in one pass on the client's
+    threads (parallel_copy_hash), every rank at once, best of 3: its "seconds", "threads" and
+    "piece" set in it."""
     dst = torch.empty(total, dtype=torch.uint8)
     dst.fill_(1)  # pre-fault every page
     items = []
@@ -193,13 +250,7 @@ def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, toget
     out = {}
     for threads in sorted(set(baseline_threads().values())):
         barrier(barrier_dir, "memcpy-%d" % threads, rank, world, ranks)
-        best = None
-        for _ in range(3):
-            t0 = time.perf_counter()
-            parallel_memmove(items, threads)
-            dt = time.perf_counter() - t0
-            best = dt if best is None else min(best, dt)
-        out[str(threads)] = best
+        out[str(threads)] = best_of_3(lambda: parallel_memmove(items, threads))
     if together is not None:
         threads = baseline_threads()["client"]
         for i in range(TOGETHER_ROUNDS):
@@ -207,6 +258,11 @@ def memcpy_baselines(tensors, total, barrier_dir, rank, world, ranks=None, toget
             t0 = time.time()
             parallel_memmove(items, threads)
             together.append([t0, time.time()])
+    if copy_hash is not None:
+        threads = baseline_threads()["client"]
+        barrier(barrier_dir, "copy-hash", rank, world, ranks)
+        copy_hash.update({"seconds": best_of_3(lambda: parallel_copy_hash(items, threads)),
+                          "threads": threads, "piece": COPY_HASH_PIECE})
     del dst
     return out
 
@@ -425,10 +481,12 @@ def do_load(a):
         # restore from memory, taken in the same minute (the save's, taken before its steps,
         # drifts with this machine's memory bandwidth).
         together = []
+        copy_hash = {}
         baseline = {"memcpy_threads": baseline_threads(),
                     "memcpy_s": memcpy_baselines(tensors, total, a.barrier, a.rank, a.world,
-                                                 a.barrier_ranks, together),
-                    "memcpy_together": together}
+                                                 a.barrier_ranks, together, copy_hash),
+                    "memcpy_together": together,
+                    "copy_xxh3": copy_hash}
     barrier(a.barrier, "load", a.rank, a.world, a.barrier_ranks)
     # Read by the device from here to the load's end, every rank's window together: the load's
     # reads, not this process's start (Python and torch come from the disk after the page cache

@@ -57,7 +57,11 @@ tessera-plan-load / tessera-llama-trainer:
            (target >= 0.80, issue 16); judged only if every byte came from memory. The agent
            hands over its resident region, whose blocks the restarted trainer mapped and
            checked while it built its model, and the load copies its tensors out of it: one
-           pass over the bytes, so one memcpy is the physical limit it is held to. Reported
+           pass over the bytes, so one memcpy is the physical limit it is held to. A second
+           row holds the same restore to one pass of copy + XXH3-64 of the same bytes on the
+           client's threads, every rank at once, right before (bench_rank.py
+           parallel_copy_hash; the slowest rank's best of 3): what a restore that checks
+           every byte needs at least (target >= 0.80, issue 51). Reported
            beside it, not judged: each rank's own copy time within its load, and the same
            memcpy started at a barrier by every rank and timed as the restore is (first
            start -> last end; median of 3 rounds) — what a restore that were only that copy
@@ -674,7 +678,35 @@ def memory_rows(raw, tag, name, ranks, client_memcpy):
                     fmt_bw(total / ranks / memcpy) if memcpy else "-",
                     together_text(loads, memcpy)),
                 ratio, ">= 0.80", (ratio >= 0.8) if judged else None,
-                chart=("memory restore %s" % name, ratio, 0.8, True))] + buddy_rows(raw, tag, name, ranks)
+                chart=("memory restore %s" % name, ratio, 0.8, True))] + \
+        copy_hash_rows(measured, name, judged) + buddy_rows(raw, tag, name, ranks)
+
+
+def copy_hash_rows(measured, name, judged):
+    """Figure 4m against what a checked restore cannot do without: the same bytes copied and
+    hashed (XXH3-64) in one pass on the client's threads, every rank at once, right before the
+    load (bench_rank.py parallel_copy_hash; the slowest rank's best of 3) — per run, that over
+    the load's span; the row is the run of median ratio. None for reports without it."""
+    runs = []
+    for _, (loads, span, _, _) in measured:
+        if not all(x.get("copy_xxh3", {}).get("seconds") for x in loads):
+            return []
+        seconds = max(x["copy_xxh3"]["seconds"] for x in loads)
+        runs.append((seconds / span if span > 0 else None, (loads, span, seconds)))
+    median, spread_text = median_run(runs)
+    if median is None:
+        return []
+    ratio, (loads, span, seconds) = median
+    total = sum(x["bytes"] for x in loads)
+    threads, piece = loads[0]["copy_xxh3"]["threads"], loads[0]["copy_xxh3"]["piece"]
+    return [Row("4m memory restore against copy + XXH3, %s" % name,
+                "%s in %s%s" % (fmt_size(int(mib(total))), fmt_s(span), spread_text),
+                "copy + XXH3-64 in one pass (%d KiB pieces), %d thread%s, right before the "
+                "load: %s (%s per rank)" % (
+                    piece >> 10, threads, "s" if threads > 1 else "", fmt_s(seconds),
+                    fmt_bw(total / len(loads) / seconds)),
+                ratio, ">= 0.80", (ratio >= 0.8) if judged else None,
+                chart=("memory restore vs copy+hash %s" % name, ratio, 0.8, True))]
 
 
 def buddy_rows(raw, tag, name, ranks):

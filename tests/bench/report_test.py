@@ -101,6 +101,29 @@ class MemoryRows(RawDir):
         row = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))[0]
         self.assertIsNone(row.met)
 
+    def test_against_copy_and_hash_the_median_run_of_the_slowest_ranks_pass(self):
+        # Spans 0.100, 0.050, 0.080 s; the slowest rank's copy + hash 0.060 s in every run:
+        # ratios 0.60, 1.20, 0.75; the median run is the third.
+        for run, span in ((1, 0.100), (2, 0.050), (3, 0.080)):
+            reports = [load_report(r, 100.0, span, span - 0.010, 0.030, []) for r in (0, 1)]
+            for r, seconds in zip(reports, (0.050, 0.060)):
+                r["copy_xxh3"] = {"seconds": seconds, "threads": 2, "piece": 512 << 10}
+            self.write_run(run, reports)
+        rows = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))
+        row = rows[1]
+        self.assertEqual(row.figure, "4m memory restore against copy + XXH3, 256 MiB x 2 ranks")
+        self.assertAlmostEqual(row.ratio, 0.060 / 0.080)
+        self.assertIs(row.met, False)
+        self.assertIn("median of 3 runs: 0.60-1.20", row.tessera)
+        self.assertIn("(512 KiB pieces), 2 threads", row.baseline)
+        self.assertIn("60.0 ms", row.baseline)
+
+    def test_reports_without_copy_and_hash_have_no_such_row(self):
+        for run in (1, 2, 3):
+            self.write_run(run, [load_report(r, 100.0, 0.050, 0.040, 0.045, []) for r in (0, 1)])
+        rows = report.memory_rows(self.raw, TAG, "256 MiB x 2 ranks", 2, (2, 1.0))
+        self.assertFalse(any("copy + XXH3" in r.figure for r in rows))
+
     def test_a_missing_rank_report_fails_the_row(self):
         for run in (1, 2, 3):
             ranks = (0,) if run == 3 else (0, 1)

@@ -33,10 +33,12 @@
 #   4b dcp     dcp.load of DCP's checkpoint onto the same other world size, caches dropped
 #   4m memory  restore from memory: right after the saves, the same layout loads the last step
 #              from its agents' memory tier, vs the memcpy of the same bytes (taken by the
-#              loading ranks right before); with 2+ ranks,
+#              loading ranks right before), and vs one pass of copy + XXH3 of them on the same
+#              threads (what a restore that checks every byte cannot beat); with 2+ ranks,
 #              the odd ranks' "node" is then lost and they restore on a new one from their
 #              buddies' copies, vs loopback TCP bandwidth (tessera-link-bw): judged with those
-#              ranks restoring alone, reported with every rank restoring at once
+#              ranks restoring alone, reported with every rank restoring at once (across
+#              hosts whose link is the limit: tests/bench/buddy_hosts.sh, root)
 #   5 plan     fake agents (in worker processes) through a real coordinator over gRPC: first
 #              and cached plan time, coordinator peak RSS (VmHWM), manifest size, load and
 #              write time; 1,024 x 1,000 and 16,384 x 300 judged, and a sweep of rank counts at

@@ -27,6 +27,11 @@ MODEL=(--layers=2 --dim=128)
 # Per-process bound for the trainers; the test fails if one had to be killed by it.
 trap stop_all EXIT
 
+# cli_coordinator: the address the checks' CLI dials — the coordinator itself, never a proxy
+# the agents may dial through. A test on several hosts (tests/hosts/) redefines it, and points
+# CLI at a command that runs the CLI on the coordinator's host.
+cli_coordinator() { echo "127.0.0.1:$COORD_PORT"; }
+
 step_dir() { echo "$DIR/ckpt/$JOB/step-$(printf %09d "$1")"; }
 latest_step() { ls "$DIR/ckpt/$JOB" 2>/dev/null | grep -E '^step-[0-9]+$' | sort | tail -n 1; }
 
@@ -39,7 +44,8 @@ run_trainers_bounded() {
   n=$(world_size "$layout")
   TRAINER_PIDS=()
   for r in $(seq 0 $((n - 1))); do
-    timeout "$TRAINER_TIMEOUT" "$BIN/examples/tessera-llama-trainer" \
+    place_rank "$r"
+    "${PLACE_WRAP[@]}" timeout "$TRAINER_TIMEOUT" "$BIN/examples/tessera-llama-trainer" \
       --agent_socket="$SOCK_DIR/$job-$r.sock" "$@" >"$DIR/logs/trainer-$job-$r.out" 2>&1 &
     TRAINER_PIDS+=($!)
   done
@@ -70,7 +76,7 @@ wait_pid_bounded() {
 
 # status_json JOB [SESSION]: `tessera status --json` of the job's current, else latest, save.
 status_json() {
-  "$CLI" status --json --coordinator="127.0.0.1:$COORD_PORT" --timeout_ms=5000 \
+  "$CLI" status --json --coordinator="$(cli_coordinator)" --timeout_ms=5000 \
     ${2:+--session="$2"} "$1"
 }
 
@@ -104,7 +110,7 @@ expect_aborted_status() {
   [ "$got" = "ERROR_CODE_$code" ] || fail "$name: tessera status shows error $got, not $code"
   echo "$names" | grep -Eq -- "$regex" ||
     fail "$name: the error in tessera status does not name /$regex/: $names"
-  "$CLI" status --coordinator="127.0.0.1:$COORD_PORT" --timeout_ms=5000 "$JOB" >"$human" 2>&1 ||
+  "$CLI" status --coordinator="$(cli_coordinator)" --timeout_ms=5000 "$JOB" >"$human" 2>&1 ||
     fail "$name: tessera status (table) failed"
   grep -q "aborted: $code" "$human" || fail "$name: the status table does not show '$code'"
   echo "   tessera status: ABORTED $code: $(status_field "$json" 's["error"]["message"]')"
@@ -141,7 +147,7 @@ expect_not_committed() {
     sleep 0.1
     waited=$((waited + 1))
   done
-  "$CLI" checkpoints --json --coordinator="127.0.0.1:$COORD_PORT" "$JOB" 2>/dev/null |
+  "$CLI" checkpoints --json --coordinator="$(cli_coordinator)" "$JOB" 2>/dev/null |
     grep -q "\"step\": *\"\?$1\"\?," && fail "step $1 is listed as a checkpoint"
   return 0
 }
@@ -210,7 +216,8 @@ start_save() {
   n=$(world_size "$LAYOUT")
   TRAINER_PIDS=()
   for r in $(seq 0 $((n - 1))); do
-    timeout "$TRAINER_TIMEOUT" "$BIN/examples/tessera-llama-trainer" \
+    place_rank "$r"
+    "${PLACE_WRAP[@]}" timeout "$TRAINER_TIMEOUT" "$BIN/examples/tessera-llama-trainer" \
       --agent_socket="$SOCK_DIR/$JOB-$r.sock" --mode=save --steps="$step" "${MODEL[@]}" "$@" \
       >"$DIR/logs/trainer-$JOB-$r.out" 2>&1 &
     TRAINER_PIDS[$r]=$!

@@ -36,104 +36,21 @@ SAVE_LAYOUT=tp=2,dp=2
 LOAD_LAYOUT=tp=1,dp=4
 MODEL=(--layers=2 --dim=128)
 LEASE_MS=1500
-TAG=tsrh-$$-$RANDOM
 HOSTS=(coord a b c)
 declare -A ADDR=([coord]=10.77.0.1 [a]=10.77.0.11 [b]=10.77.0.12 [c]=10.77.0.13)
-NAMESPACES=()
+source tests/hosts/lib.sh
 
-cleanup() {
-  stop_all
-  local ns pid
-  for ns in "${NAMESPACES[@]}"; do
-    # Anything still inside one of this run's namespaces was started by this run.
-    for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -KILL "$pid" 2>/dev/null; done
-    ip netns del "$ns" 2>/dev/null  # its veth ends go with it
-  done
-  # Staging regions of agents that had to be killed (the job id is this run's own).
-  rm -f /dev/shm/tessera-"$JOB"-r*
-  return 0
-}
-trap cleanup EXIT
-trap 'exit 143' TERM INT
-
-# Namespaces left by a run that was killed (its pid gone, nothing inside): removed.
-for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^tsrh-[0-9]+-'); do
-  pid=${ns#tsrh-}; pid=${pid%%-*}
-  if ! kill -0 "$pid" 2>/dev/null && [ -z "$(ip netns pids "$ns" 2>/dev/null)" ]; then
-    ip netns del "$ns" 2>/dev/null
-  fi
-done
-
-# ---- can this machine make hosts? ----------------------------------------------------------
-[ "$(id -u)" -eq 0 ] || skip "network namespaces need root (running as uid $(id -u))"
-for tool in ip ss unshare hostname; do
-  command -v "$tool" >/dev/null || skip "$tool is not installed (iproute2/util-linux/hostname)"
-done
-ns_add() {
-  local out
-  out=$(ip netns add "$1" 2>&1) || skip "ip netns add is not allowed here: $out"
-  NAMESPACES+=("$1")
-}
-HUB=$TAG-hub
-ns_add "$HUB"
-out=$(ip -n "$HUB" link add br0 type bridge 2>&1) || skip "cannot create a bridge: $out"
-ip -n "$HUB" link set br0 up || fail "bridge up"
-for h in "${HOSTS[@]}"; do
-  ns_add "$TAG-$h"
-  out=$(ip -n "$HUB" link add "v-$h" type veth peer name eth0 netns "$TAG-$h" 2>&1) ||
-    skip "cannot create a veth pair: $out"
-  ip -n "$HUB" link set "v-$h" master br0 up || fail "v-$h up"
-  ip -n "$TAG-$h" addr add "${ADDR[$h]}/24" dev eth0 || fail "address of $h"
-  ip -n "$TAG-$h" link set eth0 up || fail "eth0 up on $h"
-done
-# The agent hosts keep their loopback down (as a new namespace has it): an agent or trainer
-# that assumed one host and dialled 127.0.0.1 would fail. The coordinator's host has it up,
-# as a real host does: the CLI there reaches the coordinator at the host's own address, which
-# Linux routes through lo.
-ip -n "$TAG-coord" link set lo up || fail "lo up on coord"
+# ---- the hosts; the coordinator on its own ---------------------------------------------------
+make_hosts
 for h in a b c; do
   ip -n "$TAG-$h" link show lo | grep -q 'state DOWN' || fail "lo is up on host $h"
 done
-echo "hosts: $(for h in "${HOSTS[@]}"; do printf '%s=%s ' "$TAG-$h" "${ADDR[$h]}"; done)"
-
-# host_wrap HOST: WRAP=(the command prefix that runs a command on HOST: its network namespace,
-# its own hostname). Every step execs the next, so a background process's $! is the program's
-# own pid and stop_process signals the program itself.
-host_wrap() {
-  WRAP=(ip netns exec "$TAG-$1" unshare --uts /bin/sh -c 'hostname "$0" && exec "$@"' "$TAG-$1")
-}
-# on HOST CMD...: runs CMD on HOST in the foreground.
-on() {
-  local WRAP
-  host_wrap "$1"; shift
-  "${WRAP[@]}" "$@"
-}
-tessera() { on coord "$BIN/client/cli/tessera" --coordinator="$(coordinator_address)" "$@"; }
-
 # Ranks go round-robin over RANK_HOSTS (save: rank % 2 is the dp index, so each DP group
 # spans hosts a and b).
 RANK_HOSTS=(a b)
-place_rank() {
-  local h=${RANK_HOSTS[$(($1 % ${#RANK_HOSTS[@]}))]}
-  host_wrap "$h"
-  PLACE_WRAP=("${WRAP[@]}")
-  PLACE_ADDR=${ADDR[$h]}
-  PLACE_NODE=""  # the agent's default: its hostname, which differs per host
-}
-host_of_rank() { echo "${RANK_HOSTS[$(($1 % ${#RANK_HOSTS[@]}))]}"; }
-
-# ---- the coordinator on its own host -------------------------------------------------------
-COORD_HOST=${ADDR[coord]}
-host_wrap coord
-COORD_WRAP=("${WRAP[@]}")
-start_coordinator --keep_last=2 || fail "coordinator"
-echo "coordinator on $(coordinator_address) in $TAG-coord"
-for h in a b c; do
-  on "$h" timeout 10 /bin/bash -c "exec 3<>/dev/tcp/${ADDR[coord]}/$COORD_PORT" 2>/dev/null ||
-    fail "host $h cannot reach the coordinator at $(coordinator_address)"
-done
+start_coordinator_on_coord --keep_last=2
 for h in coord a; do
-  if on "$h" timeout 10 /bin/bash -c "exec 3<>/dev/tcp/127.0.0.1/$COORD_PORT" 2>/dev/null; then
+  if reaches "$h" 127.0.0.1 "$COORD_PORT"; then
     fail "127.0.0.1:$COORD_PORT answers on host $h: not listening on ${ADDR[coord]} only"
   fi
 done
@@ -183,8 +100,6 @@ assert len(node_of_host) >= 2 and len(set(nodes)) == len(node_of_host), "node id
 print("agents:", ", ".join("rank %d on %s (%s)" % (r, a["node_id"], a["peer_address"]) for r, a in sorted(agents.items())))
 PY
 }
-
-tx_bytes() { ip netns exec "$TAG-$1" cat /sys/class/net/eth0/statistics/tx_bytes; }
 
 # ---- save on hosts a and b -----------------------------------------------------------------
 start_agents "$JOB" "$SAVE_LAYOUT" || fail "agents ($SAVE_LAYOUT)"

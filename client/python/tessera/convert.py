@@ -19,11 +19,11 @@ Round trips are bitwise (client/python:dcp_switch_test).
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 
 from . import dcp as tessera_dcp
+from . import export
 from . import objects as objects_codec
 from .client import Client
 from .run import Agents, UsageError, find_agent_bin
@@ -70,12 +70,7 @@ def to_dcp(args):
     import torch.distributed.checkpoint as dcp
     with tempfile.TemporaryDirectory(prefix="tessera-to-dcp-") as work:
         whole = os.path.join(work, "whole.safetensors")
-        run = subprocess.run([args.cli, "export", args.checkpoint, "--consolidate",
-                              "--out=" + whole], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                             text=True)
-        if run.returncode != 0:
-            raise RuntimeError("tessera export %s failed: %s" % (args.checkpoint,
-                                                                run.stderr.strip()))
+        report = export.consolidate(args.checkpoint, whole, cli=args.cli)
         tensors = safetensors.torch.load_file(whole)
     header_key, body_key = tessera_dcp._VALUES + ".header", tessera_dcp._VALUES
     values = {}
@@ -84,7 +79,7 @@ def to_dcp(args):
         values = objects_codec.decode(tensors.pop(body_key).numpy().tobytes(), body_key)
     dcp.save({**tensors, **values}, storage_writer=dcp.FileSystemWriter(args.out_dir),
              no_dist=True)
-    skipped = [line for line in run.stdout.splitlines() if line.startswith("skipped")]
+    skipped = [line for line in report.splitlines() if line.startswith("skipped")]
     print("to-dcp: %s -> %s: %d tensors, %d values%s" % (
         args.checkpoint, args.out_dir, len(tensors), len(values),
         ("; " + "; ".join(skipped)) if skipped else ""))
@@ -106,7 +101,7 @@ def main(argv=None):
     t = sub.add_parser("to-dcp", help="a Tessera checkpoint into a DCP checkpoint")
     t.add_argument("checkpoint")
     t.add_argument("out_dir")
-    t.add_argument("--cli", default=os.environ.get("TESSERA_CLI", "tessera"),
+    t.add_argument("--cli", default=export.cli_path(),
                    help="the tessera CLI (default: $TESSERA_CLI, else tessera on PATH)")
     args = ap.parse_args(argv)
     try:
