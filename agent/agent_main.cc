@@ -100,6 +100,10 @@ ABSL_FLAG(int32_t, writes_in_flight, 1,
           "data-file writes of 8 MiB issued at once when persisting (1: one after another, the "
           "fastest on a virtio disk; NVMe and parallel file systems may want more: measure "
           "with //format:shard_writer_benchmark)");
+ABSL_FLAG(std::string, storage_root, "",
+          "the storage root this agent reads and writes under; if set, a coordinator that "
+          "names another is refused (common/ids.h CheckStorageRoot), and the agent saves and "
+          "loads nothing. Empty: the coordinator's is taken as given");
 ABSL_FLAG(bool, storage_root_mounted, true,
           "this host can write the coordinator's storage root (needed to persist shards)");
 ABSL_FLAG(std::string, crash_on, "",
@@ -499,7 +503,18 @@ int main(int argc, char** argv) {
     };
   }
   lifeline_options.on_lease_changed = [&executor] { executor.LeaseMayHaveChanged(); };
+  const std::string own_storage_root = absl::GetFlag(FLAGS_storage_root);
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
+    if (absl::Status bad = tessera::CheckStorageRoot(own_storage_root, response.storage_root());
+        !bad.ok()) {
+      // No root: the save core refuses every path (R4) and the loader every load.
+      tessera::LogError(bad.message());
+      tessera::v1::RegisterAgentResponse rootless = response;
+      rootless.clear_storage_root();
+      loader.SetJobDir("");
+      executor.OnRegistered(rootless);
+      return;
+    }
     loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
     executor.OnRegistered(response);
   };

@@ -6,14 +6,38 @@
 
 namespace tessera {
 
-absl::Status SendBulkFrame(const TcpSocket& socket, const google::protobuf::MessageLite& message,
-                           absl::Time deadline) {
+std::string EncodeBulkFrame(const google::protobuf::MessageLite& message) {
   const std::string body = message.SerializeAsString();
   const uint32_t n = static_cast<uint32_t>(body.size());
   std::string frame = {static_cast<char>(n), static_cast<char>(n >> 8), static_cast<char>(n >> 16),
                        static_cast<char>(n >> 24)};
   frame += body;
+  return frame;
+}
+
+absl::Status SendBulkFrame(const TcpSocket& socket, const google::protobuf::MessageLite& message,
+                           absl::Time deadline) {
+  const std::string frame = EncodeBulkFrame(message);
   return socket.SendAll(frame.data(), frame.size(), deadline);
+}
+
+absl::StatusOr<uint32_t> DecodeBulkFrameLength(const unsigned char prefix[4],
+                                               absl::string_view type, absl::string_view peer) {
+  const uint32_t n = prefix[0] | prefix[1] << 8 | prefix[2] << 16 | uint32_t{prefix[3]} << 24;
+  if (n > kMaxBulkFrameBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", type, " of ", n, " bytes from ", peer,
+                                                   " (at most ", kMaxBulkFrameBytes, ")"));
+  }
+  return n;
+}
+
+absl::Status DecodeBulkFrameBody(absl::string_view body, google::protobuf::MessageLite* message,
+                                 absl::string_view peer) {
+  if (!message->ParseFromArray(body.data(), static_cast<int>(body.size()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("malformed ", message->GetTypeName(), " from ", peer));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status RecvBulkFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
@@ -22,19 +46,11 @@ absl::Status RecvBulkFrame(const TcpSocket& socket, google::protobuf::MessageLit
   if (absl::Status got = socket.RecvAll(reinterpret_cast<char*>(length), 4, deadline); !got.ok()) {
     return got;
   }
-  const uint32_t n = length[0] | length[1] << 8 | length[2] << 16 | uint32_t{length[3]} << 24;
-  if (n > kMaxBulkFrameBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("a ", message->GetTypeName(), " of ", n,
-                                                   " bytes from ", socket.peer(), " (at most ",
-                                                   kMaxBulkFrameBytes, ")"));
-  }
-  std::string body(n, '\0');
-  if (absl::Status got = socket.RecvAll(body.data(), n, deadline); !got.ok()) return got;
-  if (!message->ParseFromString(body)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("malformed ", message->GetTypeName(), " from ", socket.peer()));
-  }
-  return absl::OkStatus();
+  absl::StatusOr<uint32_t> n = DecodeBulkFrameLength(length, message->GetTypeName(), socket.peer());
+  if (!n.ok()) return n.status();
+  std::string body(*n, '\0');
+  if (absl::Status got = socket.RecvAll(body.data(), *n, deadline); !got.ok()) return got;
+  return DecodeBulkFrameBody(body, message, socket.peer());
 }
 
 absl::Status SendBulkStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,
@@ -46,15 +62,21 @@ absl::Status SendBulkStatus(const TcpSocket& socket, const absl::Status& status,
   return SendBulkFrame(socket, message, deadline);
 }
 
+absl::StatusOr<uint64_t> BulkStatusResult(const v1::BulkStatus& status,
+                                          const std::string& address) {
+  if (status.code() == 0) return status.nbytes();
+  const bool known = status.code() > 0 && status.code() <= static_cast<int>(
+                                                               absl::StatusCode::kUnauthenticated);
+  return absl::Status(known ? static_cast<absl::StatusCode>(status.code())
+                            : absl::StatusCode::kUnknown,
+                      absl::StrCat(status.message(), " (bulk port ", address, ")"));
+}
+
 absl::StatusOr<uint64_t> RecvBulkStatus(const TcpSocket& socket, const std::string& address,
                                         absl::Time deadline) {
   v1::BulkStatus status;
   if (absl::Status got = RecvBulkFrame(socket, &status, deadline); !got.ok()) return got;
-  if (status.code() != 0) {
-    return absl::Status(static_cast<absl::StatusCode>(status.code()),
-                        absl::StrCat(status.message(), " (bulk port ", address, ")"));
-  }
-  return status.nbytes();
+  return BulkStatusResult(status, address);
 }
 
 v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1::MemoryCopy& copy,

@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "common/tcp_socket.h"
 #include "google/protobuf/message_lite.h"
@@ -42,6 +43,25 @@ absl::Status SendBulkFrame(const TcpSocket& socket, const google::protobuf::Mess
 // the socket's (DataLoss if the peer closed, Unavailable, DeadlineExceeded).
 absl::Status RecvBulkFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
                            absl::Time deadline);
+
+// The bytes SendBulkFrame sends for `message`.
+std::string EncodeBulkFrame(const google::protobuf::MessageLite& message);
+
+// The decoding half of RecvBulkFrame, pure (no socket), so that it can be tested and fuzzed
+// alone (tests/fuzz). `peer` names the sender in errors.
+//
+// The body length of a frame from its 4-byte prefix (u32 little-endian), checked before the
+// body is allocated. Errors: InvalidArgument naming `type` and `peer` for a length above
+// kMaxBulkFrameBytes.
+absl::StatusOr<uint32_t> DecodeBulkFrameLength(const unsigned char prefix[4],
+                                               absl::string_view type, absl::string_view peer);
+// Parses a frame's body into `message`. Errors: InvalidArgument if it does not parse.
+absl::Status DecodeBulkFrameBody(absl::string_view body, google::protobuf::MessageLite* message,
+                                 absl::string_view peer);
+// What a received BulkStatus says: its nbytes, or its error naming `address`. A code that is
+// not an absl::StatusCode becomes Unknown (the peer's words kept).
+absl::StatusOr<uint64_t> BulkStatusResult(const v1::BulkStatus& status,
+                                          const std::string& address);
 
 // Sends a BulkStatus: `status` (its code and message) and `nbytes`.
 absl::Status SendBulkStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,

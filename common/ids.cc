@@ -64,6 +64,18 @@ std::optional<std::pair<int64_t, std::string>> ParseTmpDirName(absl::string_view
   return std::make_pair(*step, std::string(name.substr(pos + kTmpInfix.size())));
 }
 
+absl::Status CheckStorageRoot(absl::string_view own, absl::string_view received) {
+  if (own.empty()) return absl::OkStatus();
+  auto trimmed = [](absl::string_view root) {
+    while (root.size() > 1 && root.back() == '/') root.remove_suffix(1);
+    return root;
+  };
+  if (trimmed(own) == trimmed(received)) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat("the coordinator names storage root \"", received, "\", but this agent's is \"",
+                   own, "\" (--storage_root): it reads and writes nothing there"));
+}
+
 std::string JobDirPath(absl::string_view root, absl::string_view job_id) {
   absl::string_view trimmed = root;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.remove_suffix(1);

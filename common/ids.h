@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 
 namespace tessera {
@@ -44,6 +45,15 @@ std::string JobDirPath(absl::string_view root, absl::string_view job_id);
 std::string StepDirPath(absl::string_view root, absl::string_view job_id, int64_t step);
 std::string TmpDirPath(absl::string_view root, absl::string_view job_id, int64_t step,
                        absl::string_view session_id);
+
+// The storage root a coordinator named (RegisterAgentResponse.storage_root), checked against
+// the agent's own (its --storage_root): every path the coordinator sends is then checked
+// against paths made from it (agent/save R4), so the root is the one thing to pin. `own`
+// empty: the agent was given none and takes the coordinator's. Else `received` must be `own`,
+// trailing '/' aside — a root elsewhere, a relative one or one with "." or ".." components
+// ("/ckpt/../etc") is refused, not resolved.
+// Errors: PermissionDenied naming both roots.
+absl::Status CheckStorageRoot(absl::string_view own, absl::string_view received);
 
 // Job ids name directories under the storage root, so they are restricted:
 // 1..128 characters of [A-Za-z0-9._-], not starting with '.'.

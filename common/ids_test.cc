@@ -7,10 +7,14 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
 namespace {
+
+using ::testing::HasSubstr;
 
 TEST(NewIncarnation, NonZeroAndDiffering) {
   std::set<uint64_t> seen;
@@ -128,6 +132,25 @@ TEST(IsValidJobId, Rejects) {
   }
   EXPECT_FALSE(IsValidJobId(std::string(129, 'j')));
   EXPECT_FALSE(IsValidJobId(std::string("ab\0cd", 5)));
+}
+
+TEST(CheckStorageRoot, TheAgentsOwnRoot_Accepted) {
+  EXPECT_TRUE(CheckStorageRoot("/ckpt", "/ckpt").ok());
+  EXPECT_TRUE(CheckStorageRoot("/ckpt/", "/ckpt").ok());
+  EXPECT_TRUE(CheckStorageRoot("/ckpt", "/ckpt//").ok());
+  EXPECT_TRUE(CheckStorageRoot("s3://bucket/ckpt", "s3://bucket/ckpt/").ok());
+  // No root of its own: the agent takes the coordinator's.
+  EXPECT_TRUE(CheckStorageRoot("", "/anything").ok());
+}
+
+TEST(CheckStorageRoot, ARootOutsideTheAgentsOwn_PermissionDeniedNamingBoth) {
+  for (const char* received : {"/ckpt/../etc", "/etc", "/ckpt/job", "ckpt", "/ckpt/.", "/",
+                               "", "s3://bucket/ckpt"}) {
+    const absl::Status s = CheckStorageRoot("/ckpt", received);
+    EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied) << '"' << received << '"';
+    EXPECT_THAT(s.message(), HasSubstr(absl::StrCat("\"", received, "\"")));
+    EXPECT_THAT(s.message(), HasSubstr("\"/ckpt\" (--storage_root)"));
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 PACKAGES=(
   bazel-bootstrap bazel-platforms
   g++ clang
+  libclang-rt-14-dev  # libFuzzer's runtime for clang 14: the fuzz tier (tests/fuzz)
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev librocksdb-dev libxxhash-dev prometheus-cpp-dev
   libcurl4-openssl-dev libxml2-dev  # storage/s3: HTTP with SigV4 signing, S3's XML replies

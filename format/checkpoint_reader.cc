@@ -465,6 +465,12 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::FromManifest
   if (options.max_read_bytes < 1 || options.parallelism < 1) {
     return absl::InvalidArgumentError("max_read_bytes and parallelism must be at least 1");
   }
+  // The manifest comes from the coordinator, not from storage: validated as ReadManifest
+  // validates one, before the reader trusts an offset, size or block size in it.
+  if (absl::Status s = ValidateManifest(manifest); !s.ok()) {
+    return absl::DataLossError(absl::StrCat("the manifest of ", name, " is malformed: ",
+                                            s.message()));
+  }
   return std::unique_ptr<CheckpointReader>(
       new CheckpointReader(nullptr, std::move(name), options, std::move(manifest)));
 }

@@ -182,7 +182,9 @@ class CheckpointReader {
   // from the resident copies it is given: a span in none fails NotFound + MEMORY_COPY_LOST
   // naming the tensor, chunk and file; a block that does not match fails DataLoss +
   // CHECKSUM_MISMATCH (there is no file to read it from instead).
-  // Errors: InvalidArgument if options are invalid.
+  // Errors: InvalidArgument if options are invalid; DataLoss naming `name` and what is wrong
+  // if ValidateManifest (format/manifest_io.h) rejects `manifest`: its offsets and sizes are
+  // trusted only after that.
   static absl::StatusOr<std::unique_ptr<CheckpointReader>> FromManifest(
       v1::Manifest manifest, std::string name, CheckpointReaderOptions options = {});
   // False for a FromManifest reader.

@@ -772,6 +772,20 @@ TEST_P(CheckpointReaderTest, FromManifest_FlippedByteInMemory_ChecksumMismatchNo
   EXPECT_THAT(s.message(), HasSubstr("block 1"));
 }
 
+// A memory-only manifest comes from the coordinator: it is validated as one read from storage
+// is, before any offset in it is trusted (a block size of 0 divided by zero; found by
+// tests/fuzz:checkpoint_reader_fuzzer).
+TEST_P(CheckpointReaderTest, FromManifest_MalformedManifest_DataLossBeforeAnyRead) {
+  v1::Manifest bad = manifest_;
+  bad.mutable_tensors(0)->mutable_chunks(1)->set_block_size(0);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader =
+      CheckpointReader::FromManifest(bad, "memory-only step");
+  ASSERT_FALSE(reader.ok());
+  EXPECT_EQ(reader.status().code(), absl::StatusCode::kDataLoss) << reader.status();
+  EXPECT_THAT(reader.status().message(), HasSubstr("memory-only step"));
+  EXPECT_THAT(reader.status().message(), HasSubstr("block_size"));
+}
+
 TEST_P(CheckpointReaderTest, Read_GapInChunks_DataLossIncompleteCoverage) {
   // Drop the chunk holding wq rows 4..7, columns 0..5.
   RewriteManifest(

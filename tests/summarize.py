@@ -80,22 +80,39 @@ def main():
                     help="test labels not run here (e.g. gpu-tagged without a GPU)")
     ap.add_argument("--bazel-status", type=int, default=0,
                     help="exit status of `bazel test` (0 ok, 3 tests failed, else broken)")
+    # The fuzz tier (tests/fuzz) runs in a second `bazel test --config=fuzz`, whose reports
+    # are under its own testlogs directory.
+    ap.add_argument("--fuzz-testlogs", help="`bazel info --config=fuzz bazel-testlogs`")
+    ap.add_argument("--fuzz-targets", nargs="*", default=[], help="fuzz test labels run")
+    ap.add_argument("--fuzz-bazel-status", type=int, default=0,
+                    help="exit status of the fuzz tier's `bazel test`")
+    ap.add_argument("--skipped-fuzz-targets", nargs="*", default=[],
+                    help="fuzz test labels not run here (no clang with libFuzzer)")
     args = ap.parse_args()
 
     passed = failed = skipped = 0
     failures = []
-    for label in args.targets:
-        p, f, s, names = count_target(target_dir(args.testlogs, label), label)
-        passed, failed, skipped = passed + p, failed + f, skipped + s
-        failures += names
-
-    if args.bazel_status not in (0, 3) and not failures:
-        # A build that failed can leave an earlier run's reports behind; never call it a pass.
-        failed += 1
-        failures.append("bazel test exited with status %d" % args.bazel_status)
+    invocations = [(args.testlogs, args.targets, args.bazel_status, "bazel test")]
+    if args.fuzz_targets:
+        invocations.append((args.fuzz_testlogs, args.fuzz_targets, args.fuzz_bazel_status,
+                            "bazel test --config=fuzz"))
+    for testlogs, targets, status, command in invocations:
+        failed_before = len(failures)
+        for label in targets:
+            p, f, s, names = count_target(target_dir(testlogs, label), label)
+            passed, failed, skipped = passed + p, failed + f, skipped + s
+            failures += names
+        if status not in (0, 3) and len(failures) == failed_before:
+            # A build that failed can leave an earlier run's reports behind; never call it a
+            # pass.
+            failed += 1
+            failures.append("%s exited with status %d" % (command, status))
     if args.skipped_targets:
         print("skipped (need a GPU): " + " ".join(args.skipped_targets))
         skipped += len(args.skipped_targets)
+    if args.skipped_fuzz_targets:
+        print("skipped (need clang with libFuzzer): " + " ".join(args.skipped_fuzz_targets))
+        skipped += len(args.skipped_fuzz_targets)
     for name in failures:
         print("FAILED: " + name)
     print("%d passed, %d failed, %d skipped" % (passed, failed, skipped))

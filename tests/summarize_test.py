@@ -81,5 +81,32 @@ class Summarize(unittest.TestCase):
         self.assertEqual(lines[-1], "1 passed, 1 failed, 0 skipped")
 
 
+    def test_fuzz_tier_counted_from_its_own_testlogs(self):
+        fuzz_logs = tempfile.mkdtemp()
+        path = os.path.join(fuzz_logs, "tests/fuzz/a_fuzz_test/test.xml")
+        os.makedirs(os.path.dirname(path))
+        with open(path, "w") as f:
+            f.write(report([("a_fuzz_test", "pass")]))
+        self.write("p/t/test.xml", report([("a", "pass")]))
+        proc = subprocess.run([sys.executable, _SUMMARIZE, "--testlogs", self.logs,
+                               "--targets", "//p:t", "--fuzz-testlogs", fuzz_logs,
+                               "--fuzz-targets", "//tests/fuzz:a_fuzz_test",
+                               "//tests/fuzz:b_fuzz_test", "--fuzz-bazel-status", "3"],
+                              capture_output=True, text=True)
+        lines = proc.stdout.strip().splitlines()
+        self.assertEqual((proc.returncode, lines[-1]), (1, "2 passed, 1 failed, 0 skipped"))
+        self.assertIn("FAILED: //tests/fuzz:b_fuzz_test (no test report: build failure or crash)",
+                      lines)
+
+    def test_fuzz_tier_without_clang_skipped_saying_why(self):
+        self.write("p/t/test.xml", report([("a", "pass")]))
+        proc = subprocess.run([sys.executable, _SUMMARIZE, "--testlogs", self.logs,
+                               "--targets", "//p:t", "--skipped-fuzz-targets",
+                               "//tests/fuzz:a_fuzz_test"], capture_output=True, text=True)
+        lines = proc.stdout.strip().splitlines()
+        self.assertEqual((proc.returncode, lines[-1]), (0, "1 passed, 0 failed, 1 skipped"))
+        self.assertIn("skipped (need clang with libFuzzer): //tests/fuzz:a_fuzz_test", lines)
+
+
 if __name__ == "__main__":
     testlib.main()

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/peer/chunk_codec.h"
+#include "agent/peer/slice_receive.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "common/tcp_socket.h"
@@ -111,44 +112,18 @@ class GrpcPeerTransport::PushReactor : public grpc::ServerReadReactor<grpc::Byte
 
   // Handles request_, then reads the next message, parks, or finishes.
   void ProcessLocked() {
-    SliceInbox::Admission admission;
-    bool admitted = false;
-    v1::SliceChunk header;
-    uint64_t data_len = 0;
-    absl::Status status;
+    ReceivedSliceChunk received;
     {
       grpc::ProtoBufferReader reader(&request_);
-      status = DecodeChunk<v1::SliceChunk>(
-          &reader, request_.Length(), [&](const v1::SliceChunk& h, uint64_t len) {
-            header = h;
-            data_len = len;
-            IncomingChunk chunk;
-            chunk.session_id = h.session_id();
-            chunk.key = h.key();
-            chunk.box = BoxFromProto(h.box());
-            chunk.from_rank = h.from_rank();
-            chunk.begin = h.range().begin();
-            chunk.end = h.range().end();
-            chunk.slice_nbytes = h.slice_nbytes();
-            chunk.offset = h.offset();
-            chunk.length = len;
-            admission = inbox_->Admit(chunk, this, [this] { Resume(); });
-            DataPlacement placement;
-            if (admission.kind == SliceInbox::Admission::Kind::kWrite) {
-              admitted = true;
-              placement.consume = true;
-              placement.dest = admission.dest;
-              placement.skip = admission.skip_bytes;
-              placement.write = admission.write_bytes;
-            }
-            return placement;
-          });
+      received = ReceiveSliceChunk(&reader, request_.Length(), *inbox_, this, [this] { Resume(); });
     }
-    if (admitted) inbox_->Commit(admission, status.ok());
-    if (!status.ok()) {
-      FinishLocked(ToGrpcStatus(status));
+    if (!received.decoded.ok()) {
+      FinishLocked(ToGrpcStatus(received.decoded));
       return;
     }
+    const SliceInbox::Admission& admission = received.admission;
+    const v1::SliceChunk& header = received.header;
+    const uint64_t data_len = received.data_len;
     switch (admission.kind) {
       case SliceInbox::Admission::Kind::kParked:
         // Resume() runs when the session is expected or cancelled; a cancellation that raced

@@ -460,6 +460,32 @@ class ObjectsEncodingTest(unittest.TestCase):
                 objects.decode(data)
 
 
+    def test_Objects_DecodeMalformedDocuments_ValueErrorOnly(self):
+        # Found by tests/fuzz/objects_fuzzer.py: each of these escaped decode() as another
+        # exception (TypeError, RecursionError, RuntimeError) instead of ValueError.
+        doc = b'{"format":"tessera.objects/1","value":%s}'
+        for value in (b'{"$ndarray":{"dtype":"<i6","shape":[],"data":"AwAAAAAAAAA="}}',
+                      b'{"$tuple":5}', b'{"$dict":7}', b'{"$dict":[[[1],2]]}', b'{"$bytes":1}',
+                      b'{"$tensor":{"dtype":"qint8","shape":[1],"data":"AA=="}}',
+                      b'{"$tensor":{"dtype":"float32","shape":[-1],"data":""}}',
+                      b'{"$tensor":{"dtype":"float32","shape":[null],"data":""}}',
+                      b'{"$tensor":{"dtype":"float32","shape":[0,100000000000000000000],'
+                      b'"data":""}}',
+                      b'{"$ndarray":{"dtype":"<f4","shape":[0,100000000000000000000],'
+                      b'"data":""}}',
+                      b"[" * 100000 + b"]" * 100000):
+            with self.assertRaises(ValueError, msg=value[:80]):
+                objects.decode(doc % value)
+
+    def test_Objects_DecodeHugeClaimedShape_RefusedBeforeAllocating(self):
+        # 2^40 float32 elements (4 TiB) claimed for 4 bytes: refused by comparing the sizes,
+        # never by trying to allocate the claim.
+        data = (b'{"format":"tessera.objects/1","value":{"$tensor":{"dtype":"float32",'
+                b'"shape":[1048576,1048576],"data":"AAAAAA=="}}}')
+        with self.assertRaisesRegex(ValueError, r"4 bytes for a float32 tensor of shape "
+                                                r"\[1048576, 1048576\] \(4398046511104 bytes\)"):
+            objects.decode(data)
+
 class RefusalTest(unittest.TestCase):
     def test_Step_LatestNewestAndBadValues(self):
         from tessera import client as client_module

@@ -20,6 +20,9 @@ namespace {
 
 // An error body is for a message; its start says what went wrong.
 constexpr size_t kMaxErrorBody = 64 << 10;
+// The most reserved for a 2xx body held in memory (XML replies, small objects) before its
+// bytes arrive.
+constexpr uint64_t kMaxBodyReserve = 64 << 20;
 constexpr absl::string_view kEmptySha256 =
     "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855";
 
@@ -87,7 +90,11 @@ size_t OnWrite(char* data, size_t size, size_t count, void* user) {
     r.body.append(data, std::min(n, kMaxErrorBody - std::min(kMaxErrorBody, r.body.size())));
     return n;
   }
-  if (r.body.empty() && r.content_length.has_value()) r.body.reserve(*r.content_length);
+  // Content-Length is the server's claim: reserved up to kMaxBodyReserve, the rest grown as
+  // bytes arrive.
+  if (r.body.empty() && r.content_length.has_value()) {
+    r.body.reserve(std::min<uint64_t>(*r.content_length, kMaxBodyReserve));
+  }
   r.body.append(data, n);
   return n;
 }

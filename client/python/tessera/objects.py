@@ -35,6 +35,7 @@ TypeError naming its path, e.g. ``objects['sched']['lr_lambdas'][0]``.
 import base64
 import json
 import math
+import re
 
 FORMAT = "tessera.objects/1"
 _MAX_DEPTH = 200
@@ -122,12 +123,44 @@ def encode(value, name="objects"):
                       ensure_ascii=False).encode("utf-8")
 
 
+_MAX_DIMS = 64
+_MAX_ELEMENTS = 1 << 62
+
+
 def _spec(obj, tag, path):
+    """A $tensor's or $ndarray's fields, with its shape checked: a list of at most _MAX_DIMS
+    non-negative ints whose product (and each one) stays below _MAX_ELEMENTS."""
     spec = obj[tag]
     if (not isinstance(spec, dict) or not isinstance(spec.get("dtype"), str)
             or not isinstance(spec.get("shape"), list) or not isinstance(spec.get("data"), str)):
         raise ValueError("%s: malformed %s" % (path, tag))
+    shape = spec["shape"]
+    elements = 1
+    for d in shape:
+        if type(d) is not int or d < 0 or d >= _MAX_ELEMENTS:
+            raise ValueError("%s: %s shape %r has a dimension that is not an int in [0, 2^62)"
+                             % (path, tag, shape))
+        elements *= d
+    if len(shape) > _MAX_DIMS or elements >= _MAX_ELEMENTS:
+        raise ValueError("%s: %s shape %r is too large" % (path, tag, shape))
     return spec
+
+
+def _data(spec, itemsize, what, path):
+    """The spec's bytes, if they are exactly the shape's elements times `itemsize` — checked
+    before anything is allocated for the shape, which the document only claims."""
+    data = base64.b64decode(spec["data"], validate=True)
+    nbytes = math.prod(spec["shape"]) * itemsize
+    if len(data) != nbytes:
+        raise ValueError("%s: %d bytes for a %s of shape %s (%d bytes)"
+                         % (path, len(data), what, spec["shape"], nbytes))
+    return data
+
+
+def _list(value, tag, path):
+    if not isinstance(value, list):
+        raise ValueError("%s: %s holds a %s, not a list" % (path, tag, type(value).__name__))
+    return value
 
 
 def _dec(value, path, depth):
@@ -148,47 +181,77 @@ def _dec(value, path, depth):
             raise ValueError("%s: bad $float %r" % (path, value[tag]))
         return float(value[tag])
     if tag == "$bytes":
+        if not isinstance(value[tag], str):
+            raise ValueError("%s: $bytes holds no base64 string" % path)
         return base64.b64decode(value[tag], validate=True)
     if tag == "$tuple":
-        return tuple(_dec(v, "%s[%d]" % (path, i), depth + 1) for i, v in enumerate(value[tag]))
+        return tuple(_dec(v, "%s[%d]" % (path, i), depth + 1)
+                     for i, v in enumerate(_list(value[tag], tag, path)))
     if tag == "$dict":
         out = {}
-        for item in value[tag]:
+        for item in _list(value[tag], tag, path):
             if not isinstance(item, list) or len(item) != 2:
                 raise ValueError("%s: $dict items are [key, value] pairs" % path)
             key = _dec(item[0], path + ".<key>", depth + 1)
+            try:
+                hash(key)
+            except TypeError:
+                raise ValueError("%s: $dict key %r cannot be a key" % (path, key)) from None
             out[key] = _dec(item[1], "%s[%r]" % (path, key), depth + 1)
         return out
     if tag == "$tensor":
         spec = _spec(value, tag, path)
-        data = base64.b64decode(spec["data"], validate=True)
-        shape = [int(d) for d in spec["shape"]]
         torch = _torch()
         if torch is None:
             np = _numpy()
-            return np.frombuffer(data, dtype=spec["dtype"]).reshape(shape).copy()
+            return _ndarray(np, spec, path, "%s tensor" % spec["dtype"], _TORCH_DTYPE_NAME)
         dtype = getattr(torch, spec["dtype"], None)
-        if not isinstance(dtype, torch.dtype):
+        if not isinstance(dtype, torch.dtype) or dtype in _quantized(torch):
             raise ValueError("%s: unknown tensor dtype %r" % (path, spec["dtype"]))
-        out = torch.empty(shape, dtype=dtype)
-        nbytes = out.numel() * out.element_size()
-        if len(data) != nbytes:
-            raise ValueError("%s: %d bytes for a %s tensor of shape %s (%d bytes)"
-                             % (path, len(data), spec["dtype"], shape, nbytes))
-        if nbytes:
-            out.reshape(-1).view(torch.uint8).copy_(
-                torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        data = _data(spec, dtype.itemsize, "%s tensor" % spec["dtype"], path)
+        try:  # the size is checked: what can fail now is a dtype torch cannot make on the CPU
+            out = torch.empty(spec["shape"], dtype=dtype)
+            if data:
+                out.reshape(-1).view(torch.uint8).copy_(
+                    torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        except (RuntimeError, TypeError) as e:
+            raise ValueError("%s: cannot make a %s tensor: %s" % (path, spec["dtype"], e)) \
+                from None
         return out
     if tag == "$ndarray":
         spec = _spec(value, tag, path)
-        np = _numpy()
-        dtype = np.dtype(spec["dtype"])
-        if dtype.hasobject:
-            raise ValueError("%s: object arrays are never decoded" % path)
-        data = base64.b64decode(spec["data"], validate=True)
-        arr = np.frombuffer(data, dtype=dtype).reshape([int(d) for d in spec["shape"]]).copy()
-        return arr[()] if spec.get("scalar") else arr
+        return _ndarray(_numpy(), spec, path, "numpy array")
     raise ValueError("%s: unknown tag %r" % (path, tag))
+
+
+def _quantized(torch):
+    return {getattr(torch, n) for n in ("qint8", "quint8", "qint32", "quint4x2", "quint2x4")
+            if hasattr(torch, n)}
+
+
+# What numpy's dtype.str looks like for the arrays `encode` takes ("<f4", "|u1", "<M8[ns]",
+# "<U5"): numpy's dtype strings can say far more (comma lists, sub-arrays, parsed with
+# ast.literal_eval), which a document has no business asking for.
+_DTYPE_STR = re.compile(r"[<>|=]?[A-Za-z][0-9]{0,6}(\[[A-Za-z0-9]{1,3}\])?")
+# A torch dtype's name ("float32", "bool"), which numpy reads too, for a tensor decoded
+# without torch.
+_TORCH_DTYPE_NAME = re.compile(r"[a-z]{1,10}[0-9]{0,3}")
+
+
+def _ndarray(np, spec, path, what, dtype_pattern=_DTYPE_STR):
+    try:
+        if not dtype_pattern.fullmatch(spec["dtype"]):
+            raise TypeError
+        dtype = np.dtype(spec["dtype"])
+    except TypeError:
+        raise ValueError("%s: unknown dtype %r" % (path, spec["dtype"])) from None
+    if dtype.hasobject:
+        raise ValueError("%s: object arrays are never decoded" % path)
+    if dtype.itemsize == 0:
+        raise ValueError("%s: dtype %r has no size" % (path, spec["dtype"]))
+    data = _data(spec, dtype.itemsize, what, path)
+    arr = np.frombuffer(data, dtype=dtype).reshape(spec["shape"]).copy()
+    return arr[()] if spec.get("scalar") else arr
 
 
 def decode(data, name="objects"):
@@ -197,6 +260,9 @@ def decode(data, name="objects"):
         doc = json.loads(bytes(data).decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
         raise ValueError("%s: not a tessera objects document: %s" % (name, e)) from None
+    except RecursionError:
+        raise ValueError("%s: not a tessera objects document: nested too deeply" % name) \
+            from None
     if not isinstance(doc, dict) or doc.get("format") != FORMAT or "value" not in doc:
         raise ValueError("%s: not a %s document" % (name, FORMAT))
     return _dec(doc["value"], name, 0)
