@@ -312,6 +312,9 @@ int main(int argc, char** argv) {
   });
   tessera::MemoryTier* const memory = memory_on ? &memory_tier : nullptr;
   tessera::BuddyStore buddy_store(budgets->buddy_bytes);
+  // The job's secret, from the registration reply: until it is set every peer is refused
+  // (common/peer_auth.h).
+  tessera::PeerKeyring keyring(job);
   tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
 
   // The bulk port for other agents' reads of this agent's memory copies.
@@ -323,7 +326,7 @@ int main(int argc, char** argv) {
     if (!listen.ok()) return Fail(std::string(listen.status().message()));
     bulk_options.listen_address = *listen;
     absl::StatusOr<std::unique_ptr<tessera::MemoryBulkServer>> started =
-        tessera::MemoryBulkServer::Start(job, &memory_tier, &buddy_store, bulk_options);
+        tessera::MemoryBulkServer::Start(&keyring, &memory_tier, &buddy_store, bulk_options);
     if (!started.ok()) {
       return Fail(absl::StrCat("memory bulk port on ", *listen, ": ", started.status().message()));
     }
@@ -431,16 +434,18 @@ int main(int argc, char** argv) {
       if (!found.ok()) return found.status();
       return std::move(*found->mutable_manifest());
     };
-    loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy, char* dest) {
-      return tessera::ReadMemoryCopyFromHolder(job, copy, dest, tessera::kMemoryCopyReadStall);
+    loader_options.fetch_copy = [&keyring](const tessera::v1::MemoryCopy& copy, char* dest) {
+      return tessera::ReadMemoryCopyFromHolder(keyring.Get(), copy, dest,
+                                               tessera::kMemoryCopyReadStall);
     };
   }
+  loader_options.peer_keyring = &keyring;
   tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
   std::unique_ptr<tessera::BuddyReplicator> replicator_owner;
   if (memory_on) {
     replicator_owner = std::make_unique<tessera::BuddyReplicator>(
         &memory_tier, urank,
-        [&job, &executor](const tessera::v1::MemoryBuddy& buddy,
+        [&keyring, &executor](const tessera::v1::MemoryBuddy& buddy,
                           const tessera::v1::MemoryCopy& copy, const char* data,
                           const std::atomic<bool>& cancel) {
           // The copy to the buddy yields the CPU to a trainer's save copy on this agent: the
@@ -450,8 +455,8 @@ int main(int argc, char** argv) {
             while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(5))) {
             }
           };
-          return tessera::SendMemoryCopyToBuddy(job, buddy, copy, data, kMemoryCopySendStall, &cancel,
-                                                yield_to_saves);
+          return tessera::SendMemoryCopyToBuddy(keyring.Get(), buddy, copy, data,
+                                                kMemoryCopySendStall, &cancel, yield_to_saves);
         });
     replicator = replicator_owner.get();
   }
@@ -500,6 +505,8 @@ int main(int argc, char** argv) {
   }
   lifeline_options.on_lease_changed = [&executor] { executor.LeaseMayHaveChanged(); };
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
+    // Before anything that might make a peer call this agent (the heartbeats that follow).
+    keyring.Set(response.peer_secret());
     loader.SetJobDir(tessera::JobDirPath(response.storage_root(), job));
     executor.OnRegistered(response);
   };

@@ -62,12 +62,22 @@ std::unique_ptr<grpc::Server> ServeOnLoopback(PeerMemoryService* service, int* p
   return builder.BuildAndStart();
 }
 
+// Job "job" and a secret, as its agents hold it.
+PeerCredential BenchCredential() {
+  return PeerCredential{"job", JobPeerSecret(std::string(kPeerSecretBytes, 'b'), "job")};
+}
+
 // A bulk port on loopback for job "job" over `tier` and `store`.
 absl::StatusOr<std::unique_ptr<MemoryBulkServer>> BulkOnLoopback(const MemoryTier& tier,
                                                                  BuddyStore& store) {
   MemoryBulkServerOptions options;
   options.listen_address = "127.0.0.1:0";
-  return MemoryBulkServer::Start("job", &tier, &store, options);
+  static PeerKeyring* keyring = [] {
+    auto* k = new PeerKeyring("job");
+    k->Set(BenchCredential().secret);
+    return k;
+  }();
+  return MemoryBulkServer::Start(keyring, &tier, &store, options);
 }
 
 // The destination, faulted in once: the benchmark measures the transfer, not page faults.
@@ -130,7 +140,7 @@ void BM_ReadMemoryCopyBulk(benchmark::State& state) {
   PayloadHolder holder;
   if (!holder.Start(state)) return;
   for (auto _ : state) {
-    absl::Status status = ReadMemoryCopyBulk(holder.copy.bulk_address(), "job", holder.copy, Dest(),
+    absl::Status status = ReadMemoryCopyBulk(holder.copy.bulk_address(), BenchCredential(), holder.copy, Dest(),
                                              absl::Minutes(1), static_cast<int>(state.range(0)));
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
@@ -157,7 +167,7 @@ void BM_FetchVerified(benchmark::State& state) {
   const SlotCopy slot{Dest(), 0, kBytes};
   for (auto _ : state) {
     absl::StatusOr<VerifiedCopyResult> fetched =
-        FetchVerified("job", holder.copy, {slot}, blocks, static_cast<int>(state.range(0)),
+        FetchVerified(BenchCredential(), holder.copy, {slot}, blocks, static_cast<int>(state.range(0)),
                       absl::Now() + absl::Minutes(1));
     if (!fetched.ok()) state.SkipWithError(fetched.status().ToString().c_str());
     if (fetched.ok() && !fetched->mismatched.empty()) state.SkipWithError("a block differs");
@@ -186,7 +196,7 @@ void BM_PutMemoryCopy(benchmark::State& state) {
   v1::MemoryCopy copy = PayloadCopy();
   copy.set_writer_rank(1);
   for (auto _ : state) {
-    absl::Status status = SendMemoryCopyToBuddy("job", buddy, copy, Payload()->data(),
+    absl::Status status = SendMemoryCopyToBuddy(BenchCredential(), buddy, copy, Payload()->data(),
                                                 absl::Minutes(1), nullptr, nullptr);
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
