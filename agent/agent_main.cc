@@ -315,7 +315,9 @@ int main(int argc, char** argv) {
   // The job's secret, from the registration reply: until it is set every peer is refused
   // (common/peer_auth.h).
   tessera::PeerKeyring keyring(job);
-  tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
+  tessera::PeerMemoryServiceOptions peer_memory_options;
+  peer_memory_options.keyring = &keyring;
+  tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store, peer_memory_options);
 
   // The bulk port for other agents' reads of this agent's memory copies.
   std::unique_ptr<tessera::MemoryBulkServer> memory_bulk;
@@ -347,13 +349,15 @@ int main(int argc, char** argv) {
           return;
         }
         executor->OnCommand(c);
-      });
+      },
+      &keyring);
 
   tessera::PeerAddressBook addresses;  // filled from GATHER commands
   tessera::GrpcPeerTransportOptions peer_options;
   peer_options.extra_services.push_back(&relay_service);
   if (memory_on) peer_options.extra_services.push_back(&peer_memory);
   peer_options.rank = urank;
+  peer_options.keyring = &keyring;
   peer_options.listen_address = absl::GetFlag(FLAGS_peer_listen);
   peer_options.resolve_peer = [&addresses](const std::string& session, uint32_t r) {
     return addresses.Resolve(session, r);
@@ -522,6 +526,7 @@ int main(int argc, char** argv) {
   // that feeds it and after the coordinator client it reports to.
   tessera::CommandRelayerOptions relayer_options;
   relayer_options.channel_credentials = peer_options.channel_credentials;
+  relayer_options.keyring = &keyring;
   tessera::CommandRelayer relayer(
       job, urank,
       [&relay_reports, &coordinator, &job, urank, incarnation](

@@ -103,11 +103,12 @@ void MemoryBulkServer::AcceptLoop() {
 
 void MemoryBulkServer::Serve(Connection* connection) {
   const TcpSocket& socket = connection->socket;
-  // A peer that fails the handshake has been answered its error: nothing more.
+  // A peer that fails the handshake is answered its error and nothing more.
   absl::StatusOr<AcceptedBulkPeer> peer =
       AcceptBulkPeer(socket, keyring_->Get(), absl::Now() + options_.request_timeout);
   if (!peer.ok()) {
     LogWarning("memory bulk port: refused ", socket.peer(), ": ", peer.status().ToString());
+    SendBulkStatus(socket, peer.status(), 0, absl::Now() + options_.send_timeout).IgnoreError();
   } else if (peer->request.has_read()) {
     ServeRead(socket, peer->request.read(), peer->proof);
   } else {
@@ -221,7 +222,7 @@ absl::Status ReadMemoryCopyFromHolder(const PeerCredential& credential,
     return ReadMemoryCopyBulk(copy.bulk_address(), credential, copy, dest, timeout);
   }
   return ReadMemoryCopy(MemoryCopyChannels(copy.peer_address(), grpc::InsecureChannelCredentials()),
-                        credential.job_id, copy, dest, timeout);
+                        credential, copy, dest, timeout);
 }
 
 absl::Status SendMemoryCopyToBuddy(const PeerCredential& credential, const v1::MemoryBuddy& buddy,
@@ -234,8 +235,8 @@ absl::Status SendMemoryCopyToBuddy(const PeerCredential& credential, const v1::M
                               before_chunk);
   }
   return SendMemoryCopy(
-      grpc::CreateChannel(buddy.peer_address(), grpc::InsecureChannelCredentials()),
-      credential.job_id, copy, data, timeout, cancel, before_chunk);
+      grpc::CreateChannel(buddy.peer_address(), grpc::InsecureChannelCredentials()), credential,
+      copy, data, timeout, cancel, before_chunk);
 }
 
 }  // namespace tessera

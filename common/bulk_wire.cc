@@ -116,10 +116,7 @@ absl::StatusOr<AcceptedBulkPeer> AcceptBulkPeer(const TcpSocket& socket,
   absl::StatusOr<v1::BulkHello> hello = DecodeBulkHello(*body);
   absl::StatusOr<v1::BulkRequest> request =
       hello.ok() ? OpenBulkHello(credential, *nonce, *hello) : hello.status();
-  if (!request.ok()) {
-    SendBulkStatus(socket, request.status(), 0, deadline).IgnoreError();
-    return request.status();
-  }
+  if (!request.ok()) return request.status();
   return AcceptedBulkPeer{*std::move(request), BulkServerProof(credential, *nonce, hello->nonce())};
 }
 

@@ -83,8 +83,8 @@ absl::StatusOr<uint64_t> RecvFirstBulkStatus(const TcpSocket& socket, const std:
 
 // The holder's side of the handshake: sends a BulkChallenge and receives the peer's BulkHello.
 // Returns the request once the peer proved it is of `credential`'s job, with the nonces for
-// the holder's own proof (BulkServerProof) on its first status. A peer that fails is answered
-// with the error (a BulkStatus) here, before the holder looks at its request.
+// the holder's own proof (BulkServerProof) on its first status. The caller answers a peer that
+// fails with the error (SendBulkStatus, no proof) and looks at nothing it sent.
 // Errors: OpenBulkHello's (Unauthenticated, InvalidArgument); RecvBulkBody's.
 struct AcceptedBulkPeer {
   v1::BulkRequest request;

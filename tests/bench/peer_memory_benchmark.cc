@@ -67,17 +67,29 @@ PeerCredential BenchCredential() {
   return PeerCredential{"job", JobPeerSecret(std::string(kPeerSecretBytes, 'b'), "job")};
 }
 
-// A bulk port on loopback for job "job" over `tier` and `store`.
-absl::StatusOr<std::unique_ptr<MemoryBulkServer>> BulkOnLoopback(const MemoryTier& tier,
-                                                                 BuddyStore& store) {
-  MemoryBulkServerOptions options;
-  options.listen_address = "127.0.0.1:0";
+// The agents' keyring holding BenchCredential(), which every port checks.
+const PeerKeyring* BenchKeyring() {
   static PeerKeyring* keyring = [] {
     auto* k = new PeerKeyring("job");
     k->Set(BenchCredential().secret);
     return k;
   }();
-  return MemoryBulkServer::Start(keyring, &tier, &store, options);
+  return keyring;
+}
+
+// PeerMemoryService's options with the job's keyring.
+PeerMemoryServiceOptions BenchServiceOptions() {
+  PeerMemoryServiceOptions options;
+  options.keyring = BenchKeyring();
+  return options;
+}
+
+// A bulk port on loopback for job "job" over `tier` and `store`.
+absl::StatusOr<std::unique_ptr<MemoryBulkServer>> BulkOnLoopback(const MemoryTier& tier,
+                                                                 BuddyStore& store) {
+  MemoryBulkServerOptions options;
+  options.listen_address = "127.0.0.1:0";
+  return MemoryBulkServer::Start(BenchKeyring(), &tier, &store, options);
 }
 
 // The destination, faulted in once: the benchmark measures the transfer, not page faults.
@@ -90,7 +102,7 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(0);
   PublishPayload(tier);
-  PeerMemoryService service("job", &tier, &store);
+  PeerMemoryService service("job", &tier, &store, BenchServiceOptions());
   int port = 0;
   std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
   auto connect = [&] {
@@ -101,7 +113,8 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
   const v1::MemoryCopy copy = PayloadCopy();
   for (auto _ : state) {
     if (state.range(1)) channels = connect();  // cold: new connections, as a load makes
-    absl::Status status = ReadMemoryCopy(channels, "job", copy, Dest(), absl::Minutes(1));
+    absl::Status status =
+        ReadMemoryCopy(channels, BenchCredential(), copy, Dest(), absl::Minutes(1));
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
@@ -182,7 +195,7 @@ BENCHMARK(BM_FetchVerified)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchma
 void BM_PutMemoryCopy(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(uint64_t{1} << 30);
-  PeerMemoryService service("job", &tier, &store);
+  PeerMemoryService service("job", &tier, &store, BenchServiceOptions());
   int port = 0;
   std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
   absl::StatusOr<std::unique_ptr<MemoryBulkServer>> bulk = BulkOnLoopback(tier, store);
