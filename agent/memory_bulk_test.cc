@@ -69,6 +69,16 @@ std::string HelloFrame(const PeerCredential& credential, const std::string& hold
   return Frame(hello.SerializeAsString());
 }
 
+// A put of `nbytes` bytes as writer 5's copy of "data-00005".
+v1::BulkRequest PutRequest(uint64_t nbytes) {
+  v1::BulkRequest request;
+  request.mutable_put()->set_job_id(kJob);
+  v1::MemoryCopy copy = Copy("data-00005", nbytes);
+  copy.set_writer_rank(5);
+  *request.mutable_put()->mutable_copy() = copy;
+  return request;
+}
+
 // Receives one framed BulkStatus from `socket`.
 v1::BulkStatus RecvStatus(const TcpSocket& socket) {
   uint32_t n = 0;
@@ -285,11 +295,7 @@ TEST_F(MemoryBulkTest, Put_SenderStalls_DroppedAfterPutTimeoutAndTheRoomGivenBac
   StartBulk(options);
   absl::StatusOr<TcpSocket> sender = TcpSocket::Connect(bulk_address_, Soon());
   ASSERT_TRUE(sender.ok());
-  v1::BulkRequest request;
-  request.mutable_put()->set_job_id(kJob);
-  v1::MemoryCopy copy = Copy("data-00005", 2 << 20);
-  copy.set_writer_rank(5);
-  *request.mutable_put()->mutable_copy() = copy;
+  const v1::BulkRequest request = PutRequest(2 << 20);
   const std::string frame = HelloFrame(TestPeerCredential(), RecvChallenge(*sender), request);
   ASSERT_TRUE(sender->SendAll(frame.data(), frame.size(), Soon()).ok());
   ASSERT_EQ(RecvStatus(*sender).code(), 0);  // room reserved
@@ -476,11 +482,7 @@ TEST_F(MemoryBulkTest, Auth_ForgedPut_UnauthenticatedAndNothingReserved) {
   StartBulk();
   absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
   ASSERT_TRUE(socket.ok());
-  v1::BulkRequest put;
-  put.mutable_put()->set_job_id(kJob);
-  v1::MemoryCopy copy = Copy("data-00005", 8 << 20);
-  copy.set_writer_rank(5);
-  *put.mutable_put()->mutable_copy() = copy;
+  const v1::BulkRequest put = PutRequest(8 << 20);
   RecvChallenge(*socket);
   v1::BulkHello forged;
   forged.set_nonce(std::string(kPeerNonceBytes, 'f'));
@@ -494,11 +496,7 @@ TEST_F(MemoryBulkTest, Auth_ForgedPut_UnauthenticatedAndNothingReserved) {
 
 TEST_F(MemoryBulkTest, Auth_ReplayedHandshake_UnauthenticatedOnTheNewConnection) {
   StartBulk();
-  v1::BulkRequest put;
-  put.mutable_put()->set_job_id(kJob);
-  v1::MemoryCopy copy = Copy("data-00005", 3);
-  copy.set_writer_rank(5);
-  *put.mutable_put()->mutable_copy() = copy;
+  const v1::BulkRequest put = PutRequest(3);
   // A peer of the job puts; a sniffer records its hello and replays it on a connection of its
   // own.
   absl::StatusOr<TcpSocket> first = TcpSocket::Connect(bulk_address_, Soon());

@@ -91,11 +91,16 @@ class PeerMemoryTest : public ::testing::Test {
     return dest;
   }
 
-  // A PutMemoryCopy stream of `chunk` alone; its status code.
-  grpc::StatusCode PutOneChunk(const v1::MemoryCopyChunk& chunk) {
+  // A PutMemoryCopy stream of `chunk` alone, proving the job's secret (or carrying the proof
+  // `proof`, the metadata's value, if not empty); its status code.
+  grpc::StatusCode PutOneChunk(const v1::MemoryCopyChunk& chunk, const std::string& proof = "") {
     v1::PeerMemory::Stub stub(channel_);
     grpc::ClientContext context;
-    EXPECT_TRUE(ProvePeerCall(&context, TestPeerCredential(), kPutMemoryCopyMethod).ok());
+    if (proof.empty()) {
+      EXPECT_TRUE(ProvePeerCall(&context, TestPeerCredential(), kPutMemoryCopyMethod).ok());
+    } else {
+      context.AddMetadata(kPeerProofMetadata, proof);
+    }
     v1::PutMemoryCopyResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::MemoryCopyChunk>> writer =
         stub.PutMemoryCopy(&context, &response);
@@ -219,6 +224,41 @@ TEST_F(PeerMemoryTest, Read_NothingHeldOrAnotherJob_Errors) {
   // Another job's agent proves another secret.
   EXPECT_EQ(Read(Copy(7, "data-00009", 10, 9), 1, "other").status().code(),
             absl::StatusCode::kUnauthenticated);
+}
+
+// Issue 51: a peer without the job's secret is refused before any byte of a copy moves or any
+// room is reserved.
+TEST_F(PeerMemoryTest, Auth_ReaderWithoutTheSecret_Unauthenticated) {
+  Start(/*budget=*/1 << 20);
+  PublishOwn(std::make_shared<std::string>(Pattern(3 << 20, 'o')));
+  std::vector<std::shared_ptr<grpc::Channel>> channels = {channel_};
+  std::string dest(3 << 20, '\0');
+  EXPECT_EQ(ReadMemoryCopy(channels, PeerCredential{kJob, ""}, Copy(7, "data-00000", 3 << 20, 0),
+                           dest.data(), absl::Seconds(30))
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(dest, std::string(3 << 20, '\0'));
+}
+
+TEST_F(PeerMemoryTest, Auth_ForgedOrReplayedPut_UnauthenticatedAndNothingReserved) {
+  Start(/*budget=*/1 << 20);
+  v1::MemoryCopyChunk chunk;
+  chunk.set_job_id(kJob);
+  *chunk.mutable_copy() = Copy(7, "data-00001", 3, 1);
+  chunk.set_data("abc");
+  auto put = [&](const std::string& proof) { return PutOneChunk(chunk, proof); };
+  PeerCallProof forged = MakePeerCallProof(TestPeerCredential(), kPutMemoryCopyMethod,
+                                           absl::Now(), std::string(kPeerNonceBytes, 'f'));
+  forged.mac[0] ^= 1;
+  EXPECT_EQ(put(EncodePeerCallProof(forged)), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(store_->Copies().empty());
+  // A put seen on the wire and replayed: kept once, refused the second time, nothing reserved.
+  const std::string seen = EncodePeerCallProof(MakePeerCallProof(
+      TestPeerCredential(), kPutMemoryCopyMethod, absl::Now(), std::string(kPeerNonceBytes, 'r')));
+  ASSERT_EQ(put(seen), grpc::StatusCode::OK);
+  EXPECT_EQ(put(seen), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(store_->Copies().size(), 1u);
+  EXPECT_TRUE(store_->Reserve(Copy(8, "data-00002", (1 << 20) - 3, 2)).ok());
 }
 
 TEST_F(PeerMemoryTest, Put_OverTheBuddyBudget_RefusedAndNothingHeld) {
