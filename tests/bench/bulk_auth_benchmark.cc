@@ -280,7 +280,7 @@ BENCHMARK(BM_BulkAuthPaired)
     ->Arg(1)
     ->Arg(2)
     ->Arg(4)
-    ->Iterations(15)
+    ->Iterations(31)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
