@@ -316,7 +316,12 @@ int main(int argc, char** argv) {
   });
   tessera::MemoryTier* const memory = memory_on ? &memory_tier : nullptr;
   tessera::BuddyStore buddy_store(budgets->buddy_bytes);
-  tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store);
+  // The job's secret, from the registration reply: until it is set every peer is refused
+  // (common/peer_auth.h).
+  tessera::PeerKeyring keyring(job);
+  tessera::PeerMemoryServiceOptions peer_memory_options;
+  peer_memory_options.keyring = &keyring;
+  tessera::PeerMemoryService peer_memory(job, &memory_tier, &buddy_store, peer_memory_options);
 
   // The bulk port for other agents' reads of this agent's memory copies.
   std::unique_ptr<tessera::MemoryBulkServer> memory_bulk;
@@ -327,7 +332,7 @@ int main(int argc, char** argv) {
     if (!listen.ok()) return Fail(std::string(listen.status().message()));
     bulk_options.listen_address = *listen;
     absl::StatusOr<std::unique_ptr<tessera::MemoryBulkServer>> started =
-        tessera::MemoryBulkServer::Start(job, &memory_tier, &buddy_store, bulk_options);
+        tessera::MemoryBulkServer::Start(&keyring, &memory_tier, &buddy_store, bulk_options);
     if (!started.ok()) {
       return Fail(absl::StrCat("memory bulk port on ", *listen, ": ", started.status().message()));
     }
@@ -348,13 +353,15 @@ int main(int argc, char** argv) {
           return;
         }
         executor->OnCommand(c);
-      });
+      },
+      &keyring);
 
   tessera::PeerAddressBook addresses;  // filled from GATHER commands
   tessera::GrpcPeerTransportOptions peer_options;
   peer_options.extra_services.push_back(&relay_service);
   if (memory_on) peer_options.extra_services.push_back(&peer_memory);
   peer_options.rank = urank;
+  peer_options.keyring = &keyring;
   peer_options.listen_address = absl::GetFlag(FLAGS_peer_listen);
   peer_options.resolve_peer = [&addresses](const std::string& session, uint32_t r) {
     return addresses.Resolve(session, r);
@@ -435,16 +442,18 @@ int main(int argc, char** argv) {
       if (!found.ok()) return found.status();
       return std::move(*found->mutable_manifest());
     };
-    loader_options.fetch_copy = [&job](const tessera::v1::MemoryCopy& copy, char* dest) {
-      return tessera::ReadMemoryCopyFromHolder(job, copy, dest, tessera::kMemoryCopyReadStall);
+    loader_options.fetch_copy = [&keyring](const tessera::v1::MemoryCopy& copy, char* dest) {
+      return tessera::ReadMemoryCopyFromHolder(keyring.Get(), copy, dest,
+                                               tessera::kMemoryCopyReadStall);
     };
   }
+  loader_options.peer_keyring = &keyring;
   tessera::Loader loader(&storage, load_pool->get(), urank, loader_options);
   std::unique_ptr<tessera::BuddyReplicator> replicator_owner;
   if (memory_on) {
     replicator_owner = std::make_unique<tessera::BuddyReplicator>(
         &memory_tier, urank,
-        [&job, &executor](const tessera::v1::MemoryBuddy& buddy,
+        [&keyring, &executor](const tessera::v1::MemoryBuddy& buddy,
                           const tessera::v1::MemoryCopy& copy, const char* data,
                           const std::atomic<bool>& cancel) {
           // The copy to the buddy yields the CPU to a trainer's save copy on this agent: the
@@ -454,8 +463,8 @@ int main(int argc, char** argv) {
             while (!cancel.load() && !executor.AwaitTrainerFree(absl::Milliseconds(5))) {
             }
           };
-          return tessera::SendMemoryCopyToBuddy(job, buddy, copy, data, kMemoryCopySendStall, &cancel,
-                                                yield_to_saves);
+          return tessera::SendMemoryCopyToBuddy(keyring.Get(), buddy, copy, data,
+                                                kMemoryCopySendStall, &cancel, yield_to_saves);
         });
     replicator = replicator_owner.get();
   }
@@ -505,6 +514,8 @@ int main(int argc, char** argv) {
   lifeline_options.on_lease_changed = [&executor] { executor.LeaseMayHaveChanged(); };
   const std::string own_storage_root = absl::GetFlag(FLAGS_storage_root);
   lifeline_options.on_registered = [&](const tessera::v1::RegisterAgentResponse& response) {
+    // Before anything that might make a peer call this agent (the heartbeats that follow).
+    keyring.Set(response.peer_secret());
     if (absl::Status bad = tessera::CheckStorageRoot(own_storage_root, response.storage_root());
         !bad.ok()) {
       // No root: the save core refuses every path (R4) and the loader every load.
@@ -530,6 +541,7 @@ int main(int argc, char** argv) {
   // that feeds it and after the coordinator client it reports to.
   tessera::CommandRelayerOptions relayer_options;
   relayer_options.channel_credentials = peer_options.channel_credentials;
+  relayer_options.keyring = &keyring;
   tessera::CommandRelayer relayer(
       job, urank,
       [&relay_reports, &coordinator, &job, urank, incarnation](

@@ -26,15 +26,22 @@ std::string Describe(const grpc::Status& status) {
 }  // namespace
 
 CommandRelayService::CommandRelayService(std::string job_id, uint32_t rank, uint64_t incarnation,
-                                         OnCommand on_command)
+                                         OnCommand on_command, const PeerKeyring* keyring)
     : job_id_(std::move(job_id)),
       rank_(rank),
       incarnation_(incarnation),
-      on_command_(std::move(on_command)) {}
+      on_command_(std::move(on_command)),
+      gate_(keyring != nullptr ? std::make_unique<PeerCallGate>(keyring) : nullptr) {}
 
 grpc::ServerUnaryReactor* CommandRelayService::Relay(grpc::CallbackServerContext* context,
                                                      const v1::RelayRequest* request,
                                                      v1::RelayResponse* /*response*/) {
+  if (gate_ != nullptr) {
+    if (absl::Status admitted = gate_->Admit(*context, kRelayMethod); !admitted.ok()) {
+      LogWarning("CommandRelay: ", context->peer(), ": ", admitted.message());
+      return FinishUnary(context, admitted);
+    }
+  }
   return FinishUnary(context, Handle(*request));
 }
 
@@ -182,6 +189,11 @@ void CommandRelayer::RelayOne(const v1::Command& command) {
       *call->request.mutable_command() = relayed;
       call->request.mutable_command()->set_seq(target.seq());  // the target's own
       call->context.set_deadline(absl::ToChronoTime(start + options_.deadline));
+      if (options_.keyring != nullptr) {
+        // Without a nonce (no randomness) the call carries no proof: the target refuses it and
+        // counts as failed, as any target that does not answer.
+        ProvePeerCall(&call->context, options_.keyring->Get(), kRelayMethod).IgnoreError();
+      }
       ++started;
     }
     calls.push_back(std::move(call));

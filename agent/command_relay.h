@@ -31,6 +31,8 @@
 #include "agent/backoff.h"
 #include "agent/coordinator_client.h"
 #include "common/clock.h"
+#include "common/peer_auth.h"
+#include "common/peer_call_proof.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/peer.grpc.pb.h"
@@ -50,12 +52,15 @@ class CommandRelayService final : public v1::CommandRelay::CallbackService {
  public:
   using OnCommand = std::function<void(const v1::Command&)>;
 
-  // `job_id`, `rank` and `incarnation` are this agent's registration's.
+  // `job_id`, `rank` and `incarnation` are this agent's registration's. `keyring` (which must
+  // outlive the service) holds the job's credential, which every call must prove (common/
+  // peer_call_proof.h); null: calls not checked, for tests of the relay alone.
   CommandRelayService(std::string job_id, uint32_t rank, uint64_t incarnation,
-                      OnCommand on_command);
+                      OnCommand on_command, const PeerKeyring* keyring = nullptr);
 
   // Calls on_command(request->command()) unchanged and answers OK.
-  // Errors: FAILED_PRECONDITION if the request's job_id, rank or incarnation is not this
+  // Errors: UNAUTHENTICATED if the call does not prove it comes from an agent of the job
+  // (looked at first); FAILED_PRECONDITION if the request's job_id, rank or incarnation is not this
   // agent's, the message naming each that differs (STALE_INCARNATION in its ErrorDetail when
   // only the incarnation does: the target restarted); INVALID_ARGUMENT if the command has
   // relay_to set (a relayed command is never relayed again) or is not one a relay passes on
@@ -76,6 +81,7 @@ class CommandRelayService final : public v1::CommandRelay::CallbackService {
   const uint32_t rank_;
   const uint64_t incarnation_;
   const OnCommand on_command_;
+  const std::unique_ptr<PeerCallGate> gate_;  // null: calls not checked
 
   // Readers: Relay() calls running on_command; the writer: Stop().
   absl::Mutex mu_;
@@ -89,6 +95,10 @@ struct CommandRelayerOptions {
 
   // Credentials of the channels to the targets. Default: insecure (nullptr).
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+
+  // The job's credential, proved on every call (common/peer_call_proof.h); must outlive the
+  // relayer. Default: null — no proof, which an agent's CommandRelayService refuses.
+  const PeerKeyring* keyring = nullptr;
 };
 
 // Passes commands with relay_to on to their targets. Forward() queues a command and returns at

@@ -12,6 +12,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "common/clock.h"
+#include "common/fake_bulk_holder.h"
+#include "common/peer_auth.h"
+#include "common/peer_call_proof.h"
 #include "common/grpc_status.h"
 #include "common/status.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -74,17 +77,28 @@ std::unique_ptr<grpc::Server> Serve(grpc::Service* service, std::string* address
   return server;
 }
 
+// A relayer's options proving the job's secret (TestPeerCredential), as agents hold it.
+CommandRelayerOptions Proving() {
+  static PeerKeyring* keyring = TestPeerKeyring(kJob).release();
+  CommandRelayerOptions options;
+  options.keyring = keyring;
+  return options;
+}
+
 // One agent's CommandRelayService on its own in-process server, recording what it is handed.
 class Agent {
  public:
   Agent(uint32_t rank, uint64_t incarnation)
       : rank_(rank),
         incarnation_(incarnation),
-        service_(kJob, rank, incarnation, [this](const v1::Command& command) {
-          absl::MutexLock lock(&mu_);
-          commands_.push_back(command);
-          if (!received_.HasBeenNotified()) received_.Notify();
-        }),
+        service_(
+            kJob, rank, incarnation,
+            [this](const v1::Command& command) {
+              absl::MutexLock lock(&mu_);
+              commands_.push_back(command);
+              if (!received_.HasBeenNotified()) received_.Notify();
+            },
+            keyring_.get()),
         server_(Serve(&service_, &address_)) {}
   ~Agent() { server_->Shutdown(); }
 
@@ -98,11 +112,19 @@ class Agent {
     return commands_;
   }
 
-  // Relay() over gRPC, as another agent calls it.
-  grpc::Status Call(const v1::RelayRequest& request) {
+  // Relay() over gRPC, as another agent calls it: proving `credential`, or with the proof
+  // `proof` (the metadata's value) if it is not empty.
+  grpc::Status Call(const v1::RelayRequest& request,
+                    const PeerCredential& credential = TestPeerCredential(kJob),
+                    const std::string& proof = "") {
     std::unique_ptr<v1::CommandRelay::Stub> stub = v1::CommandRelay::NewStub(
         grpc::CreateChannel(address_, grpc::InsecureChannelCredentials()));
     grpc::ClientContext context;
+    if (proof.empty()) {
+      EXPECT_TRUE(ProvePeerCall(&context, credential, kRelayMethod).ok());
+    } else {
+      context.AddMetadata(kPeerProofMetadata, proof);
+    }
     v1::RelayResponse response;
     return stub->Relay(&context, request, &response);
   }
@@ -124,6 +146,7 @@ class Agent {
   absl::Mutex mu_;
   std::vector<v1::Command> commands_ ABSL_GUARDED_BY(mu_);
   absl::Notification received_;
+  const std::unique_ptr<PeerKeyring> keyring_ = TestPeerKeyring(kJob);  // before service_
   CommandRelayService service_;
   std::string address_;  // before server_, which Serve() fills it for
   std::unique_ptr<grpc::Server> server_;
@@ -236,6 +259,28 @@ TEST(CommandRelayServiceTest, Relay_AnotherJob_FailedPrecondition) {
   EXPECT_TRUE(agent.commands().empty());
 }
 
+// Issue 51: a relayed command is handed on only if the call proves the job's secret.
+TEST(CommandRelayServiceTest, Relay_WithoutProofForgedReplayedOrAnotherJobs_Unauthenticated) {
+  Agent agent(3, 0x33);
+  const v1::RelayRequest request = agent.RequestFor(Pin(42));
+  EXPECT_EQ(agent.Call(request, PeerCredential{kJob, ""}).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(agent.Call(request, TestPeerCredential("other-job")).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  PeerCallProof forged = MakePeerCallProof(TestPeerCredential(kJob), kRelayMethod, absl::Now(),
+                                           std::string(kPeerNonceBytes, 'f'));
+  forged.mac[0] ^= 1;
+  EXPECT_EQ(agent.Call(request, {}, EncodePeerCallProof(forged)).error_code(),
+            grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(agent.commands().empty());
+  // A proof seen on the wire, replayed: the first call is handed on, the replay is not.
+  const std::string seen = EncodePeerCallProof(MakePeerCallProof(
+      TestPeerCredential(kJob), kRelayMethod, absl::Now(), std::string(kPeerNonceBytes, 'r')));
+  ASSERT_TRUE(agent.Call(request, {}, seen).ok());
+  EXPECT_EQ(agent.Call(request, {}, seen).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(agent.commands().size(), 1u);
+}
+
 TEST(CommandRelayServiceTest, Relay_CommandWithRelayTo_InvalidArgument) {
   Agent agent(3, 0x33);
   v1::Command command = Pin(42);
@@ -278,7 +323,7 @@ TEST(CommandRelayerTest, Forward_TwoLiveTargets_EachGetsCommandWithoutRelayToWit
   Agent a(1, 0x11);
   Agent b(2, 0x22);
   Reports reports;
-  CommandRelayer relayer(kJob, kRelayRank, reports.Callback());
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback(), Proving());
   v1::Command command = Pin(42);
   AddTarget(command, a.rank(), a.incarnation(), a.address());
   AddTarget(command, b.rank(), b.incarnation(), b.address());
@@ -303,7 +348,7 @@ TEST(CommandRelayerTest, Forward_UnreachableAndRefusingTargets_ReportedOnceWithT
   Agent live(1, 0x11);
   Agent restarted(3, 0x33);  // the relay was told of incarnation 0x30
   Reports reports;
-  CommandRelayer relayer(kJob, kRelayRank, reports.Callback());
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback(), Proving());
   v1::Command command = Pin(42);
   AddTarget(command, live.rank(), live.incarnation(), live.address());
   AddTarget(command, 2, 0x22, absl::StrCat("127.0.0.1:", ClosedPort()));
@@ -324,7 +369,7 @@ TEST(CommandRelayerTest, Forward_TargetDoesNotAnswer_ReportedAfterDeadline) {
   Agent live(1, 0x11);
   SilentAgent silent;
   Reports reports;
-  CommandRelayerOptions options;
+  CommandRelayerOptions options = Proving();
   // Long enough for the live target's call (a fresh channel: connect, handshake, answer) on a
   // loaded machine; only the silent one is to run out of it.
   options.deadline = absl::Seconds(3);
@@ -346,7 +391,7 @@ TEST(CommandRelayerTest, Destroy_CallInFlight_CancelledAndNotReported) {
   SilentAgent silent;
   Reports reports;
   {
-    CommandRelayerOptions options;
+    CommandRelayerOptions options = Proving();
     options.deadline = absl::Hours(1);
     CommandRelayer relayer(kJob, kRelayRank, reports.Callback(), options);
     v1::Command command = Pin(42);
@@ -359,7 +404,7 @@ TEST(CommandRelayerTest, Destroy_CallInFlight_CancelledAndNotReported) {
 
 TEST(CommandRelayerTest, Forward_NoRelayTo_NothingQueuedNorReported) {
   Reports reports;
-  CommandRelayer relayer(kJob, kRelayRank, reports.Callback());
+  CommandRelayer relayer(kJob, kRelayRank, reports.Callback(), Proving());
   relayer.Forward(Pin(41));  // no relay_to
   relayer.WaitIdleForTesting();
   EXPECT_TRUE(reports.Get().empty());

@@ -540,6 +540,9 @@ void Loader::FillResponse(const v1::LoadRequest& request, const CheckpointReader
   }
   if (staged.client_fetch.has_value()) {
     response->mutable_fetch()->set_job_id(options_.job_id);
+    if (options_.peer_keyring != nullptr) {
+      response->mutable_fetch()->set_peer_secret(options_.peer_keyring->Get().secret);
+    }
     *response->mutable_fetch()->mutable_copy() = *staged.client_fetch;
   }
 }

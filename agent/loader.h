@@ -48,6 +48,7 @@
 #include "absl/time/time.h"
 #include "agent/memory_tier.h"
 #include "agent/staging_pool.h"
+#include "common/peer_auth.h"
 #include "format/checkpoint_reader.h"
 #include "storage/storage.h"
 #include "tessera/v1/agent.pb.h"
@@ -83,6 +84,9 @@ struct LoaderOptions {
   // The job whose checkpoints this agent loads, as a holder's bulk port is asked for its
   // copies by a trainer that fetches them itself (LoadResponse.fetch). Default: "".
   std::string job_id;
+  // The job's secret, which such a trainer proves to the holder (ClientFetch.peer_secret; its
+  // unix socket is its user's alone); must outlive the loader. Default: null (none sent).
+  const PeerKeyring* peer_keyring = nullptr;
   // A load region is reserved in chunks of this many bytes, on a thread of its own, ahead of
   // its reads (agent/reserved_reads.h): small enough that the reads start soon, large enough
   // that each posix_fallocate is worth its call. Default: 64 MiB.

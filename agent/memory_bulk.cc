@@ -27,17 +27,19 @@ absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
 }
 
 absl::StatusOr<std::unique_ptr<MemoryBulkServer>> MemoryBulkServer::Start(
-    std::string job_id, const MemoryTier* tier, BuddyStore* store,
+    const PeerKeyring* keyring, const MemoryTier* tier, BuddyStore* store,
     MemoryBulkServerOptions options) {
   absl::StatusOr<TcpSocket> listener = TcpSocket::Listen(options.listen_address, 128);
   if (!listener.ok()) return listener.status();
   return std::unique_ptr<MemoryBulkServer>(new MemoryBulkServer(
-      std::move(job_id), tier, store, std::move(options), *std::move(listener)));
+      keyring, tier, store, std::move(options), *std::move(listener)));
 }
 
-MemoryBulkServer::MemoryBulkServer(std::string job_id, const MemoryTier* tier, BuddyStore* store,
-                                   MemoryBulkServerOptions options, TcpSocket listener)
-    : job_id_(std::move(job_id)),
+MemoryBulkServer::MemoryBulkServer(const PeerKeyring* keyring, const MemoryTier* tier,
+                                   BuddyStore* store, MemoryBulkServerOptions options,
+                                   TcpSocket listener)
+    : keyring_(keyring),
+      job_id_(keyring->Get().job_id),
       tier_(tier),
       store_(store),
       options_(std::move(options)),
@@ -101,17 +103,16 @@ void MemoryBulkServer::AcceptLoop() {
 
 void MemoryBulkServer::Serve(Connection* connection) {
   const TcpSocket& socket = connection->socket;
-  v1::BulkRequest request;
-  absl::Status got = RecvBulkFrame(socket, &request, absl::Now() + options_.request_timeout);
-  if (got.ok() && request.kind_case() == v1::BulkRequest::KIND_NOT_SET) {
-    got = absl::InvalidArgumentError("a BulkRequest with neither a read nor a put");
-  }
-  if (!got.ok()) {
-    SendBulkStatus(socket, got, 0, absl::Now() + options_.send_timeout).IgnoreError();
-  } else if (request.has_read()) {
-    ServeRead(socket, request.read());
+  // A peer that fails the handshake is answered its error and nothing more.
+  absl::StatusOr<AcceptedBulkPeer> peer =
+      AcceptBulkPeer(socket, keyring_->Get(), absl::Now() + options_.request_timeout);
+  if (!peer.ok()) {
+    LogWarning("memory bulk port: refused ", socket.peer(), ": ", peer.status().ToString());
+    SendBulkStatus(socket, peer.status(), 0, absl::Now() + options_.send_timeout).IgnoreError();
+  } else if (peer->request.has_read()) {
+    ServeRead(socket, peer->request.read(), peer->proof);
   } else {
-    ServePut(socket, request.put());
+    ServePut(socket, peer->request.put(), peer->proof);
   }
   absl::MutexLock lock(&mu_);
   connection->socket.Close();
@@ -120,11 +121,12 @@ void MemoryBulkServer::Serve(Connection* connection) {
 }
 
 void MemoryBulkServer::ServeRead(const TcpSocket& socket,
-                                 const v1::ReadMemoryCopyRequest& request) const {
+                                 const v1::ReadMemoryCopyRequest& request,
+                                 const std::string& proof) const {
   absl::StatusOr<RequestedBytes> found = FindRequestedBytes(job_id_, *tier_, *store_, request);
   absl::Status sent = SendBulkStatus(socket, found.status(),
                                      found.ok() ? found->end - found->begin : 0,
-                                     absl::Now() + options_.send_timeout);
+                                     absl::Now() + options_.send_timeout, proof);
   if (sent.ok() && found.ok()) {
     sent = socket.SendAll(found->data + found->begin, found->end - found->begin,
                           TimeLimit::Stall(options_.send_timeout));
@@ -132,11 +134,12 @@ void MemoryBulkServer::ServeRead(const TcpSocket& socket,
   if (!sent.ok()) LogWarning("memory bulk read for ", socket.peer(), ": ", sent.ToString());
 }
 
-void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put) {
+void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put,
+                                const std::string& proof) {
   absl::StatusOr<std::shared_ptr<MemoryBuffer>> room =
       ReserveBuddyCopy(job_id_, *store_, put.job_id(), put.copy());
   absl::Status status = SendBulkStatus(socket, room.status(), room.ok() ? (*room)->size() : 0,
-                                       absl::Now() + options_.put_timeout);
+                                       absl::Now() + options_.put_timeout, proof);
   if (!room.ok()) return;
   if (status.ok()) {
     status = socket.RecvAll((*room)->data(), (*room)->size(),
@@ -159,7 +162,7 @@ void MemoryBulkServer::ServePut(const TcpSocket& socket, const v1::BulkPut& put)
           put.copy().writer_rank(), " not kept: ", status.ToString());
 }
 
-absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
+absl::Status ReadMemoryCopyBulk(const std::string& address, const PeerCredential& credential,
                                 const v1::MemoryCopy& copy, char* dest, absl::Duration stall,
                                 int streams) {
   const TimeLimit limit = TimeLimit::Stall(stall);
@@ -171,27 +174,29 @@ absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& j
     if (!socket.ok()) return group.Fail(socket.status());
     group.Run(*socket, [&] {
       RETURN_IF_ERROR(
-          RequestBulkRead(*socket, address, job, copy, begin, end, limit.StepDeadline()));
+          RequestBulkRead(*socket, address, credential, copy, begin, end, limit.StepDeadline()));
       return socket->RecvAll(dest + begin, end - begin, limit);
     });
   });
   return group.first_error();
 }
 
-absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,
+absl::Status SendMemoryCopyBulk(const std::string& address, const PeerCredential& credential,
                                 const v1::MemoryCopy& copy, const char* data,
                                 absl::Duration stall, const std::atomic<bool>* cancel,
                                 const std::function<void()>& before_chunk) {
   const TimeLimit limit = TimeLimit::Stall(stall);
   v1::BulkRequest request;
-  request.mutable_put()->set_job_id(job);
+  request.mutable_put()->set_job_id(credential.job_id);
   *request.mutable_put()->mutable_copy() = copy;
   absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(address, limit.StepDeadline());
   if (!socket.ok()) return socket.status();
-  if (absl::Status sent = SendBulkFrame(*socket, request, limit.StepDeadline()); !sent.ok()) {
-    return sent;
-  }
-  if (absl::StatusOr<uint64_t> room = RecvBulkStatus(*socket, address, limit.StepDeadline());
+  absl::StatusOr<BulkSession> session =
+      SendBulkHello(*socket, credential, request, limit.StepDeadline());
+  if (!session.ok()) return session.status();
+  // No byte of the copy goes to a buddy that did not prove it belongs to the job.
+  if (absl::StatusOr<uint64_t> room =
+          RecvFirstBulkStatus(*socket, address, *session, limit.StepDeadline());
       !room.ok()) {
     return room.status();
   }
@@ -209,27 +214,29 @@ absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& j
   return RecvBulkStatus(*socket, address, limit.StepDeadline()).status();
 }
 
-absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,
-                                      char* dest, absl::Duration timeout) {
+absl::Status ReadMemoryCopyFromHolder(const PeerCredential& credential,
+                                      const v1::MemoryCopy& copy, char* dest,
+                                      absl::Duration timeout) {
   // Over the bulk port `timeout` bounds each wait for bytes; over gRPC, the whole read.
   if (!copy.bulk_address().empty()) {
-    return ReadMemoryCopyBulk(copy.bulk_address(), job, copy, dest, timeout);
+    return ReadMemoryCopyBulk(copy.bulk_address(), credential, copy, dest, timeout);
   }
   return ReadMemoryCopy(MemoryCopyChannels(copy.peer_address(), grpc::InsecureChannelCredentials()),
-                        job, copy, dest, timeout);
+                        credential, copy, dest, timeout);
 }
 
-absl::Status SendMemoryCopyToBuddy(const std::string& job, const v1::MemoryBuddy& buddy,
+absl::Status SendMemoryCopyToBuddy(const PeerCredential& credential, const v1::MemoryBuddy& buddy,
                                    const v1::MemoryCopy& copy, const char* data,
                                    absl::Duration timeout, const std::atomic<bool>* cancel,
                                    const std::function<void()>& before_chunk) {
   // Over the bulk port `timeout` bounds each wait for bytes; over gRPC, the whole put.
   if (!buddy.bulk_address().empty()) {
-    return SendMemoryCopyBulk(buddy.bulk_address(), job, copy, data, timeout, cancel, before_chunk);
+    return SendMemoryCopyBulk(buddy.bulk_address(), credential, copy, data, timeout, cancel,
+                              before_chunk);
   }
   return SendMemoryCopy(
-      grpc::CreateChannel(buddy.peer_address(), grpc::InsecureChannelCredentials()), job, copy,
-      data, timeout, cancel, before_chunk);
+      grpc::CreateChannel(buddy.peer_address(), grpc::InsecureChannelCredentials()), credential,
+      copy, data, timeout, cancel, before_chunk);
 }
 
 }  // namespace tessera

@@ -11,6 +11,12 @@
 // once more out of gRPC's buffers (and a put copies it twice more on the sending side);
 // tests/bench/peer_memory_benchmark.cc measures both against plain sockets.
 //
+// Every connection opens with the handshake of common/bulk_handshake.h: a peer that does not
+// prove it belongs to the job (no secret, another job's, a replayed or forged handshake) is
+// answered UNAUTHENTICATED before its request is looked at — no byte of a copy is sent and no
+// memory reserved for it — and a peer sends or takes no byte of a copy before the holder proved
+// itself likewise.
+//
 // Never hangs on a peer: a transfer ends once no byte has moved for its stall limit (the
 // caller's, or the server's for a peer that stops sending or taking bytes) — a limit on each
 // wait, not on the whole, so a copy of any size on a slow link completes while it moves;
@@ -37,6 +43,7 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
+#include "common/peer_auth.h"
 #include "common/tcp_socket.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/peer.pb.h"
@@ -69,11 +76,13 @@ absl::StatusOr<std::string> MemoryBulkListenAddress(const std::string& flag,
 
 class MemoryBulkServer {
  public:
-  // Serves the copies of job `job_id` in `tier` (the agent's own) and `store` (held as a
-  // buddy), and keeps the copies other agents put in `store`; both must outlive the server.
+  // Serves the copies of the job of `keyring` in `tier` (the agent's own) and `store` (held as
+  // a buddy), and keeps the copies other agents put in `store`, to peers that prove the job's
+  // secret as `keyring` holds it when they connect (none before it is set); all three must
+  // outlive the server.
   // Errors: InvalidArgument / Unavailable if it cannot listen on options.listen_address.
   static absl::StatusOr<std::unique_ptr<MemoryBulkServer>> Start(
-      std::string job_id, const MemoryTier* tier, BuddyStore* store,
+      const PeerKeyring* keyring, const MemoryTier* tier, BuddyStore* store,
       MemoryBulkServerOptions options = {});
 
   // Stops accepting, ends the connections being served (their peers get an error; a put not
@@ -92,13 +101,16 @@ class MemoryBulkServer {
     bool done = false;
   };
 
-  MemoryBulkServer(std::string job_id, const MemoryTier* tier, BuddyStore* store,
+  MemoryBulkServer(const PeerKeyring* keyring, const MemoryTier* tier, BuddyStore* store,
                    MemoryBulkServerOptions options, TcpSocket listener);
   void AcceptLoop();
   void Serve(Connection* connection);
-  void ServeRead(const TcpSocket& socket, const v1::ReadMemoryCopyRequest& request) const;
-  void ServePut(const TcpSocket& socket, const v1::BulkPut& put);
+  // `proof`: the holder's, for its first BulkStatus (AcceptBulkPeer).
+  void ServeRead(const TcpSocket& socket, const v1::ReadMemoryCopyRequest& request,
+                 const std::string& proof) const;
+  void ServePut(const TcpSocket& socket, const v1::BulkPut& put, const std::string& proof);
 
+  const PeerKeyring* const keyring_;
   const std::string job_id_;
   const MemoryTier* const tier_;
   BuddyStore* const store_;
@@ -113,27 +125,29 @@ class MemoryBulkServer {
   int active_ ABSL_GUARDED_BY(mu_) = 0;                     // connections not done
 };
 
-// Reads the whole copy `copy` of checkpoint `job` into `dest` (copy.nbytes() bytes, which the
+// Reads the whole copy `copy` of a checkpoint of `credential`'s job into `dest` (copy.nbytes() bytes, which the
 // caller bounds) from the bulk port at `address`, over up to `streams` connections at once,
 // each over its own consecutive part (ReadParts). On error `dest` holds unspecified bytes.
 // Errors (the first failed part's, which ends the other parts at once: common/socket_group.h):
-// the holder's, as PeerMemory.ReadMemoryCopy's (NotFound, FailedPrecondition, OutOfRange);
+// the holder's, as PeerMemory.ReadMemoryCopy's (NotFound, FailedPrecondition, OutOfRange;
+// Unauthenticated if it refused the proof); Unauthenticated if it did not prove itself;
 // DataLoss if it sent another size or closed early; Unavailable if it cannot be reached or
 // reset the connection; DeadlineExceeded once no byte arrived for `stall` (however long the
 // whole takes); InvalidArgument for an address that does not parse.
-absl::Status ReadMemoryCopyBulk(const std::string& address, const std::string& job,
+absl::Status ReadMemoryCopyBulk(const std::string& address, const PeerCredential& credential,
                                 const v1::MemoryCopy& copy, char* dest, absl::Duration stall,
                                 int streams = kMemoryCopyReadStreams);
 
 // Puts copy.nbytes() bytes at `data` to the bulk port at `address` as the buddy copy `copy`
-// (writer_rank set) of job `job`, in kMemoryCopyChunkBytes pieces: before each,
+// (writer_rank set) of `credential`'s job, in kMemoryCopyChunkBytes pieces: before each,
 // `before_chunk` (if given) runs — it may block, e.g. while a trainer's save copy runs — and
 // the put stops once `*cancel` (if given) is true. Returns once the receiver keeps the copy.
 // `stall` bounds each wait for bytes to move (not before_chunk's).
 // Errors: the receiver's, as PeerMemory.PutMemoryCopy's (ResourceExhausted,
-// FailedPrecondition); Cancelled after `cancel` (the receiver keeps nothing); as
+// FailedPrecondition; Unauthenticated if it refused the proof); Unauthenticated if it did not
+// prove itself (then no byte of the copy was sent); Cancelled after `cancel` (the receiver keeps nothing); as
 // ReadMemoryCopyBulk's for the connection.
-absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& job,
+absl::Status SendMemoryCopyBulk(const std::string& address, const PeerCredential& credential,
                                 const v1::MemoryCopy& copy, const char* data,
                                 absl::Duration stall, const std::atomic<bool>* cancel = nullptr,
                                 const std::function<void()>& before_chunk = nullptr);
@@ -141,14 +155,14 @@ absl::Status SendMemoryCopyBulk(const std::string& address, const std::string& j
 // Reads `copy` from the agent holding it: over its bulk port when it has one
 // (copy.bulk_address; `timeout` is then its stall limit), else over PeerMemory.ReadMemoryCopy
 // at copy.peer_address (`timeout` bounds the whole read). Errors: as the path taken.
-absl::Status ReadMemoryCopyFromHolder(const std::string& job, const v1::MemoryCopy& copy,
+absl::Status ReadMemoryCopyFromHolder(const PeerCredential& credential, const v1::MemoryCopy& copy,
                                       char* dest, absl::Duration timeout);
 
 // Sends `copy` to `buddy`: over its bulk port when it has one (buddy.bulk_address; `timeout`
 // is then its stall limit), else over PeerMemory.PutMemoryCopy at buddy.peer_address
 // (`timeout` bounds the whole put). Arguments and errors: as SendMemoryCopyBulk and
 // SendMemoryCopy.
-absl::Status SendMemoryCopyToBuddy(const std::string& job, const v1::MemoryBuddy& buddy,
+absl::Status SendMemoryCopyToBuddy(const PeerCredential& credential, const v1::MemoryBuddy& buddy,
                                    const v1::MemoryCopy& copy, const char* data,
                                    absl::Duration timeout, const std::atomic<bool>* cancel,
                                    const std::function<void()>& before_chunk);

@@ -11,6 +11,7 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
 #include "agent/peer_memory.h"
+#include "common/bulk_handshake.h"
 #include "common/bulk_wire.h"
 #include "common/fake_bulk_holder.h"
 #include "common/tcp_socket.h"
@@ -48,6 +49,36 @@ std::string Frame(const std::string& body) {
   return frame + body;
 }
 
+// Receives the holder's BulkChallenge from `socket` (a connection to the bulk port) and returns
+// its nonce.
+std::string RecvChallenge(const TcpSocket& socket) {
+  absl::StatusOr<std::string> body = RecvBulkBody(socket, "BulkChallenge", Soon());
+  EXPECT_TRUE(body.ok()) << body.status();
+  absl::StatusOr<v1::BulkChallenge> challenge = DecodeBulkChallenge(body.ok() ? *body : "");
+  return challenge.ok() ? challenge->nonce() : "";
+}
+
+// The BulkHello for `request` with `credential`'s proof, on a connection whose holder nonce is
+// `holder_nonce`.
+std::string HelloFrame(const PeerCredential& credential, const std::string& holder_nonce,
+                       const v1::BulkRequest& request) {
+  v1::BulkHello hello;
+  hello.set_nonce(std::string(kPeerNonceBytes, 'p'));
+  hello.set_request(request.SerializeAsString());
+  hello.set_proof(BulkClientProof(credential, holder_nonce, hello.nonce(), hello.request()));
+  return Frame(hello.SerializeAsString());
+}
+
+// A put of `nbytes` bytes as writer 5's copy of "data-00005".
+v1::BulkRequest PutRequest(uint64_t nbytes) {
+  v1::BulkRequest request;
+  request.mutable_put()->set_job_id(kJob);
+  v1::MemoryCopy copy = Copy("data-00005", nbytes);
+  copy.set_writer_rank(5);
+  *request.mutable_put()->mutable_copy() = copy;
+  return request;
+}
+
 // Receives one framed BulkStatus from `socket`.
 v1::BulkStatus RecvStatus(const TcpSocket& socket) {
   uint32_t n = 0;
@@ -80,7 +111,7 @@ class MemoryBulkTest : public ::testing::Test {
   void StartBulk(MemoryBulkServerOptions options = {}) {
     options.listen_address = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
-        MemoryBulkServer::Start(kJob, &tier_, &store_, options);
+        MemoryBulkServer::Start(keyring_.get(), &tier_, &store_, options);
     ASSERT_TRUE(server.ok()) << server.status();
     bulk_ = *std::move(server);
     bulk_address_ = "127.0.0.1:" + std::to_string(bulk_->port());
@@ -90,7 +121,8 @@ class MemoryBulkTest : public ::testing::Test {
                                    const std::string& job = kJob) {
     std::string dest(copy.nbytes(), '\0');
     absl::Status read =
-        ReadMemoryCopyBulk(bulk_address_, job, copy, dest.data(), absl::Seconds(30), streams);
+        ReadMemoryCopyBulk(bulk_address_, TestPeerCredential(job), copy, dest.data(),
+                           absl::Seconds(30), streams);
     if (!read.ok()) return read;
     return dest;
   }
@@ -103,7 +135,7 @@ class MemoryBulkTest : public ::testing::Test {
     v1::BulkRequest request;
     *request.mutable_read() =
         MemoryCopyReadRequest(kJob, Copy("data-00003", held_.size()), 0, held_.size());
-    const std::string frame = Frame(request.SerializeAsString());
+    const std::string frame = HelloFrame(TestPeerCredential(), RecvChallenge(*socket), request);
     EXPECT_TRUE(socket->SendAll(frame.data(), frame.size(), Soon()).ok());
     EXPECT_EQ(RecvStatus(*socket).nbytes(), held_.size());
     return *std::move(socket);
@@ -116,10 +148,21 @@ class MemoryBulkTest : public ::testing::Test {
                    absl::Duration stall = absl::Seconds(30)) {
     v1::MemoryCopy copy = Copy("data-00005", bytes.size());
     copy.set_writer_rank(5);
-    return SendMemoryCopyBulk(bulk_address_, job, copy, bytes.data(), stall, cancel,
-                              before_chunk);
+    return SendMemoryCopyBulk(bulk_address_, TestPeerCredential(job), copy, bytes.data(), stall,
+                              cancel, before_chunk);
   }
 
+  // Whether the buddy budget is whole again: nothing reserved, nothing kept but `held_`.
+  bool NothingReserved() {
+    v1::MemoryCopy rest = Copy("data-00006", (64 << 20) - held_.size());
+    rest.set_writer_rank(6);
+    absl::StatusOr<std::shared_ptr<MemoryBuffer>> room = store_.Reserve(rest);
+    if (!room.ok()) return false;
+    store_.Abandon(room->get());
+    return !store_.Find(7, "s7", "data-00005").has_value();
+  }
+
+  const std::unique_ptr<PeerKeyring> keyring_ = TestPeerKeyring(kJob);
   MemoryTier tier_;
   BuddyStore store_{64 << 20};
   std::shared_ptr<std::string> own_;
@@ -157,7 +200,7 @@ TEST_F(MemoryBulkTest, Read_Errors_TheHoldersNamingTheBulkPort) {
   EXPECT_NE(missing.message().find("bulk port " + bulk_address_), std::string::npos);
 
   absl::Status other_job = Read(Copy("data-00000", own_->size()), 1, "other").status();
-  EXPECT_EQ(other_job.code(), absl::StatusCode::kFailedPrecondition) << other_job;
+  EXPECT_EQ(other_job.code(), absl::StatusCode::kUnauthenticated) << other_job;
 
   // More bytes than held: the last part's range overruns the copy.
   absl::Status beyond = Read(Copy("data-00000", own_->size() + 1), 1).status();
@@ -203,7 +246,7 @@ TEST_F(MemoryBulkTest, Put_RefusedOrCancelled_NothingKeptAndTheRoomGivenBack) {
   // Over the budget beside the copy held (64 MiB - 9 MiB): refused before any byte is sent.
   absl::Status too_big = Put(std::string(60 << 20, 'x'));
   EXPECT_EQ(too_big.code(), absl::StatusCode::kResourceExhausted) << too_big;
-  EXPECT_EQ(Put("abc", "other").code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Put("abc", "other").code(), absl::StatusCode::kUnauthenticated);
 
   // Given up after two of six chunks: the receiver keeps nothing.
   std::atomic<bool> cancel{false};
@@ -227,6 +270,7 @@ TEST_F(MemoryBulkTest, Server_RequestNeverSent_DeadlineExceededAfterRequestTimeo
   StartBulk(options);
   absl::StatusOr<TcpSocket> silent = TcpSocket::Connect(bulk_address_, Soon());
   ASSERT_TRUE(silent.ok());
+  RecvChallenge(*silent);
   EXPECT_EQ(RecvStatus(*silent).code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded));
 }
 
@@ -251,12 +295,8 @@ TEST_F(MemoryBulkTest, Put_SenderStalls_DroppedAfterPutTimeoutAndTheRoomGivenBac
   StartBulk(options);
   absl::StatusOr<TcpSocket> sender = TcpSocket::Connect(bulk_address_, Soon());
   ASSERT_TRUE(sender.ok());
-  v1::BulkRequest request;
-  request.mutable_put()->set_job_id(kJob);
-  v1::MemoryCopy copy = Copy("data-00005", 2 << 20);
-  copy.set_writer_rank(5);
-  *request.mutable_put()->mutable_copy() = copy;
-  const std::string frame = Frame(request.SerializeAsString());
+  const v1::BulkRequest request = PutRequest(2 << 20);
+  const std::string frame = HelloFrame(TestPeerCredential(), RecvChallenge(*sender), request);
   ASSERT_TRUE(sender->SendAll(frame.data(), frame.size(), Soon()).ok());
   ASSERT_EQ(RecvStatus(*sender).code(), 0);  // room reserved
   const std::string half(1 << 20, 'h');
@@ -264,10 +304,7 @@ TEST_F(MemoryBulkTest, Put_SenderStalls_DroppedAfterPutTimeoutAndTheRoomGivenBac
   // The rest never comes: the server gives the room back, then closes the connection.
   char byte;
   EXPECT_EQ(sender->RecvAll(&byte, 1, Soon()).code(), absl::StatusCode::kDataLoss);
-  EXPECT_FALSE(store_.Find(7, "s7", "data-00005").has_value());
-  v1::MemoryCopy rest = Copy("data-00006", (64 << 20) - held_.size());
-  rest.set_writer_rank(6);
-  EXPECT_TRUE(store_.Reserve(rest).ok());
+  EXPECT_TRUE(NothingReserved());
 }
 
 TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
@@ -284,14 +321,16 @@ TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
   copy.set_peer_address("127.0.0.1:" + std::to_string(port));
   copy.set_bulk_address(bulk_address_);
   std::string dest(held_.size(), '\0');
-  ASSERT_TRUE(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).ok());
+  ASSERT_TRUE(
+      ReadMemoryCopyFromHolder(TestPeerCredential(), copy, dest.data(), absl::Seconds(30)).ok());
   EXPECT_TRUE(dest == held_);
 
   // Without a bulk port the same bytes come over PeerMemory; with the bulk port gone and still
   // named, the read fails rather than going elsewhere (the loader then reads the disk).
   copy.clear_bulk_address();
   dest.assign(held_.size(), '\0');
-  ASSERT_TRUE(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).ok());
+  ASSERT_TRUE(
+      ReadMemoryCopyFromHolder(TestPeerCredential(), copy, dest.data(), absl::Seconds(30)).ok());
   EXPECT_TRUE(dest == held_);
 
   // Sending to a buddy likewise: its bulk port, else PeerMemory.
@@ -302,20 +341,21 @@ TEST_F(MemoryBulkTest, FromHolder_BulkAddressOrElsePeerMemory_SameBytes) {
   v1::MemoryCopy sent = Copy("data-00005", bytes.size());
   sent.set_writer_rank(5);
   ASSERT_TRUE(
-      SendMemoryCopyToBuddy(kJob, buddy, sent, bytes.data(), absl::Seconds(30), nullptr, nullptr)
+      SendMemoryCopyToBuddy(TestPeerCredential(), buddy, sent, bytes.data(), absl::Seconds(30), nullptr, nullptr)
           .ok());
   EXPECT_EQ(store_.Find(7, "s7", "data-00005")->bytes->size(), bytes.size());
   buddy.clear_bulk_address();
   sent.set_step(8);
   sent.set_session_id("s8");
   ASSERT_TRUE(
-      SendMemoryCopyToBuddy(kJob, buddy, sent, bytes.data(), absl::Seconds(30), nullptr, nullptr)
+      SendMemoryCopyToBuddy(TestPeerCredential(), buddy, sent, bytes.data(), absl::Seconds(30), nullptr, nullptr)
           .ok());
   EXPECT_TRUE(store_.Find(8, "s8", "data-00005").has_value());
 
   bulk_.reset();
   copy.set_bulk_address(bulk_address_);
-  EXPECT_EQ(ReadMemoryCopyFromHolder(kJob, copy, dest.data(), absl::Seconds(30)).code(),
+  EXPECT_EQ(ReadMemoryCopyFromHolder(TestPeerCredential(), copy, dest.data(), absl::Seconds(30))
+                .code(),
             absl::StatusCode::kUnavailable);
   grpc_server->Shutdown();
 }
@@ -327,14 +367,11 @@ TEST_F(MemoryBulkTest, Read_HolderClosesEarly_DataLossNamingTheBytes) {
   std::thread holder([&] {
     absl::StatusOr<TcpSocket> c = listener->Accept();
     ASSERT_TRUE(c.ok());
-    char length[4];
-    ASSERT_TRUE(c->RecvAll(length, 4, Soon()).ok());
-    uint32_t n;
-    memcpy(&n, length, 4);
-    std::string request(n, '\0');
-    ASSERT_TRUE(c->RecvAll(request.data(), n, Soon()).ok());
+    absl::StatusOr<AcceptedBulkPeer> peer = AcceptBulkPeer(*c, TestPeerCredential(), Soon());
+    ASSERT_TRUE(peer.ok()) << peer.status();
     v1::BulkStatus header;
     header.set_nbytes(1000);
+    header.set_proof(peer->proof);
     const std::string answer = Frame(header.SerializeAsString()) + std::string(600, 'x');
     ASSERT_TRUE(c->SendAll(answer.data(), answer.size(), Soon()).ok());
   });  // closes after 600 of 1,000 bytes
@@ -353,8 +390,8 @@ TEST_F(MemoryBulkTest, Read_OneStreamFails_TheOthersEndAtOnce) {
     FakeBulkHolder holder(held_, /*cut_after=*/1 << 20, /*stall_from=*/1, stall_unanswered);
     std::string dest(held_.size(), '\0');
     absl::Status status =
-        ReadMemoryCopyBulk(holder.address(), kJob, Copy("data-00003", held_.size()), dest.data(),
-                           absl::InfiniteDuration(), 2);
+        ReadMemoryCopyBulk(holder.address(), TestPeerCredential(), Copy("data-00003", held_.size()),
+                           dest.data(), absl::InfiniteDuration(), 2);
     EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
     EXPECT_EQ(holder.connections(), 2);
   }
@@ -367,7 +404,7 @@ TEST_F(MemoryBulkTest, Read_HolderNeverAnswers_DeadlineExceeded) {
   ASSERT_TRUE(listener.ok());
   std::string dest(1000, '\0');
   absl::Status status =
-      ReadMemoryCopyBulk("127.0.0.1:" + std::to_string(listener->port()), kJob,
+      ReadMemoryCopyBulk("127.0.0.1:" + std::to_string(listener->port()), TestPeerCredential(),
                          Copy("data-00000", 1000), dest.data(), absl::Milliseconds(100));
   EXPECT_EQ(status.code(), absl::StatusCode::kDeadlineExceeded) << status;
 }
@@ -380,6 +417,7 @@ TEST_F(MemoryBulkTest, Server_MalformedEmptyOrOversizedRequest_InvalidArgumentSt
         Frame(std::string(100 << 10, 'x')).substr(0, 4)}) {
     absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
     ASSERT_TRUE(socket.ok());
+    RecvChallenge(*socket);
     ASSERT_TRUE(socket->SendAll(request.data(), request.size(), Soon()).ok());
     const v1::BulkStatus status = RecvStatus(*socket);
     EXPECT_EQ(status.code(), static_cast<int>(absl::StatusCode::kInvalidArgument))
@@ -394,8 +432,9 @@ TEST_F(MemoryBulkTest, Server_AtMaxConnections_TheNextWaitsForOneToEnd) {
   StartBulk(options);
   TcpSocket first = Reading();  // served, blocked on the bytes nobody reads
   std::string dest(own_->size(), '\0');
-  absl::Status waited = ReadMemoryCopyBulk(bulk_address_, kJob, Copy("data-00000", own_->size()),
-                                           dest.data(), absl::Milliseconds(100), 1);
+  absl::Status waited =
+      ReadMemoryCopyBulk(bulk_address_, TestPeerCredential(), Copy("data-00000", own_->size()),
+                         dest.data(), absl::Milliseconds(100), 1);
   EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
 
   first.Close();  // the server's send fails: its connection ends
@@ -411,6 +450,111 @@ TEST_F(MemoryBulkTest, Server_DestroyedMidRead_ReturnsAndTheReaderGetsDataLoss) 
   std::string dest(held_.size(), '\0');
   absl::Status status = reader.RecvAll(dest.data(), dest.size(), Soon());
   EXPECT_EQ(status.code(), absl::StatusCode::kDataLoss) << status;
+}
+
+// Issue 51: a peer without the job's secret is refused before any byte of a copy moves or any
+// memory is reserved.
+TEST_F(MemoryBulkTest, Auth_ReaderWithoutTheSecret_UnauthenticatedAndNoByteSent) {
+  StartBulk();
+  std::string dest(held_.size(), '\0');
+  EXPECT_EQ(ReadMemoryCopyBulk(bulk_address_, PeerCredential{kJob, ""},
+                               Copy("data-00003", held_.size()), dest.data(), absl::Seconds(30), 1)
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  // By hand: a hello whose proof is not the secret's gets the refusal, then the end of the
+  // connection, no byte of the copy between.
+  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
+  ASSERT_TRUE(socket.ok());
+  v1::BulkRequest read;
+  *read.mutable_read() = MemoryCopyReadRequest(kJob, Copy("data-00003", held_.size()), 0, 0);
+  const std::string frame =
+      HelloFrame(PeerCredential{kJob, std::string(kPeerSecretBytes, 'x')}, RecvChallenge(*socket),
+                 read);
+  ASSERT_TRUE(socket->SendAll(frame.data(), frame.size(), Soon()).ok());
+  const v1::BulkStatus refused = RecvStatus(*socket);
+  EXPECT_EQ(refused.code(), static_cast<int>(absl::StatusCode::kUnauthenticated));
+  EXPECT_EQ(refused.nbytes(), 0u);
+  char byte;
+  EXPECT_EQ(socket->RecvAll(&byte, 1, Soon()).code(), absl::StatusCode::kDataLoss);
+}
+
+TEST_F(MemoryBulkTest, Auth_ForgedPut_UnauthenticatedAndNothingReserved) {
+  StartBulk();
+  absl::StatusOr<TcpSocket> socket = TcpSocket::Connect(bulk_address_, Soon());
+  ASSERT_TRUE(socket.ok());
+  const v1::BulkRequest put = PutRequest(8 << 20);
+  RecvChallenge(*socket);
+  v1::BulkHello forged;
+  forged.set_nonce(std::string(kPeerNonceBytes, 'f'));
+  forged.set_request(put.SerializeAsString());
+  forged.set_proof(std::string(kPeerMacBytes, 'f'));
+  const std::string frame = Frame(forged.SerializeAsString());
+  ASSERT_TRUE(socket->SendAll(frame.data(), frame.size(), Soon()).ok());
+  EXPECT_EQ(RecvStatus(*socket).code(), static_cast<int>(absl::StatusCode::kUnauthenticated));
+  EXPECT_TRUE(NothingReserved());
+}
+
+TEST_F(MemoryBulkTest, Auth_ReplayedHandshake_UnauthenticatedOnTheNewConnection) {
+  StartBulk();
+  const v1::BulkRequest put = PutRequest(3);
+  // A peer of the job puts; a sniffer records its hello and replays it on a connection of its
+  // own.
+  absl::StatusOr<TcpSocket> first = TcpSocket::Connect(bulk_address_, Soon());
+  ASSERT_TRUE(first.ok());
+  const std::string recorded = HelloFrame(TestPeerCredential(), RecvChallenge(*first), put);
+  ASSERT_TRUE(first->SendAll(recorded.data(), recorded.size(), Soon()).ok());
+  ASSERT_EQ(RecvStatus(*first).code(), 0);
+  ASSERT_TRUE(first->SendAll("abc", 3, Soon()).ok());
+  ASSERT_EQ(RecvStatus(*first).code(), 0);  // kept
+
+  absl::StatusOr<TcpSocket> replay = TcpSocket::Connect(bulk_address_, Soon());
+  ASSERT_TRUE(replay.ok());
+  RecvChallenge(*replay);
+  ASSERT_TRUE(replay->SendAll(recorded.data(), recorded.size(), Soon()).ok());
+  EXPECT_EQ(RecvStatus(*replay).code(), static_cast<int>(absl::StatusCode::kUnauthenticated));
+  // Nothing reserved for it: the budget less the two copies kept is free.
+  v1::MemoryCopy rest = Copy("data-00006", (64 << 20) - held_.size() - 3);
+  rest.set_writer_rank(6);
+  EXPECT_TRUE(store_.Reserve(rest).ok());
+}
+
+TEST_F(MemoryBulkTest, Auth_AnotherJobsPeer_UnauthenticatedForReadsAndPuts) {
+  StartBulk();
+  // Another job's agent holds its own job's secret; naming this job does not help it.
+  const PeerCredential other{kJob, TestPeerCredential("other").secret};
+  std::string dest(held_.size(), '\0');
+  EXPECT_EQ(ReadMemoryCopyBulk(bulk_address_, other, Copy("data-00003", held_.size()),
+                               dest.data(), absl::Seconds(30), 2)
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  v1::MemoryCopy copy = Copy("data-00005", 3);
+  copy.set_writer_rank(5);
+  EXPECT_EQ(SendMemoryCopyBulk(bulk_address_, other, copy, "abc", absl::Seconds(30)).code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_TRUE(NothingReserved());
+}
+
+TEST_F(MemoryBulkTest, Auth_BuddyThatCannotProveTheJob_GetsNoByte) {
+  // A port that answers OK to any put without the holder's proof (a stranger on a dead agent's
+  // port): the sender stops before the copy's first byte.
+  absl::StatusOr<TcpSocket> listener = TcpSocket::Listen("127.0.0.1:0", 1);
+  ASSERT_TRUE(listener.ok());
+  bulk_address_ = "127.0.0.1:" + std::to_string(listener->port());
+  std::atomic<uint64_t> received{0};
+  std::thread lying([&] {
+    absl::StatusOr<TcpSocket> c = listener->Accept();
+    ASSERT_TRUE(c.ok());
+    v1::BulkChallenge challenge;
+    challenge.set_nonce(std::string(kPeerNonceBytes, 'n'));
+    ASSERT_TRUE(SendBulkFrame(*c, challenge, Soon()).ok());
+    ASSERT_TRUE(RecvBulkBody(*c, "BulkHello", Soon()).ok());
+    ASSERT_TRUE(SendBulkStatus(*c, absl::OkStatus(), 3, Soon()).ok());
+    char bytes[3];
+    if (c->RecvAll(bytes, 3, Soon()).ok()) received = 3;
+  });
+  EXPECT_EQ(Put("abc").code(), absl::StatusCode::kUnauthenticated);
+  lying.join();
+  EXPECT_EQ(received.load(), 0u);
 }
 
 }  // namespace

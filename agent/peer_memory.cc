@@ -13,6 +13,7 @@
 #include "common/bulk_wire.h"
 #include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
 #include "common/status.h"
 #include "grpcpp/generic/generic_stub.h"
 #include "grpcpp/support/proto_buffer_reader.h"
@@ -219,11 +220,13 @@ class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
   void Start(grpc::GenericStub* stub, const v1::ReadMemoryCopyRequest& request,
-             absl::Time deadline) {
+             absl::Time deadline, const PeerCredential& credential) {
     context_.set_deadline(absl::ToChronoTime(deadline));
+    // Without a nonce (no randomness) the call carries no proof and the holder refuses it.
+    ProvePeerCall(&context_, credential, kReadMemoryCopyMethod).IgnoreError();
     grpc::Slice bytes(request.SerializeAsString());
     request_ = grpc::ByteBuffer(&bytes, 1);
-    stub->PrepareBidiStreamingCall(&context_, kReadMethod, grpc::StubOptions(), this);
+    stub->PrepareBidiStreamingCall(&context_, kReadMemoryCopyMethod, grpc::StubOptions(), this);
     StartWriteLast(&request_, grpc::WriteOptions());
     StartRead(&chunk_);
     StartCall();
@@ -261,8 +264,6 @@ class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
   }
 
  private:
-  static constexpr char kReadMethod[] = "/tessera.v1.PeerMemory/ReadMemoryCopy";
-
   char* const dest_;
   uint64_t next_;
   const uint64_t end_;
@@ -277,6 +278,10 @@ class ReadStream final : public grpc::ClientBidiReactor<grpc::ByteBuffer, grpc::
 
 grpc::ServerReadReactor<v1::MemoryCopyChunk>* PeerMemoryService::PutMemoryCopy(
     grpc::CallbackServerContext* context, v1::PutMemoryCopyResponse* response) {
+  // Refused before any chunk is read or any room reserved.
+  if (absl::Status admitted = Admit(*context, kPutMemoryCopyMethod); !admitted.ok()) {
+    return new RefusedReads<v1::MemoryCopyChunk>(admitted);
+  }
   return new PutReactor(&job_id_, store_, response,
                         stalls_.Add(context, options_.put_stall,
                                     absl::StrCat("memory copy put from ", context->peer())));
@@ -287,6 +292,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
   auto fail = [](const absl::Status& status) {
     return new RefusedStream<grpc::ByteBuffer>(status);
   };
+  // Refused before the request is looked at.
+  if (absl::Status admitted = Admit(*context, kReadMemoryCopyMethod); !admitted.ok()) {
+    return fail(admitted);
+  }
   v1::ReadMemoryCopyRequest request;
   grpc::ByteBuffer bytes(*request_bytes);  // shares the slices
   grpc::ProtoBufferReader reader(&bytes);
@@ -300,6 +309,14 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* PeerMemoryService::ReadMemoryCopy(
       stalls_.Add(context, options_.read_stall,
                   absl::StrCat("read of the memory copy of ", request.file(), " of step ",
                                request.step(), " by ", context->peer())));
+}
+
+absl::Status PeerMemoryService::Admit(const grpc::CallbackServerContext& context,
+                                      const char* method) {
+  if (gate_ == nullptr) return absl::OkStatus();
+  absl::Status admitted = gate_->Admit(context, method);
+  if (!admitted.ok()) LogWarning("PeerMemory: ", context.peer(), ": ", admitted.message());
+  return admitted;
 }
 
 absl::StatusOr<RequestedBytes> FindRequestedBytes(const std::string& job_id, const MemoryTier& tier,
@@ -358,19 +375,21 @@ std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int stream
   return parts;
 }
 
-absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
+absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
+                            const PeerCredential& credential,
                             const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
                             const std::atomic<bool>* cancel,
                             const std::function<void()>& before_chunk) {
   v1::PeerMemory::Stub stub(channel);
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  RETURN_IF_ERROR(ProvePeerCall(&context, credential, kPutMemoryCopyMethod));
   v1::PutMemoryCopyResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::MemoryCopyChunk>> writer =
       stub.PutMemoryCopy(&context, &response);
   v1::MemoryCopyChunk chunk;
   *chunk.mutable_copy() = copy;
-  chunk.set_job_id(job);
+  chunk.set_job_id(credential.job_id);
   uint64_t offset = 0;
   do {
     if (before_chunk) before_chunk();
@@ -405,7 +424,8 @@ std::vector<std::shared_ptr<grpc::Channel>> MemoryCopyChannels(
 }
 
 absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-                            const std::string& job, const v1::MemoryCopy& copy, char* dest,
+                            const PeerCredential& credential, const v1::MemoryCopy& copy,
+                            char* dest,
                             absl::Duration timeout) {
   if (channels.empty()) return absl::InvalidArgumentError("no channel to read a memory copy over");
   const std::vector<std::pair<uint64_t, uint64_t>> parts =
@@ -422,7 +442,8 @@ absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& c
   }
   for (size_t i = 0; i < parts.size(); ++i) {
     const auto [begin, end] = parts[i];
-    reads[i]->Start(stubs[i].get(), MemoryCopyReadRequest(job, copy, begin, end), deadline);
+    reads[i]->Start(stubs[i].get(), MemoryCopyReadRequest(credential.job_id, copy, begin, end),
+                    deadline, credential);
   }
   done.Wait();
   return group.first();

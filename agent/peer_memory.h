@@ -32,6 +32,8 @@
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
 #include "common/bulk_wire.h"
+#include "common/peer_auth.h"
+#include "common/peer_call_proof.h"
 #include "common/stalled_calls.h"
 #include "grpcpp/grpcpp.h"
 #include "tessera/v1/peer.grpc.pb.h"
@@ -56,6 +58,10 @@ struct PeerMemoryServiceOptions {
   // A PutMemoryCopy none of whose chunks arrived for this long is cancelled, its room given
   // back. Default: 5 minutes.
   absl::Duration put_stall = kPeerPutStall;
+  // The job's credential, which every call must prove (common/peer_call_proof.h) before it
+  // reads, reserves or sends anything; must outlive the service. Default: null — calls not
+  // checked, for tests of the service alone; an agent always sets it.
+  const PeerKeyring* keyring = nullptr;
 };
 
 class PeerMemoryService final
@@ -69,6 +75,8 @@ class PeerMemoryService final
         tier_(tier),
         store_(store),
         options_(options),
+        gate_(options.keyring != nullptr ? std::make_unique<PeerCallGate>(options.keyring)
+                                         : nullptr),
         stalls_(std::min(options.read_stall, options.put_stall) / 4) {}
 
   grpc::ServerReadReactor<v1::MemoryCopyChunk>* PutMemoryCopy(
@@ -86,17 +94,23 @@ class PeerMemoryService final
   const std::string job_id_;
   const MemoryTier* const tier_;
   BuddyStore* const store_;
+  // OK if the call proves it is of the job (or calls are not checked); else why not, logged.
+  absl::Status Admit(const grpc::CallbackServerContext& context, const char* method);
+
   const PeerMemoryServiceOptions options_;
+  const std::unique_ptr<PeerCallGate> gate_;  // null: calls not checked
   StalledCallCanceller stalls_;  // the gRPC server, destroyed first, ends every call it watches
 };
 
-// Streams copy.nbytes() bytes at `data` over `channel` as the buddy copy `copy` of job `job`.
+// Streams copy.nbytes() bytes at `data` over `channel` as the buddy copy `copy` of
+// `credential`'s job, the call proving the job's secret.
 // Stops between chunks once `*cancel` (if given) is true. `before_chunk` (if given) runs
 // before each chunk is sent: it may block, e.g. while a trainer's save copy runs.
 // Errors: the receiver's (PutMemoryCopy: InvalidArgument, ResourceExhausted,
-// FailedPrecondition; Cancelled if it cut the put off, nothing having arrived for its
+// FailedPrecondition, Unauthenticated; Cancelled if it cut the put off, nothing having arrived for its
 // put_stall); Cancelled after `cancel`; Unavailable / DeadlineExceeded (`timeout`).
-absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel, const std::string& job,
+absl::Status SendMemoryCopy(const std::shared_ptr<grpc::Channel>& channel,
+                            const PeerCredential& credential,
                             const v1::MemoryCopy& copy, const char* data, absl::Duration timeout,
                             const std::atomic<bool>* cancel = nullptr,
                             const std::function<void()>& before_chunk = nullptr);
@@ -141,20 +155,22 @@ absl::StatusOr<std::shared_ptr<MemoryBuffer>> ReserveBuddyCopy(const std::string
 // copy is (then one part), covering [0, nbytes) in order.
 std::vector<std::pair<uint64_t, uint64_t>> ReadParts(uint64_t nbytes, int streams);
 
-// Reads the whole copy `copy` of checkpoint `job` into `dest` (copy.nbytes() bytes, which the
-// caller bounds), from the agent at the other end of `channels`: one stream per channel, each
+// Reads the whole copy `copy` of a checkpoint of `credential`'s job into `dest` (copy.nbytes()
+// bytes, which the caller bounds), from the agent at the other end of `channels` (each call
+// proving the job's secret): one stream per channel, each
 // over its own consecutive part of the copy (whole chunks; a copy of fewer chunks uses fewer
 // streams), so channels on separate connections read in parallel. Each chunk's data is copied
 // once, from gRPC's receive buffers to `dest`. On error `dest` holds unspecified bytes.
 // The first stream that fails ends the others at once.
-// Errors (the first failed stream's): NotFound if the agent no longer holds it;
+// Errors (the first failed stream's): Unauthenticated if the agent refused the proof;
+// NotFound if the agent no longer holds it;
 // FailedPrecondition if it serves another job; OutOfRange if it holds fewer bytes than
 // copy.nbytes(); DataLoss if it sent other than the requested bytes in order; Cancelled if it
 // cut the read off (no chunk taken for its read_stall); Unavailable / DeadlineExceeded;
 // InvalidArgument if `channels` is empty.
 absl::Status ReadMemoryCopy(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
-                            const std::string& job, const v1::MemoryCopy& copy, char* dest,
-                            absl::Duration timeout);
+                            const PeerCredential& credential, const v1::MemoryCopy& copy,
+                            char* dest, absl::Duration timeout);
 
 }  // namespace tessera
 

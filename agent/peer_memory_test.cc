@@ -16,6 +16,9 @@
 #include "agent/buddy_replicator.h"
 #include "agent/buddy_store.h"
 #include "agent/memory_tier.h"
+#include "common/fake_bulk_holder.h"
+#include "common/peer_auth.h"
+#include "common/peer_call_proof.h"
 #include "common/status.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -55,6 +58,7 @@ class PeerMemoryTest : public ::testing::Test {
  protected:
   void Start(uint64_t budget, PeerMemoryServiceOptions options = {}) {
     store_ = std::make_unique<BuddyStore>(budget);
+    if (options.keyring == nullptr) options.keyring = keyring_.get();
     service_ = std::make_unique<PeerMemoryService>(kJob, &tier_, store_.get(), options);
     grpc::ServerBuilder builder;
     int port = 0;
@@ -69,6 +73,8 @@ class PeerMemoryTest : public ::testing::Test {
     if (server_ != nullptr) server_->Shutdown();
   }
 
+  const std::unique_ptr<PeerKeyring> keyring_ = TestPeerKeyring(kJob);
+
   // ReadMemoryCopy over `streams` connections into a buffer of copy.nbytes() bytes.
   absl::StatusOr<std::string> Read(const v1::MemoryCopy& copy, int streams = 1,
                                    const std::string& job = kJob) {
@@ -80,14 +86,21 @@ class PeerMemoryTest : public ::testing::Test {
           grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
     }
     std::string dest(copy.nbytes(), '\0');
-    RETURN_IF_ERROR(ReadMemoryCopy(channels, job, copy, dest.data(), absl::Seconds(30)));
+    RETURN_IF_ERROR(
+        ReadMemoryCopy(channels, TestPeerCredential(job), copy, dest.data(), absl::Seconds(30)));
     return dest;
   }
 
-  // A PutMemoryCopy stream of `chunk` alone; its status code.
-  grpc::StatusCode PutOneChunk(const v1::MemoryCopyChunk& chunk) {
+  // A PutMemoryCopy stream of `chunk` alone, proving the job's secret (or carrying the proof
+  // `proof`, the metadata's value, if not empty); its status code.
+  grpc::StatusCode PutOneChunk(const v1::MemoryCopyChunk& chunk, const std::string& proof = "") {
     v1::PeerMemory::Stub stub(channel_);
     grpc::ClientContext context;
+    if (proof.empty()) {
+      EXPECT_TRUE(ProvePeerCall(&context, TestPeerCredential(), kPutMemoryCopyMethod).ok());
+    } else {
+      context.AddMetadata(kPeerProofMetadata, proof);
+    }
     v1::PutMemoryCopyResponse response;
     std::unique_ptr<grpc::ClientWriter<v1::MemoryCopyChunk>> writer =
         stub.PutMemoryCopy(&context, &response);
@@ -130,7 +143,7 @@ TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
   const v1::MemoryCopy copy = Copy(7, "data-00003", bytes.size(), /*writer=*/3);
   int hooks = 0;  // before_chunk: once before each of the 10 chunks
   ASSERT_TRUE(
-      SendMemoryCopy(channel_, kJob, copy, bytes.data(), absl::Seconds(30), nullptr, [&hooks] {
+      SendMemoryCopy(channel_, TestPeerCredential(), copy, bytes.data(), absl::Seconds(30), nullptr, [&hooks] {
         ++hooks;
       }).ok());
   EXPECT_EQ(hooks, 10);
@@ -145,7 +158,7 @@ TEST_F(PeerMemoryTest, PutThenRead_SameBytesHeldAsTheWritersCopy) {
 
   // A newer copy from the same writer replaces it.
   const std::string newer = Pattern(5000, 'z');
-  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(8, "data-00003", newer.size(), 3), newer.data(),
+  ASSERT_TRUE(SendMemoryCopy(channel_, TestPeerCredential(), Copy(8, "data-00003", newer.size(), 3), newer.data(),
                              absl::Seconds(30))
                   .ok());
   ASSERT_EQ(store_->Copies().size(), 1u);
@@ -170,6 +183,7 @@ TEST_F(PeerMemoryTest, Read_ARange_ThoseBytesWithOffsetsFromTheCopysStart) {
   PublishOwn(own);
   v1::PeerMemory::Stub stub(channel_);  // the generated client: the wire is plain protobuf
   grpc::ClientContext context;
+  EXPECT_TRUE(ProvePeerCall(&context, TestPeerCredential(), kReadMemoryCopyMethod).ok());
   v1::ReadMemoryCopyRequest request;
   request.set_job_id(kJob);
   request.set_step(7);
@@ -207,14 +221,50 @@ TEST_F(PeerMemoryTest, Read_NothingHeldOrAnotherJob_Errors) {
   absl::Status none = Read(Copy(7, "data-00009", 10, 9)).status();
   EXPECT_EQ(none.code(), absl::StatusCode::kNotFound) << none;
   EXPECT_NE(none.message().find("data-00009"), std::string::npos);
+  // Another job's agent proves another secret.
   EXPECT_EQ(Read(Copy(7, "data-00009", 10, 9), 1, "other").status().code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kUnauthenticated);
+}
+
+// Issue 51: a peer without the job's secret is refused before any byte of a copy moves or any
+// room is reserved.
+TEST_F(PeerMemoryTest, Auth_ReaderWithoutTheSecret_Unauthenticated) {
+  Start(/*budget=*/1 << 20);
+  PublishOwn(std::make_shared<std::string>(Pattern(3 << 20, 'o')));
+  std::vector<std::shared_ptr<grpc::Channel>> channels = {channel_};
+  std::string dest(3 << 20, '\0');
+  EXPECT_EQ(ReadMemoryCopy(channels, PeerCredential{kJob, ""}, Copy(7, "data-00000", 3 << 20, 0),
+                           dest.data(), absl::Seconds(30))
+                .code(),
+            absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(dest, std::string(3 << 20, '\0'));
+}
+
+TEST_F(PeerMemoryTest, Auth_ForgedOrReplayedPut_UnauthenticatedAndNothingReserved) {
+  Start(/*budget=*/1 << 20);
+  v1::MemoryCopyChunk chunk;
+  chunk.set_job_id(kJob);
+  *chunk.mutable_copy() = Copy(7, "data-00001", 3, 1);
+  chunk.set_data("abc");
+  auto put = [&](const std::string& proof) { return PutOneChunk(chunk, proof); };
+  PeerCallProof forged = MakePeerCallProof(TestPeerCredential(), kPutMemoryCopyMethod,
+                                           absl::Now(), std::string(kPeerNonceBytes, 'f'));
+  forged.mac[0] ^= 1;
+  EXPECT_EQ(put(EncodePeerCallProof(forged)), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(store_->Copies().empty());
+  // A put seen on the wire and replayed: kept once, refused the second time, nothing reserved.
+  const std::string seen = EncodePeerCallProof(MakePeerCallProof(
+      TestPeerCredential(), kPutMemoryCopyMethod, absl::Now(), std::string(kPeerNonceBytes, 'r')));
+  ASSERT_EQ(put(seen), grpc::StatusCode::OK);
+  EXPECT_EQ(put(seen), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_EQ(store_->Copies().size(), 1u);
+  EXPECT_TRUE(store_->Reserve(Copy(8, "data-00002", (1 << 20) - 3, 2)).ok());
 }
 
 TEST_F(PeerMemoryTest, Put_OverTheBuddyBudget_RefusedAndNothingHeld) {
   Start(/*budget=*/1 << 20);
   const std::string bytes = Pattern((1 << 20) + 1, 'b');
-  absl::Status s = SendMemoryCopy(channel_, kJob, Copy(7, "data-00001", bytes.size(), 1),
+  absl::Status s = SendMemoryCopy(channel_, TestPeerCredential(), Copy(7, "data-00001", bytes.size(), 1),
                                   bytes.data(), absl::Seconds(30));
   EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
   EXPECT_TRUE(store_->Copies().empty());
@@ -229,19 +279,19 @@ TEST_F(PeerMemoryTest, Put_ASizeNoMemoryHolds_RefusedAndTheAgentServesOn) {
   EXPECT_EQ(PutOneChunk(chunk), grpc::StatusCode::RESOURCE_EXHAUSTED);
   EXPECT_TRUE(store_->Copies().empty());
   const std::string bytes = Pattern(1000, 'n');  // the server is still there, and takes this
-  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00001", bytes.size(), 1), bytes.data(),
+  ASSERT_TRUE(SendMemoryCopy(channel_, TestPeerCredential(), Copy(7, "data-00001", bytes.size(), 1), bytes.data(),
                              absl::Seconds(30))
                   .ok());
   EXPECT_EQ(store_->Copies().size(), 1u);
 }
 
-TEST_F(PeerMemoryTest, Put_FromAnotherJob_FailedPreconditionAndNothingHeld) {
+TEST_F(PeerMemoryTest, Put_FromAnotherJob_UnauthenticatedAndNothingHeld) {
   Start(/*budget=*/1 << 20);
   const std::string bytes = Pattern(1000, 'j');
-  EXPECT_EQ(SendMemoryCopy(channel_, "other-job", Copy(7, "data-00001", bytes.size(), 1),
-                           bytes.data(), absl::Seconds(30))
+  EXPECT_EQ(SendMemoryCopy(channel_, TestPeerCredential("other-job"),
+                           Copy(7, "data-00001", bytes.size(), 1), bytes.data(), absl::Seconds(30))
                 .code(),
-            absl::StatusCode::kFailedPrecondition);
+            absl::StatusCode::kUnauthenticated);
   EXPECT_TRUE(store_->Copies().empty());
 }
 
@@ -256,7 +306,7 @@ TEST_F(PeerMemoryTest, Put_GapInTheChunks_InvalidArgumentAndTheRoomGivenBack) {
   EXPECT_TRUE(store_->Copies().empty());
   // The whole budget is free again: a copy of all of it fits.
   const std::string all = Pattern(1 << 20, 'w');
-  EXPECT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00002", all.size(), 2), all.data(),
+  EXPECT_TRUE(SendMemoryCopy(channel_, TestPeerCredential(), Copy(7, "data-00002", all.size(), 2), all.data(),
                              absl::Seconds(30))
                   .ok());
 }
@@ -285,6 +335,7 @@ TEST_F(PeerMemoryTest, Read_AReaderThatTakesNothing_CutOffAfterTheStallLimitAndT
   PublishOwn(own);
   v1::PeerMemory::Stub stub(SmallWindowChannel(address_));
   grpc::ClientContext context;  // no deadline: only the server can end this call
+  EXPECT_TRUE(ProvePeerCall(&context, TestPeerCredential(), kReadMemoryCopyMethod).ok());
   v1::ReadMemoryCopyRequest request;
   request.set_job_id(kJob);
   request.set_step(7);
@@ -310,6 +361,7 @@ TEST_F(PeerMemoryTest, Put_ASenderThatStopsSending_CutOffAfterTheStallLimitAndTh
   Start(/*budget=*/4 << 20, options);
   v1::PeerMemory::Stub stub(channel_);
   grpc::ClientContext context;  // no deadline: only the server can end this call
+  EXPECT_TRUE(ProvePeerCall(&context, TestPeerCredential(), kPutMemoryCopyMethod).ok());
   v1::PutMemoryCopyResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::MemoryCopyChunk>> writer =
       stub.PutMemoryCopy(&context, &response);
@@ -344,7 +396,7 @@ TEST_F(PeerMemoryTest, Put_LongerInAllThanTheStallLimit_KeptWhileChunksArrive) {
   // The sender pauses before each chunk, as while its trainer saves: the put lasts about two
   // seconds in all, twice the limit, while no gap comes near it. A limit on stalls is about
   // real time passing, so the pauses are real ones; no event can stand in for them.
-  ASSERT_TRUE(SendMemoryCopy(channel_, kJob, Copy(7, "data-00005", bytes.size(), 5), bytes.data(),
+  ASSERT_TRUE(SendMemoryCopy(channel_, TestPeerCredential(), Copy(7, "data-00005", bytes.size(), 5), bytes.data(),
                              absl::Seconds(30), nullptr,
                              [] { absl::SleepFor(absl::Milliseconds(100)); })
                   .ok());
@@ -431,7 +483,7 @@ TEST(ReadMemoryCopyTest, OneStreamFails_TheOthersEndedAtOnceAndItsErrorReturned)
   absl::Notification returned;
   absl::Status status;
   std::thread read([&] {
-    status = ReadMemoryCopy(channels, kJob, Copy(7, "data-00004", dest.size(), 4), dest.data(),
+    status = ReadMemoryCopy(channels, TestPeerCredential(), Copy(7, "data-00004", dest.size(), 4), dest.data(),
                             absl::Minutes(10));
     returned.Notify();
   });
@@ -778,7 +830,7 @@ TEST_F(PeerMemoryTest, Replicator_SendsTheNewestCopyToTheBuddy) {
                                  const char* data, const std::atomic<bool>& cancel) {
                                EXPECT_EQ(to.peer_address(), address_);
                                EXPECT_TRUE(copy.region().empty());
-                               absl::Status s = SendMemoryCopy(channel_, kJob, copy, data,
+                               absl::Status s = SendMemoryCopy(channel_, TestPeerCredential(), copy, data,
                                                                absl::Seconds(30), &cancel);
                                if (s.ok() && copy.step() == 8) step8_sent.Notify();
                                return s;

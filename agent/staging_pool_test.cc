@@ -66,6 +66,21 @@ TEST(StagingPool, Acquire_PageAlignedNamedRegions) {
             (*slots)[0].capacity + (*slots)[1].capacity + (*slots)[2].capacity);
 }
 
+// Issue 51: a staging region holds the trainer's model and optimizer state; it is its user's
+// alone (0600) whatever the umask, which only ever removes permissions.
+TEST(StagingPool, Acquire_RegionsAreTheirUsersAlone) {
+  const mode_t umask_before = umask(0);  // the most permissive umask: only the mode asked for
+  auto pool = MakePool(TestJob("mode"), 0x600);
+  absl::StatusOr<std::vector<StagingSlot>> slots = pool->Acquire({4096, 4096});
+  umask(umask_before);
+  ASSERT_TRUE(slots.ok()) << slots.status();
+  for (const StagingSlot& slot : *slots) {
+    struct stat st;
+    ASSERT_EQ(stat(("/dev/shm" + slot.name).c_str(), &st), 0) << slot.name;
+    EXPECT_EQ(st.st_mode & 0777, 0600u) << slot.name;
+  }
+}
+
 // Bytes of `slot`'s shared-memory object that the file system holds.
 uint64_t AllocatedBytes(const StagingSlot& slot) {
   const int fd = shm_open(slot.name.c_str(), O_RDONLY, 0);

@@ -271,7 +271,8 @@ absl::Status Client::FetchFromHolder(const v1::LoadRequest& request,
   }
   const absl::Time fetch_start = absl::Now();
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(response.fetch().job_id(), response.fetch().copy(), slots, blocks,
+      FetchVerified(PeerCredential{response.fetch().job_id(), response.fetch().peer_secret()},
+                    response.fetch().copy(), slots, blocks,
                     kMemoryCopyReadStreams, TimeLimit(deadline, kMemoryCopyReadStall));
   if (!fetched.ok()) {
     retry->fetch_error = fetched.status();

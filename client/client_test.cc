@@ -347,6 +347,7 @@ class FakeAgent final : public v1::Agent::Service {
     if (corrupt_fetches > 0) --corrupt_fetches;
     holder->Keep(copy, *std::move(room));
     response->mutable_fetch()->set_job_id("job");
+    response->mutable_fetch()->set_peer_secret(TestPeerCredential().secret);
     copy.set_bulk_address(holder_address);
     *response->mutable_fetch()->mutable_copy() = copy;
     response->set_bytes_from_memory(total);
@@ -1444,7 +1445,7 @@ class ClientFetchTest : public ClientTest {
     MemoryBulkServerOptions options;
     options.listen_address = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
-        MemoryBulkServer::Start("job", &tier_, &store_, options);
+        MemoryBulkServer::Start(keyring_.get(), &tier_, &store_, options);
     ASSERT_TRUE(server.ok()) << server.status();
     bulk_ = *std::move(server);
     absl::MutexLock lock(&fake_->mu);
@@ -1455,6 +1456,7 @@ class ClientFetchTest : public ClientTest {
 
   MemoryTier tier_;
   BuddyStore store_{64 * kMiB};
+  const std::unique_ptr<PeerKeyring> keyring_ = TestPeerKeyring();
   std::unique_ptr<MemoryBulkServer> bulk_;
 };
 

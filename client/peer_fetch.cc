@@ -51,7 +51,8 @@ uint64_t End(const BlockCheck& block) { return block.offset + block.length; }
 
 }  // namespace
 
-absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
+absl::StatusOr<VerifiedCopyResult> FetchVerified(const PeerCredential& credential,
+                                                 const v1::MemoryCopy& copy,
                                                  absl::Span<const SlotCopy> slots,
                                                  absl::Span<const BlockCheck> blocks,
                                                  int max_streams, TimeLimit limit) {
@@ -88,7 +89,7 @@ absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v
       };
       if (socket.has_value()) {
         absl::Status asked =
-            RequestBulkRead(*socket, copy.bulk_address(), job, copy, run_begin, run_end,
+            RequestBulkRead(*socket, copy.bulk_address(), credential, copy, run_begin, run_end,
                             limit.StepDeadline());
         if (!asked.ok()) return group.Fail(std::move(asked));
       }

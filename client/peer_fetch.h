@@ -24,12 +24,14 @@
 #include "absl/types/span.h"
 #include "client/verified_copy.h"
 #include "common/checksum.h"
+#include "common/peer_auth.h"
 #include "common/tcp_socket.h"
 #include "tessera/v1/types.pb.h"
 
 namespace tessera {
 
-// Reads the bytes of memory copy `copy` (of job `job`) that `blocks` cover from its holder's
+// Reads the bytes of memory copy `copy` (of `credential`'s job, whose secret the holder is
+// shown: common/bulk_handshake.h) that `blocks` cover from its holder's
 // bulk port (copy.bulk_address(); proto/tessera/v1/peer.proto "Bulk transfers"), copying into
 // every slot its bytes (slot offsets and block offsets are from the copy's first byte) and
 // checking every block against its XXH3. `blocks` and `slots` follow VerifiedCopy's rule,
@@ -44,7 +46,8 @@ namespace tessera {
 // early; DeadlineExceeded past `limit`: its deadline, or its stall limit with no byte arriving
 // for that long, each connect and request counted from its start) — the destinations then
 // hold unspecified bytes.
-absl::StatusOr<VerifiedCopyResult> FetchVerified(const std::string& job, const v1::MemoryCopy& copy,
+absl::StatusOr<VerifiedCopyResult> FetchVerified(const PeerCredential& credential,
+                                                 const v1::MemoryCopy& copy,
                                                  absl::Span<const SlotCopy> slots,
                                                  absl::Span<const BlockCheck> blocks,
                                                  int max_streams, TimeLimit limit);

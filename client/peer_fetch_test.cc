@@ -45,7 +45,7 @@ class PeerFetchTest : public ::testing::Test {
     MemoryBulkServerOptions options;
     options.listen_address = "127.0.0.1:0";
     absl::StatusOr<std::unique_ptr<MemoryBulkServer>> server =
-        MemoryBulkServer::Start(kJob, &tier_, &store_, options);
+        MemoryBulkServer::Start(keyring_.get(), &tier_, &store_, options);
     ASSERT_TRUE(server.ok()) << server.status();
     bulk_ = *std::move(server);
     copy_.set_bulk_address("127.0.0.1:" + std::to_string(bulk_->port()));
@@ -60,6 +60,7 @@ class PeerFetchTest : public ::testing::Test {
   std::vector<BlockCheck> blocks_;
   MemoryTier tier_;
   BuddyStore store_{64 * kMiB};
+  const std::unique_ptr<PeerKeyring> keyring_ = TestPeerKeyring(kJob);
   std::unique_ptr<MemoryBulkServer> bulk_;
 };
 
@@ -89,7 +90,7 @@ TEST_F(PeerFetchTest, EverySlotFilledFromTheHolder_EveryBlockChecked) {
   // Slots across block boundaries, with gaps between them, the last one to the copy's end.
   Destinations d({{0, 3}, {100, kMiB}, {2 * kMiB + 17, 3 * kMiB}, {9 * kMiB - 5, 128}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks_, /*max_streams=*/3, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks_, /*max_streams=*/3, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(fetched->mismatched.empty());
   EXPECT_EQ(fetched->threads, 3);
@@ -107,7 +108,7 @@ TEST_F(PeerFetchTest, BlocksOfManyPieces_SlotsAcrossPieceBoundaries_EveryByteChe
   }
   Destinations d({{kMiB - 5, 2 * kMiB + 10}, {3 * kMiB + 7, 3 * kMiB}, {8 * kMiB, kMiB + 123}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, /*max_streams=*/2, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, /*max_streams=*/2, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(fetched->mismatched.empty());
   d.ExpectFilledFrom(held_);
@@ -117,7 +118,7 @@ TEST_F(PeerFetchTest, BlocksOfManyPieces_SlotsAcrossPieceBoundaries_EveryByteChe
   FakeBulkHolder holder(flipped);
   copy_.set_bulk_address(holder.address());
   Destinations again({{0, held_.size()}});
-  fetched = FetchVerified(kJob, copy_, again.slots, blocks, 1, Soon());
+  fetched = FetchVerified(TestPeerCredential(kJob), copy_, again.slots, blocks, 1, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(fetched->mismatched, std::vector<size_t>({1}));
 }
@@ -126,7 +127,7 @@ TEST_F(PeerFetchTest, ABlockThatDoesNotMatch_ListedAndTheOthersStillCopied) {
   blocks_[4].xxh3 ^= 1;
   Destinations d({{0, held_.size()}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks_, 4, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks_, 4, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(fetched->mismatched, std::vector<size_t>({4}));
   EXPECT_EQ(d.buffers[0], held_);
@@ -137,7 +138,7 @@ TEST_F(PeerFetchTest, BlocksWithGaps_EachRunReadOnItsOwn) {
   const std::vector<BlockCheck> blocks = {blocks_[0], blocks_[1], blocks_[5], blocks_[6]};
   Destinations d({{10, 2 * kMiB - 10}, {5 * kMiB, 2 * kMiB}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, 1, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, 1, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(fetched->mismatched.empty());
   EXPECT_EQ(fetched->threads, 1);
@@ -148,7 +149,7 @@ TEST_F(PeerFetchTest, MoreStreamsThanBlocks_OneStreamPerBlock) {
   const std::vector<BlockCheck> blocks = {blocks_[0], blocks_[1]};
   Destinations d({{0, 2 * kMiB}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, 8, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, 8, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(fetched->threads, 2);
   EXPECT_EQ(d.buffers[0], held_.substr(0, 2 * kMiB));
@@ -164,7 +165,7 @@ TEST_F(PeerFetchTest, BlocksAPaddingApart_OneConnection_TheGapDropped) {
   blocks[1].xxh3 = Xxh3(held_.data() + blocks[1].offset, blocks[1].length);
   Destinations d({{5, kMiB}, {kMiB + 100, kMiB - 4100}, {2 * kMiB, kMiB}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, 1, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, 1, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(fetched->mismatched.empty());
   EXPECT_EQ(holder.connections(), 1);
@@ -177,7 +178,7 @@ TEST_F(PeerFetchTest, BlocksFarApart_AConnectionEach) {
   const std::vector<BlockCheck> blocks = {blocks_[0], blocks_[4]};
   Destinations d({{0, kMiB}, {4 * kMiB, kMiB}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, 1, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, 1, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_EQ(holder.connections(), 2);
   d.ExpectFilledFrom(held_);
@@ -186,7 +187,7 @@ TEST_F(PeerFetchTest, BlocksFarApart_AConnectionEach) {
 TEST_F(PeerFetchTest, TwoSlotsOverTheSameBytes_BothFilled) {
   Destinations d({{kMiB, 2 * kMiB}, {kMiB, 2 * kMiB}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks_, 2, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks_, 2, Soon());
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(fetched->mismatched.empty());
   d.ExpectFilledFrom(held_);
@@ -197,7 +198,7 @@ TEST_F(PeerFetchTest, TheHolderClosesPartway_DataLoss) {
   copy_.set_bulk_address(holder.address());
   Destinations d({{0, held_.size()}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks_, 3, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks_, 3, Soon());
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
 }
 
@@ -212,7 +213,7 @@ TEST_F(PeerFetchTest, ASlowSteadyHolder_ReadWholeUnderAShorterStallLimit) {
   const std::vector<BlockCheck> blocks = {blocks_[0], blocks_[1]};  // 2 MiB
   Destinations d({{0, 2 * kMiB}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, 1, TimeLimit(Soon(), absl::Seconds(2)));
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, 1, TimeLimit(Soon(), absl::Seconds(2)));
   ASSERT_TRUE(fetched.ok()) << fetched.status();
   EXPECT_TRUE(fetched->mismatched.empty());
   d.ExpectFilledFrom(held_);
@@ -229,7 +230,7 @@ TEST_F(PeerFetchTest, OneStreamFails_TheOthersEndAtOnce) {
     copy_.set_bulk_address(holder.address());
     Destinations d({{0, held_.size()}});
     absl::StatusOr<VerifiedCopyResult> fetched =
-        FetchVerified(kJob, copy_, d.slots, blocks_, 2, absl::InfiniteFuture());
+        FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks_, 2, absl::InfiniteFuture());
     EXPECT_EQ(fetched.status().code(), absl::StatusCode::kDataLoss) << fetched.status();
     EXPECT_EQ(holder.connections(), 2);
   }
@@ -240,7 +241,7 @@ TEST_F(PeerFetchTest, ASlotNoBlockCovers_InvalidArgumentBeforeAnyConnection) {
   const std::vector<BlockCheck> blocks = {blocks_[0]};
   Destinations d({{kMiB - 4, 8}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, blocks, 2, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, blocks, 2, Soon());
   ASSERT_EQ(fetched.status().code(), absl::StatusCode::kInvalidArgument) << fetched.status();
   EXPECT_NE(fetched.status().message().find("slot 0"), std::string::npos) << fetched.status();
 }
@@ -249,7 +250,7 @@ TEST_F(PeerFetchTest, TheHolderHasNoSuchCopy_ItsErrorNamingThePort) {
   copy_.set_session_id("another session");
   Destinations d({{0, 16}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, {blocks_[0]}, 2, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, {blocks_[0]}, 2, Soon());
   ASSERT_EQ(fetched.status().code(), absl::StatusCode::kNotFound) << fetched.status();
   EXPECT_NE(fetched.status().message().find(copy_.bulk_address()), std::string::npos)
       << fetched.status();
@@ -259,7 +260,7 @@ TEST_F(PeerFetchTest, TheHolderIsGone_Unavailable) {
   bulk_.reset();
   Destinations d({{0, 16}});
   absl::StatusOr<VerifiedCopyResult> fetched =
-      FetchVerified(kJob, copy_, d.slots, {blocks_[0]}, 2, Soon());
+      FetchVerified(TestPeerCredential(kJob), copy_, d.slots, {blocks_[0]}, 2, Soon());
   EXPECT_EQ(fetched.status().code(), absl::StatusCode::kUnavailable) << fetched.status();
 }
 

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "common/bulk_handshake.h"
 
 namespace tessera {
 
@@ -40,25 +41,33 @@ absl::Status DecodeBulkFrameBody(absl::string_view body, google::protobuf::Messa
   return absl::OkStatus();
 }
 
-absl::Status RecvBulkFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
-                           absl::Time deadline) {
+absl::StatusOr<std::string> RecvBulkBody(const TcpSocket& socket, absl::string_view what,
+                                         absl::Time deadline) {
   unsigned char length[4];
   if (absl::Status got = socket.RecvAll(reinterpret_cast<char*>(length), 4, deadline); !got.ok()) {
     return got;
   }
-  absl::StatusOr<uint32_t> n = DecodeBulkFrameLength(length, message->GetTypeName(), socket.peer());
+  absl::StatusOr<uint32_t> n = DecodeBulkFrameLength(length, what, socket.peer());
   if (!n.ok()) return n.status();
   std::string body(*n, '\0');
   if (absl::Status got = socket.RecvAll(body.data(), *n, deadline); !got.ok()) return got;
-  return DecodeBulkFrameBody(body, message, socket.peer());
+  return body;
+}
+
+absl::Status RecvBulkFrame(const TcpSocket& socket, google::protobuf::MessageLite* message,
+                           absl::Time deadline) {
+  absl::StatusOr<std::string> body = RecvBulkBody(socket, message->GetTypeName(), deadline);
+  if (!body.ok()) return body.status();
+  return DecodeBulkFrameBody(*body, message, socket.peer());
 }
 
 absl::Status SendBulkStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,
-                            absl::Time deadline) {
+                            absl::Time deadline, absl::string_view proof) {
   v1::BulkStatus message;
   message.set_code(static_cast<int>(status.code()));
   message.set_message(std::string(status.message()));
   message.set_nbytes(nbytes);
+  message.set_proof(std::string(proof));
   return SendBulkFrame(socket, message, deadline);
 }
 
@@ -79,6 +88,54 @@ absl::StatusOr<uint64_t> RecvBulkStatus(const TcpSocket& socket, const std::stri
   return BulkStatusResult(status, address);
 }
 
+absl::StatusOr<BulkSession> SendBulkHello(const TcpSocket& socket, const PeerCredential& credential,
+                                          const v1::BulkRequest& request, absl::Time deadline) {
+  absl::StatusOr<std::string> body = RecvBulkBody(socket, "BulkChallenge", deadline);
+  if (!body.ok()) return body.status();
+  absl::StatusOr<v1::BulkChallenge> challenge = DecodeBulkChallenge(*body);
+  if (!challenge.ok()) return challenge.status();
+  absl::StatusOr<std::string> nonce = RandomBytes(kPeerNonceBytes);
+  if (!nonce.ok()) return nonce.status();
+  BulkSession session{credential, std::move(*challenge->mutable_nonce()), *std::move(nonce)};
+  v1::BulkHello hello;
+  hello.set_nonce(session.peer_nonce);
+  hello.set_request(request.SerializeAsString());
+  hello.set_proof(
+      BulkClientProof(credential, session.holder_nonce, session.peer_nonce, hello.request()));
+  if (absl::Status sent = SendBulkFrame(socket, hello, deadline); !sent.ok()) return sent;
+  return session;
+}
+
+absl::StatusOr<uint64_t> RecvFirstBulkStatus(const TcpSocket& socket, const std::string& address,
+                                             const BulkSession& session, absl::Time deadline) {
+  v1::BulkStatus status;
+  if (absl::Status got = RecvBulkFrame(socket, &status, deadline); !got.ok()) return got;
+  if (status.code() != 0) return BulkStatusResult(status, address).status();
+  if (absl::Status proved = CheckBulkServerProof(session.credential, session.holder_nonce,
+                                                 session.peer_nonce, status, address);
+      !proved.ok()) {
+    return proved;
+  }
+  return status.nbytes();
+}
+
+absl::StatusOr<AcceptedBulkPeer> AcceptBulkPeer(const TcpSocket& socket,
+                                                const PeerCredential& credential,
+                                                absl::Time deadline) {
+  absl::StatusOr<std::string> nonce = RandomBytes(kPeerNonceBytes);
+  if (!nonce.ok()) return nonce.status();
+  v1::BulkChallenge challenge;
+  challenge.set_nonce(*nonce);
+  if (absl::Status sent = SendBulkFrame(socket, challenge, deadline); !sent.ok()) return sent;
+  absl::StatusOr<std::string> body = RecvBulkBody(socket, "BulkHello", deadline);
+  if (!body.ok()) return body.status();
+  absl::StatusOr<v1::BulkHello> hello = DecodeBulkHello(*body);
+  absl::StatusOr<v1::BulkRequest> request =
+      hello.ok() ? OpenBulkHello(credential, *nonce, *hello) : hello.status();
+  if (!request.ok()) return request.status();
+  return AcceptedBulkPeer{*std::move(request), BulkServerProof(credential, *nonce, hello->nonce())};
+}
+
 v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1::MemoryCopy& copy,
                                                 uint64_t begin, uint64_t end) {
   v1::ReadMemoryCopyRequest request;
@@ -92,12 +149,13 @@ v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1
 }
 
 absl::Status RequestBulkRead(const TcpSocket& socket, const std::string& address,
-                             const std::string& job, const v1::MemoryCopy& copy, uint64_t begin,
-                             uint64_t end, absl::Time deadline) {
+                             const PeerCredential& credential, const v1::MemoryCopy& copy,
+                             uint64_t begin, uint64_t end, absl::Time deadline) {
   v1::BulkRequest request;
-  *request.mutable_read() = MemoryCopyReadRequest(job, copy, begin, end);
-  if (absl::Status sent = SendBulkFrame(socket, request, deadline); !sent.ok()) return sent;
-  absl::StatusOr<uint64_t> offered = RecvBulkStatus(socket, address, deadline);
+  *request.mutable_read() = MemoryCopyReadRequest(credential.job_id, copy, begin, end);
+  absl::StatusOr<BulkSession> session = SendBulkHello(socket, credential, request, deadline);
+  if (!session.ok()) return session.status();
+  absl::StatusOr<uint64_t> offered = RecvFirstBulkStatus(socket, address, *session, deadline);
   if (!offered.ok()) return offered.status();
   if (*offered != end - begin) {
     return absl::DataLossError(

@@ -1,5 +1,6 @@
 // The wire of an agent's bulk port (proto/tessera/v1/peer.proto "Bulk transfers"): framed
-// messages over a TcpSocket, and the reader's side of a read. Shared by the agent, which serves
+// messages over a TcpSocket, the handshake that opens every connection (its pure half:
+// common/bulk_handshake.h), and the reader's side of a read. Shared by the agent, which serves
 // the port and reads from other agents' ports (agent/memory_bulk.h), and by the trainer's
 // client, which reads a lost node's copy from its holder itself (client/peer_fetch.h).
 //
@@ -14,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/peer_auth.h"
 #include "common/tcp_socket.h"
 #include "google/protobuf/message_lite.h"
 #include "tessera/v1/peer.pb.h"
@@ -63,13 +65,53 @@ absl::Status DecodeBulkFrameBody(absl::string_view body, google::protobuf::Messa
 absl::StatusOr<uint64_t> BulkStatusResult(const v1::BulkStatus& status,
                                           const std::string& address);
 
-// Sends a BulkStatus: `status` (its code and message) and `nbytes`.
+// Receives one frame's body, at most kMaxBulkFrameBytes (`what` names it in errors).
+// Errors: as RecvBulkFrame's, but for parsing.
+absl::StatusOr<std::string> RecvBulkBody(const TcpSocket& socket, absl::string_view what,
+                                         absl::Time deadline);
+
+// Sends a BulkStatus: `status` (its code and message), `nbytes` and `proof` (the holder's
+// first status on a connection: BulkServerProof).
 absl::Status SendBulkStatus(const TcpSocket& socket, const absl::Status& status, uint64_t nbytes,
-                            absl::Time deadline);
+                            absl::Time deadline, absl::string_view proof = {});
 
 // Receives the peer's BulkStatus: its nbytes, or its error, naming `address`.
 absl::StatusOr<uint64_t> RecvBulkStatus(const TcpSocket& socket, const std::string& address,
                                         absl::Time deadline);
+
+// A connection to a holder's (or buddy's) bulk port once the peer sent its hello.
+struct BulkSession {
+  PeerCredential credential;
+  std::string holder_nonce;
+  std::string peer_nonce;
+};
+
+// The peer's side of the handshake: receives the holder's BulkChallenge and sends a BulkHello
+// carrying `request` and the proof of `credential`. The holder's answer to it is then read with
+// RecvFirstBulkStatus. Errors: InvalidArgument for a malformed challenge; Internal if no nonce
+// can be drawn; the socket's.
+absl::StatusOr<BulkSession> SendBulkHello(const TcpSocket& socket, const PeerCredential& credential,
+                                          const v1::BulkRequest& request, absl::Time deadline);
+
+// The holder's first BulkStatus on `session`'s connection: its nbytes once its proof shows the
+// holder is of the session's job; its error if it refused. Errors: the holder's (e.g.
+// Unauthenticated if it refused this peer's proof); Unauthenticated if a holder that accepted
+// did not prove itself; as RecvBulkStatus's.
+absl::StatusOr<uint64_t> RecvFirstBulkStatus(const TcpSocket& socket, const std::string& address,
+                                             const BulkSession& session, absl::Time deadline);
+
+// The holder's side of the handshake: sends a BulkChallenge and receives the peer's BulkHello.
+// Returns the request once the peer proved it is of `credential`'s job, with the nonces for
+// the holder's own proof (BulkServerProof) on its first status. The caller answers a peer that
+// fails with the error (SendBulkStatus, no proof) and looks at nothing it sent.
+// Errors: OpenBulkHello's (Unauthenticated, InvalidArgument); RecvBulkBody's.
+struct AcceptedBulkPeer {
+  v1::BulkRequest request;
+  std::string proof;  // the holder's, for its first BulkStatus
+};
+absl::StatusOr<AcceptedBulkPeer> AcceptBulkPeer(const TcpSocket& socket,
+                                                const PeerCredential& credential,
+                                                absl::Time deadline);
 
 // The ReadMemoryCopyRequest for bytes [begin, end) of `copy` of job `job` (over the bulk port
 // or PeerMemory.ReadMemoryCopy).
@@ -77,16 +119,17 @@ v1::ReadMemoryCopyRequest MemoryCopyReadRequest(const std::string& job, const v1
                                                 uint64_t begin, uint64_t end);
 
 // Asks the bulk port at `address`, over `socket` (connected to it), for bytes [begin, end) of
-// `copy` of job `job`: on success the socket delivers exactly end - begin bytes of the copy,
+// `copy` of `credential`'s job, proving it belongs to the job (SendBulkHello): on success the socket delivers exactly end - begin bytes of the copy,
 // in order (RecvAll). A caller that splits one transfer over several connections registers
 // each with its SocketGroup before asking, so that a holder that never answers is ended by
 // another part's error too. Errors: the holder's (as PeerMemory.ReadMemoryCopy's: NotFound,
-// FailedPrecondition, OutOfRange); DataLoss if it offers another byte count; RecvBulkFrame's
+// FailedPrecondition, OutOfRange; Unauthenticated if it refused the proof); Unauthenticated if
+// the holder did not prove itself; DataLoss if it offers another byte count; RecvBulkFrame's
 // (InvalidArgument for a malformed answer; the socket's: DataLoss if the holder closed,
 // Unavailable, DeadlineExceeded).
 absl::Status RequestBulkRead(const TcpSocket& socket, const std::string& address,
-                             const std::string& job, const v1::MemoryCopy& copy, uint64_t begin,
-                             uint64_t end, absl::Time deadline);
+                             const PeerCredential& credential, const v1::MemoryCopy& copy,
+                             uint64_t begin, uint64_t end, absl::Time deadline);
 
 }  // namespace tessera
 

@@ -1,5 +1,6 @@
 // FakeBulkHolder: a holder's bulk port played by a test (proto/tessera/v1/peer.proto "Bulk
-// transfers", reads only). It serves reads of a byte string, counts connections, and can
+// transfers", reads only), of job "job" with TestPeerCredential's secret (as the tests' agents:
+// TestPeerKeyring). It serves reads of a byte string, counts connections, and can
 // misbehave as a failing holder does: close a read after `cut_after` bytes, or — for reads
 // from `stall_from` on — send the status and then nothing (or, `stall_unanswered`, not even
 // the status), holding the connection open until it is destroyed. It serves one connection at a
@@ -13,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -20,10 +22,23 @@
 
 #include "absl/time/clock.h"
 #include "common/bulk_wire.h"
+#include "common/peer_auth.h"
 #include "common/tcp_socket.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
+
+// Job `job` and its secret under a fixed key: what the tests' agents and holders share.
+inline PeerCredential TestPeerCredential(const std::string& job = "job") {
+  return PeerCredential{job, JobPeerSecret(std::string(kPeerSecretBytes, 't'), job)};
+}
+
+// A keyring holding TestPeerCredential(job), for a test's agent.
+inline std::unique_ptr<PeerKeyring> TestPeerKeyring(const std::string& job = "job") {
+  auto keyring = std::make_unique<PeerKeyring>(job);
+  keyring->Set(TestPeerCredential(job).secret);
+  return keyring;
+}
 
 class FakeBulkHolder {
  public:
@@ -65,28 +80,29 @@ class FakeBulkHolder {
   // read ends there, not when the next connection is accepted.
   void Serve(TcpSocket c) {
     const absl::Time soon = absl::Now() + absl::Seconds(30);
-    v1::BulkRequest request;
-    if (!RecvBulkFrame(c, &request, soon).ok()) return;
-    const v1::ReadMemoryCopyRequest& read = request.read();
+    absl::StatusOr<AcceptedBulkPeer> peer = AcceptBulkPeer(c, TestPeerCredential(), soon);
+    if (!peer.ok()) return;
+    const v1::ReadMemoryCopyRequest& read = peer->request.read();
     if (read.offset() >= stall_from_) {
-      if (!stall_unanswered_ && !SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) {
+      if (!stall_unanswered_ &&
+          !SendBulkStatus(c, absl::OkStatus(), read.length(), soon, peer->proof).ok()) {
         return;
       }
       stalled_.push_back(std::move(c));
-      for (auto& [held, held_read] : held_back_) Send(held, held_read);
+      for (Held& held : held_back_) Send(held.socket, held.read, held.proof);
       held_back_.clear();
       return;
     }
     if (read.length() > cut_after_ && stall_from_ != UINT64_MAX && stalled_.empty()) {
-      held_back_.emplace_back(std::move(c), read);
+      held_back_.push_back(Held{std::move(c), read, peer->proof});
       return;
     }
-    Send(c, read);
+    Send(c, read, peer->proof);
   }
 
-  void Send(TcpSocket& c, const v1::ReadMemoryCopyRequest& read) {
+  void Send(TcpSocket& c, const v1::ReadMemoryCopyRequest& read, const std::string& proof) {
     const absl::Time soon = absl::Now() + absl::Seconds(30);
-    if (!SendBulkStatus(c, absl::OkStatus(), read.length(), soon).ok()) return;
+    if (!SendBulkStatus(c, absl::OkStatus(), read.length(), soon, proof).ok()) return;
     const uint64_t n = std::min(read.length(), cut_after_);
     const uint64_t piece = pace_ > absl::ZeroDuration() ? uint64_t{256} << 10 : n;
     for (uint64_t at = 0; at < n; at += piece) {
@@ -105,7 +121,12 @@ class FakeBulkHolder {
   TcpSocket listener_;
   std::atomic<int> connections_{0};
   std::vector<TcpSocket> stalled_;  // the serving thread's, as is held_back_
-  std::vector<std::pair<TcpSocket, v1::ReadMemoryCopyRequest>> held_back_;
+  struct Held {
+    TcpSocket socket;
+    v1::ReadMemoryCopyRequest read;
+    std::string proof;  // the holder's, for its first status
+  };
+  std::vector<Held> held_back_;
   std::thread thread_;
 };
 

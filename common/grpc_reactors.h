@@ -27,6 +27,15 @@ class RefusedStream : public grpc::ServerWriteReactor<Message> {
   void OnDone() override { delete this; }
 };
 
+// A client-streaming reactor that finishes at once with an error, reading nothing (a refused
+// stream: the peer's messages are never taken).
+template <typename Message>
+class RefusedReads : public grpc::ServerReadReactor<Message> {
+ public:
+  explicit RefusedReads(const absl::Status& status) { this->Finish(ToGrpcStatus(status)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace tessera
 
 #endif  // TESSERA_COMMON_GRPC_REACTORS_H_

@@ -34,6 +34,7 @@
 #include "server/metrics.h"
 #include "server/peer_id_broker.h"
 #include "server/session/commit_driver.h"
+#include "server/session/schema.h"
 #include "server/session_manager.h"
 #include "server/store/rocksdb_state_store.h"
 
@@ -248,6 +249,9 @@ int main(int argc, char** argv) {
   service_options.death_watch = &death_watch;
   service_options.coordinator_incarnation = tessera::NewIncarnation();
   service_options.storage_root = session_options.storage_root;
+  absl::StatusOr<std::string> peer_key = tessera::PeerKey(**store);
+  if (!peer_key.ok()) return Fail(peer_key.status().ToString());
+  service_options.peer_key = *std::move(peer_key);
   service_options.memory_buddies = absl::GetFlag(FLAGS_memory_buddies);
   tessera::CoordinatorService coordinator(&registry, &sessions, &streams, &broker, clock,
                                           service_options);

@@ -10,6 +10,7 @@
 #include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
 #include "common/log.h"
+#include "common/peer_auth.h"
 
 namespace tessera {
 namespace {
@@ -55,6 +56,9 @@ grpc::ServerUnaryReactor* CoordinatorService::RegisterAgent(
   response->set_coordinator_incarnation(options_.coordinator_incarnation);
   response->set_storage_root(options_.storage_root);
   response->set_lease_kept(registered->lease_kept);
+  if (!options_.peer_key.empty()) {
+    response->set_peer_secret(JobPeerSecret(options_.peer_key, request->job_id()));
+  }
   if (options_.death_watch != nullptr) {
     options_.death_watch->Registered(request->job_id(), request->coord().rank(),
                                      request->incarnation(), request->peer_address());

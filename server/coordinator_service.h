@@ -43,6 +43,10 @@ struct CoordinatorServiceOptions {
   // Told of each registration, to find dead agents promptly (death_watch.h; the command
   // streams tell it of theirs); must outlive the service. Default: none (leases alone).
   DeathWatch* death_watch = nullptr;
+  // The key from which each job's peer secret is derived (server/session/schema.h PeerKey),
+  // handed to the job's agents in RegisterAgentResponse.peer_secret. Empty: none handed out,
+  // so that agents refuse every peer (tests of registration alone). Default: empty.
+  std::string peer_key;
 };
 
 class CoordinatorService final : public v1::Coordinator::CallbackService {

@@ -9,7 +9,10 @@
 #include "absl/strings/str_cat.h"
 #include "agent/peer/chunk_codec.h"
 #include "agent/peer/slice_receive.h"
+#include "common/grpc_reactors.h"
 #include "common/grpc_status.h"
+#include "common/log.h"
+#include "common/peer_call_proof.h"
 #include "common/status.h"
 #include "common/tcp_socket.h"
 #include "grpcpp/create_channel.h"
@@ -25,7 +28,6 @@
 namespace tessera {
 namespace {
 
-constexpr char kPushSlicesMethod[] = "/tessera.v1.Peer/PushSlices";
 // Room for a chunk's header next to its data in one message.
 constexpr int kHeaderAllowance = 64 << 10;
 
@@ -190,15 +192,24 @@ class GrpcPeerTransport::PushReactor : public grpc::ServerReadReactor<grpc::Byte
 class GrpcPeerTransport::Service
     : public v1::Peer::WithRawCallbackMethod_PushSlices<v1::Peer::Service> {
  public:
-  explicit Service(SliceInbox* inbox) : inbox_(inbox) {}
+  Service(SliceInbox* inbox, const PeerKeyring* keyring)
+      : inbox_(inbox), gate_(keyring != nullptr ? std::make_unique<PeerCallGate>(keyring) : nullptr) {}
 
-  grpc::ServerReadReactor<grpc::ByteBuffer>* PushSlices(grpc::CallbackServerContext* /*context*/,
+  grpc::ServerReadReactor<grpc::ByteBuffer>* PushSlices(grpc::CallbackServerContext* context,
                                                         grpc::ByteBuffer* response) override {
+    // A sender that does not prove it is of the job gets nothing of the inbox: no chunk read.
+    if (gate_ != nullptr) {
+      if (absl::Status admitted = gate_->Admit(*context, kPushSlicesMethod); !admitted.ok()) {
+        LogWarning("Peer port: ", context->peer(), ": ", admitted.message());
+        return new RefusedReads<grpc::ByteBuffer>(admitted);
+      }
+    }
     return new PushReactor(inbox_, response);
   }
 
  private:
   SliceInbox* const inbox_;
+  const std::unique_ptr<PeerCallGate> gate_;  // null: calls not checked
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -290,8 +301,10 @@ class GrpcPeerTransport::PushStream
         slices_(std::move(slices)),
         chunk_bytes_(chunk_bytes) {}
 
-  void Start(grpc::GenericStub* stub, absl::Time deadline) {
+  void Start(grpc::GenericStub* stub, absl::Time deadline, const PeerCredential& credential) {
     context_.set_deadline(absl::ToChronoTime(deadline));
+    // Without a nonce (no randomness) the call carries no proof and the leader refuses it.
+    ProvePeerCall(&context_, credential, kPushSlicesMethod).IgnoreError();
     stub->PrepareBidiStreamingCall(&context_, kPushSlicesMethod, grpc::StubOptions(), this);
     StartRead(&response_);
     WriteNext();
@@ -418,7 +431,7 @@ absl::StatusOr<std::unique_ptr<GrpcPeerTransport>> GrpcPeerTransport::Create(
 GrpcPeerTransport::GrpcPeerTransport(GrpcPeerTransportOptions options)
     : options_(std::move(options)),
       inbox_(options_.inbox),
-      service_(std::make_unique<Service>(&inbox_)) {}
+      service_(std::make_unique<Service>(&inbox_, options_.keyring)) {}
 
 GrpcPeerTransport::~GrpcPeerTransport() {
   // Cancels in-flight streams (parked ones are withdrawn in OnCancel) and waits for every
@@ -464,7 +477,8 @@ absl::Status GrpcPeerTransport::Exchange(const std::string& session_id,
                                                    addresses[leader], std::move(slices),
                                                    options_.chunk_bytes));
     const bool cancel = group.Add(streams.back().get());
-    streams.back()->Start(stubs.back().get(), deadline);
+    streams.back()->Start(stubs.back().get(), deadline,
+                          options_.keyring != nullptr ? options_.keyring->Get() : PeerCredential{});
     if (cancel) streams.back()->Cancel();
   }
 

@@ -36,6 +36,7 @@
 #include "absl/time/time.h"
 #include "agent/peer/peer_transport.h"
 #include "agent/peer/slice_inbox.h"
+#include "common/peer_auth.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server.h"
@@ -82,6 +83,12 @@ struct GrpcPeerTransportOptions {
   // Credentials of the server and of outgoing channels. Default: insecure (nullptr).
   std::shared_ptr<grpc::ServerCredentials> server_credentials;
   std::shared_ptr<grpc::ChannelCredentials> channel_credentials;
+
+  // The job's credential: every call this transport serves must prove it (common/
+  // peer_call_proof.h), every call it makes carries its proof; also for `extra_services`, each of
+  // which checks its own calls. Must outlive the transport. Default: null — neither proved nor
+  // checked, for tests of the transport alone; an agent always sets it.
+  const PeerKeyring* keyring = nullptr;
 
   // The receiving side's bookkeeping (ended sessions remembered; a parked-chunk hook).
   SliceInboxOptions inbox;

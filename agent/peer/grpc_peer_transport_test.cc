@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <thread>
@@ -13,6 +14,8 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "agent/peer/gather_fixture_test_util.h"
+#include "common/fake_bulk_holder.h"
+#include "common/peer_auth.h"
 #include "gtest/gtest.h"
 
 namespace tessera {
@@ -28,10 +31,16 @@ absl::Time Later() { return absl::Now() + absl::Seconds(60); }
 // Transports for ranks 0..n-1 that resolve each other through a shared address book.
 class Cluster {
  public:
+  // Every rank proves and checks job "job"'s secret, but those in `other_job`, which hold
+  // another job's, and those in `no_secret`, which hold none (not registered).
   explicit Cluster(int n, uint64_t chunk_bytes = uint64_t{4} << 20,
-                   std::function<void(uint32_t rank, const std::string& session)> on_parked = {}) {
+                   std::function<void(uint32_t rank, const std::string& session)> on_parked = {},
+                   const std::set<int>& other_job = {}, const std::set<int>& no_secret = {}) {
     for (int rank = 0; rank < n; ++rank) {
+      keyrings_.push_back(no_secret.count(rank) > 0 ? std::make_unique<PeerKeyring>("job")
+                          : TestPeerKeyring(other_job.count(rank) > 0 ? "other-job" : "job"));
       GrpcPeerTransportOptions options;
+      options.keyring = keyrings_.back().get();
       options.rank = rank;
       options.listen_address = "127.0.0.1:0";
       options.chunk_bytes = chunk_bytes;
@@ -65,6 +74,7 @@ class Cluster {
  private:
   absl::Mutex mu_;
   std::map<uint32_t, std::string> addresses_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<PeerKeyring>> keyrings_;  // outlive the transports
   std::vector<std::unique_ptr<GrpcPeerTransport>> transports_;
 };
 
@@ -107,6 +117,21 @@ TEST(GrpcPeerTransport, Gather_SliceLargerThanDefaultChunk_Arrives) {
   EXPECT_TRUE(statuses[0].ok()) << statuses[0];
   EXPECT_TRUE(statuses[1].ok()) << statuses[1];
   EXPECT_TRUE(box.leader_slot() == box.expected());
+}
+
+// Issue 51: a sender of another job, or one without the secret, is refused before any chunk
+// is read.
+TEST(GrpcPeerTransport, Send_FromAnotherJobsAgentOrWithoutTheSecret_UnauthenticatedNothingWritten) {
+  for (bool other_job : {true, false}) {
+    SCOPED_TRACE(other_job ? "another job's secret" : "no secret");
+    Cluster cluster(2, uint64_t{4} << 20, {}, other_job ? std::set<int>{0} : std::set<int>{},
+                    other_job ? std::set<int>{} : std::set<int>{0});
+    DpBox box(3, "w/exp_avg", Box{{0}, {4096}}, 4, {0, 1}, /*leader=*/1);
+    const std::string before = box.leader_slot();
+    absl::Status sent = cluster[0].Exchange("s", AllSends({&box}, 0), {}, Later());
+    EXPECT_EQ(sent.code(), absl::StatusCode::kUnauthenticated) << sent;
+    EXPECT_TRUE(box.leader_slot() == before);
+  }
 }
 
 TEST(GrpcPeerTransport, Send_LeaderUnreachable_UnavailableBeforeDeadline) {

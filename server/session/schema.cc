@@ -5,6 +5,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/peer_auth.h"
 #include "common/status.h"
 #include "server/store/keys.h"
 
@@ -12,6 +13,7 @@ namespace tessera {
 namespace {
 
 constexpr absl::string_view kEpochKey = "epoch";
+constexpr absl::string_view kPeerKeyKey = "peer_key";
 constexpr int kSeqEpochShift = 40;
 
 std::string SessionKey(const std::string& job_id, const std::string& session_id) {
@@ -194,6 +196,20 @@ absl::StatusOr<uint64_t> NextEpoch(StateStore& store) {
   ++epoch;
   RETURN_IF_ERROR(store.Commit(StoreBatch().Put(Table::kMeta, kEpochKey, absl::StrCat(epoch))));
   return epoch;
+}
+
+absl::StatusOr<std::string> PeerKey(StateStore& store) {
+  ASSIGN_OR_RETURN(std::optional<std::string> stored, store.Get(Table::kMeta, kPeerKeyKey));
+  if (stored.has_value()) {
+    if (stored->size() != kPeerSecretBytes) {
+      return absl::DataLossError(absl::StrCat("the peer key in the state store has ",
+                                              stored->size(), " bytes, not ", kPeerSecretBytes));
+    }
+    return *std::move(stored);
+  }
+  ASSIGN_OR_RETURN(std::string key, RandomBytes(kPeerSecretBytes));
+  RETURN_IF_ERROR(store.Commit(StoreBatch().Put(Table::kMeta, kPeerKeyKey, key)));
+  return key;
 }
 
 uint64_t CommandSeq(uint64_t epoch, uint64_t n) { return (epoch << kSeqEpochShift) + n; }

@@ -10,6 +10,8 @@
 //   memory_checkpoints  job_id               MemoryCheckpointRecord: the job's memory-only
 //                                            commit, while it is the newest commit
 //   meta         "epoch"                     the coordinator's epoch (decimal)
+//   meta         "peer_key"                  the coordinator's key for the jobs' peer secrets
+//                                            (kPeerSecretBytes raw bytes; common/peer_auth.h)
 //
 // Writers add to a StoreBatch; the caller commits the batch as one synced write. Readers
 // return DataLoss naming the record if it does not parse.
@@ -73,6 +75,13 @@ absl::StatusOr<std::optional<v1::MemoryCheckpointRecord>> ReadMemoryCheckpoint(
 // Raises the stored epoch by one (one synced write) and returns it: call once per coordinator
 // start. The first start gets 1. Errors: the store's; DataLoss if the record is corrupt.
 absl::StatusOr<uint64_t> NextEpoch(StateStore& store);
+
+// The coordinator's key for its jobs' peer secrets (common/peer_auth.h JobPeerSecret): the
+// stored one, else a new random one, stored (one synced write) before it is returned — so a
+// restarted coordinator hands every job the secret its agents already hold.
+// Errors: the store's; DataLoss if the stored key is not kPeerSecretBytes long; Internal if no
+// random bytes can be drawn.
+absl::StatusOr<std::string> PeerKey(StateStore& store);
 
 // The sequence number of the `n`-th command (n >= 1) a coordinator of `epoch` emits for a
 // job: above every number an earlier epoch emitted, as long as each emits fewer than 2^40.

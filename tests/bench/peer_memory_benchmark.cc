@@ -62,12 +62,34 @@ std::unique_ptr<grpc::Server> ServeOnLoopback(PeerMemoryService* service, int* p
   return builder.BuildAndStart();
 }
 
+// Job "job" and a secret, as its agents hold it.
+PeerCredential BenchCredential() {
+  return PeerCredential{"job", JobPeerSecret(std::string(kPeerSecretBytes, 'b'), "job")};
+}
+
+// The agents' keyring holding BenchCredential(), which every port checks.
+const PeerKeyring* BenchKeyring() {
+  static PeerKeyring* keyring = [] {
+    auto* k = new PeerKeyring("job");
+    k->Set(BenchCredential().secret);
+    return k;
+  }();
+  return keyring;
+}
+
+// PeerMemoryService's options with the job's keyring.
+PeerMemoryServiceOptions BenchServiceOptions() {
+  PeerMemoryServiceOptions options;
+  options.keyring = BenchKeyring();
+  return options;
+}
+
 // A bulk port on loopback for job "job" over `tier` and `store`.
 absl::StatusOr<std::unique_ptr<MemoryBulkServer>> BulkOnLoopback(const MemoryTier& tier,
                                                                  BuddyStore& store) {
   MemoryBulkServerOptions options;
   options.listen_address = "127.0.0.1:0";
-  return MemoryBulkServer::Start("job", &tier, &store, options);
+  return MemoryBulkServer::Start(BenchKeyring(), &tier, &store, options);
 }
 
 // The destination, faulted in once: the benchmark measures the transfer, not page faults.
@@ -80,7 +102,7 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(0);
   PublishPayload(tier);
-  PeerMemoryService service("job", &tier, &store);
+  PeerMemoryService service("job", &tier, &store, BenchServiceOptions());
   int port = 0;
   std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
   auto connect = [&] {
@@ -91,7 +113,8 @@ void BM_ReadMemoryCopy(benchmark::State& state) {
   const v1::MemoryCopy copy = PayloadCopy();
   for (auto _ : state) {
     if (state.range(1)) channels = connect();  // cold: new connections, as a load makes
-    absl::Status status = ReadMemoryCopy(channels, "job", copy, Dest(), absl::Minutes(1));
+    absl::Status status =
+        ReadMemoryCopy(channels, BenchCredential(), copy, Dest(), absl::Minutes(1));
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
   state.SetBytesProcessed(static_cast<int64_t>(state.iterations() * kBytes));
@@ -130,7 +153,7 @@ void BM_ReadMemoryCopyBulk(benchmark::State& state) {
   PayloadHolder holder;
   if (!holder.Start(state)) return;
   for (auto _ : state) {
-    absl::Status status = ReadMemoryCopyBulk(holder.copy.bulk_address(), "job", holder.copy, Dest(),
+    absl::Status status = ReadMemoryCopyBulk(holder.copy.bulk_address(), BenchCredential(), holder.copy, Dest(),
                                              absl::Minutes(1), static_cast<int>(state.range(0)));
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
@@ -157,7 +180,7 @@ void BM_FetchVerified(benchmark::State& state) {
   const SlotCopy slot{Dest(), 0, kBytes};
   for (auto _ : state) {
     absl::StatusOr<VerifiedCopyResult> fetched =
-        FetchVerified("job", holder.copy, {slot}, blocks, static_cast<int>(state.range(0)),
+        FetchVerified(BenchCredential(), holder.copy, {slot}, blocks, static_cast<int>(state.range(0)),
                       absl::Now() + absl::Minutes(1));
     if (!fetched.ok()) state.SkipWithError(fetched.status().ToString().c_str());
     if (fetched.ok() && !fetched->mismatched.empty()) state.SkipWithError("a block differs");
@@ -172,7 +195,7 @@ BENCHMARK(BM_FetchVerified)->Arg(1)->Arg(2)->Arg(4)->UseRealTime()->Unit(benchma
 void BM_PutMemoryCopy(benchmark::State& state) {
   MemoryTier tier;
   BuddyStore store(uint64_t{1} << 30);
-  PeerMemoryService service("job", &tier, &store);
+  PeerMemoryService service("job", &tier, &store, BenchServiceOptions());
   int port = 0;
   std::unique_ptr<grpc::Server> server = ServeOnLoopback(&service, &port);
   absl::StatusOr<std::unique_ptr<MemoryBulkServer>> bulk = BulkOnLoopback(tier, store);
@@ -186,7 +209,7 @@ void BM_PutMemoryCopy(benchmark::State& state) {
   v1::MemoryCopy copy = PayloadCopy();
   copy.set_writer_rank(1);
   for (auto _ : state) {
-    absl::Status status = SendMemoryCopyToBuddy("job", buddy, copy, Payload()->data(),
+    absl::Status status = SendMemoryCopyToBuddy(BenchCredential(), buddy, copy, Payload()->data(),
                                                 absl::Minutes(1), nullptr, nullptr);
     if (!status.ok()) state.SkipWithError(status.ToString().c_str());
   }
