@@ -54,7 +54,8 @@ world_size() {
 # start_agent JOB LAYOUT RANK [extra flags...]: (re)starts one agent; its pid replaces
 # AGENT_PIDS[RANK]. Socket $SOCK_DIR/<job>-<rank>.sock, log $DIR/logs/agent-<job>-<rank>.log.
 # Every rank of the layout runs on this machine, so its agents share its memory
-# (--agents_per_node: the world size; an extra flag may say otherwise).
+# (--agents_per_node: the world size; an extra flag may say otherwise). --storage_root: the
+# coordinator's (STORAGE_ROOT), so every agent checks the root it is handed (issue 51).
 start_agent() {
   local job=$1 layout=$2 r=$3; shift 3
   mkdir -p "$SOCK_DIR" "$DIR/logs"
@@ -62,7 +63,7 @@ start_agent() {
   "${PLACE_WRAP[@]}" "$BIN/agent/tessera-agent" --coordinator="$(coordinator_address)" \
     --job="$job" --rank="$r" --layout="$layout" --socket="$SOCK_DIR/$job-$r.sock" \
     --peer_listen="$PLACE_ADDR:0" --peer_host="$PLACE_ADDR" \
-    --agents_per_node="$(world_size "$layout")" \
+    --agents_per_node="$(world_size "$layout")" --storage_root="${STORAGE_ROOT:-$DIR/ckpt}" \
     ${PLACE_NODE:+"--node_id=$PLACE_NODE"} "$@" 2>>"$DIR/logs/agent-$job-$r.log" &
   AGENT_PIDS[$r]=$!
 }
