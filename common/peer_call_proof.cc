@@ -50,8 +50,12 @@ absl::StatusOr<PeerCallProof> DecodePeerCallProof(absl::string_view value) {
         "a peer call proof must be v1.<unix ms>.<nonce hex>.<mac hex>");
   }
   PeerCallProof proof;
-  if (!absl::SimpleAtoi(parts[1], &proof.unix_ms)) {
-    return absl::InvalidArgumentError("a peer call proof's time is not a number");
+  // Only the spelling EncodePeerCallProof writes (the one the MAC covers): absl::SimpleAtoi
+  // also takes a sign, leading zeros and spaces, which would make one proof many values.
+  if (!absl::SimpleAtoi(parts[1], &proof.unix_ms) || absl::StrCat(proof.unix_ms) != parts[1]) {
+    return absl::InvalidArgumentError(
+        "a peer call proof's time is not a decimal integer as written by its encoder (no sign "
+        "but '-', no leading zeros or spaces)");
   }
   absl::StatusOr<std::string> nonce = Unhex(parts[2], kPeerNonceBytes, "nonce");
   if (!nonce.ok()) return nonce.status();

@@ -55,8 +55,10 @@ struct PeerCallProof {
 PeerCallProof MakePeerCallProof(const PeerCredential& credential, absl::string_view method,
                                 absl::Time now, std::string nonce);
 
-// The metadata value of `proof`, and back. DecodePeerCallProof is pure (a fuzz target's entry).
-// Errors: InvalidArgument naming what is wrong (the version, a field's form or length).
+// The metadata value of `proof`, and back. DecodePeerCallProof is pure (a fuzz target's entry)
+// and takes only what EncodePeerCallProof writes (so at most 153 bytes: the time in decimal as
+// StrCat writes an int64, the nonce and mac in lowercase hex). Errors: InvalidArgument naming
+// what is wrong (the version, a field's form or length).
 std::string EncodePeerCallProof(const PeerCallProof& proof);
 absl::StatusOr<PeerCallProof> DecodePeerCallProof(absl::string_view value);
 

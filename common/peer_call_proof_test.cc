@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/peer_auth.h"
 #include "gtest/gtest.h"
@@ -74,6 +75,21 @@ TEST(PeerCallProof, Decode_RefusesMalformedValues) {
     EXPECT_EQ(DecodePeerCallProof(value).status().code(), absl::StatusCode::kInvalidArgument)
         << value;
   }
+}
+
+TEST_F(PeerCallGateTest, TimeNotWrittenAsEncoded_Unauthenticated) {
+  // The MAC covers the time as EncodePeerCallProof writes it; another spelling of the same
+  // number ("+", leading zeros or spaces, which absl::SimpleAtoi takes) is not that proof.
+  const std::string proof = Proof("job-a", kRelayMethod);
+  const std::string time = absl::StrCat(absl::ToUnixMillis(kNow));
+  for (const std::string& spelling : {"+" + time, "0" + time, " " + time, time + " "}) {
+    std::string value = proof;
+    value.replace(value.find(time), time.size(), spelling);
+    EXPECT_EQ(DecodePeerCallProof(value).status().code(), absl::StatusCode::kInvalidArgument)
+        << value;
+    EXPECT_EQ(Check(value), absl::StatusCode::kUnauthenticated) << value;
+  }
+  EXPECT_EQ(Check(proof), absl::StatusCode::kOk);
 }
 
 }  // namespace

@@ -1,7 +1,9 @@
 // Writes the fuzzers' seed corpora (tests/fuzz/corpus/<target>/) from the product's own
 // encoders: a checkpoint written by the real data-file layout and shard writer (its manifest,
 // its data files' headers), a rank assignment, peer chunks framed by the peer codec and bulk
-// frames by the bulk wire. The S3 seeds are the replies of storage/s3/testdata (SeaweedFS's and
+// frames by the bulk wire, its handshake's frames (a challenge, a hello and a first status
+// with proofs under the fuzzers' fixed credential, fuzz_peer_credential.h) and a Peer call's
+// proof metadata by the peer call proof's encoder. The S3 seeds are the replies of storage/s3/testdata (SeaweedFS's and
 // S3's), each behind the byte that picks its parser in s3_xml_fuzzer.cc. Run after a format
 // change, then commit what changed:
 //
@@ -16,13 +18,16 @@
 #include "absl/strings/str_cat.h"
 #include "agent/peer/chunk_codec.h"
 #include "common/box.h"
+#include "common/bulk_handshake.h"
 #include "common/bulk_wire.h"
+#include "common/peer_call_proof.h"
 #include "format/manifest_io.h"
 #include "format/test_checkpoint.h"
 #include "storage/posix_storage.h"
 #include "tessera/v1/coordinator.pb.h"
 #include "tessera/v1/manifest.pb.h"
 #include "tessera/v1/peer.pb.h"
+#include "tests/fuzz/fuzz_peer_credential.h"
 
 namespace tessera {
 namespace {
@@ -181,6 +186,38 @@ void BulkFrames() {
   Write("bulk_wire", "read_then_status", EncodeBulkFrame(read) + EncodeBulkFrame(ok));
   Write("bulk_wire", "put_twice", EncodeBulkFrame(put) + EncodeBulkFrame(put));
   Write("bulk_wire", "refused", EncodeBulkFrame(refused));
+
+  // The handshake of a put, each frame as its side sends it; and a hello of another job.
+  const PeerCredential credential = fuzz::Credential();
+  v1::BulkChallenge challenge;
+  challenge.set_nonce(fuzz::HolderNonce());
+  v1::BulkHello hello;
+  hello.set_nonce(fuzz::PeerNonce());
+  hello.set_request(put.SerializeAsString());
+  hello.set_proof(
+      BulkClientProof(credential, fuzz::HolderNonce(), fuzz::PeerNonce(), hello.request()));
+  v1::BulkStatus reserved;
+  reserved.set_nbytes(8192);
+  reserved.set_proof(BulkServerProof(credential, fuzz::HolderNonce(), fuzz::PeerNonce()));
+  Write("bulk_wire", "handshake_put",
+        EncodeBulkFrame(challenge) + EncodeBulkFrame(hello) + EncodeBulkFrame(reserved));
+  hello.set_request(read.SerializeAsString());
+  hello.set_proof(BulkClientProof(PeerCredential{"other", credential.secret}, fuzz::HolderNonce(),
+                                  fuzz::PeerNonce(), hello.request()));
+  Write("bulk_wire", "hello_of_another_job", EncodeBulkFrame(hello));
+}
+
+void PeerCallProofs() {
+  const PeerCredential credential = fuzz::Credential();
+  const std::string nonce(kPeerNonceBytes, 'n');
+  Write("peer_call_proof", "admitted",
+        EncodePeerCallProof(
+            MakePeerCallProof(credential, kPutMemoryCopyMethod, fuzz::Now(), nonce)));
+  Write("peer_call_proof", "stale",
+        EncodePeerCallProof(MakePeerCallProof(credential, kPutMemoryCopyMethod,
+                                              fuzz::Now() - 2 * kPeerCallSkew, nonce)));
+  Write("peer_call_proof", "another_method",
+        EncodePeerCallProof(MakePeerCallProof(credential, kRelayMethod, fuzz::Now(), nonce)));
 }
 
 }  // namespace
@@ -198,5 +235,6 @@ int main(int argc, char** argv) {
   tessera::PlanWire();
   tessera::PeerChunks();
   tessera::BulkFrames();
+  tessera::PeerCallProofs();
   return 0;
 }
