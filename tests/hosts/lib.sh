@@ -70,7 +70,10 @@ make_hosts() {
     ip -n "$HUB" link set "v-$h" master br0 up || fail "v-$h up"
     ip -n "$TAG-$h" addr add "${ADDR[$h]}/24" dev eth0 || fail "address of $h"
     ip -n "$TAG-$h" link set eth0 up || fail "eth0 up on $h"
-    if [ "$h" = coord ]; then ip -n "$TAG-$h" link set lo up || fail "lo up on coord"; fi
+    # Loopback up, as on any real host: a host's processes reach one another at its own
+    # address through lo (two agents of one node read each other's memory copies so). Nothing
+    # may listen on 127.0.0.1 or a wildcard address; the tests check every listener.
+    ip -n "$TAG-$h" link set lo up || fail "lo up on $h"
   done
   echo "hosts: $(for h in "${HOSTS[@]}"; do printf '%s=%s ' "$TAG-$h" "${ADDR[$h]}"; done)"
 }

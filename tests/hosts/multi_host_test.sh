@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Several hosts (real processes): the coordinator and the agents run on separate "hosts",
 # Linux network namespaces joined by veth pairs to a bridge in a hub namespace, each with its
-# own private address (10.77.0.0/24) and its own hostname (a UTS namespace per process); the
-# agent hosts' loopback is left DOWN, so no agent or trainer can work by reaching 127.0.0.1.
+# own private address (10.77.0.0/24) and its own hostname (a UTS namespace per process); no
+# process may listen on 127.0.0.1 or a wildcard address (every listener is checked), so none
+# can work by reaching 127.0.0.1. (Each host's loopback is up, as on a real host: with it down,
+# two agents of one host could not reach each other at the host's own address, and a restore
+# waited two minutes on such a connect.)
 # Storage is the shared filesystem (the namespaces share the mount namespace).
 #
 #   coord 10.77.0.1   tessera-coordinator, listening on 10.77.0.1 only; the CLI
@@ -42,9 +45,6 @@ source tests/hosts/lib.sh
 
 # ---- the hosts; the coordinator on its own ---------------------------------------------------
 make_hosts
-for h in a b c; do
-  ip -n "$TAG-$h" link show lo | grep -q 'state DOWN' || fail "lo is up on host $h"
-done
 # Ranks go round-robin over RANK_HOSTS (save: rank % 2 is the dp index, so each DP group
 # spans hosts a and b).
 RANK_HOSTS=(a b)
